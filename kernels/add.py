@@ -1,0 +1,25 @@
+"""add: out = x + y, elementwise."""
+
+import torch
+import triton
+import triton.language as tl  # noqa: F401  (the interpreter wants tl in a jit fn's globals)
+
+from kernels.elementwise import elementwise_spec
+
+
+@triton.jit
+def add_op(x, y):
+    return x + y
+
+
+SPEC = elementwise_spec(
+    name="add",
+    arity=2,
+    triton_op=add_op,
+    math=lambda x, y: x + y,
+    torch_native=lambda x, y, out: torch.add(x, y, out=out),
+    flops_per_element=1,
+    flops_note="one add per element",
+    out_bound=lambda ax, ay: ax + ay,
+    description="elementwise x + y",
+)

@@ -1,0 +1,125 @@
+"""dot: s = sum_i x_i y_i over n elements.
+
+FLOPs: 2n (a multiply and an add per element).  Bytes: both inputs read once (2 n b) plus
+the scalar output written once.  Output dtype: the input dtype for fp32/fp16/bf16; bf16
+for fp8 inputs (fp8 products produce bf16 results, as matmul does).  Accumulation is fp32.
+
+Triton: a deterministic two-stage reduction.  Stage 1 runs a fixed number of programs,
+each striding over the input and keeping a BLOCK-wide fp32 accumulator, then writing one
+partial sum; stage 2, one program, sums the partials in a fixed tree order.  The same n
+on the same GPU always gives bit-identical results (no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.spec import (
+    DTYPE_NAMES,
+    DTYPES,
+    Inputs,
+    KernelSpec,
+    Provider,
+    Shape,
+    dequantize,
+    quantize,
+    randn,
+)
+from kernels.triton_utils import round_for_store, store_round_bits
+
+DOT_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def product_out_dtype(dtype: str) -> torch.dtype:
+    """Output dtype of the product families (dot, matvec, matmul): bf16 for fp8 inputs."""
+    return torch.bfloat16 if DTYPES[dtype].is_fp8 else DTYPES[dtype].storage
+
+
+@triton.jit
+def dot_partial_kernel(X, Y, P, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    # Grid-stride loop: program p handles blocks p, p + P, p + 2P, ...
+    for start in range(pid.to(tl.int64) * BLOCK, n, nprog.to(tl.int64) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        acc += x * y
+    tl.store(P + pid, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def dot_final_kernel(P, O, SX, SY, nparts, BLOCK: tl.constexpr, MBITS: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    parts = tl.load(P + offs, mask=offs < nparts, other=0.0)
+    s = tl.sum(parts, axis=0) * tl.load(SX) * tl.load(SY)
+    tl.store(O, round_for_store(s, MBITS).to(O.dtype.element_ty))
+
+
+def _num_partials(n: int, block: int, device: torch.device) -> int:
+    if device.type == "cuda":
+        # Enough programs to fill every SM several times over, few enough partials
+        # for one program to sum them.
+        cap = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        cap = 64
+    return max(1, min(triton.cdiv(n, block), cap))
+
+
+def dot_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    x, y = inputs["x"], inputs["y"]
+    n = x.numel()
+    block = 4096 if x.element_size() >= 2 else 8192
+    nparts = _num_partials(n, block, x.device)
+    partials = torch.empty(nparts, dtype=torch.float32, device=x.device)
+    dot_partial_kernel[(nparts,)](x, y, partials, n, BLOCK=block, num_warps=8)
+    dot_final_kernel[(1,)](partials, out, inputs["sx"], inputs["sy"], nparts,
+                           BLOCK=triton.next_power_of_2(nparts),
+                           MBITS=store_round_bits(out), num_warps=4)
+    return out
+
+
+def dot_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    x, y = inputs["x"], inputs["y"]
+    if x.dtype in FP8:
+        # No fp8 dot in eager PyTorch: upcast, dot in fp32, scale, cast to bf16.
+        return (torch.dot(x.float(), y.float()) * inputs["sx"] * inputs["sy"]).to(out.dtype)
+    return torch.dot(x, y, out=out)
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+    n = shape["n"]
+    # Each factor ~ N(0, n^-1/2): the sum then has unit variance, far from fp16 overflow.
+    scale = n ** -0.25
+    x, sx = quantize(randn((n,), seed, device, scale), dtype)
+    y, sy = quantize(randn((n,), seed + 1, device, scale), dtype)
+    return {"x": x, "y": y, "sx": sx, "sy": sy}
+
+
+SPEC = KernelSpec(
+    name="dot",
+    family="dot",
+    dims=("n",),
+    flops=lambda shape, dtype: 2 * shape["n"],
+    nbytes=lambda shape, dtype: (2 * shape["n"] * DTYPES[dtype].itemsize
+                                 + product_out_dtype(dtype).itemsize),
+    flops_formula="2 n  (multiply + add per element)",
+    bytes_formula="2 n b + b_out",
+    make_inputs=make_inputs,
+    alloc_out=lambda inputs, dtype: torch.empty((), dtype=product_out_dtype(dtype),
+                                                device=inputs["x"].device),
+    reference=lambda inputs, dtype: torch.dot(dequantize(inputs["x"], inputs["sx"]),
+                                              dequantize(inputs["y"], inputs["sy"])),
+    providers={
+        "torch": Provider("torch", dot_torch, DOT_DTYPES,
+                          note="torch.dot; fp8: upcast to fp32"),
+        "triton": Provider("triton", dot_triton, DOT_DTYPES,
+                           note="deterministic two-stage reduction, fp32 accumulation"),
+    },
+    description="inner product of two vectors",
+)

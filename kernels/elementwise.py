@@ -1,0 +1,155 @@
+"""The machinery shared by the elementwise families (add, mul, gelu): one Triton kernel
+parametrized by the op, and a spec factory.  Each family module supplies only its math.
+
+Semantics per dtype: fp32/fp16/bf16 tensors in and out, math in fp32.  fp8 (e4m3 or
+e5m2): inputs with per-tensor scales, math in fp32 on the dequantized values, output
+re-quantized to the same fp8 format with its own per-tensor scale (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.spec import (
+    DTYPE_NAMES,
+    DTYPES,
+    Inputs,
+    KernelSpec,
+    Provider,
+    Shape,
+    dequantize,
+    out_scale_for,
+    quantize,
+    randn,
+)
+from kernels.triton_utils import round_for_store, store_round_bits
+
+ELEMENTWISE_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")  # tf32 is a matmul mode
+
+
+@triton.jit
+def elementwise_kernel(X, Y, O, SX, SY, SO, n, OP: tl.constexpr, ARITY: tl.constexpr,
+                       SCALED: tl.constexpr, BLOCK: tl.constexpr, MBITS: tl.constexpr):
+    # One pass over memory: each program owns BLOCK contiguous elements.  Contiguous
+    # aranges let the compiler emit 16-byte vector loads (BLOCK is a multiple of
+    # 16 bytes / itemsize x threads).  Offsets in int64 so n > 2^31 cannot overflow.
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    # Upcast to fp32 before any arithmetic: exact for every input format, and the
+    # interpreter's bf16 arithmetic is wrong without it.
+    x = tl.load(X + offs, mask=mask).to(tl.float32)
+    if SCALED:
+        x = x * tl.load(SX)
+    if ARITY == 2:
+        y = tl.load(Y + offs, mask=mask).to(tl.float32)
+        if SCALED:
+            y = y * tl.load(SY)
+        r = OP(x, y)
+    else:
+        r = OP(x, x)
+    if SCALED:
+        r = r / tl.load(SO)
+    tl.store(O + offs, round_for_store(r, MBITS).to(O.dtype.element_ty), mask=mask)
+
+
+def _block_for(t: torch.Tensor) -> tuple[int, int]:
+    """(BLOCK, num_warps): 8 warps x 32 threads each moving 4 x 16-byte vectors."""
+    per_thread = 4 * 16 // t.element_size()
+    return 256 * per_thread, 8
+
+
+def launch_elementwise(op, arity: int, inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    x = inputs["x"]
+    y = inputs.get("y", x)
+    n = x.numel()
+    block, warps = _block_for(x)
+    scaled = x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    elementwise_kernel[(triton.cdiv(n, block),)](
+        x, y, out, inputs["sx"], inputs.get("sy", inputs["sx"]), inputs["so"], n,
+        OP=op, ARITY=arity, SCALED=scaled, BLOCK=block, MBITS=store_round_bits(out),
+        num_warps=warps,
+    )
+    return out
+
+
+def elementwise_spec(
+    name: str,
+    arity: int,
+    triton_op,
+    math: Callable[..., torch.Tensor],
+    torch_native: Callable[..., torch.Tensor],
+    flops_per_element: int,
+    flops_note: str,
+    out_bound: Callable[..., torch.Tensor],
+    description: str,
+) -> KernelSpec:
+    """Build the spec of an elementwise op.
+
+    triton_op: @triton.jit (x, y) -> r on fp32 blocks (unary ops ignore y).
+    math: the op on torch tensors of any float dtype (the float64 reference, and the fp32
+      math of the eager fp8 path, where torch has no fp8 kernels).
+    torch_native: what a user writes in eager PyTorch: (*tensors, out=out) -> tensor.
+    out_bound: bound on |result| from the inputs' amax values (sizes the fp8 output scale).
+    """
+    names = ("x", "y")[:arity]
+
+    def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+        n = shape["n"]
+        inputs: Inputs = {}
+        amaxes = []
+        for i, nm in enumerate(names):
+            stored, scale = quantize(randn((n,), seed + i, device), dtype)
+            inputs[nm], inputs["s" + nm] = stored, scale
+            amaxes.append(dequantize(stored, scale).abs().amax().float())
+        one = torch.ones((), dtype=torch.float32, device=device)
+        inputs["so"] = out_scale_for(out_bound(*amaxes), dtype) if DTYPES[dtype].is_fp8 else one
+        return inputs
+
+    def alloc_out(inputs: Inputs, dtype: str) -> torch.Tensor:
+        return torch.empty_like(inputs["x"])
+
+    def reference(inputs: Inputs, dtype: str) -> torch.Tensor:
+        return math(*(dequantize(inputs[nm], inputs["s" + nm]) for nm in names))
+
+    def decode(out: torch.Tensor, inputs: Inputs, dtype: str) -> torch.Tensor:
+        return dequantize(out, inputs["so"])
+
+    def run_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+        if inputs["x"].dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return torch_native(*(inputs[nm] for nm in names), out=out)
+        # No fp8 arithmetic in eager PyTorch: upcast, compute in fp32, re-quantize.
+        vals = [inputs[nm].float() * inputs["s" + nm] for nm in names]
+        return (math(*vals) / inputs["so"]).to(out.dtype)
+
+    def run_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+        return launch_elementwise(triton_op, arity, inputs, out)
+
+    def nbytes(shape: Shape, dtype: str) -> int:
+        # Compulsory traffic: each input read once and the output written once, all in
+        # the storage dtype.  fp8 scales (4 bytes each) are negligible and not counted.
+        return (arity + 1) * shape["n"] * DTYPES[dtype].itemsize
+
+    return KernelSpec(
+        name=name,
+        family=name.split("_")[0],
+        dims=("n",),
+        flops=lambda shape, dtype: flops_per_element * shape["n"],
+        nbytes=nbytes,
+        flops_formula=f"{flops_per_element} n  ({flops_note})",
+        bytes_formula=f"{arity + 1} n b",
+        make_inputs=make_inputs,
+        alloc_out=alloc_out,
+        reference=reference,
+        decode=decode,
+        providers={
+            "torch": Provider("torch", run_torch, ELEMENTWISE_DTYPES,
+                              note="eager op; fp8: upcast to fp32, compute, re-quantize"),
+            "triton": Provider("triton", run_triton, ELEMENTWISE_DTYPES,
+                               note="one pass, fp32 math, 64 B per thread"),
+        },
+        description=description,
+    )

@@ -1,0 +1,117 @@
+"""matvec (GEMV): y = A x with A of shape M x K and x of length K.
+
+FLOPs: 2 M K (a multiply and an add per matrix element).  Bytes: A and x read once,
+(M K + K) b_in, and y written once, M b_out.  Output dtype as for dot (bf16 for fp8).
+
+Triton: a blocked row reduction.  Each program owns BLOCK_M rows and walks K in BLOCK_K
+steps with a [BLOCK_M, BLOCK_K] fp32 accumulator, reduced once at the end, so every
+element of A is read exactly once; x is re-read per program but stays in L2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.dot import DOT_DTYPES, FP8, product_out_dtype
+from kernels.spec import (
+    DTYPES,
+    Inputs,
+    KernelSpec,
+    Provider,
+    Shape,
+    dequantize,
+    quantize,
+    randn,
+)
+from kernels.triton_utils import round_for_store, store_round_bits
+
+
+@triton.jit
+def matvec_kernel(A, X, Y, SA, SX, M, K, stride_am, BLOCK_M: tl.constexpr,
+                  BLOCK_K: tl.constexpr, MBITS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    cols = tl.arange(0, BLOCK_K)
+    a_ptrs = A + rows.to(tl.int64)[:, None] * stride_am + cols[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        kmask = (k + cols) < K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(X + k + cols, mask=kmask, other=0.0)
+        acc += a.to(tl.float32) * x.to(tl.float32)[None, :]
+        a_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=1) * (tl.load(SA) * tl.load(SX))
+    tl.store(Y + rows, round_for_store(y, MBITS).to(Y.dtype.element_ty), mask=row_mask)
+
+
+# Hopper-oriented candidates: short row blocks keep enough programs in flight for
+# M = 4096 on 132 SMs; wide K blocks give each thread several 16-byte loads per step.
+_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+    for bm, bk, w, s in [
+        (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
+        (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
+    ]
+]
+_matvec_tuned = triton.autotune(configs=_CONFIGS, key=["M", "K"])(matvec_kernel)
+
+
+def matvec_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    a, x = inputs["A"], inputs["x"]
+    m, k = a.shape
+    args = (a, x, out, inputs["sa"], inputs["sx"], m, k, a.stride(0))
+    if a.device.type == "cuda":
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)
+        _matvec_tuned[grid](*args, MBITS=0)
+    else:  # interpreter: one small config, autotuning would only cost time
+        matvec_kernel[(triton.cdiv(m, 16),)](*args, BLOCK_M=16, BLOCK_K=64,
+                                             MBITS=store_round_bits(out))
+    return out
+
+
+def matvec_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    a, x = inputs["A"], inputs["x"]
+    if a.dtype in FP8:
+        # No fp8 GEMV in eager PyTorch (_scaled_mm needs dims that are multiples of 16):
+        # upcast, multiply in fp32, scale, cast to bf16.
+        return (torch.mv(a.float(), x.float()) * (inputs["sa"] * inputs["sx"])).to(out.dtype)
+    return torch.mv(a, x, out=out)
+
+
+def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+    m, k = shape["M"], shape["K"]
+    scale = k ** -0.25  # outputs ~ N(0, 1) whatever K
+    a, sa = quantize(randn((m, k), seed, device, scale), dtype)
+    x, sx = quantize(randn((k,), seed + 1, device, scale), dtype)
+    return {"A": a, "x": x, "sa": sa, "sx": sx}
+
+
+def _nbytes(shape: Shape, dtype: str) -> int:
+    m, k = shape["M"], shape["K"]
+    return (m * k + k) * DTYPES[dtype].itemsize + m * product_out_dtype(dtype).itemsize
+
+
+SPEC = KernelSpec(
+    name="matvec",
+    family="matvec",
+    dims=("M", "K"),
+    flops=lambda shape, dtype: 2 * shape["M"] * shape["K"],
+    nbytes=_nbytes,
+    flops_formula="2 M K  (multiply + add per matrix element)",
+    bytes_formula="(M K + K) b_in + M b_out",
+    make_inputs=make_inputs,
+    alloc_out=lambda inputs, dtype: torch.empty(inputs["A"].shape[0],
+                                                dtype=product_out_dtype(dtype),
+                                                device=inputs["A"].device),
+    reference=lambda inputs, dtype: torch.mv(dequantize(inputs["A"], inputs["sa"]),
+                                             dequantize(inputs["x"], inputs["sx"])),
+    providers={
+        "torch": Provider("torch", matvec_torch, DOT_DTYPES,
+                          note="torch.mv; fp8: upcast to fp32"),
+        "triton": Provider("triton", matvec_triton, DOT_DTYPES,
+                           note="blocked row reduction, A read once, fp32 accumulation"),
+    },
+    description="matrix-vector product (GEMV)",
+)

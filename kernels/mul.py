@@ -1,0 +1,25 @@
+"""mul: out = x * y, elementwise."""
+
+import torch
+import triton
+import triton.language as tl  # noqa: F401  (the interpreter wants tl in a jit fn's globals)
+
+from kernels.elementwise import elementwise_spec
+
+
+@triton.jit
+def mul_op(x, y):
+    return x * y
+
+
+SPEC = elementwise_spec(
+    name="mul",
+    arity=2,
+    triton_op=mul_op,
+    math=lambda x, y: x * y,
+    torch_native=lambda x, y, out: torch.mul(x, y, out=out),
+    flops_per_element=1,
+    flops_note="one multiply per element",
+    out_bound=lambda ax, ay: ax * ay,
+    description="elementwise x * y",
+)

@@ -1,0 +1,202 @@
+"""What every kernel family declares: dtypes, providers, FLOP/byte accounting, inputs,
+a float64 reference and the correctness tolerance.
+
+A family module builds one `KernelSpec` (or a few, e.g. gelu and gelu_erf) and the
+registry in kernels/__init__.py lists them.  The harness derives everything else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Inputs = dict[str, Any]  # tensors plus scalars (fp8 scales), by name
+Shape = dict[str, int]  # e.g. {"M": 4096, "N": 4096, "K": 4096}
+
+
+@dataclass(frozen=True)
+class DType:
+    """A benchmark dtype: how its tensors are stored and how close it must get to float64.
+
+    `tol` bounds the relative error ||out - ref|| / ||ref|| against a float64 reference
+    computed from the *same* (already rounded) inputs, so it covers only the kernel's own
+    rounding: accumulation order and the final cast.  Values are a few times the unit
+    roundoff of the output format: a wrong kernel lands near 1, far above any of them.
+    """
+
+    name: str
+    storage: torch.dtype  # how inputs are held in memory
+    tol: float
+    is_fp8: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.storage).element_size()
+
+
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in [
+        # fp32 sums of up to ~1e8 terms in a different order than float64: ~1e-6 normwise.
+        DType("fp32", torch.float32, 2e-5),
+        # tf32 rounds matmul inputs to 10 mantissa bits (u = 2^-11 ~ 4.9e-4).
+        DType("tf32", torch.float32, 5e-3),
+        DType("fp16", torch.float16, 5e-3),  # u = 2^-11
+        DType("bf16", torch.bfloat16, 2e-2),  # u = 2^-8 ~ 3.9e-3
+        DType("fp8", torch.float8_e4m3fn, 1e-1, is_fp8=True),  # e4m3: u = 2^-4
+        DType("fp8e5", torch.float8_e5m2, 2e-1, is_fp8=True),  # e5m2: u = 2^-3
+    ]
+}
+DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
+
+# Largest finite value of each fp8 encoding; per-tensor scales map amax onto it.
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where kernels run: enough to decide whether a (provider, dtype) pair can run."""
+
+    kind: str  # "cuda" or "cpu"
+    capability: tuple[int, int] | None = None
+    interpret: bool = False  # TRITON_INTERPRET=1: Triton kernels run on the CPU interpreter
+    name: str = ""
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.kind == "cuda" else "cpu"
+
+    @property
+    def triton_runs(self) -> bool:
+        return self.kind == "cuda" or self.interpret
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def current_target(kind: str | None = None) -> Target:
+    """The target of this process: the first CUDA GPU unless `kind` says cpu."""
+    if kind != "cpu" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return Target("cuda", (props.major, props.minor), interpreter_enabled(), props.name)
+    return Target("cpu", None, interpreter_enabled(), "cpu")
+
+
+def fp8_ok_on(target: Target) -> bool:
+    # fp8 tensor-core and conversion instructions arrived with Ada/Hopper (sm_89+).
+    return target.kind != "cuda" or (target.capability or (0, 0)) >= (8, 9)
+
+
+# A provider implementation: (inputs, preallocated output) -> output tensor.  Triton
+# wrappers always write into `out` (which tests poison with NaN first); torch ones use
+# `out=` where eager PyTorch offers it and may return a fresh tensor where it does not.
+ProviderFn = Callable[[Inputs, torch.Tensor], torch.Tensor]
+SkipFn = Callable[[str, Target], "str | None"]
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str  # "torch" or "triton"
+    fn: ProviderFn
+    dtypes: tuple[str, ...]
+    # Extra reason a (dtype, target) cannot run, beyond dtype availability.
+    skip: SkipFn | None = None
+    note: str = ""  # how this provider computes (shown by --list)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    family: str
+    dims: tuple[str, ...]  # shape dimension names, in the order shapes are written
+    flops: Callable[[Shape, str], int]
+    nbytes: Callable[[Shape, str], int]
+    flops_formula: str  # the counting convention, printed by --list
+    bytes_formula: str
+    make_inputs: Callable[[Shape, str, int, str], Inputs]  # (shape, dtype, seed, device)
+    alloc_out: Callable[[Inputs, str], torch.Tensor]  # (inputs, dtype) -> empty output
+    reference: Callable[[Inputs, str], torch.Tensor]  # float64 result from the same inputs
+    providers: dict[str, Provider]
+    # Decode an output to float64 in the reference's units (fp8 outputs carry a scale).
+    decode: Callable[[torch.Tensor, Inputs, str], torch.Tensor] = (
+        lambda out, inputs, dtype: out.double())
+    matrix_unit: bool = False  # True: held against the dtype's tensor-core roof
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        seen = {d for p in self.providers.values() for d in p.dtypes}
+        return tuple(d for d in DTYPE_NAMES if d in seen)
+
+    def roof_class(self, dtype: str) -> str:
+        """Which ceiling a row is held against.  Only matrix products run on tensor
+        cores; elementwise ops, dot and matvec compute in fp32 on the vector units
+        whatever their storage dtype."""
+        from roofline.devices import ROOF_CLASS
+
+        return ROOF_CLASS[dtype] if self.matrix_unit else "fp32"
+
+    def skip_reason(self, provider: str, dtype: str, target: Target) -> str | None:
+        """Why (provider, dtype) cannot run on `target`, or None when it can."""
+        prov = self.providers.get(provider)
+        if prov is None:
+            return f"{self.name} has no {provider} provider"
+        if dtype not in prov.dtypes:
+            return f"{provider} {self.name} has no {dtype} variant"
+        if DTYPES[dtype].is_fp8 and not fp8_ok_on(target):
+            return f"fp8 needs sm_89 or newer (device is sm_{''.join(map(str, target.capability or ()))})"
+        if provider == "triton" and not target.triton_runs:
+            return "Triton needs a CUDA GPU (TRITON_INTERPRET=1 runs it on the CPU, for --check-only)"
+        if prov.skip is not None:
+            return prov.skip(dtype, target)
+        return None
+
+    def check(self, out: torch.Tensor, inputs: Inputs, dtype: str) -> float:
+        """Relative error ||out - ref|| / ||ref|| in float64 (inf if anything is not finite)."""
+        ref = self.reference(inputs, dtype)
+        got = self.decode(out, inputs, dtype).reshape(ref.shape).to(ref.device)
+        if not torch.isfinite(got).all():
+            return float("inf")
+        denom = torch.linalg.vector_norm(ref).item()
+        return torch.linalg.vector_norm(got - ref).item() / (denom or 1.0)
+
+
+# ---- input construction shared by the families ------------------------------------
+
+def generator(seed: int, device: str) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(shape: tuple[int, ...], seed: int, device: str, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal fp32 values times `scale`: never zeros, unlike torch.empty."""
+    return torch.randn(shape, generator=generator(seed, device), device=device) * scale
+
+
+def quantize(x: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store fp32 values `x` in `dtype`.  For fp8, with a per-tensor scale chosen so that
+    amax maps to the format's largest value: x ~= stored * scale.  Returns (stored,
+    scale) with scale a 0-d fp32 tensor (1.0 for non-fp8 dtypes)."""
+    d = DTYPES[dtype]
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    if not d.is_fp8:
+        return x.to(d.storage), one
+    amax = x.abs().amax().clamp_min(1e-12)
+    scale = (amax / FP8_MAX[d.storage]).to(torch.float32)
+    return (x / scale).to(d.storage), scale
+
+
+def dequantize(t: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    return t.double() * (scale.double() if isinstance(scale, torch.Tensor) else scale)
+
+
+def out_scale_for(amax_bound: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Per-tensor scale of an fp8 output whose values are bounded by `amax_bound`."""
+    return (amax_bound.clamp_min(1e-12) / FP8_MAX[DTYPES[dtype].storage]).to(torch.float32)

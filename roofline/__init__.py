@@ -1,0 +1,1 @@
+"""Roofline analysis: device models, ceilings, metrics, plots and run-to-run comparison."""

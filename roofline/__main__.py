@@ -1,0 +1,34 @@
+"""`python -m roofline plot RUN [--out PNG]` and `python -m roofline compare BASELINE RUN`."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = (
+    "usage: python -m roofline {plot,compare,promote} ...\n"
+    "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
+    "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
+    "  promote RUN [--device KEY]    make RUN the stored baseline for its device"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "plot":
+        from roofline.plot import main as plot_main
+
+        return plot_main(rest)
+    if cmd in ("compare", "promote"):
+        from roofline.compare import main as compare_main
+
+        return compare_main([cmd, *rest])
+    print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Device models: dense datasheet peaks by exact SKU, and detection of the device present.
+
+This table is the single source of truth for datasheet ceilings (DESIGN.md section 6).
+All tensor-core numbers are *dense*: NVIDIA datasheets often quote 2:4-sparse numbers,
+which are twice these.  A device with no datasheet (a CPU, an unknown GPU) gets its
+ceilings measured instead (roofline/ceilings.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+# Which roof each benchmark dtype is measured against.  fp16 and bf16 share the 16-bit
+# tensor-core roof; both fp8 encodings share the fp8 roof.
+ROOF_CLASS: dict[str, str] = {
+    "fp32": "fp32",
+    "tf32": "tf32",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "fp8e5": "fp8",
+}
+ROOF_CLASSES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+class DeviceError(ValueError):
+    """A device key or device combination that cannot be used (one-line message)."""
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    key: str
+    name: str
+    kind: str  # "cuda" or "cpu"
+    # Dense peak TFLOP/s per roof class; absent = no such unit (e.g. no fp8 on A100).
+    peaks_tflops: dict[str, float] = field(default_factory=dict)
+    hbm_tbps: float | None = None  # datasheet memory bandwidth, TB/s
+    l2_mb: float | None = None
+    sms: int | None = None
+    # Substrings that identify the SKU in torch.cuda.get_device_name().
+    match: tuple[str, ...] = ()
+    notes: str = ""
+
+    @property
+    def hbm_gbps(self) -> float | None:
+        return None if self.hbm_tbps is None else self.hbm_tbps * 1000.0
+
+    def peak(self, dtype: str) -> float | None:
+        """Dense peak TFLOP/s for a benchmark dtype (fp8e5 -> fp8 roof), or None."""
+        return self.peaks_tflops.get(ROOF_CLASS.get(dtype, dtype))
+
+    def ridge(self, dtype: str) -> float | None:
+        """Ridge point in FLOP/byte: peak FLOP/s over bandwidth byte/s (TFLOP/s / TB/s)."""
+        peak = self.peak(dtype)
+        if peak is None or not self.hbm_tbps:
+            return None
+        return peak / self.hbm_tbps
+
+
+def _gpu(key: str, name: str, fp32: float, tf32: float, bf16: float, fp8: float | None,
+         hbm_tbps: float, l2_mb: float, sms: int, match: tuple[str, ...],
+         notes: str = "") -> DeviceModel:
+    peaks = {"fp32": fp32, "tf32": tf32, "fp16": bf16, "bf16": bf16}
+    if fp8 is not None:
+        peaks["fp8"] = fp8
+    return DeviceModel(key, name, "cuda", peaks, hbm_tbps, l2_mb, sms, match, notes)
+
+
+# Dense peaks (TFLOP/s), HBM TB/s, L2 MB, SMs.  Sources: NVIDIA H100/H200/A100/L40S/L4
+# datasheets, sparse tensor-core figures halved.
+DEVICES: dict[str, DeviceModel] = {
+    d.key: d
+    for d in [
+        _gpu("h100", "NVIDIA H100 SXM5 80GB", 66.9, 494.7, 989.4, 1978.9, 3.35, 50, 132,
+             ("H100 80GB HBM3", "H100 SXM")),
+        _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 51.2, 378.0, 756.0, 1513.0, 2.0, 50, 114,
+             ("H100 PCIe",)),
+        _gpu("h100-nvl", "NVIDIA H100 NVL 94GB", 60.0, 417.5, 835.5, 1670.5, 3.9, 50, 132,
+             ("H100 NVL",)),
+        _gpu("h200", "NVIDIA H200 SXM 141GB", 66.9, 494.7, 989.4, 1978.9, 4.8, 50, 132,
+             ("H200",)),
+        _gpu("a100", "NVIDIA A100 SXM4 80GB", 19.5, 156.0, 312.0, None, 2.039, 40, 108,
+             ("A100",), notes="A100 40GB/PCIe variants have less bandwidth (1.555-1.935 TB/s)"),
+        _gpu("l40s", "NVIDIA L40S", 91.6, 183.0, 362.05, 733.0, 0.864, 96, 142, ("L40S",)),
+        _gpu("l4", "NVIDIA L4", 30.3, 60.0, 121.0, 242.5, 0.3, 48, 58, ("L4",)),
+        DeviceModel("cpu", "host CPU", "cpu", notes="no datasheet: ceilings are measured"),
+        DeviceModel("gpu", "unlisted CUDA GPU", "cuda",
+                    notes="no datasheet: ceilings are measured"),
+    ]
+}
+
+
+def get_device_model(key: str) -> DeviceModel:
+    try:
+        return DEVICES[key]
+    except KeyError:
+        raise DeviceError(
+            f"unknown device '{key}' (choose from auto, {', '.join(DEVICES)})"
+        ) from None
+
+
+def match_sku(name: str, sms: int | None = None) -> str:
+    """Exact SKU key for a CUDA device name (and SM count), or 'gpu' when unlisted."""
+    upper = name.upper()
+    if "H100" in upper:
+        if "NVL" in upper:
+            return "h100-nvl"
+        if "PCIE" in upper:
+            return "h100-pcie"
+        if "HBM3" in upper or "SXM" in upper:
+            return "h100"
+        # Fall back on the SM count: SXM and NVL have 132 SMs, PCIe 114.
+        return "h100-pcie" if sms == 114 else "h100"
+    if "GH200" in upper:
+        return "gpu"  # Grace-Hopper variants differ in memory; measure instead of guessing
+    for dev in DEVICES.values():
+        if any(m.upper() in upper for m in dev.match):
+            return dev.key
+    return "gpu"
+
+
+@dataclass(frozen=True)
+class Present:
+    """The device actually present on this machine."""
+
+    key: str  # SKU key from DEVICES ("cpu" without CUDA)
+    name: str  # e.g. "NVIDIA H100 80GB HBM3" or the CPU model
+    kind: str  # "cuda" or "cpu"
+    capability: tuple[int, int] | None = None
+    sms: int | None = None
+    l2_mb: float | None = None
+    memory_gb: float | None = None
+    cores: int | None = None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def detect() -> Present:
+    """Detect the device present: the first CUDA GPU's exact SKU, else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        l2 = getattr(props, "L2_cache_size", 0) or 0
+        return Present(
+            key=match_sku(props.name, props.multi_processor_count),
+            name=props.name,
+            kind="cuda",
+            capability=(props.major, props.minor),
+            sms=props.multi_processor_count,
+            l2_mb=l2 / 2**20 if l2 else None,
+            memory_gb=props.total_memory / 1e9,
+        )
+    return Present(key="cpu", name=cpu_name(), kind="cpu", cores=os.cpu_count())
+
+
+def resolve(requested: str, present: Present) -> tuple[DeviceModel, list[str]]:
+    """The device model to use for `--device requested`, plus warnings.
+
+    Raises DeviceError (one line) when the request cannot be honoured, e.g. a GPU model
+    asked for on a machine without CUDA.
+    """
+    warnings: list[str] = []
+    if requested == "auto":
+        return DEVICES[present.key], warnings
+    model = get_device_model(requested)
+    if model.kind == "cuda" and present.kind != "cuda":
+        raise DeviceError(f"--device {requested} needs a CUDA GPU, but none is present "
+                          "(use --device cpu or auto)")
+    if model.kind == "cpu" and present.kind == "cuda":
+        warnings.append("--device cpu on a machine with a GPU: benchmarking the host CPU")
+        return model, warnings
+    if model.kind == "cuda" and model.key != present.key:
+        warnings.append(
+            f"--device {requested} ({model.name}) does not match the GPU present "
+            f"({present.name}, detected as '{present.key}'): rows use {requested}'s peaks"
+        )
+    return model, warnings

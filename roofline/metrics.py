@@ -1,0 +1,59 @@
+"""Roofline metrics of one measurement: the single place these formulas live.
+
+Units: FLOPs and bytes are counts, time in milliseconds, compute in TFLOP/s, bandwidth in
+GB/s (1e9 byte/s), intensity in FLOP/byte.  mfu is a fraction of the compute peak;
+pct_roof is a percentage of the roofline bound min(peak, intensity x bandwidth).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def intensity(flops: float, nbytes: float) -> float:
+    return flops / nbytes if nbytes else math.inf
+
+
+def roof_tflops(ai: float, peak_tflops: float | None, peak_gbps: float | None) -> float | None:
+    """Attainable TFLOP/s at arithmetic intensity `ai`: min(peak, ai x bandwidth).
+
+    ai [FLOP/B] x bandwidth [GB/s] is GFLOP/s, hence the /1e3 to TFLOP/s.
+    """
+    if peak_tflops is None and peak_gbps is None:
+        return None
+    bounds = []
+    if peak_tflops:
+        bounds.append(peak_tflops)
+    if peak_gbps:
+        bounds.append(ai * peak_gbps / 1e3)
+    return min(bounds) if bounds else None
+
+
+def derive(flops: float, nbytes: float, ms: float | None, peak_tflops: float | None,
+           peak_gbps: float | None, meas_peak_tflops: float | None = None,
+           meas_peak_gbps: float | None = None) -> dict[str, float | None]:
+    """All derived columns of a row from its counts, its median time and the ceilings."""
+    ai = intensity(flops, nbytes)
+    out: dict[str, float | None] = {
+        "intensity": ai,
+        "peak_tflops": peak_tflops,
+        "peak_gbps": peak_gbps,
+        "roof_tflops": roof_tflops(ai, peak_tflops, peak_gbps),
+        "meas_peak_tflops": meas_peak_tflops,
+        "meas_peak_gbps": meas_peak_gbps,
+        "meas_roof_tflops": roof_tflops(ai, meas_peak_tflops, meas_peak_gbps),
+        "tflops": None, "gbps": None, "mfu": None, "pct_roof": None, "pct_meas_roof": None,
+    }
+    if ms is None or not ms > 0:
+        return out
+    seconds = ms * 1e-3
+    tflops = flops / seconds / 1e12
+    out["tflops"] = tflops
+    out["gbps"] = nbytes / seconds / 1e9
+    if peak_tflops:
+        out["mfu"] = tflops / peak_tflops
+    if out["roof_tflops"]:
+        out["pct_roof"] = 100.0 * tflops / out["roof_tflops"]
+    if out["meas_roof_tflops"]:
+        out["pct_meas_roof"] = 100.0 * tflops / out["meas_roof_tflops"]
+    return out

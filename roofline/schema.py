@@ -1,0 +1,104 @@
+"""The result contract (DESIGN.md section 3): row columns, run-folder layout, loading.
+
+Writers (benches/) and readers (roofline plot/compare) both import from here, so a
+column is named in one place only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# Required columns, in order, then the extra ones this suite adds.
+COLUMNS: list[str] = [
+    "kernel", "provider", "dtype", "shape", "flops", "bytes", "intensity",
+    "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps",
+    "peak_tflops", "peak_gbps", "roof_tflops", "mfu", "pct_roof",
+    "correct", "rel_err", "status", "reason",
+]
+EXTRA_COLUMNS: list[str] = [
+    "device",  # device model key (e.g. h100), in every row
+    "gpu_name",  # name of the device present (GPU or CPU model), in every row
+    "meas_peak_tflops",  # measured compute ceiling for this row's roof
+    "meas_peak_gbps",  # measured memory bandwidth (large copy)
+    "meas_roof_tflops",  # min(meas_peak, intensity x meas_bandwidth)
+    "pct_meas_roof",  # achieved / meas_roof_tflops, in percent
+    "roof_class",  # which ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
+    "tolerance",  # the relative-error tolerance the correctness gate used
+    "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
+]
+ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
+KEY: list[str] = ["kernel", "provider", "dtype", "shape"]  # identifies a row across runs
+STATUSES = ("ok", "failed", "skipped")
+
+RESULTS_CSV = "results.csv"
+RESULTS_JSON = "results.json"
+SUMMARY_MD = "summary.md"
+ROOFLINE_PNG = "roofline.png"
+SCALING_PNG = "scaling.png"
+
+
+class RunLoadError(ValueError):
+    """A run folder or results file that cannot be read (one-line message)."""
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write via a temp file in the same folder and rename, so a crash never leaves a
+    half-written file in place of a good one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def parse_shape(shape: str) -> dict[str, int]:
+    """'M=4096,N=4096,K=4096' -> {'M': 4096, 'N': 4096, 'K': 4096}."""
+    out: dict[str, int] = {}
+    for part in shape.split(","):
+        name, _, value = part.partition("=")
+        out[name.strip()] = int(value)
+    return out
+
+
+def format_shape(dims: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
+def resolve_results_json(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / RESULTS_JSON
+    if not p.exists():
+        raise RunLoadError(f"no results found at {path} (expected a run folder or results.json)")
+    return p
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Load a run (folder or results.json) as (metadata, rows DataFrame)."""
+    p = resolve_results_json(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunLoadError(f"cannot read {p}: {e}") from None
+    if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
+        raise RunLoadError(f"{p} is not a results.json (no 'rows' list)")
+    df = pd.DataFrame(doc["rows"])
+    missing = [c for c in COLUMNS if c not in df.columns] if len(df) else []
+    if missing:
+        raise RunLoadError(f"{p} lacks columns: {', '.join(missing)}")
+    if not len(df):
+        df = pd.DataFrame(columns=ALL_COLUMNS)
+    return doc.get("metadata", {}) or {}, df
