@@ -15,3 +15,202 @@ Rows use the datasheet value where there is one (peak_tflops, peak_gbps) and the
 measured one beside it (meas_peak_tflops, meas_peak_gbps); a device without a datasheet
 uses the measured values for both.
 """
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from roofline.devices import ROOF_CLASSES, DeviceModel, Present
+from roofline.schema import atomic_write_text
+
+CACHE_VERSION = 1
+
+
+@dataclass
+class Ceilings:
+    datasheet: dict[str, Any] | None
+    measured: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"datasheet": self.datasheet, "measured": self.measured}
+
+    def _pick(self, section: dict[str, Any] | None, roof_class: str) -> float | None:
+        return (section or {}).get("tflops", {}).get(roof_class)
+
+    def peak_tflops(self, roof_class: str) -> float | None:
+        """The peak a row is held against: datasheet where there is one, else measured."""
+        ds = self._pick(self.datasheet, roof_class)
+        return ds if ds is not None else self._pick(self.measured, roof_class)
+
+    def peak_gbps(self) -> float | None:
+        ds = (self.datasheet or {}).get("hbm_gbps")
+        return ds if ds is not None else (self.measured or {}).get("hbm_gbps")
+
+    def meas_tflops(self, roof_class: str) -> float | None:
+        return self._pick(self.measured, roof_class)
+
+    def meas_gbps(self) -> float | None:
+        return (self.measured or {}).get("hbm_gbps")
+
+
+def datasheet_of(model: DeviceModel) -> dict[str, Any] | None:
+    if not model.peaks_tflops and model.hbm_tbps is None:
+        return None
+    return {"tflops": dict(model.peaks_tflops), "hbm_gbps": model.hbm_gbps, "l2_gbps": None}
+
+
+# ---- measurement ---------------------------------------------------------------------
+# Compute ceilings are the best of large matrix products, the standard empirical
+# roofline: what the vendor library reaches is what a kernel can hope for.
+
+def _gemm_fn(roof_class: str, n: int, device: str):
+    """(fn, flops) for an n x n x n product in the roof class's precision."""
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=g)
+    b = torch.randn(n, n, device=device, generator=g)
+    flops = 2 * n**3
+    if roof_class == "fp8":
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as required
+        one = torch.ones((), device=device)
+        return (lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)), flops
+    dt = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+          "bf16": torch.bfloat16}[roof_class]
+    a, b = a.to(dt), b.to(dt)
+    tf32 = roof_class == "tf32"
+
+    def fn():
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            return a @ b
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+
+    return fn, flops
+
+
+def _time_ms(fn, device: str, l2_flush: bool = True) -> float:
+    """Median ms of fn; do_bench on a GPU, torch.utils.benchmark on a CPU."""
+    if device == "cuda":
+        import triton.testing as tt
+
+        if l2_flush:
+            return float(tt.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return float(tt.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    import torch
+    from torch.utils import benchmark
+
+    m = benchmark.Timer(stmt="fn()", globals={"fn": fn},
+                        num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=0.3)
+    return float(m.median * 1e3)
+
+
+def measure(present: Present, log=print) -> dict[str, Any]:
+    """Measure bandwidth and per-dtype compute ceilings on the device present."""
+    import torch
+
+    device = "cuda" if present.kind == "cuda" else "cpu"
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"tflops": {}, "hbm_gbps": None, "l2_gbps": None, "method": {}}
+
+    # Memory: a device-to-device copy moves each byte twice (read + write).
+    copy_bytes = (1 << 30) if device == "cuda" else (1 << 28)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        copy_bytes = min(copy_bytes, free // 8)
+    src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = _time_ms(lambda: dst.copy_(src), device)
+    out["hbm_gbps"] = 2 * copy_bytes / (ms * 1e-3) / 1e9
+    out["method"]["hbm"] = f"copy of {copy_bytes / 2**20:.0f} MiB, read + write counted"
+    del src, dst
+    log(f"  copy bandwidth {out['hbm_gbps']:.1f} GB/s")
+
+    # On-chip cache: a copy whose source and destination together fill a quarter of the
+    # GPU's L2 (or 4 MiB on a CPU, inside its L2/LLC), repeated back to back without a
+    # flush so that all but the first pass hit in cache.
+    cache_bytes = int(present.l2_mb * 2**20) // 8 if device == "cuda" and present.l2_mb \
+        else (1 << 21 if device == "cpu" else 0)
+    if cache_bytes:
+        s = torch.empty(cache_bytes // 4, dtype=torch.float32, device=device).normal_()
+        d = torch.empty_like(s)
+        reps = 50
+
+        def many():
+            for _ in range(reps):
+                d.copy_(s)
+
+        ms = _time_ms(many, device, l2_flush=False)
+        out["l2_gbps"] = 2 * cache_bytes * reps / (ms * 1e-3) / 1e9
+        out["method"]["l2"] = f"{reps} back-to-back copies of {cache_bytes / 2**20:.1f} MiB"
+        log(f"  cache copy bandwidth {out['l2_gbps']:.1f} GB/s")
+
+    sizes = (4096, 8192) if device == "cuda" else (256, 512, 1024)
+    classes = [c for c in ROOF_CLASSES if not (c == "tf32" and device != "cuda")]
+    if device == "cuda" and (present.capability or (0, 0)) < (8, 9):
+        classes = [c for c in classes if c != "fp8"]
+    for rc in classes:
+        best = 0.0
+        for n in sizes:
+            try:
+                fn, flops = _gemm_fn(rc, n, device)
+                fn()
+                ms = _time_ms(fn, device)
+            except Exception as e:  # a dtype the device/library cannot multiply
+                out["method"][f"{rc}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                break
+            best = max(best, flops / (ms * 1e-3) / 1e12)
+        if best:
+            out["tflops"][rc] = best
+            log(f"  {rc} matmul {best:.3f} TFLOP/s")
+    out["method"]["compute"] = (f"best of square matmuls {sizes}: torch.matmul, "
+                                "torch._scaled_mm for fp8")
+    out["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def cache_key(present: Present) -> str:
+    import torch
+
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = "-"
+    ident = json.dumps([CACHE_VERSION, present.key, present.name, torch.__version__,
+                        torch.version.cuda, triton_v, torch.get_num_threads()])
+    return f"{present.key}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+
+def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
+                 measure_ceilings: bool = True, force: bool = False, log=print) -> Ceilings:
+    """Datasheet ceilings of `model` beside ceilings measured on the device present.
+
+    Measurements are cached per device and software versions in cache_dir; `force`
+    re-measures.  A device without a datasheet is always measured.
+    """
+    datasheet = datasheet_of(model)
+    if not measure_ceilings and datasheet is not None:
+        return Ceilings(datasheet, None)
+    path = Path(cache_dir) / f"ceilings-{cache_key(present)}.json"
+    if path.exists() and not force:
+        try:
+            return Ceilings(datasheet, json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            pass  # a damaged cache is re-measured
+    log(f"measuring ceilings on {present.name} (cached in {path})")
+    measured = measure(present, log=log)
+    atomic_write_text(path, json.dumps(measured, indent=2))
+    return Ceilings(datasheet, measured)

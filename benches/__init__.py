@@ -1,0 +1,1 @@
+"""Measurement: timing, shape sweeps, the correctness gate, and pytest-benchmark suites."""

@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Run the benchmark sweep: correctness gate, timing, roofline metrics, plots, summary.
+
+    python run_bench.py                               # detected device, default sweep
+    python run_bench.py --device h100 --dtypes bf16,fp8
+    python run_bench.py --check-only                  # correctness only (Triton via the
+                                                      # interpreter when there is no GPU)
+    python run_bench.py --list | --list-devices
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+
+class UsageError(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, never a traceback
+        raise UsageError(message)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto",
+                   help="device model: auto (detect), cpu, h100, h100-pcie, h100-nvl, h200, "
+                        "a100, l40s, l4, gpu (unlisted GPU: measured ceilings)")
+    # Lists are validated against the kernel registry once it is imported (benches.job).
+    p.add_argument("--dtypes", default="all",
+                   help="comma list of fp32,tf32,fp16,bf16,fp8,fp8e5 (fp8 = e4m3); default all")
+    p.add_argument("--kernels", default="all",
+                   help="comma list of add,mul,gelu,gelu_erf,dot,matvec,matmul; default all")
+    p.add_argument("--providers", default="all", help="torch,triton; default both")
+    p.add_argument("--sizes", default="default",
+                   help="quick|default|full, or explicit shapes separated by ';', e.g. "
+                        "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
+    p.add_argument("--out", default="results", help="results root (default: results/)")
+    p.add_argument("--run-id", default=None, help="run folder name (default: a timestamp)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare", metavar="BASELINE", default=None,
+                   help="compare with a baseline run (folder or JSON); exit 1 on regression")
+    p.add_argument("--threshold", type=float, default=5.0, metavar="PCT",
+                   help="regression threshold in percent (default 5)")
+    p.add_argument("--allow-device-mismatch", action="store_true",
+                   help="compare against a baseline from another device")
+    p.add_argument("--check-only", action="store_true",
+                   help="check every selected kernel's correctness, no timing")
+    p.add_argument("--remeasure-ceilings", action="store_true",
+                   help="measure the device's ceilings again instead of using the cache")
+    p.add_argument("--no-measure-ceilings", action="store_true",
+                   help="on a GPU with a datasheet, skip measuring ceilings")
+    p.add_argument("--no-plots", action="store_true", help="write no PNGs")
+    p.add_argument("--list", action="store_true", help="list kernels, providers, dtypes, formulas")
+    p.add_argument("--list-devices", action="store_true",
+                   help="list device models with peaks and ridge points")
+    args = p.parse_args(argv)
+    if args.threshold < 0:
+        raise UsageError("--threshold must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        if args.check_only and "TRITON_INTERPRET" not in os.environ:
+            # Without a GPU, Triton kernels can still be checked in the interpreter; it
+            # must be switched on before triton is first imported.
+            import torch
+
+            if args.device == "cpu" or not torch.cuda.is_available():
+                os.environ["TRITON_INTERPRET"] = "1"
+        from benches import job
+
+        job.validate(args)
+        if args.list:
+            job.print_kernels()
+            return 0
+        if args.list_devices:
+            job.print_devices()
+            return 0
+        return job.run(args, argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the library's one-line errors (bad shape, device, baseline)
+        from benches.job import USER_ERRORS
+
+        if isinstance(e, USER_ERRORS):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
