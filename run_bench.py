@@ -15,7 +15,6 @@ import os
 import sys
 
 
-
 class UsageError(ValueError):
     pass
 

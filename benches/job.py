@@ -162,8 +162,9 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     df = writer.frame()
     meta = writer.metadata
     try:
-        from roofline.plot import plot_roofline, plot_scaling
         from roofline.report import write_summary
+
+        from roofline.plot import plot_roofline, plot_scaling
         from roofline.schema import ROOFLINE_PNG, SCALING_PNG
 
         if plots:
@@ -178,6 +179,10 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.compare:
+        from roofline.schema import resolve_results_json
+
+        resolve_results_json(args.compare)  # a missing baseline fails now, not after the run
     present = detect()
     model, warnings = resolve(args.device, present)
     for w in warnings:

@@ -209,15 +209,18 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Te
         return time_cpu(call, cfg.timing)
     l2 = int((cfg.present.l2_mb or 0) * 2**20)
     footprint = case.spec.nbytes(case.shape, case.dtype)
-    copies: list[Callable[[], object]] = []
-    # Tiny kernels are re-timed from CUDA-graph replays: prepare distinct input copies
-    # totalling twice the L2, so each replayed call starts from a cold cache.
-    if footprint < l2:
+
+    def rotated() -> list[Callable[[], object]]:
+        # For CUDA-graph timing of tiny kernels: distinct input copies totalling twice
+        # the L2, so each replayed call starts from a cold cache.
+        calls: list[Callable[[], object]] = [call]
         for _ in range(rotation_copies(footprint, l2) - 1):
             ins = _clone_inputs(inputs)
             o = torch.empty_like(out)
-            copies.append(lambda ins=ins, o=o: fn(ins, o))
-    return time_gpu(call, cfg.timing, rotated=[call, *copies])
+            calls.append(lambda ins=ins, o=o: fn(ins, o))
+        return calls
+
+    return time_gpu(call, cfg.timing, rotated=rotated)
 
 
 # ---- metadata -------------------------------------------------------------------------

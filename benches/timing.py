@@ -55,12 +55,12 @@ def time_cpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
 
 
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig,
-             rotated: Sequence[Callable[[], object]] | None = None) -> Timing:
+             rotated: Callable[[], Sequence[Callable[[], object]]] | None = None) -> Timing:
     """CUDA-event timing after warm-up with L2 flushed between samples (do_bench).
 
     Kernels below cfg.cudagraph_below_ms are re-timed as CUDA-graph replays, where launch
-    overhead no longer dominates; `rotated` are calls of the same kernel on distinct
-    copies of its inputs, cycled inside the graph so that L2 stays cold.
+    overhead no longer dominates; `rotated()` makes calls of the same kernel on distinct
+    copies of its inputs (only when needed), cycled inside the graph so L2 stays cold.
     """
     import triton.testing as tt
 
@@ -71,7 +71,7 @@ def time_gpu(fn: Callable[[], object], cfg: TimingConfig,
     timing = summarize(samples, "do_bench")
     if timing.ms_median >= cfg.cudagraph_below_ms:
         return timing
-    calls = list(rotated or [fn])
+    calls = list(rotated()) if rotated is not None else [fn]
     counter = iter(range(10**12))
 
     def rotating() -> None:

@@ -150,9 +150,11 @@ class KernelSpec:
         if dtype not in prov.dtypes:
             return f"{provider} {self.name} has no {dtype} variant"
         if DTYPES[dtype].is_fp8 and not fp8_ok_on(target):
-            return f"fp8 needs sm_89 or newer (device is sm_{''.join(map(str, target.capability or ()))})"
+            sm = "".join(map(str, target.capability or ()))
+            return f"fp8 needs sm_89 or newer (device is sm_{sm})"
         if provider == "triton" and not target.triton_runs:
-            return "Triton needs a CUDA GPU (TRITON_INTERPRET=1 runs it on the CPU, for --check-only)"
+            return ("Triton needs a CUDA GPU (TRITON_INTERPRET=1 runs it on the CPU, "
+                    "for --check-only)")
         if prov.skip is not None:
             return prov.skip(dtype, target)
         return None

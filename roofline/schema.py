@@ -28,7 +28,7 @@ EXTRA_COLUMNS: list[str] = [
     "meas_peak_gbps",  # measured memory bandwidth (large copy)
     "meas_roof_tflops",  # min(meas_peak, intensity x meas_bandwidth)
     "pct_meas_roof",  # achieved / meas_roof_tflops, in percent
-    "roof_class",  # which ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
+    "roof_class",  # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
     "tolerance",  # the relative-error tolerance the correctness gate used
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
 ]

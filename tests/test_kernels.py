@@ -69,8 +69,8 @@ def test_interpreter_is_on():
 
 def test_unwritten_output_fails_the_check():
     """Poisoning works: a kernel that skips the last elements is caught."""
-    from kernels.elementwise import launch_elementwise
     from kernels.add import add_op
+    from kernels.elementwise import launch_elementwise
 
     spec = REGISTRY["add"]
     inputs = spec.make_inputs({"n": 1000}, "fp32", 0, "cpu")

@@ -1,0 +1,351 @@
+"""summary.md of a run: what ran where, against which ceilings, how close to the roof.
+
+Sections, in order: run facts (device, date, versions, command), ceilings (datasheet and
+measured side by side, with ridge points), the two figures, row counts, the best ok point
+per (kernel, dtype), Triton/torch ratios, failed rows, skipped reasons.  Only ok rows
+enter the performance tables: a failed row's speed belongs to a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from roofline.devices import ROOF_CLASSES
+from roofline.plot import (
+    DTYPE_ORDER,
+    KERNEL_ORDER,
+    Ceiling,
+    clean_rows,
+    fmt_gbps,
+    fmt_sig,
+    fmt_tflops,
+    run_ceilings,
+)
+from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text, parse_shape
+
+BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
+                "pct_meas_roof", "intensity", "ms_median"]
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _num(x: Any) -> str:
+    """989.4, 66.9, 3350, 9.52, 0.000123; '-' for missing."""
+    v = _finite(x)
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def _pct(x: Any, scale: float = 1.0) -> str:
+    v = _finite(x)
+    return "-" if v is None else f"{v * scale:.1f}%"
+
+
+def _ratio(x: Any) -> str:
+    v = _finite(x)
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _cell(x: Any) -> str:
+    """A markdown table cell: pipes escaped, newlines folded (reasons are free text)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return str(x).replace("|", "\\|").replace("\r", " ").replace("\n", " ").strip() or "-"
+
+
+def _table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
+    """GitHub markdown table; `align` is one char per column: l or r (default l)."""
+    seps = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |"]
+    lines += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _order(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in canonical kernel, then dtype order (unknown names after known ones)."""
+    k = {v: i for i, v in enumerate(KERNEL_ORDER)}
+    d = {v: i for i, v in enumerate(DTYPE_ORDER)}
+    keyed = df.assign(_k=df["kernel"].map(lambda x: k.get(x, len(k))),
+                      _d=df["dtype"].map(lambda x: d.get(x, len(d))))
+    return keyed.sort_values(["_k", "kernel", "_d", "dtype"]).drop(columns=["_k", "_d"])
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _size(shape: Any) -> float:
+    """Problem size of a shape string (product of its dims) to find the largest shape."""
+    try:
+        return float(math.prod(parse_shape(str(shape)).values()))
+    except ValueError:
+        return 0.0
+
+
+# ------------------------------------------------------------------------------- analysis
+
+
+def best_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The best ok row per (kernel, dtype): highest % of roof, ties and rows without a
+    roof broken by TFLOP/s.  Columns: BEST_COLUMNS."""
+    d = clean_rows(df)
+    ok = d[d["status"] == "ok"] if not d.empty else d
+    if ok.empty:
+        return pd.DataFrame(columns=BEST_COLUMNS)
+    for col in BEST_COLUMNS:
+        if col not in ok.columns:
+            ok = ok.assign(**{col: None})
+    # On a run without datasheet ceilings pct_roof may be absent: the measured roof ranks.
+    score = ok["pct_roof"].fillna(ok["pct_meas_roof"])
+    ranked = ok.assign(_score=score).sort_values(["_score", "tflops"], ascending=False,
+                                                 na_position="last")
+    best = ranked.groupby(["kernel", "dtype"], sort=False).head(1)
+    return _order(best)[BEST_COLUMNS].reset_index(drop=True)
+
+
+def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (kernel, dtype, shape) where both providers have an ok row: torch and Triton
+    median times and ratio = torch_ms / triton_ms (Triton's speed-up; > 1 means Triton is
+    faster).  Same FLOPs on both sides, so it is also the TFLOP/s ratio."""
+    cols = ["kernel", "dtype", "shape", "torch_ms", "triton_ms", "ratio"]
+    d = clean_rows(df)
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
+    key = ["kernel", "dtype", "shape"]
+    torch_ = ok[ok["provider"] == "torch"][key + ["ms_median"]].rename(
+        columns={"ms_median": "torch_ms"})
+    triton_ = ok[ok["provider"] == "triton"][key + ["ms_median"]].rename(
+        columns={"ms_median": "triton_ms"})
+    both = torch_.merge(triton_, on=key)
+    if both.empty:
+        return pd.DataFrame(columns=cols)
+    both["ratio"] = both["torch_ms"] / both["triton_ms"]
+    return _order(both)[cols].reset_index(drop=True)
+
+
+def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
+    """Per (kernel, dtype): shapes compared, median/min/max ratio, and the ratio at the
+    largest shape (where launch overhead matters least, the number targets are set on)."""
+    cols = ["kernel", "dtype", "n_shapes", "median", "min", "max", "largest_shape",
+            "ratio_at_largest"]
+    out = []
+    for (kernel, dtype), g in ratios.groupby(["kernel", "dtype"], sort=False):
+        largest = g.loc[g["shape"].map(_size).idxmax()]
+        out.append([kernel, dtype, len(g), g["ratio"].median(), g["ratio"].min(),
+                    g["ratio"].max(), largest["shape"], largest["ratio"]])
+    return pd.DataFrame(out, columns=cols)
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+def _run_facts(meta: dict[str, Any]) -> str:
+    def v(*keys: str) -> Any:
+        for k in keys:
+            if meta.get(k) not in (None, ""):
+                return meta[k]
+        return None
+
+    # A partial run must say so before anyone reads its numbers.
+    if meta.get("interrupted"):
+        status = "**interrupted**: partial results, the sweep did not finish"
+    elif meta.get("complete") is False:
+        status = "**incomplete**: the sweep had not finished when this was written"
+    else:
+        status = None
+    if meta.get("check_only"):
+        status = (status + "; " if status else "") + "correctness check only, no timing"
+
+    versions = ", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton", "cuda",
+                                                   "driver") if meta.get(k))
+    timing = meta.get("timing")
+    if isinstance(timing, dict):
+        timing = ", ".join(f"{k}={val}" for k, val in timing.items())
+    command = v("command")
+    name, model = v("device_name", "gpu_name"), v("device_model")
+    facts: list[tuple[str, Any]] = [
+        ("status", status),
+        ("device", f"{name or '?'} (`{v('device_key') or '?'}`)"),
+        # The model whose peaks the rows use, when it is not the device itself (e.g. an
+        # H200 run as --device h100, or "host CPU").
+        ("device model", model if model and model != name else None),
+        ("run", v("run_id")),
+        ("date", v("created")),
+        ("versions", versions or None),
+        ("git commit", v("git_commit")),
+        ("command", f"`{command}`" if command else None),
+        ("seed", v("seed")),
+        ("sizes", v("sizes")),
+        ("timing", timing),
+    ]
+    for key, label in (("capability", "compute capability"), ("sms", "SMs"),
+                       ("l2_mb", "L2 MiB"), ("gpu_memory_gb", "GPU memory GB"),
+                       ("memory_gb", "memory GB"), ("cpu_cores", "CPU cores"),
+                       ("cores", "CPU cores"), ("threads", "threads"),
+                       ("platform", "platform")):
+        val = meta.get(key)
+        if val not in (None, "", []):
+            facts.append((label, ".".join(map(str, val)) if isinstance(val, list) else val))
+    for key in ("clocks", "power", "throttle"):
+        if meta.get(key):
+            val = meta[key]
+            facts.append((key, json.dumps(val) if isinstance(val, dict | list) else val))
+    return "\n".join(f"- **{k}**: {val if k == 'status' else _cell(val)}"
+                     for k, val in facts if val is not None)
+
+
+def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -> str:
+    if not ceilings:
+        return "No ceilings recorded for this run: % of roof is unavailable."
+    ds, ms = ceilings.get("datasheet"), ceilings.get("measured")
+    classes = [c for c in ROOF_CLASSES if any(c in x.tflops for x in (ds, ms) if x)]
+
+    def roof(c: Ceiling | None, cls: str) -> str:
+        if c is None or cls not in c.tflops:
+            return "-"
+        # Same number formats as the roofline figure, so the two can be read side by side.
+        ridge = c.ridge(cls)
+        return f"{fmt_tflops(c.tflops[cls])} TFLOP/s" + (f" (ridge {fmt_sig(ridge)} FLOP/B)"
+                                                         if ridge else "")
+
+    def frac(a: float | None, b: float | None) -> str:
+        return _pct(b / a, 100) if a and b else "-"
+
+    rows = [[cls, roof(ds, cls), roof(ms, cls),
+             frac(ds and ds.tflops.get(cls), ms and ms.tflops.get(cls))] for cls in classes]
+    for label, attr in (("HBM", "hbm_gbps"), ("L2", "l2_gbps")):
+        a, b = (getattr(ds, attr) if ds else None), (getattr(ms, attr) if ms else None)
+        if a or b:
+            rows.append([label, f"{fmt_gbps(a)} GB/s" if a else "-",
+                         f"{fmt_gbps(b)} GB/s" if b else "-", frac(a, b)])
+    note = "" if ds else ("\n\nNo datasheet for this device: rows are held against the "
+                          "measured ceilings.")
+    method = ((meta_ceilings or {}).get("measured") or {}).get("method")
+    if isinstance(method, dict) and method:
+        note += "\n\nMeasured by: " + "; ".join(f"{k}: {_cell(m)}" for k, m in method.items())
+    return _table(["ceiling", "datasheet", "measured", "measured / datasheet"], rows,
+                  "lllr") + note
+
+
+def _best_section(df: pd.DataFrame) -> str:
+    best = best_points(df)
+    if best.empty:
+        return "No ok rows."
+    rows = [[r.kernel, r.dtype, r.provider, f"`{r.shape}`", _num(r.tflops), _num(r.gbps),
+             _pct(r.mfu, 100), _pct(r.pct_roof), _pct(r.pct_meas_roof)]
+            for r in best.itertuples()]
+    table = _table(["kernel", "dtype", "provider", "shape", "TFLOP/s", "GB/s", "MFU",
+                    "% of roof", "% of measured roof"], rows, "llllrrrrr")
+    if (best["pct_roof"] > 100).any():
+        # Not an error: the roof is set by HBM bandwidth, and a working set that fits in
+        # cache is served faster than that.
+        table += ("\n\nAbove 100% of roof: the working set fit in cache, so it was served "
+                  "faster than the HBM (DRAM) bandwidth the roof assumes.")
+    return table
+
+
+def _ratio_section(df: pd.DataFrame) -> str:
+    ratios = provider_ratios(df)
+    if ratios.empty:
+        return "No (kernel, dtype, shape) has ok rows from both providers."
+    summary = ratio_summary(ratios)
+    rows = [[r.kernel, r.dtype, r.n_shapes, _ratio(r.median), _ratio(r.min), _ratio(r.max),
+             f"`{r.largest_shape}`", _ratio(r.ratio_at_largest)] for r in summary.itertuples()]
+    head = ("Ratio = torch time / Triton time (> 1: Triton faster), over the shapes where "
+            "both providers have an ok row.\n\n")
+    detail = _table(["kernel", "dtype", "shape", "torch ms", "Triton ms", "ratio"],
+                    [[r.kernel, r.dtype, f"`{r.shape}`", f"{r.torch_ms:.4g}",
+                      f"{r.triton_ms:.4g}", _ratio(r.ratio)] for r in ratios.itertuples()],
+                    "lllrrr")
+    # The per-shape table can run to hundreds of rows: folded, so the summary stays short.
+    return (head + _table(["kernel", "dtype", "shapes", "median", "min", "max",
+                           "largest shape", "at largest"], rows, "llrrrrlr")
+            + f"\n\n<details><summary>Per shape ({len(ratios)})</summary>\n\n{detail}\n\n"
+              "</details>")
+
+
+def _failed_section(df: pd.DataFrame) -> str:
+    failed = df[df["status"] == "failed"]
+    if failed.empty:
+        return "None."
+    failed = _order(failed)
+    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+             f"{r['rel_err']:.3g}" if _finite(r.get("rel_err")) is not None else "-",
+             f"{r['tolerance']:.3g}" if _finite(r.get("tolerance")) is not None else "-",
+             r.get("reason")] for _, r in failed.iterrows()]
+    return _table(["kernel", "provider", "dtype", "shape", "rel_err", "tolerance", "reason"],
+                  rows, "llllrrl")
+
+
+def _skipped_section(df: pd.DataFrame) -> str:
+    skipped = df[df["status"] == "skipped"]
+    if skipped.empty:
+        return "None."
+    reasons = skipped["reason"].fillna("(no reason given)").astype(str)
+    rows = []
+    for reason, g in skipped.groupby(reasons, sort=False):
+        kernels = ", ".join(sorted(g["kernel"].dropna().astype(str).unique()))
+        dtypes = ", ".join(sorted(g["dtype"].dropna().astype(str).unique()))
+        providers = ", ".join(sorted(g["provider"].dropna().astype(str).unique()))
+        rows.append([reason, len(g), kernels, providers, dtypes])
+    rows.sort(key=lambda r: (-r[1], r[0]))
+    return _table(["reason", "rows", "kernels", "providers", "dtypes"], rows, "lrlll")
+
+
+def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
+    """The markdown text of summary.md."""
+    d = clean_rows(df)
+    counts = d["status"].value_counts() if not d.empty else pd.Series(dtype=int)
+    n = {s: int(counts.get(s, 0)) for s in ("ok", "failed", "skipped")}
+    other = len(d) - sum(n.values())
+    count_line = (f"{len(d)} rows: {n['ok']} ok, {n['failed']} failed, {n['skipped']} skipped"
+                  + (f", {other} with another status" if other else ""))
+    name = meta.get("device_name") or meta.get("device_key") or "unknown device"
+    parts = [
+        f"# Benchmark summary: {name}",
+        _run_facts(meta),
+        "## Ceilings",
+        _ceilings_section(run_ceilings(meta, df), _dict(meta.get("ceilings"))),
+        "## Figures",
+        f"![roofline]({ROOFLINE_PNG})\n\n![scaling]({SCALING_PNG})",
+        "## Rows",
+        count_line + ". Failed rows (wrong results) are left out of every table and figure "
+                     "except the failed list below.",
+        "## Best point per kernel and dtype",
+        "Highest % of roof (the roofline bound min(peak, intensity x bandwidth)); MFU is "
+        "achieved / compute peak.\n\n" + _best_section(d),
+        "## Triton vs torch",
+        _ratio_section(d),
+        f"## Failed rows ({n['failed']})",
+        _failed_section(d),
+        f"## Skipped rows ({n['skipped']})",
+        _skipped_section(d),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+def write_summary(run_dir: Path, meta: dict[str, Any], df: pd.DataFrame) -> Path:
+    """Write `run_dir/summary.md` atomically and return its path."""
+    path = Path(run_dir) / SUMMARY_MD
+    atomic_write_text(path, render_summary(meta, df))
+    return path
