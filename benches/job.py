@@ -162,9 +162,8 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     df = writer.frame()
     meta = writer.metadata
     try:
-        from roofline.report import write_summary
-
         from roofline.plot import plot_roofline, plot_scaling
+        from roofline.report import write_summary
         from roofline.schema import ROOFLINE_PNG, SCALING_PNG
 
         if plots:

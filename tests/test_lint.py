@@ -16,7 +16,7 @@ def test_ruff_clean():
             import ruff  # noqa: F401
         except ImportError:
             pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    p = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
 
