@@ -26,6 +26,7 @@ import torch
 from benches.shapes import shapes_for
 from benches.timing import TimingConfig, rotation_copies, time_cpu, time_gpu
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
+from kernels.matmul import UnsupportedShape
 from kernels.spec import Shape
 from roofline import metrics
 from roofline.ceilings import Ceilings
@@ -173,6 +174,8 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
             if cfg.target.kind == "cuda":
                 torch.cuda.empty_cache()
             row.update(status="skipped", reason=f"out of memory at this shape ({_first_line(e)})")
+        elif isinstance(e, UnsupportedShape):
+            row.update(status="skipped", reason=str(e))
         else:
             row.update(status="skipped", reason=f"kernel could not run: {_first_line(e)}")
         return row

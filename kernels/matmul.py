@@ -131,22 +131,31 @@ def matmul_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class UnsupportedShape(ValueError):
+    """A shape this provider's library call rejects; the harness records a skipped row."""
+
+
 @contextmanager
-def _tf32(enabled: bool):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
+def fp32_matmul_precision(tf32: bool):
+    """TF32 on ("high") or IEEE fp32 ("highest") for torch's fp32 matmuls, restored after.
+    set_float32_matmul_precision is the API stable across torch versions; the older
+    allow_tf32 flag is deprecated in newer releases."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+        torch.set_float32_matmul_precision(old)
 
 
 def matmul_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     a, b = inputs["A"], inputs["B"]
     if a.dtype in FP8:
+        if a.device.type == "cuda" and any(d % 16 for d in (*a.shape, b.shape[1])):
+            raise UnsupportedShape("torch._scaled_mm needs M, N and K to be multiples of 16")
         return torch._scaled_mm(a, b, inputs["sa"], inputs["sb"], out_dtype=out.dtype)
     # fp32 and tf32 share fp32 tensors; the dtype tag picks the math.
-    with _tf32(inputs["dtype"] == "tf32"):
+    with fp32_matmul_precision(inputs["dtype"] == "tf32"):
         return torch.matmul(a, b, out=out)
 
 

@@ -86,15 +86,11 @@ def _gemm_fn(roof_class: str, n: int, device: str):
     dt = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
           "bf16": torch.bfloat16}[roof_class]
     a, b = a.to(dt), b.to(dt)
-    tf32 = roof_class == "tf32"
+    from kernels.matmul import fp32_matmul_precision
 
     def fn():
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with fp32_matmul_precision(roof_class == "tf32"):
             return a @ b
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
 
     return fn, flops
 

