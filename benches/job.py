@@ -212,14 +212,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     console.print(f"{len(cases)} cases on {present.name} as '{model.key}' "
                   f"({'check only' if cfg.check_only else 'timed'}) -> {run_dir}")
     interrupted = False
+    tty = sys.stdout.isatty()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                        transient=False, disable=not sys.stdout.isatty())
+                        transient=False, disable=not tty)
     try:
         with progress:
             task = progress.add_task("benchmarking", total=len(cases))
-            for case, row in iterate(cases, cfg):
+            series = None
+            for i, (case, row) in enumerate(iterate(cases, cfg)):
                 writer.add(row)
+                if not tty and (case.spec.name, case.dtype) != series:
+                    # No live bar in logs: one line per (kernel, dtype) series instead.
+                    series = (case.spec.name, case.dtype)
+                    console.print(f"[{i + 1}/{len(cases)}] {case.spec.name} {case.dtype}")
                 progress.update(task, advance=1, description=f"{case.label:<48.48}")
                 if row["status"] == "failed":
                     progress.console.print(f"[red]FAILED[/red] {case.label}: {row['reason']}")

@@ -79,8 +79,9 @@ def time_gpu(fn: Callable[[], object], cfg: TimingConfig,
         # copy j mod len(calls).
         calls[next(counter) % len(calls)]()
 
-    graph_samples = tt.do_bench_cudagraph(rotating, rep=max(cfg.rep_ms, 20),
-                                          return_mode="all")
+    # rep=20 ms of unrolled calls per graph (triton's default): thousands of launches of
+    # a microsecond kernel, enough to amortize the replay's own launch.
+    graph_samples = tt.do_bench_cudagraph(rotating, rep=20, return_mode="all")
     return summarize(graph_samples, "do_bench_cudagraph")
 
 
