@@ -14,6 +14,9 @@ import argparse
 import os
 import sys
 
+# roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
+from roofline.compare import DEFAULT_THRESHOLD
+
 
 class UsageError(ValueError):
     pass
@@ -43,8 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", metavar="BASELINE", default=None,
                    help="compare with a baseline run (folder or JSON); exit 1 on regression")
-    p.add_argument("--threshold", type=float, default=5.0, metavar="PCT",
-                   help="regression threshold in percent (default 5)")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="PCT",
+                   help=f"regression threshold in percent (default {DEFAULT_THRESHOLD:g})")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare against a baseline from another device")
     p.add_argument("--check-only", action="store_true",

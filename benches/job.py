@@ -34,7 +34,7 @@ from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels.spec import Target, interpreter_enabled
 from roofline.ceilings import get_ceilings
-from roofline.devices import DEVICES, ROOF_CLASSES, DeviceError, detect, resolve
+from roofline.devices import DEVICES, ROOF_CLASSES, DeviceError, detect, host_cpu, resolve
 from roofline.schema import RunLoadError
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError)
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     for w in warnings:
         console.print(f"[yellow]warning[/yellow]: {w}")
     if model.kind == "cpu" and present.kind != "cpu":
-        present = detect_cpu()  # --device cpu on a GPU machine benchmarks the host
+        present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
     target = Target(present.kind, present.capability, interpreter_enabled(), present.name)
     out_root = Path(args.out)
     ceilings = get_ceilings(model, present, out_root / ".ceilings",
@@ -250,15 +250,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,
                                             args.allow_device_mismatch))
     return code
-
-
-def detect_cpu():
-    """The host CPU as a Present, for `--device cpu` on a machine that has a GPU."""
-    import os
-
-    from roofline.devices import Present, cpu_name
-
-    return Present(key="cpu", name=cpu_name(), kind="cpu", cores=os.cpu_count())
 
 
 __all__ = ["USER_ERRORS", "print_devices", "print_kernels", "run", "validate"]

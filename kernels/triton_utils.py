@@ -32,7 +32,3 @@ def round_for_store(x, MBITS: tl.constexpr):
         bits = ((bits + ((1 << (SHIFT - 1)) - 1) + lsb) >> SHIFT) << SHIFT
         x = bits.to(tl.float32, bitcast=True)
     return x
-
-
-def cdiv(a: int, b: int) -> int:
-    return triton.cdiv(a, b)

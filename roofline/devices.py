@@ -147,6 +147,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def host_cpu() -> Present:
+    """The host CPU as a Present (also used for `--device cpu` on a GPU machine)."""
+    return Present(key="cpu", name=cpu_name(), kind="cpu", cores=os.cpu_count())
+
+
 def detect() -> Present:
     """Detect the device present: the first CUDA GPU's exact SKU, else the CPU."""
     import torch
@@ -163,7 +168,7 @@ def detect() -> Present:
             l2_mb=l2 / 2**20 if l2 else None,
             memory_gb=props.total_memory / 1e9,
         )
-    return Present(key="cpu", name=cpu_name(), kind="cpu", cores=os.cpu_count())
+    return host_cpu()
 
 
 def resolve(requested: str, present: Present) -> tuple[DeviceModel, list[str]]:

@@ -165,21 +165,25 @@ def test_interrupt_keeps_finished_rows(tmp_path, monkeypatch):
     assert not [p for p in (tmp_path / "cpu" / "i").iterdir() if p.name.startswith(".")]
 
 
-def test_kernel_errors_become_skipped_rows(tmp_path, monkeypatch):
-    import torch
+def _replace_torch_provider(monkeypatch, kernel: str, fn) -> None:
+    """Swap one kernel's torch implementation in the registry for this test."""
+    import dataclasses
 
     from kernels import REGISTRY
 
-    spec = REGISTRY["mul"]
-    boom = dict(spec.providers)
+    spec = REGISTRY[kernel]
+    provs = dict(spec.providers)
+    provs["torch"] = dataclasses.replace(provs["torch"], fn=fn)
+    monkeypatch.setitem(REGISTRY, kernel, dataclasses.replace(spec, providers=provs))
+
+
+def test_kernel_errors_become_skipped_rows(tmp_path, monkeypatch):
+    import torch
 
     def oom(inputs, out):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
 
-    import dataclasses
-
-    boom["torch"] = dataclasses.replace(spec.providers["torch"], fn=oom)
-    monkeypatch.setitem(REGISTRY, "mul", dataclasses.replace(spec, providers=boom))
+    _replace_torch_provider(monkeypatch, "mul", oom)
     code = run_bench.main(["--device", "cpu", "--sizes", "n=1024", "--kernels", "mul,add",
                            "--dtypes", "fp32", "--providers", "torch", "--out", str(tmp_path),
                            "--run-id", "o", "--no-plots"])
@@ -191,14 +195,7 @@ def test_kernel_errors_become_skipped_rows(tmp_path, monkeypatch):
 
 
 def test_wrong_kernel_is_failed_and_exit_1(tmp_path, monkeypatch):
-    import dataclasses
-
-    from kernels import REGISTRY
-
-    spec = REGISTRY["add"]
-    provs = dict(spec.providers)
-    provs["torch"] = dataclasses.replace(provs["torch"], fn=lambda i, o: i["x"] - i["y"])
-    monkeypatch.setitem(REGISTRY, "add", dataclasses.replace(spec, providers=provs))
+    _replace_torch_provider(monkeypatch, "add", lambda i, o: i["x"] - i["y"])
     code = run_bench.main(["--device", "cpu", "--sizes", "n=1024", "--kernels", "add",
                            "--dtypes", "fp32", "--providers", "torch", "--out", str(tmp_path),
                            "--run-id", "w", "--no-plots"])
