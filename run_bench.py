@@ -6,13 +6,19 @@
     python run_bench.py --check-only                  # correctness only (Triton via the
                                                       # interpreter when there is no GPU)
     python run_bench.py --list | --list-devices
+    python run_bench.py --inspect [--arch sm_90]      # compile every Triton kernel for a
+                                                      # GPU, no GPU needed
+    python run_bench.py --resume results/cpu/RUN      # finish an interrupted run
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+
+from benches.interrupt import Terminated, exit_code, sigterm_raises
 
 # roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
 from roofline.compare import DEFAULT_THRESHOLD
@@ -42,7 +48,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="quick|default|full, or explicit shapes separated by ';', e.g. "
                         "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
     p.add_argument("--out", default="results", help="results root (default: results/)")
-    p.add_argument("--run-id", default=None, help="run folder name (default: a timestamp)")
+    p.add_argument("--run-id", default=None,
+                   help="run folder name, a plain name never used before (default: a "
+                        "timestamp)")
+    p.add_argument("--resume", metavar="RUN", default=None,
+                   help="finish an interrupted or aborted run folder: only its missing cases, "
+                        "with its own settings, appended to its files")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", metavar="BASELINE", default=None,
                    help="compare with a baseline run (folder or JSON); exit 1 on regression")
@@ -50,6 +61,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help=f"regression threshold in percent (default {DEFAULT_THRESHOLD:g})")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare against a baseline from another device")
+    p.add_argument("--allow", default="", metavar="LIST",
+                   help="gate failures to tolerate in --compare, comma list of: missing, "
+                        "method-change, incomplete, newer-baseline")
+    p.add_argument("--fp8-accum", choices=("fast", "precise"), default=None,
+                   help="fp8 matmul accumulation for Triton, torch._scaled_mm and the fp8 "
+                        "ceiling alike (default: fast)")
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
     p.add_argument("--remeasure-ceilings", action="store_true",
@@ -60,14 +77,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list kernels, providers, dtypes, formulas")
     p.add_argument("--list-devices", action="store_true",
                    help="list device models with peaks and ridge points")
+    p.add_argument("--inspect", action="store_true",
+                   help="compile every Triton kernel x config x dtype for --arch (no GPU "
+                        "needed) and report registers, spills, shared memory, MMA, loads")
+    p.add_argument("--arch", default="sm_90", help="--inspect target: sm_80, sm_89, sm_90")
     args = p.parse_args(argv)
-    if args.threshold < 0:
-        raise UsageError("--threshold must be >= 0")
+    if not math.isfinite(args.threshold) or args.threshold < 0:
+        raise UsageError(f"--threshold must be a finite number >= 0, not {args.threshold:g}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with sigterm_raises():
+            return _main(argv)
+    except (KeyboardInterrupt, Terminated) as e:
+        # Reached only outside a run's own handling (start-up, listings, inspect): the
+        # sweep itself keeps its rows and returns the same codes.
+        print("interrupted" if isinstance(e, KeyboardInterrupt) else "terminated",
+              file=sys.stderr)
+        return exit_code(e)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = parse_args(argv)
         if args.check_only and "TRITON_INTERPRET" not in os.environ:
@@ -80,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         from benches import job
 
         job.validate(args)
+        if args.inspect:
+            from benches.inspect import run_inspect
+
+            return run_inspect(args)
         if args.list:
             job.print_kernels()
             return 0

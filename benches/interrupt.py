@@ -1,0 +1,39 @@
+"""Signals as exceptions: Ctrl-C (SIGINT) is Python's KeyboardInterrupt; SIGTERM (a CI
+job cancelled, `kill`) becomes `Terminated`, so both unwind through the same code that
+keeps every finished row.  Light on imports: run_bench installs it before torch loads."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention
+EXIT_SIGTERM = 143  # 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM received.  A BaseException, like KeyboardInterrupt, so that no
+    `except Exception` (a kernel's error handling, the plotting guard) swallows it."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread."""
+    try:
+        old = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: leave signal handling alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def exit_code(e: BaseException) -> int:
+    return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
