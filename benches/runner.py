@@ -35,6 +35,7 @@ from roofline.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
     RESULTS_JSON,
+    SAMPLES,
     atomic_write_text,
     format_shape,
 )
@@ -91,6 +92,16 @@ def build_cases(cfg: RunConfig) -> list[Case]:
 def case_seed(base: int, spec: KernelSpec, dtype: str, shape: Shape) -> int:
     """Stable per-(kernel, dtype, shape) seed: fresh data per case, reproducible per run."""
     return (base * 1_000_003 + zlib.crc32(f"{spec.name}|{dtype}|{shape}".encode())) % 2**31
+
+
+class SweepAborted(Exception):
+    """A kernel error left the CUDA context unusable (illegal address, launch failure):
+    `row` is that case's failed row, `reason` the error; the sweep cannot go on."""
+
+    def __init__(self, row: dict[str, Any], reason: str) -> None:
+        super().__init__(reason)
+        self.row = row
+        self.reason = reason
 
 
 def _first_line(e: BaseException) -> str:
@@ -350,12 +361,17 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
 # ---- writing ----------------------------------------------------------------------------
 
 class ResultWriter:
-    """Keeps the run folder's results.csv and results.json current after every row."""
+    """Keeps the run folder's results.csv and results.json current after every row.
 
-    def __init__(self, run_dir: Path, metadata: dict[str, Any]) -> None:
+    The folder itself is created (exclusively) by the caller; `rows` are those already in
+    the folder when a run is resumed, kept as read so nothing measured is rewritten.
+    """
+
+    def __init__(self, run_dir: Path, metadata: dict[str, Any],
+                 rows: list[dict[str, Any]] | None = None) -> None:
         self.run_dir = run_dir
         self.metadata = metadata
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = list(rows or [])
         run_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, row: dict[str, Any]) -> None:
@@ -371,20 +387,32 @@ class ResultWriter:
         atomic_write_text(self.run_dir / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")
 
 
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None  # JSON has no NaN/inf
+    return v
+
+
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k in ALL_COLUMNS:
-        v = row.get(k)
-        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-            v = None  # JSON has no NaN/inf
-        out[k] = v
+    out = {k: _finite_or_none(row.get(k)) for k in ALL_COLUMNS}
+    samples = row.get(SAMPLES)
+    if samples is not None:
+        out[SAMPLES] = [_finite_or_none(float(x)) for x in samples]
     return out
 
 
 def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
+    """Run the cases in order, yielding each finished row.  A case whose error leaves
+    the CUDA context unusable yields its failed row, then SweepAborted is raised: no
+    later case could run, and hundreds of follow-on rows would hide the first error."""
     cache = _InputCache()
     try:
         for case in cases:
-            yield case, run_case(case, cfg, cache)
+            try:
+                row = run_case(case, cfg, cache)
+            except SweepAborted as e:
+                yield case, e.row
+                raise
+            yield case, row
     finally:
         cache.clear()

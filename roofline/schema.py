@@ -33,6 +33,9 @@ EXTRA_COLUMNS: list[str] = [
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
 ]
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
+# Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the
+# regression gate's rank test reads them; the CSV keeps one scalar per cell.
+SAMPLES = "samples_ms"
 KEY: list[str] = ["kernel", "provider", "dtype", "shape"]  # identifies a row across runs
 STATUSES = ("ok", "failed", "skipped")
 
@@ -47,6 +50,17 @@ class RunLoadError(ValueError):
     """A run folder or results file that cannot be read (one-line message)."""
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+# Mode of files this suite creates: what open() would give under the process's umask
+# (0644 under the usual 022), not mkstemp's private 0600.
+FILE_MODE = 0o666 & ~_umask()
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write via a temp file in the same folder and rename, so a crash never leaves a
     half-written file in place of a good one."""
@@ -54,6 +68,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -95,10 +110,19 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
         raise RunLoadError(f"cannot read {p}: {e}") from None
     if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
         raise RunLoadError(f"{p} is not a results.json (no 'rows' list)")
+    meta = doc.get("metadata", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise RunLoadError(f"{p}: 'metadata' is a {type(meta).__name__}, not an object")
+    bad = next((i for i, r in enumerate(doc["rows"]) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise RunLoadError(f"{p}: row {bad} is a {type(doc['rows'][bad]).__name__}, "
+                           "not an object")
     df = pd.DataFrame(doc["rows"])
     missing = [c for c in COLUMNS if c not in df.columns] if len(df) else []
     if missing:
         raise RunLoadError(f"{p} lacks columns: {', '.join(missing)}")
     if not len(df):
         df = pd.DataFrame(columns=ALL_COLUMNS)
-    return doc.get("metadata", {}) or {}, df
+    return meta, df
