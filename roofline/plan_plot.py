@@ -1,0 +1,99 @@
+"""plan.png: the GEMMs of one training step on the device's roofline, each marker's area
+proportional to its share of the step's matmul time (roofline/plan.py)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from roofline.devices import ROOF_CLASS
+from roofline.plot import (
+    _draw_ceilings,
+    _limits,
+    _new_figure,
+    fmt_tflops,
+    run_ceilings,
+    save_figure,
+)
+
+_PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}
+_MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share
+
+
+def gemm_bytes(g: dict[str, Any], dtype: str) -> float:
+    """Compulsory bytes of a GEMM through the matmul spec (DESIGN.md section 4)."""
+    from kernels import REGISTRY
+
+    return float(REGISTRY["matmul"].nbytes({"M": g["M"], "N": g["N"], "K": g["K"]}, dtype))
+
+
+def marker_area(share: float) -> float:
+    return _MIN_AREA + (_MAX_AREA - _MIN_AREA) * share
+
+
+def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
+    """One panel: the device's HBM slope and the dtype's roof (datasheet solid, measured
+    dashed, from roofline/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
+    dtype = plan["dtype"]
+    rc = ROOF_CLASS[dtype]
+    meas = plan.get("measurement") or {}
+    ceilings = run_ceilings({"ceilings": meas.get("ceilings")}
+                            if isinstance(meas.get("ceilings"), dict)
+                            else {"device_key": plan["device"]})
+    rows = []
+    for g in plan["gemms"]:
+        if not g.get("tflops"):
+            continue
+        rows.append({**g, "intensity": g["flops"] / gemm_bytes(g, dtype)})
+    df = pd.DataFrame(rows)
+    xlim, ylim = _limits([df] if not df.empty else [], ceilings, [rc])
+    fig = _new_figure(8.5, 6.2)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    _draw_ceilings(ax, ceilings, [rc], xlim)
+    for phase, color in _PHASE_COLORS.items():
+        sel = df[df["phase"] == phase] if not df.empty else df
+        if sel.empty:
+            continue
+        ax.scatter(sel["intensity"], sel["tflops"], s=[marker_area(s or 0) for s in sel["share"]],
+                   color=color, alpha=0.55, edgecolors="black", linewidths=0.5, zorder=4,
+                   gid=f"gemms:{phase}", label=phase)
+    # Name the GEMMs that take a visible part of the step.
+    if not df.empty:
+        for _, r in df.sort_values("share", ascending=False).head(6).iterrows():
+            if (r["share"] or 0) < 0.03:
+                break
+            ax.annotate(f"{r['name']} {r['phase']} {r['share']:.0%}",
+                        (r["intensity"], r["tflops"]), xytext=(6, -10),
+                        textcoords="offset points", fontsize=7, color="0.2", zorder=5,
+                        gid=f"gemm-label:{r['name']}:{r['phase']}")
+    st = plan["step"]
+    if st.get("tflops"):
+        ax.axhline(st["tflops"], color="#d62728", lw=1.0, ls="-.", zorder=3, gid="step-average",
+                   label=f"step average {fmt_tflops(st['tflops'])} TFLOP/s "
+                         f"(MFU {st['mfu']:.1%})")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("TFLOP/s")
+    m = plan.get("model") or {}
+    src = plan["mfu_from"]
+    where = meas.get("device_name") or plan["device_name"]
+    fig.suptitle(f"Step GEMMs of {m.get('name', '?')} ({plan['micro_batch']} x "
+                 f"{m.get('seq_len', '?')} tokens, {dtype}) on {where}"
+                 f"\nmarker area = share of the step's matmul time; {src}", fontsize=10)
+    handles = [Line2D([], [], marker="o", ls="", color=c, alpha=0.6, label=p)
+               for p, c in _PHASE_COLORS.items()]
+    handles += [Line2D([], [], color="#d62728", ls="-.", label="step average")]
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
+    if out is not None:
+        save_figure(fig, out)
+    return fig
+
