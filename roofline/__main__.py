@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote} ...\n"
+    "usage: python -m roofline {plot,compare,promote,plan} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
-    "  promote RUN [--device KEY]    make RUN the stored baseline for its device"
+    "  promote RUN [--device KEY]    make RUN the stored baseline for its device\n"
+    "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"
+    "                                model size, tokens, days and memory (plan --help)"
 )
 
 
@@ -26,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from roofline.compare import main as compare_main
 
         return compare_main([cmd, *rest])
+    if cmd == "plan":
+        from roofline.plan import main as plan_main
+
+        return plan_main(rest)
     print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
     return 2
 
