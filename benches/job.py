@@ -4,9 +4,12 @@ or load ceilings, run the sweep with a progress bar, then plots, summary and com
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import re
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +24,39 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from benches import runner
+from benches.interrupt import Terminated, exit_code
 from benches.runner import (
+    Case,
     ResultWriter,
     RunConfig,
     build_cases,
     collect_metadata,
-    iterate,
     nvml_snapshot,
 )
 from benches.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
+from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
-from roofline.ceilings import get_ceilings
-from roofline.devices import DEVICES, ROOF_CLASSES, DeviceError, detect, host_cpu, resolve
-from roofline.schema import RunLoadError
+from roofline.ceilings import Ceilings, get_ceilings
+from roofline.devices import (
+    DEVICES,
+    ROOF_CLASSES,
+    DeviceError,
+    DeviceModel,
+    Present,
+    detect,
+    host_cpu,
+    resolve,
+)
+from roofline.schema import (
+    SAMPLES,
+    RunLoadError,
+    format_shape,
+    load_run,
+    resolve_results_json,
+)
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError)
 try:
@@ -57,7 +78,9 @@ class RequestError(ValueError):
 USER_ERRORS += (RequestError,)
 
 
-def _choose(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+def _choose(value: str | list[str], allowed: tuple[str, ...], flag: str) -> list[str]:
+    if isinstance(value, list):  # already a list (a resumed run's metadata)
+        value = ",".join(map(str, value))
     if value.strip() == "all":
         return list(allowed)
     items = [v.strip() for v in value.split(",") if v.strip()]
@@ -72,13 +95,17 @@ def _choose(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 def validate(args: argparse.Namespace) -> None:
     """Turn the comma lists into validated lists; parse explicit sizes."""
-    args.kernels = _choose(args.kernels, tuple(REGISTRY), "kernels")
-    args.dtypes = _choose(args.dtypes, DTYPE_NAMES, "dtypes")
-    args.providers = _choose(args.providers, PROVIDERS, "providers")
+    validate_lists(args)
     if args.device != "auto" and args.device not in DEVICES:
         raise RequestError(f"unknown device '{args.device}' "
                            f"(choose from auto, {', '.join(DEVICES)})")
     args.explicit_shapes = None if args.sizes in PRESETS else parse_sizes(args.sizes)
+
+
+def validate_lists(args: argparse.Namespace) -> None:
+    args.kernels = _choose(args.kernels, tuple(REGISTRY), "kernels")
+    args.dtypes = _choose(args.dtypes, DTYPE_NAMES, "dtypes")
+    args.providers = _choose(args.providers, PROVIDERS, "providers")
 
 
 # ---- listings ---------------------------------------------------------------------------
@@ -177,79 +204,280 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
                       f"{type(e).__name__}: {e}")
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
-    if args.compare:
-        from roofline.schema import resolve_results_json
+# Run ids become folder names: plain names only, so `--run-id ../../x` cannot write
+# outside --out.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# Rounds of re-timing for rows that look slower than the baseline, interleaved across
+# those rows so that a burst of noise on the machine hits them all alike.
+RETIME_ROUNDS = 3
 
-        resolve_results_json(args.compare)  # a missing baseline fails now, not after the run
+
+def _check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise RequestError(f"--run-id '{run_id}' is not a plain name (letters, digits, "
+                           "'.', '_', '-'; no '/' or '..')")
+    return run_id
+
+
+def _writable_dir(path: Path, what: str) -> Path:
+    """`path` as an existing, writable folder (created if missing), else a one-line error."""
+    if path.exists() and not path.is_dir():
+        raise RequestError(f"{what} {path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RequestError(f"cannot create {what} {path}: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise RequestError(f"{what} {path} is not writable")
+    return path
+
+
+def _new_run_dir(parent: Path, run_id: str | None) -> Path:
+    """Create the run folder exclusively: a run is never written over another one.  An
+    automatic id (a timestamp) takes a -2, -3, ... suffix when two runs start in the same
+    second."""
+    names = [run_id] if run_id else [datetime.now().strftime("%Y%m%d-%H%M%S")]
+    if not run_id:
+        names += [f"{names[0]}-{i}" for i in range(2, 1000)]
+    for name in names:
+        d = parent / name
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            if run_id:
+                raise RequestError(f"run folder {d} already exists: runs are never "
+                                   "overwritten (choose another --run-id, or --resume "
+                                   f"{d})") from None
+        except OSError as e:
+            raise RequestError(f"cannot create run folder {d}: {e.strerror or e}") from None
+    raise RequestError(f"no free run folder name under {parent}")
+
+
+def _read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """(run folder, metadata, rows) of a run to resume, validated."""
+    p = resolve_results_json(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"cannot resume {path}: {e}") from None
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(meta, dict) or not isinstance(rows, list) \
+            or not all(isinstance(r, dict) for r in rows):
+        raise RequestError(f"cannot resume {path}: not a results.json written by run_bench")
+    for key in ("kernels", "dtypes", "providers", "sizes", "seed", "device_key"):
+        if key not in meta:
+            raise RequestError(f"cannot resume {path}: its metadata lacks '{key}'")
+    if meta.get("complete"):
+        raise RequestError(f"{path} is a complete run: nothing to resume")
+    return p.parent, meta, rows
+
+
+def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
+    """The resumed run's own settings replace the command line's."""
+    args.kernels, args.dtypes, args.providers = meta["kernels"], meta["dtypes"], meta["providers"]
+    args.seed, args.check_only = meta["seed"], bool(meta.get("check_only"))
+    args.device = meta["device_key"]
+    if meta.get("fp8_accum"):
+        args.fp8_accum = meta["fp8_accum"]
+    if meta["sizes"] == "explicit":
+        shapes = meta.get("explicit_shapes")
+        if not shapes:
+            raise RequestError("cannot resume: the run used explicit --sizes that its "
+                               "metadata does not list")
+        args.sizes = ";".join(shapes)
+        args.explicit_shapes = parse_sizes(args.sizes)
+    else:
+        args.sizes, args.explicit_shapes = meta["sizes"], None
+
+
+def _allowed(text: str) -> tuple[str, ...]:
+    from roofline import compare
+
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    allowable = getattr(compare, "ALLOWABLE", ())
+    for a in names:
+        if a not in allowable:
+            raise RequestError(f"unknown --allow '{a}' (choose from {','.join(allowable)})")
+    return tuple(names)
+
+
+def _check_baseline(path: str, device_key: str, allow_mismatch: bool) -> None:
+    """A baseline must be usable before anything is measured: on a GPU a bad one found
+    after the sweep wastes the whole run."""
+    from roofline import compare
+
+    check = getattr(compare, "check_baseline", None)
+    if check is not None:
+        check(path, device_key, allow_device_mismatch=allow_mismatch)
+    else:
+        load_run(path)
+
+
+def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]))
+
+
+def _case_key(case: Case) -> tuple[str, str, str, str]:
+    return (case.spec.name, case.provider, case.dtype, case.shape_str)
+
+
+def _retimer(cases: list[Case], cfg: RunConfig):
+    """The compare step's `retime` callback: fresh samples of the given rows, RETIME_ROUNDS
+    rounds interleaved across the rows."""
+    by_key = {_case_key(c): c for c in cases}
+
+    def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
+        todo = [by_key[tuple(k)] for k in keys if tuple(k) in by_key]
+        got: dict[tuple, list[list[float]]] = {_case_key(c): [] for c in todo}
+        console.print(f"re-timing {len(todo)} rows that look slower "
+                      f"({RETIME_ROUNDS} rounds, interleaved)")
+        for _ in range(RETIME_ROUNDS):
+            for case in todo:
+                row = runner.run_case(case, cfg, runner._InputCache())
+                if row["status"] == "ok" and row.get(SAMPLES):
+                    got[_case_key(case)].append(list(row[SAMPLES]))
+        return got
+
+    return retime
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    # ---- everything the run needs is checked before any ceiling or kernel is measured
+    allow = _allowed(args.allow)
+    resume_rows: list[dict[str, Any]] = []
+    old_meta: dict[str, Any] | None = None
+    if args.resume:
+        run_dir, old_meta, resume_rows = _read_run_doc(args.resume)
+        _apply_resume(args, old_meta)
+        validate_lists(args)
+    elif args.run_id is not None:
+        _check_run_id(args.run_id)
+    if args.fp8_accum:
+        kernel_spec.set_fp8_accum(args.fp8_accum)
     present = detect()
     model, warnings = resolve(args.device, present)
     for w in warnings:
         console.print(f"[yellow]warning[/yellow]: {w}")
     if model.kind == "cpu" and present.kind != "cpu":
         present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
+    if old_meta is not None and old_meta.get("detected_key") not in (None, present.key):
+        raise RequestError(f"cannot resume a run of '{old_meta.get('detected_key')}' on "
+                           f"'{present.key}'")
+    if args.compare:
+        _check_baseline(args.compare, model.key, args.allow_device_mismatch)
     target = Target(present.kind, present.capability, interpreter_enabled(), present.name)
-    out_root = Path(args.out)
-    ceilings = get_ceilings(model, present, out_root / ".ceilings",
-                            measure_ceilings=not args.no_measure_ceilings,
-                            force=args.remeasure_ceilings,
-                            log=lambda m: console.print(m))
     cfg = RunConfig(
         kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
         sizes=args.sizes if args.explicit_shapes is None else "explicit",
         explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
-        model=model, present=present, target=target, ceilings=ceilings,
+        model=model, present=present, target=target, ceilings=Ceilings(None, None),
         timing=TimingConfig(),
     )
     cases = build_cases(cfg)
     if not cases:
         raise RequestError("nothing to run: no selected kernel has a selected dtype and "
                            "shape (check --kernels, --dtypes and --sizes)")
-    run_id = args.run_id or datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = out_root / model.key / run_id
-    meta = collect_metadata(cfg, run_id, ["run_bench.py", *argv])
-    writer = ResultWriter(run_dir, meta)
-    console.print(f"{len(cases)} cases on {present.name} as '{model.key}' "
-                  f"({'check only' if cfg.check_only else 'timed'}) -> {run_dir}")
-    interrupted = False
-    tty = sys.stdout.isatty()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                        transient=False, disable=not tty)
+    out_root = Path(args.out)
+    if old_meta is None:
+        out_root = _writable_dir(out_root, "--out")
+        _writable_dir(out_root / ".ceilings", "ceiling cache")
+        run_dir = _new_run_dir(_writable_dir(out_root / model.key, "device folder"),
+                               args.run_id)
+        meta = collect_metadata(cfg, run_dir.name, ["run_bench.py", *argv])
+        if cfg.explicit_shapes is not None:
+            meta["explicit_shapes"] = [format_shape(s) for s in cfg.explicit_shapes]
+    else:
+        _writable_dir(run_dir, "run folder")
+        out_root = run_dir.parent.parent  # <out>/<device>/<run-id>: the ceiling cache's root
+        meta = old_meta
+        meta.setdefault("resumed", []).append(
+            {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "command": " ".join(["run_bench.py", *argv]), "rows_before": len(resume_rows)})
+    meta.update(interrupted=False, aborted=False, abort_reason=None, complete=False)
+    writer = ResultWriter(run_dir, meta, resume_rows)
+    done = {_row_key(r) for r in resume_rows}
+    todo = [c for c in cases if _case_key(c) not in done]
+
+    code, stage = 0, "ceilings"
     try:
-        with progress:
-            task = progress.add_task("benchmarking", total=len(cases))
-            series = None
-            for i, (case, row) in enumerate(iterate(cases, cfg)):
-                writer.add(row)
-                if not tty and (case.spec.name, case.dtype) != series:
-                    # No live bar in logs: one line per (kernel, dtype) series instead.
-                    series = (case.spec.name, case.dtype)
-                    console.print(f"[{i + 1}/{len(cases)}] {case.spec.name} {case.dtype}")
-                progress.update(task, advance=1, description=f"{case.label:<48.48}")
-                if row["status"] == "failed":
-                    progress.console.print(f"[red]FAILED[/red] {case.label}: {row['reason']}")
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print(f"[yellow]interrupted[/yellow]: keeping the {len(writer.rows)} rows "
-                      "measured so far")
-    meta["interrupted"] = interrupted
-    meta["complete"] = not interrupted
+        writer.flush()  # the folder holds a readable (empty) run from the start
+        if meta.get("ceilings_ready"):  # a resumed run keeps the ceilings of its rows
+            c = meta.get("ceilings") or {}
+            cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
+        else:
+            cfg.ceilings = get_ceilings(model, present, out_root / ".ceilings",
+                                        measure_ceilings=not args.no_measure_ceilings,
+                                        force=args.remeasure_ceilings,
+                                        log=lambda m: console.print(m))
+            meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
+        stage = "sweep"
+        _sweep(todo, len(cases), cfg, writer, present, model, run_dir)
+        meta["complete"] = True
+    except runner.SweepAborted as e:
+        meta.update(aborted=True, abort_reason=f"{e.row['kernel']} {e.row['provider']} "
+                    f"{e.row['dtype']} {e.row['shape']}: {e.reason}")
+        console.print(f"[red]ABORTED[/red]: {meta['abort_reason']}; the CUDA context is "
+                      f"unusable, {len(writer.rows)} rows kept (resume with --resume {run_dir})")
+        code = 3
+    except (KeyboardInterrupt, Terminated) as e:
+        meta.update(interrupted=True,
+                    signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT")
+        console.print(f"[yellow]interrupted[/yellow] during the {stage}: keeping the "
+                      f"{len(writer.rows)} rows measured so far (resume with --resume "
+                      f"{run_dir})")
+        code = exit_code(e)
     if present.kind == "cuda":
         meta["nvml_end"] = nvml_snapshot()
-    writer.flush()
-    _finish(writer, run_dir, plots=not args.no_plots)
-    print_summary(writer.rows)
-    console.print(f"results: {run_dir}")
-    if interrupted:
-        return 130
+    try:
+        writer.flush()
+        if code == 0 or stage == "sweep":
+            _finish(writer, run_dir, plots=not args.no_plots)
+        print_summary(writer.rows)
+        console.print(f"results: {run_dir}")
+    except (KeyboardInterrupt, Terminated) as e:
+        meta.update(interrupted=True, complete=False,
+                    signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT")
+        writer.flush()
+        console.print(f"[yellow]interrupted[/yellow] while writing figures: the {len(writer.rows)} "
+                      f"rows are kept in {run_dir}")
+        return exit_code(e)
+    if code:
+        return code
     code = 1 if any(r["status"] == "failed" for r in writer.rows) else 0
     if args.compare:
         from roofline.compare import compare_and_report
 
+        retime = None if cfg.check_only else _retimer(cases, cfg)
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,
-                                            args.allow_device_mismatch))
+                                            args.allow_device_mismatch, allow=allow,
+                                            retime=retime))
     return code
+
+
+def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
+           present: Present, model: DeviceModel, run_dir: Path) -> None:
+    done0 = total - len(todo)
+    console.print(f"{total} cases on {present.name} as '{model.key}' "
+                  f"({'check only' if cfg.check_only else 'timed'}) -> {run_dir}"
+                  + (f" ({done0} already done, {len(todo)} to go)" if done0 else ""))
+    tty = sys.stdout.isatty()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                        transient=False, disable=not tty)
+    with progress:
+        task = progress.add_task("benchmarking", total=total, completed=done0)
+        series = None
+        for i, (case, row) in enumerate(runner.iterate(todo, cfg)):
+            writer.add(row)
+            if not tty and (case.spec.name, case.dtype) != series:
+                # No live bar in logs: one line per (kernel, dtype) series instead.
+                series = (case.spec.name, case.dtype)
+                console.print(f"[{done0 + i + 1}/{total}] {case.spec.name} {case.dtype}")
+            progress.update(task, advance=1, description=f"{case.label:<48.48}")
+            if row["status"] == "failed":
+                progress.console.print(f"[red]FAILED[/red] {case.label}: {row['reason']}")
 
 
 __all__ = ["USER_ERRORS", "print_devices", "print_kernels", "run", "validate"]

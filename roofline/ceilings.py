@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -195,6 +196,30 @@ def cache_key(present: Present) -> str:
     return f"{present.key}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
 
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) \
+        and x > 0
+
+
+def cache_problem(doc: Any) -> str | None:
+    """Why a cached measurement cannot be used (None when it can): every roof a row is
+    held against comes from it, so a list, a string where a number belongs or a
+    non-positive value must not silently drop or corrupt roofs."""
+    if not isinstance(doc, dict):
+        return f"not a JSON object ({type(doc).__name__})"
+    tflops = doc.get("tflops")
+    if not isinstance(tflops, dict) or not tflops:
+        return "'tflops' is not a non-empty object"
+    for rc, v in tflops.items():
+        if rc not in ROOF_CLASSES or not _positive(v):
+            return f"tflops[{rc!r}] = {v!r} is not a positive number of a known roof"
+    if not _positive(doc.get("hbm_gbps")):
+        return f"hbm_gbps = {doc.get('hbm_gbps')!r} is not a positive number"
+    if doc.get("l2_gbps") is not None and not _positive(doc.get("l2_gbps")):
+        return f"l2_gbps = {doc.get('l2_gbps')!r} is not a positive number"
+    return None
+
+
 def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
                  measure_ceilings: bool = True, force: bool = False, log=print) -> Ceilings:
     """Datasheet ceilings of `model` beside ceilings measured on the device present.
@@ -208,9 +233,13 @@ def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
     path = Path(cache_dir) / f"ceilings-{cache_key(present)}.json"
     if path.exists() and not force:
         try:
-            return Ceilings(datasheet, json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            pass  # a damaged cache is re-measured
+            cached = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            cached = None
+        problem = cache_problem(cached)
+        if problem is None:
+            return Ceilings(datasheet, cached)
+        log(f"ignoring the ceiling cache {path}: {problem}")  # re-measured below
     log(f"measuring ceilings on {present.name} (cached in {path})")
     measured = measure(present, log=log)
     atomic_write_text(path, json.dumps(measured, indent=2))
