@@ -503,11 +503,12 @@ def measure_gemms(gemms: list[Gemm], device: str, dtype: str, provider: str,
                   rep_ms: float | None, log: Any) -> dict[str, Any]:
     """Time the step's GEMM shapes on the device present through the suite's sweep
     (benches.runner), fill each Gemm's ms/tflops/mfu, and return what was used."""
+    # The device first: a GPU asked for on a machine without one fails before any import.
+    model, present, ceilings = _ceilings_for(device, log)
     from benches.runner import RunConfig, build_cases, iterate
     from benches.timing import TimingConfig
     from kernels.spec import Target, interpreter_enabled
 
-    model, present, ceilings = _ceilings_for(device, log)
     rc = ROOF_CLASS[dtype]
     peak = ceilings.peak_tflops(rc)
     if peak is None:
@@ -776,7 +777,10 @@ def si(x: float | None, unit: str = "") -> str:
 def gb(x: float | None) -> str:
     if x is None:
         return "-"
-    return f"{x / 1e12:.3g} TB" if x >= 1e12 else f"{x / 1e9:.3g} GB"
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x / 1e3:.3g} kB"
 
 
 def _pct(x: float | None) -> str:
@@ -881,6 +885,10 @@ def render_markdown(plan: dict[str, Any], png: str | None) -> str:
     return "\n".join(lines)
 
 
+def _looks_numeric(cell: str) -> bool:
+    return cell[:1].isdigit() or cell[:1] in "-+."
+
+
 def print_tables(plan: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -889,7 +897,8 @@ def print_tables(plan: dict[str, Any]) -> None:
     for title, header, rows in sections(plan):
         t = Table(title=title, title_justify="left")
         for i, h in enumerate(header):
-            t.add_column(h, justify="right" if i and header[0] else "left")
+            numeric = i > 0 and all(_looks_numeric(r[i]) for r in rows if r[i])
+            t.add_column(h, justify="right" if numeric else "left")
         for r in rows:
             t.add_row(*r)
         console.print(t)

@@ -13,7 +13,6 @@ from matplotlib.lines import Line2D
 from roofline.devices import ROOF_CLASS
 from roofline.plot import (
     _draw_ceilings,
-    _limits,
     _new_figure,
     fmt_tflops,
     run_ceilings,
@@ -35,6 +34,38 @@ def marker_area(share: float) -> float:
     return _MIN_AREA + (_MAX_AREA - _MIN_AREA) * share
 
 
+def _axis_limits(df: pd.DataFrame, ceilings: dict[str, Any],
+                 rc: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Around the points and the roof's ridge, with headroom above the roof for labels:
+    a plan's GEMMs span a decade or two, unlike a full sweep."""
+    xs = list(df["intensity"]) if not df.empty else []
+    ys = list(df["tflops"]) if not df.empty else []
+    for c in ceilings.values():
+        if rc in c.tflops:
+            ys.append(c.tflops[rc])
+            if c.ridge(rc):
+                xs.append(c.ridge(rc))
+    if not xs or not ys:
+        return (0.1, 1e4), (1e-3, 1e4)
+    return (min(xs) / 8, max(xs) * 4), (min(ys) / 6, max(ys) * 8)
+
+
+def _label_weights(ax: Any, df: pd.DataFrame, top: int = 6) -> None:
+    """One label per weight (its three GEMMs' summed share of the step), stacked in the
+    empty upper left under the roof labels and tied to the weight's largest GEMM by a
+    leader: the three GEMMs of a weight often sit on one spot, where labels would pile."""
+    shares = df.groupby("name")["share"].sum().sort_values(ascending=False)
+    for i, (name, share) in enumerate(shares.head(top).items()):
+        sel = df[df["name"] == name]
+        r = sel.loc[sel["share"].idxmax()]
+        ax.annotate(f"{name}: {share:.1%} of step time", xy=(r["intensity"], r["tflops"]),
+                    xytext=(0.03, 0.80 - 0.05 * i), textcoords="axes fraction", fontsize=7,
+                    color="0.2", ha="left", va="top", zorder=5, gid=f"weight-label:{name}",
+                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9),
+                    arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5, alpha=0.6,
+                                    shrinkA=0, shrinkB=3))
+
+
 def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
     """One panel: the device's HBM slope and the dtype's roof (datasheet solid, measured
     dashed, from roofline/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
@@ -50,7 +81,7 @@ def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
             continue
         rows.append({**g, "intensity": g["flops"] / gemm_bytes(g, dtype)})
     df = pd.DataFrame(rows)
-    xlim, ylim = _limits([df] if not df.empty else [], ceilings, [rc])
+    xlim, ylim = _axis_limits(df, ceilings, rc)
     fig = _new_figure(8.5, 6.2)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
@@ -67,15 +98,8 @@ def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
         ax.scatter(sel["intensity"], sel["tflops"], s=[marker_area(s or 0) for s in sel["share"]],
                    color=color, alpha=0.55, edgecolors="black", linewidths=0.5, zorder=4,
                    gid=f"gemms:{phase}", label=phase)
-    # Name the GEMMs that take a visible part of the step.
     if not df.empty:
-        for _, r in df.sort_values("share", ascending=False).head(6).iterrows():
-            if (r["share"] or 0) < 0.03:
-                break
-            ax.annotate(f"{r['name']} {r['phase']} {r['share']:.0%}",
-                        (r["intensity"], r["tflops"]), xytext=(6, -10),
-                        textcoords="offset points", fontsize=7, color="0.2", zorder=5,
-                        gid=f"gemm-label:{r['name']}:{r['phase']}")
+        _label_weights(ax, df)
     st = plan["step"]
     if st.get("tflops"):
         ax.axhline(st["tflops"], color="#d62728", lw=1.0, ls="-.", zorder=3, gid="step-average",

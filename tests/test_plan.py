@@ -1,0 +1,302 @@
+"""`python -m roofline plan`: the worked examples of DESIGN.md section 11 to within 2%,
+the parameter/FLOP/byte accounting it rests on, measured and run-derived MFU, outputs,
+and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roofline import plan as P
+from roofline.__main__ import main as roofline_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_plan(capsys, *argv: str) -> dict[str, Any]:
+    code = P.main([*argv, "--json", "--no-save"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def close(got: float, want: float, rel: float = 0.02) -> bool:
+    return abs(got - want) <= rel * abs(want)
+
+
+# ---- worked examples (DESIGN.md section 11) ---------------------------------------------
+
+
+def test_70b_on_15t_tokens_on_1024_h100_takes_about_144_days(capsys):
+    p = run_plan(capsys, "--params", "70e9", "--tokens", "15e12", "--gpus", "1024",
+                 "--device", "h100", "--mfu", "0.5")
+    assert close(p["train_flops"], 6.3e24, 1e-9)
+    assert close(p["days"], 144.0)
+    assert p["peak_tflops"] == 989.4 and p["mfu"] == 0.5 and p["mfu_source"] == "assumed"
+    for key in ("params", "tokens", "train_flops", "gpus", "peak_tflops", "mfu", "mfu_source",
+                "days", "bytes_per_param", "static_bytes", "max_params_fit", "gemms"):
+        assert key in p
+    # Twice the GPUs halve the time; twice the MFU too.
+    q = run_plan(capsys, "--params", "70B", "--tokens", "15T", "--gpus", "2048",
+                 "--device", "h100", "--mfu", "0.5")
+    assert close(q["days"], 72.0)
+
+
+@pytest.mark.parametrize("bpp,want", [(12, 53.3e9), (16, 40e9)])
+def test_most_parameters_that_fit_in_8_h100(capsys, bpp, want):
+    p = run_plan(capsys, "--gpus", "8", "--device", "h100", "--bytes-per-param", str(bpp))
+    assert close(p["max_params_fit"], want)
+    assert p["bytes_per_param"] == bpp
+
+
+def test_32_h100_for_two_weeks_trains_12_6b_on_253b_tokens(capsys):
+    p = run_plan(capsys, "--gpus", "32", "--days", "14", "--device", "h100", "--mfu", "0.5")
+    b = p["budget"]
+    assert close(b["flops"], 32 * 989.4e12 * 0.5 * 14 * 86400, 1e-9)
+    assert close(b["max_params_compute_optimal"], 12.6e9)
+    assert close(b["tokens_compute_optimal"], 253e9)
+    assert b["tokens_compute_optimal"] == pytest.approx(20 * b["max_params_compute_optimal"])
+    assert b["fits_compute_optimal"] is True  # 12.6B x 16 B = 202 GB << 32 x 80 GB
+
+
+@pytest.mark.parametrize("d,layers,want", [(2048, 24, 1.21e9), (1024, 12, 150.9e6)])
+def test_12_d2_l_approximation(capsys, d, layers, want):
+    p = run_plan(capsys, "--d-model", str(d), "--layers", str(layers))
+    m = p["model"]
+    assert close(m["params_12d2l"], want)
+    # 4 d^2 attention + 2 d (4 d) MLP per layer is exactly the 12 d^2 L of the layers.
+    assert m["params_itemized"]["attention"] + m["params_itemized"]["mlp"] == m["params_12d2l"]
+    assert m["params"] > m["params_12d2l"]  # embeddings and norms come on top
+
+
+def test_gpt3_matrix_and_training_flops(capsys):
+    assert close(P.matrix_bytes(49152, 12288, "fp32"), 2.4e9)
+    p = run_plan(capsys, "--preset", "gpt3-175b", "--tokens", "300e9")
+    assert close(p["train_flops"], 3.14e23)
+    assert p["model"]["largest_matrix"]["shape"] == [49152, 12288]
+    assert close(p["model"]["largest_matrix"]["bytes_fp32"], 2.4e9)
+    q = run_plan(capsys, "--params", "175e9", "--tokens", "300e9")
+    assert close(q["train_flops"], 3.14e23)
+
+
+# ---- accounting -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,published", [("gpt2-small", 124_439_808),
+                                            ("gpt3-175b", 175e9),
+                                            ("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9)])
+def test_presets_have_their_published_parameter_counts(name, published):
+    assert close(P.PRESETS[name].params, published, 0.01)
+
+
+def test_gated_gqa_itemization_of_llama3_8b():
+    s = P.PRESETS["llama3-8b"]
+    d, f, L = 4096, 14336, 32
+    items = s.param_items()
+    assert items["mlp"] == L * 3 * d * f  # gate, up and down
+    assert items["attention"] == L * (2 * d * d + 2 * d * 1024)  # 8 kv heads of 128
+    assert items["lm head"] == items["token embedding"] == 128256 * d  # untied
+    assert P.PRESETS["gpt2-small"].param_items()["lm head"] == 0  # tied
+    # The fused qkv GEMM is 4096 -> 6144, the shape the suite's LLM preset times.
+    qkv = [w for w in s.weight_matrices() if w[0] == "attn.qkv"][0]
+    assert qkv[1:3] == (4096, 6144)
+
+
+def test_training_flops_itemized_and_attention_apart(capsys):
+    f = P.train_flops(1e9, 1e10)
+    assert f["forward"] == 2e19 and f["backward"] == 4e19 and f["total"] == 6e19
+    p = run_plan(capsys, "--d-model", "1024", "--layers", "12", "--seq-len", "4096",
+                 "--tokens", "1e9")
+    # 12 L S d D: 4 S d per token and layer forward (Q K^T and A V), x3 with backward.
+    assert p["attention_flops"] == pytest.approx(12 * 12 * 4096 * 1024 * 1e9)
+    assert p["train_flops"] == pytest.approx(6 * p["params"] * 1e9)
+    assert p["days_with_attention"] > p["days"]
+
+
+def test_step_gemms_are_6_flops_per_matmul_parameter_and_token():
+    s = P.PRESETS["gpt2-small"]
+    gemms = P.step_gemms(s, micro_batch=4)
+    t = 4 * 1024
+    assert sum(g.flops * g.count for g in gemms) == 6 * t * s.matmul_params
+    up = {g.phase: g for g in gemms if g.name == "mlp.up"}
+    assert (t, 3072, 768) == (up["forward"].M, up["forward"].N, up["forward"].K)
+    assert (t, 768, 3072) == (up["bwd-input"].M, up["bwd-input"].N, up["bwd-input"].K)
+    assert (768, 3072, t) == (up["bwd-weight"].M, up["bwd-weight"].N, up["bwd-weight"].K)
+    assert up["forward"].count == 12
+
+
+def test_step_summary_mfu_is_gemm_flops_over_time_and_peak():
+    gemms = [P.Gemm("a", "forward", 1000, 1000, 1000, 2, ms=1.0),
+             P.Gemm("b", "forward", 1000, 1000, 1000, 1, ms=2.0)]
+    st = P.summarize_step(gemms, peak_tflops=10.0)
+    assert st["ms"] == 4.0
+    assert st["tflops"] == pytest.approx(3 * 2e9 / 4e-3 / 1e12)  # 1.5 TFLOP/s
+    assert st["mfu"] == pytest.approx(0.15)
+    assert [g.share for g in gemms] == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("policy,bpp", [("fp32-adamw", 16), ("bf16-mixed", 12),
+                                        ("bf16-master", 16)])
+def test_memory_policies(capsys, policy, bpp):
+    p = run_plan(capsys, "--params", "1e9", "--policy", policy, "--device", "h100")
+    assert p["bytes_per_param"] == bpp == sum(p["bytes_per_param_itemized"].values())
+    assert p["static_bytes"] == bpp * 1e9
+
+
+def test_memory_capacity_and_fit(capsys):
+    assert P.GPU_MEMORY_GB["h100"] == 80 and P.GPU_MEMORY_GB["h200"] == 141
+    p = run_plan(capsys, "--params", "70e9", "--gpus", "8", "--device", "h200",
+                 "--policy", "bf16-mixed")
+    assert p["gpu_memory_bytes"] == 141e9
+    assert p["fits"] is True  # 840 GB in 1128 GB
+    q = run_plan(capsys, "--params", "70e9", "--gpus", "8", "--device", "h100",
+                 "--policy", "bf16-mixed")
+    assert q["fits"] is False  # 840 GB in 640 GB
+
+
+# ---- measured MFU -----------------------------------------------------------------------
+
+
+def fake_run(tmp_path: Path, rows: list[tuple[str, str, str, float]], peak: float = 989.4,
+             status: str = "ok", name: str = "run") -> Path:
+    """A results.json with matmul rows (provider, dtype, shape, tflops)."""
+    from roofline.schema import COLUMNS
+
+    out = []
+    for prov, dt, shape, tf in rows:
+        r = {c: None for c in COLUMNS}
+        r.update(kernel="matmul", provider=prov, dtype=dt, shape=shape, tflops=tf,
+                 peak_tflops=peak, status=status, ms_median=1.0)
+        out.append(r)
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(
+        {"metadata": {"device_key": "h100", "device_name": "NVIDIA H100 80GB HBM3",
+                      "run_id": "fake"}, "rows": out}))
+    return d
+
+
+def test_from_run_uses_the_nearest_shapes_mfu(capsys, tmp_path):
+    # Big GEMMs at 80% of peak, small ones at 20%: gpt2-small's attention GEMMs (M = 1024
+    # tokens, d = 768) are nearest the small square, its LM head (N = 50257) the big one.
+    run = fake_run(tmp_path, [("torch", "bf16", "M=8192,N=8192,K=8192", 0.8 * 989.4),
+                              ("torch", "bf16", "M=1024,N=1024,K=1024", 0.2 * 989.4),
+                              ("torch", "fp16", "M=1024,N=1024,K=1024", 0.9 * 989.4)])
+    p = run_plan(capsys, "--preset", "gpt2-small", "--tokens", "1e10", "--gpus", "8",
+                 "--from-run", str(run))
+    assert p["mfu_source"] == "measured" and p["device"] == "h100"
+    g = {(g["name"], g["phase"]): g for g in p["gemms"]}
+    assert g["attn.out", "forward"]["measured_shape"] == "M=1024,N=1024,K=1024"
+    assert g["attn.out", "forward"]["mfu"] == pytest.approx(0.2)
+    assert g["lm_head", "forward"]["measured_shape"] == "M=8192,N=8192,K=8192"
+    assert g["lm_head", "forward"]["mfu"] == pytest.approx(0.8)
+    # The step's MFU is FLOPs over summed time: between the two, pulled to the slow one.
+    st = p["step"]
+    assert 0.2 < p["mfu"] == st["mfu"] < 0.5
+    assert st["ms"] == pytest.approx(sum(x["flops"] * x["count"] / (x["tflops"] * 1e9)
+                                         for x in p["gemms"]))
+    a = run_plan(capsys, "--preset", "gpt2-small", "--tokens", "1e10", "--gpus", "8",
+                 "--mfu", "0.5")
+    assert p["days"] == pytest.approx(a["days"] * 0.5 / p["mfu"])  # days scale as 1 / MFU
+    assert any("off the model's" in w for w in p["warnings"])  # 50257 vs 1024: far
+
+
+def run_err(capsys, *argv: str) -> str:
+    code = P.main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpus", "0"], ["--gpus", "-4"], ["--params", "0"], ["--params", "-1e9"],
+    ["--tokens", "0", "--params", "1e9"], ["--days", "0"], ["--d-model", "0", "--layers", "2"],
+    ["--device", "tpu-v9"], ["--preset", "gpt5"], ["--mfu", "1.5"], ["--mfu", "0"],
+    ["--params", "abc"], ["--d-model", "100", "--layers", "2", "--heads", "3"],
+    ["--params", "1e9", "--d-model", "512", "--layers", "2"],
+    ["--params", "1e9", "--measure"], ["--chinchilla"],
+    ["--device", "h100", "--measure", "--d-model", "64", "--layers", "1"],
+    ["--mfu", "0.5", "--measure", "--d-model", "64", "--layers", "1"],
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv):
+    run_err(capsys, *argv, "--no-save")
+
+
+def test_from_run_without_matmul_rows_or_unreadable(capsys, tmp_path):
+    run = fake_run(tmp_path, [("torch", "bf16", "M=64,N=64,K=64", 1.0)], status="skipped")
+    assert "matmul" in run_err(capsys, "--preset", "gpt2-small", "--from-run", str(run))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_text("{not json")
+    run_err(capsys, "--preset", "gpt2-small", "--from-run", str(bad))
+    run_err(capsys, "--preset", "gpt2-small", "--from-run", str(tmp_path / "missing"))
+    other = fake_run(tmp_path, [("torch", "fp32", "M=64,N=64,K=64", 1.0)], name="fp32")
+    assert "bf16" in run_err(capsys, "--preset", "gpt2-small", "--from-run", str(other))
+
+
+def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, monkeypatch):
+    # The ceilings cache lives in results/.ceilings of the working directory, shared with
+    # run_bench; the repo root keeps it warm between test runs.
+    monkeypatch.chdir(ROOT)
+    code = roofline_main(["plan", "--d-model", "256", "--layers", "2", "--seq-len", "128",
+                          "--measure", "--device", "cpu", "--json", "--rep-ms", "10",
+                          "--out", str(tmp_path / "p")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    p = json.loads(out.out)
+    assert p["mfu_source"] == "measured" and p["device"] == "cpu"
+    assert p["gemms"] and all(g["tflops"] and g["ms"] for g in p["gemms"])
+    st = p["step"]
+    assert st["tokens"] == 128 and st["mfu"] == pytest.approx(p["mfu"])
+    assert math.isclose(sum(g["share"] for g in p["gemms"]), 1.0, rel_tol=1e-9)
+    assert 0 < p["mfu"] < 3  # of the measured CPU peak: a CPU can beat its own estimate
+    files = {f.name for f in (tmp_path / "p").iterdir()}
+    assert {"plan.md", "plan.json", "plan.png"} <= files
+    md = (tmp_path / "p" / "plan.md").read_text()
+    assert "measured" in md and "plan.png" in md
+
+
+# ---- outputs ----------------------------------------------------------------------------
+
+
+def test_outputs_are_never_overwritten(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["--preset", "gpt2-small", "--chinchilla", "--gpus", "8"]
+    assert P.main(args) == 0
+    assert P.main(args) == 0
+    capsys.readouterr()
+    plans = sorted((tmp_path / "results" / "plans").iterdir())
+    assert len(plans) == 2 and all((d / "plan.md").exists() for d in plans)
+    md = (plans[0] / "plan.md").read_text()
+    assert "6 N D" in md and "assumed" in md and "attention scores" in md
+    assert "plan.png" not in md  # nothing measured: no figure
+    assert P.main([*args, "--out", str(plans[0])]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_plan_png_sizes_markers_by_share_of_step_time():
+    from roofline.plan_plot import marker_area, plot_plan
+
+    gemms = P.step_gemms(P.PRESETS["gpt2-small"], 1)
+    for i, g in enumerate(gemms):
+        g.ms = 1.0 + i
+        g.tflops = g.flops / (g.ms * 1e-3) / 1e12
+        g.mfu = g.tflops / 989.4
+    st = P.summarize_step(gemms, 989.4)
+    plan = {"dtype": "bf16", "device": "h100", "device_name": "NVIDIA H100 SXM5 80GB",
+            "gemms": [g.as_dict() for g in gemms], "step": st, "micro_batch": 1,
+            "model": {"name": "gpt2-small", "seq_len": 1024}, "mfu_from": "test"}
+    fig = plot_plan(plan)
+    by_gid = {a.get_gid(): a for a in fig.axes[0].collections}
+    fwd = by_gid["gemms:forward"]
+    want = [marker_area(g.share) for g in gemms if g.phase == "forward"]
+    assert list(fwd.get_sizes()) == pytest.approx(want)
+    assert max(want) > 2 * min(want)
+    gids = {ln.get_gid() for ln in fig.axes[0].lines}
+    assert "roof:datasheet:bf16" in gids and "step-average" in gids
