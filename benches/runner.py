@@ -11,9 +11,13 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import threading
+import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,7 +28,18 @@ import pandas as pd
 import torch
 
 from benches.shapes import shapes_for
-from benches.timing import TimingConfig, rotation_copies, time_cpu, time_gpu
+from benches.timing import (
+    TIMER_CPU,
+    TIMER_FLUSHED,
+    TIMER_GRAPH_FALLBACK,
+    Timing,
+    TimingConfig,
+    choose_method,
+    rotation_copies,
+    time_cpu,
+    time_cudagraph,
+    time_flushed,
+)
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.matmul import UnsupportedShape
 from kernels.spec import Shape
@@ -109,8 +124,75 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0][:300]}" if msg else type(e).__name__
 
 
+def _message(e: BaseException) -> str:
+    """Type and the telling part of an exception's message: its first line, plus its
+    last line when they differ (a Triton CompilationError starts with the source
+    location and ends with the error)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    text = lines[0] if lines[-1] == lines[0] else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(e).__name__}: {text[:400]}"
+
+
 def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+# CUDA errors that are sticky: after one, the context is unusable and every later CUDA
+# call fails with the same error (CUDA runtime docs).  Matched on the message, with "_"
+# read as " " so the driver API's names (CUDA_ERROR_ILLEGAL_ADDRESS) match too, since
+# torch raises them as RuntimeError / torch.AcceleratorError and Triton as RuntimeError.
+_STICKY_CUDA_ERRORS = (
+    "illegal memory access", "illegal address", "launch failure", "launch failed",
+    "misaligned address", "illegal instruction", "invalid program counter", "invalid pc",
+    "hardware stack error", "device-side assert", "device side assert", "error assert",
+    "launch timed out", "launch timeout", "uncorrectable ecc", "ecc uncorrectable",
+    "invalid address space", "not supported on global/shared address space",
+)
+
+
+def is_sticky_cuda_error(e: BaseException) -> bool:
+    """Whether `e` is a CUDA error that leaves the context unusable."""
+    msg = str(e).lower().replace("_", " ")
+    is_cuda = "cuda" in msg or type(e).__name__ == "AcceleratorError"
+    return is_cuda and any(p in msg for p in _STICKY_CUDA_ERRORS)
+
+
+def _compile_error_types() -> tuple[type[BaseException], ...]:
+    """Triton's compile-time failures: the kernel did not build (or does not fit)."""
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return ()
+    return (CompilationError, OutOfResources, PTXASError)
+
+
+def _error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
+               cache: _InputCache, stage: str) -> dict[str, Any]:
+    """The row of a case whose kernel raised.  Only a shape the library rejects and
+    out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
+    error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
+    msg = _message(e)
+    if is_sticky_cuda_error(e):
+        row.update(status="failed",
+                   reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
+        raise SweepAborted(row, f"{case.label}: {msg}") from e
+    if isinstance(e, UnsupportedShape):
+        row.update(status="skipped", reason=str(e))
+    elif _is_oom(e) and not isinstance(e, _compile_error_types()):
+        cache.clear()
+        if cfg.target.kind == "cuda":
+            torch.cuda.empty_cache()
+        row.update(status="skipped", reason=f"out of memory at this shape{stage} ({msg})")
+    elif isinstance(e, _compile_error_types()):
+        row.update(status="failed", reason=f"Triton compile error: {msg}")
+    elif "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
+        row.update(status="failed", reason=f"CUDA error{stage}: {msg}")
+    else:
+        row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
+    return row
 
 
 def _sync(target: Target) -> None:
@@ -118,20 +200,34 @@ def _sync(target: Target) -> None:
         torch.cuda.synchronize()
 
 
+def _roofs(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
+                                                float | None, float | None]:
+    """(peak_tflops, peak_gbps, meas_peak_tflops, meas_peak_gbps) a row is held against.
+
+    On a CPU the fp8 compute ceiling is measured with e4m3 (torch._scaled_mm); an e5m2
+    product takes another, much slower path there, so fp8e5 matrix rows get no roof
+    rather than one measured on a different format."""
+    spec, dtype = case.spec, case.dtype
+    rc = spec.roof_class(dtype)
+    ceil = cfg.ceilings
+    if cfg.target.kind != "cuda" and spec.matrix_unit and dtype == "fp8e5" \
+            and ceil.meas_tflops("fp8e5") is None:
+        return None, None, None, None
+    return ceil.peak_tflops(rc), ceil.peak_gbps(), ceil.meas_tflops(rc), ceil.meas_gbps()
+
+
 def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
     spec, dtype = case.spec, case.dtype
     flops = spec.flops(case.shape, dtype)
     nbytes = spec.nbytes(case.shape, dtype)
     rc = spec.roof_class(dtype)
-    ceil = cfg.ceilings
     row: dict[str, Any] = {c: None for c in ALL_COLUMNS}
     row.update(
         kernel=spec.name, provider=case.provider, dtype=dtype, shape=case.shape_str,
         flops=flops, bytes=nbytes, device=cfg.model.key, gpu_name=cfg.present.name,
         roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0,
     )
-    row.update(metrics.derive(flops, nbytes, None, ceil.peak_tflops(rc), ceil.peak_gbps(),
-                              ceil.meas_tflops(rc), ceil.meas_gbps()))
+    row.update(metrics.derive(flops, nbytes, None, *_roofs(case, cfg)))
     return row
 
 
@@ -171,6 +267,18 @@ def _clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
+    """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
+    timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error."""
+    t0 = time.monotonic()
+    row = _run_case(case, cfg, cache)
+    if cfg.target.kind == "cuda" and row["status"] == "ok" and not cfg.check_only:
+        monitor = gpu_monitor()
+        if monitor is not None:
+            row.update(monitor.window(t0, time.monotonic()))
+    return row
+
+
+def _run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     row = base_row(case, cfg)
     reason = case.spec.skip_reason(case.provider, case.dtype, cfg.target)
     if reason is None and case.provider == "triton" and cfg.target.kind != "cuda" \
@@ -184,21 +292,17 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     try:
         inputs = cache.get(case, cfg)
         out = spec.alloc_out(inputs, dtype)
-        out.fill_(float("nan"))  # an element the kernel fails to write stays NaN and fails
+        # First call untimed: an autotuned kernel tunes here, running every candidate
+        # config into `out`.  Only then is `out` poisoned, so an element the chosen
+        # config fails to write stays NaN instead of holding another config's answer.
+        fn(inputs, out)
+        _sync(cfg.target)
+        out.fill_(float("nan"))
         result = fn(inputs, out)
         _sync(cfg.target)
         rel_err = spec.check(result, inputs, dtype, ref=cache.reference(case))
     except Exception as e:
-        if _is_oom(e):
-            cache.clear()
-            if cfg.target.kind == "cuda":
-                torch.cuda.empty_cache()
-            row.update(status="skipped", reason=f"out of memory at this shape ({_first_line(e)})")
-        elif isinstance(e, UnsupportedShape):
-            row.update(status="skipped", reason=str(e))
-        else:
-            row.update(status="skipped", reason=f"kernel could not run: {_first_line(e)}")
-        return row
+        return _error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
     row["rel_err"] = rel_err if finite else None
     row["correct"] = bool(rel_err <= DTYPES[dtype].tol)
@@ -211,39 +315,265 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
         row.update(status="ok", reason="check-only: not timed")
         return row
     try:
-        timing = _time_case(case, cfg, inputs, out)
+        timing, note = _time_case(case, cfg, inputs, out)
     except Exception as e:
-        if _is_oom(e) and cfg.target.kind == "cuda":
-            torch.cuda.empty_cache()
-        row.update(status="skipped", reason=f"timing failed: {_first_line(e)}")
-        return row
+        return _error_row(row, e, case, cfg, cache, " while timing")
     row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
-               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason="")
+               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note)
+    row[SAMPLES] = list(timing.samples_ms)
     row.update(metrics.derive(row["flops"], row["bytes"], timing.ms_median,
-                              row["peak_tflops"], row["peak_gbps"],
-                              row["meas_peak_tflops"], row["meas_peak_gbps"]))
+                              *_roofs(case, cfg)))
     return row
 
 
-def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor):
+def timing_method(case: Case, cfg: RunConfig) -> str:
+    """How a (kernel, dtype, shape) is timed on this device: one answer for both
+    providers, from the case's roofline bound under the device model's ceilings."""
+    if cfg.target.kind != "cuda":
+        return TIMER_CPU
+    rc = case.spec.roof_class(case.dtype)
+    c = cfg.ceilings
+    return choose_method(case.spec.flops(case.shape, case.dtype),
+                         case.spec.nbytes(case.shape, case.dtype),
+                         c.peak_tflops(rc), c.peak_gbps(), cfg.timing)
+
+
+def _l2_bytes(cfg: RunConfig) -> int | None:
+    mb = cfg.present.l2_mb or cfg.model.l2_mb
+    return int(mb * 2**20) if mb else None
+
+
+def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any],
+               out: torch.Tensor) -> tuple[Timing, str]:
+    """(timing, note): the note says why a CUDA-graph case fell back to do_bench."""
     fn = case.spec.providers[case.provider].fn
     call = lambda: fn(inputs, out)  # noqa: E731
-    if cfg.target.kind != "cuda":
-        return time_cpu(call, cfg.timing)
-    l2 = int((cfg.present.l2_mb or 0) * 2**20)
-    footprint = case.spec.nbytes(case.shape, case.dtype)
-
-    def rotated() -> list[Callable[[], object]]:
-        # For CUDA-graph timing of tiny kernels: distinct input copies totalling twice
-        # the L2, so each replayed call starts from a cold cache.
-        calls: list[Callable[[], object]] = [call]
-        for _ in range(rotation_copies(footprint, l2) - 1):
-            ins = _clone_inputs(inputs)
-            o = torch.empty_like(out)
+    method = timing_method(case, cfg)
+    if method == TIMER_CPU:
+        return time_cpu(call, cfg.timing), ""
+    if method == TIMER_FLUSHED:
+        return time_flushed(call, cfg.timing), ""
+    copies = rotation_copies(case.spec.nbytes(case.shape, case.dtype), _l2_bytes(cfg))
+    if copies is None:
+        return _fallback(time_flushed(call, cfg.timing),
+                         "L2 size unknown: no rotation can be shown to be cold")
+    calls: list[Callable[[], object]] = [call]
+    try:
+        # Distinct copies of inputs and output, together more than twice the L2, so
+        # every replayed call starts from a cold cache (as do_bench's flush gives).
+        for _ in range(copies - 1):
+            ins, o = _clone_inputs(inputs), torch.empty_like(out)
             calls.append(lambda ins=ins, o=o: fn(ins, o))
-        return calls
+        return time_cudagraph(calls, cfg.timing), ""
+    except Exception as e:
+        if is_sticky_cuda_error(e):
+            raise
+        why = _message(e)
+    del calls
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return _fallback(time_flushed(call, cfg.timing), f"CUDA-graph timing failed ({why})")
 
-    return time_gpu(call, cfg.timing, rotated=rotated)
+
+def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
+    return (Timing(t.ms_median, t.ms_p20, t.ms_p80, t.n_samples, TIMER_GRAPH_FALLBACK,
+                   t.samples_ms), f"timed with L2 flushes instead of CUDA graphs: {why}")
+
+
+# ---- GPU clocks, power and throttling (nvidia-ml-py) ------------------------------------
+
+# Clock-event ("throttle") reason bits that mean the GPU slowed itself down (nvml.h):
+# SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake
+# 0x80.  Not counted: GPU idle 0x1, application clocks setting 0x2, sync boost 0x10,
+# display clock 0x100 (none of them lowers a busy kernel's clock below what was asked).
+REAL_THROTTLE_REASONS: dict[str, int] = {
+    "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+}
+REAL_THROTTLE_MASK = sum(REAL_THROTTLE_REASONS.values())
+
+
+def throttle_names(reasons: int) -> list[str]:
+    return [n for n, bit in REAL_THROTTLE_REASONS.items() if reasons & bit]
+
+
+def _nvml() -> Any | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _decode(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _norm_uuid(u: Any) -> str:
+    s = str(_decode(u) or "").strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        s = s.removeprefix(prefix)
+    return s
+
+
+def nvml_handle(pynvml: Any, cuda_index: int | None = None) -> tuple[Any, str]:
+    """The NVML handle of the CUDA device in use, matched by UUID, else by PCI bus id
+    (NVML's index order need not be CUDA's: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
+    Returns (handle or None, how it matched or why not).  NVML must be initialized."""
+    idx = torch.cuda.current_device() if cuda_index is None else cuda_index
+    props = torch.cuda.get_device_properties(idx)
+    uuid = _norm_uuid(getattr(props, "uuid", "") or "")
+    pci = tuple(getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id",
+                                                  "pci_device_id"))
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+               for i in range(pynvml.nvmlDeviceGetCount())]
+    if uuid:
+        for h in handles:
+            with contextlib.suppress(Exception):
+                if _norm_uuid(pynvml.nvmlDeviceGetUUID(h)) == uuid:
+                    return h, "uuid"
+    if None not in pci:
+        for h in handles:
+            with contextlib.suppress(Exception):
+                info = pynvml.nvmlDeviceGetPciInfo(h)
+                if (info.domain, info.bus, info.device) == pci:
+                    return h, "pci_bus_id"
+    return None, "no NVML device has the CUDA device's UUID or PCI bus id"
+
+
+def _clock_reasons(pynvml: Any, h: Any) -> int:
+    """Current clock-event reasons; the pre-R535 "throttle reasons" call on old drivers."""
+    current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if current is not None:
+        try:
+            return int(current(h))
+        except Exception:
+            pass
+    return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+
+def nvml_reading(pynvml: Any, h: Any) -> dict[str, Any]:
+    """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons."""
+    readers = {
+        "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+        "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
+            h, pynvml.NVML_TEMPERATURE_GPU),
+        "clock_reasons": lambda: _clock_reasons(pynvml, h),
+    }
+    out: dict[str, Any] = {"t": time.monotonic()}
+    for key, read in readers.items():
+        try:
+            out[key] = read()
+        except Exception:
+            out[key] = None
+    return out
+
+
+class GpuMonitor:
+    """Samples the CUDA device's clocks, power and clock-event reasons through NVML on a
+    background thread (every `interval_s`), so each row can say at what SM clock it ran
+    and whether the GPU throttled while it ran, not only at the run's idle ends."""
+
+    def __init__(self, pynvml: Any, handle: Any, interval_s: float = 0.1,
+                 keep: int = 100_000) -> None:
+        self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
+        self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, Any]:
+        r = nvml_reading(self.pynvml, self.handle)
+        with self._lock:
+            self.readings.append(r)
+        return r
+
+    def start(self) -> GpuMonitor:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="nvml-sampler",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval_s + 1)
+            self._thread = None
+
+    def window(self, t0: float, t1: float) -> dict[str, Any]:
+        """Per-row columns over [t0, t1] plus one reading taken now (a row shorter than
+        the sampling interval still gets one): the median SM clock, and whether any
+        reading showed a real throttle reason."""
+        now = self.sample()
+        with self._lock:
+            rs = [r for r in self.readings if t0 <= r["t"] <= t1]
+        rs.append(now)
+        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
+        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
+        return {
+            "sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
+            "throttled": any(bool(x & REAL_THROTTLE_MASK) for x in reasons)
+            if reasons else None,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Over every reading so far: SM clock range, peak power, throttle share."""
+        with self._lock:
+            rs = list(self.readings)
+        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
+        power = [r["power_w"] for r in rs if isinstance(r.get("power_w"), int | float)]
+        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
+        seen = sorted({n for x in reasons for n in throttle_names(x)})
+        return {
+            "readings": len(rs),
+            "interval_s": self.interval_s,
+            "sm_clock_mhz_min": min(clocks) if clocks else None,
+            "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
+            "sm_clock_mhz_max": max(clocks) if clocks else None,
+            "power_w_max": max(power) if power else None,
+            "throttled_fraction": (sum(bool(x & REAL_THROTTLE_MASK) for x in reasons)
+                                   / len(reasons)) if reasons else None,
+            "throttle_reasons_seen": seen,
+        }
+
+
+_MONITOR: GpuMonitor | None = None
+_MONITOR_TRIED = False
+
+
+def gpu_monitor() -> GpuMonitor | None:
+    """The process's NVML sampler of the CUDA device in use, started on first use
+    (None without nvidia-ml-py, NVML or a matching device)."""
+    global _MONITOR, _MONITOR_TRIED
+    if _MONITOR is None and not _MONITOR_TRIED:
+        _MONITOR_TRIED = True
+        pynvml = _nvml()
+        if pynvml is None:
+            return None
+        try:
+            pynvml.nvmlInit()
+            h, _ = nvml_handle(pynvml)
+        except Exception:
+            return None
+        if h is not None:
+            _MONITOR = GpuMonitor(pynvml, h).start()
+    return _MONITOR
+
+
+def stop_gpu_monitor() -> dict[str, Any] | None:
+    """Stop the sampler (if running) and return its summary."""
+    global _MONITOR, _MONITOR_TRIED
+    m, _MONITOR, _MONITOR_TRIED = _MONITOR, None, False
+    if m is None:
+        return None
+    m.stop()
+    return m.summary()
 
 
 # ---- metadata -------------------------------------------------------------------------
@@ -263,45 +593,81 @@ def _git_commit() -> str | None:
 
 
 def nvml_snapshot() -> dict[str, Any] | None:
-    """Clocks, power and throttle reasons of GPU 0 through nvidia-ml-py, where readable."""
-    try:
-        import pynvml
-    except ImportError:
+    """Clocks, power and clock-event reasons of the CUDA device in use (matched to its
+    NVML device by UUID or PCI bus id), where readable; with the run's sampler summary
+    once one is running."""
+    pynvml = _nvml()
+    if pynvml is None:
         return None
     try:
         pynvml.nvmlInit()
     except Exception:
         return None
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        snap: dict[str, Any] = {}
-        readers = {
-            "driver": lambda: pynvml.nvmlSystemGetDriverVersion(),
-            "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+        try:
+            h, how = nvml_handle(pynvml)
+        except Exception as e:
+            return {"nvml_device": None, "nvml_match": _message(e)}
+        snap: dict[str, Any] = {"nvml_match": how}
+        with contextlib.suppress(Exception):
+            snap["driver"] = _decode(pynvml.nvmlSystemGetDriverVersion())
+        if h is None:
+            return snap
+        with contextlib.suppress(Exception):
+            snap["nvml_uuid"] = _decode(pynvml.nvmlDeviceGetUUID(h))
+        reading = nvml_reading(pynvml, h)
+        reading.pop("t", None)
+        snap.update(reading)
+        extra = {
             "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
             "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(
                 h, pynvml.NVML_CLOCK_SM),
-            "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-            "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
-                h, pynvml.NVML_TEMPERATURE_GPU),
-            "throttle_reasons": lambda: int(
-                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
         }
-        for key, read in readers.items():
+        for key, read in extra.items():
             try:
-                v = read()
-                snap[key] = v.decode() if isinstance(v, bytes) else v
+                snap[key] = read()
             except Exception:
                 snap[key] = None
-        # Throttle bits other than idle (0x1) and application clocks (0x2) mean the
-        # GPU slowed itself down (power cap, thermal, ...).
-        tr = snap.get("throttle_reasons")
-        snap["throttled"] = bool(tr & ~0x3) if isinstance(tr, int) else None
+        tr = snap.get("clock_reasons")
+        snap["throttled"] = bool(tr & REAL_THROTTLE_MASK) if isinstance(tr, int) else None
+        snap["throttle_reasons"] = throttle_names(tr) if isinstance(tr, int) else None
+        if _MONITOR is not None:
+            snap["during_run"] = _MONITOR.summary()
         return snap
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def _llc_mb() -> float | None:
+    """Size of the CPU's last-level cache in MiB (Linux sysfs), or None."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    best: tuple[int, float] | None = None
+    for idx in base.glob("index*"):
+        try:
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        mult = {"K": 2**-10, "M": 1.0, "G": 2**10}.get(size[-1], 2**-20)
+        try:
+            mb = float(size.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, mb)
+    return best[1] if best else None
+
+
+def _fp8_accum() -> str | None:
+    from kernels import spec as kernel_spec
+
+    mode = getattr(kernel_spec, "fp8_accum", None)  # absent in older kernel modules
+    return mode() if callable(mode) else None
 
 
 def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, Any]:
@@ -312,6 +678,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
     except ImportError:
         triton_v = None
     p = cfg.present
+    t = cfg.timing
     meta: dict[str, Any] = {
         "run_id": run_id,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -323,6 +690,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "capability": list(p.capability) if p.capability else None,
         "sms": p.sms,
         "l2_mb": p.l2_mb,
+        "llc_mb": _llc_mb() if p.kind == "cpu" else None,
         "gpu_memory_gb": p.memory_gb,
         "cpu_cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
@@ -340,12 +708,17 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "dtypes": cfg.dtypes,
         "providers": cfg.providers,
         "check_only": cfg.check_only,
+        "fp8_accum": _fp8_accum(),
         "timing": {
-            **cfg.timing.as_dict(),
-            "gpu_method": "triton.testing.do_bench (CUDA events, L2 flushed between "
-                          "samples); do_bench_cudagraph with rotated inputs below "
-                          f"{cfg.timing.cudagraph_below_ms} ms",
-            "cpu_method": "torch.utils.benchmark.Timer.blocked_autorange",
+            **t.as_dict(),
+            "gpu_method": (
+                "one method per (kernel, dtype, shape) for both providers, from its "
+                f"roofline bound: below {t.cudagraph_below_ms} ms, CUDA-graph replays "
+                "over rotated copies of inputs and outputs totalling more than twice the "
+                f"L2 (at least {t.graph_min_calls} calls per graph, time / calls); else "
+                "triton.testing.do_bench (CUDA events, L2 flushed between samples)"),
+            "cpu_method": "torch.utils.benchmark.Timer.blocked_autorange, topped up to "
+                          f"{t.min_samples} blocks",
         },
         "ceilings": cfg.ceilings.to_json(),
         "interrupted": False,

@@ -1,27 +1,49 @@
-"""Timing: triton.testing.do_bench / do_bench_cudagraph on a GPU, torch.utils.benchmark
-on a CPU.  This module only adds what those lack: the 20th/80th percentiles and sample
-count of one measurement, a sample floor for slow kernels, and input rotation for
-CUDA-graph timing of tiny kernels (so each call sees a cold L2, as do_bench's flush
-gives larger ones).
+"""Timing: triton.testing.do_bench on a GPU (L2 flushed between samples), CUDA-graph
+replays of rotated copies for kernels too short for that, torch.utils.benchmark on a CPU.
+
+This module only adds what those libraries lack:
+- the 20th/80th percentiles, sample count and raw samples of one measurement;
+- a sample floor (cfg.min_samples) for slow kernels and for the CPU;
+- one timing method per (kernel, dtype, shape), decided from the case's analytic roofline
+  bound on this device (`choose_method`), so both providers are timed alike and a row
+  keeps its method from run to run;
+- a CUDA-graph timer that is cold and fair (`time_cudagraph`): the graph captures calls
+  over N distinct copies of inputs and outputs that together exceed twice the L2, each
+  call's output stays alive, and the call count does not depend on the provider's speed.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+# Timer names written to the `timer` column.  The comparison treats a change of timer
+# between two runs as a changed row, so these strings are part of the result contract.
+TIMER_FLUSHED = "do_bench"
+TIMER_GRAPH = "cudagraph"
+TIMER_GRAPH_FALLBACK = "do_bench (cudagraph not possible)"
+TIMER_CPU = "torch.utils.benchmark"
+
 
 @dataclass(frozen=True)
 class TimingConfig:
     warmup_ms: float = 25.0  # do_bench warm-up
-    rep_ms: float = 100.0  # do_bench measuring time per kernel
-    min_samples: int = 25  # raise rep_ms for slow kernels until this many samples
+    rep_ms: float = 100.0  # measuring time per kernel (do_bench and graph replays)
+    min_samples: int = 25  # every method returns at least this many samples
     max_rep_ms: float = 2000.0
-    cudagraph_below_ms: float = 0.02  # kernels faster than this: time CUDA-graph replays
+    # Cases whose roofline bound (the fastest the device could possibly run them) is
+    # below this are timed as CUDA-graph replays, where launch overhead no longer
+    # dominates; the rest by do_bench with the L2 flushed between samples.
+    cudagraph_below_ms: float = 0.02
+    # Calls per captured graph at least (whole rounds over the rotated copies), so the
+    # graph launch itself is < 1% of a replay of microsecond kernels.
+    graph_min_calls: int = 200
+    max_graph_samples: int = 1000
     cpu_min_run_time_s: float = 0.15  # torch.utils.benchmark blocked_autorange budget
 
     def as_dict(self) -> dict[str, float]:
@@ -35,58 +57,135 @@ class Timing:
     ms_p80: float
     n_samples: int
     timer: str
+    samples_ms: tuple[float, ...] = ()
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
     s = np.asarray(samples_ms, dtype=np.float64)
     p20, p50, p80 = np.percentile(s, [20, 50, 80])
-    return Timing(float(p50), float(p20), float(p80), int(s.size), timer)
+    return Timing(float(p50), float(p20), float(p80), int(s.size), timer,
+                  tuple(float(x) for x in s))
+
+
+def bound_ms(flops: float, nbytes: float, peak_tflops: float | None,
+             peak_gbps: float | None) -> float | None:
+    """The roofline lower bound of a case's time in ms: max(flops / peak, bytes / bw).
+    None when neither ceiling is known."""
+    parts = []
+    if peak_tflops:
+        parts.append(flops / (peak_tflops * 1e12) * 1e3)
+    if peak_gbps:
+        parts.append(nbytes / (peak_gbps * 1e9) * 1e3)
+    return max(parts) if parts else None
+
+
+def choose_method(flops: float, nbytes: float, peak_tflops: float | None,
+                  peak_gbps: float | None, cfg: TimingConfig) -> str:
+    """TIMER_GRAPH or TIMER_FLUSHED for a (kernel, dtype, shape) on this device.
+
+    Decided from the analytic bound, not from a measurement: the same for both providers
+    of a case and for every run on the same device model.  A case that cannot finish in
+    cfg.cudagraph_below_ms even at the roof is long enough for flushed do_bench."""
+    b = bound_ms(flops, nbytes, peak_tflops, peak_gbps)
+    if b is None:
+        return TIMER_FLUSHED
+    return TIMER_GRAPH if b < cfg.cudagraph_below_ms else TIMER_FLUSHED
 
 
 def time_cpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     """torch.utils.benchmark: warms up, picks a per-block repeat count, and returns one
-    per-call time per block; the thread count is the process's."""
+    per-call time per block; the thread count is the process's.  Topped up with more
+    blocks of the same size until there are cfg.min_samples of them (a slow kernel fills
+    the time budget with a handful of blocks)."""
     from torch.utils import benchmark
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                             num_threads=torch.get_num_threads())
     m = timer.blocked_autorange(min_run_time=cfg.cpu_min_run_time_s)
-    return summarize([t * 1e3 for t in m.times], "torch.utils.benchmark")
+    times = list(m.times)
+    while len(times) < cfg.min_samples:
+        times.extend(timer.timeit(m.number_per_run).times)
+    return summarize([t * 1e3 for t in times], TIMER_CPU)
 
 
-def time_gpu(fn: Callable[[], object], cfg: TimingConfig,
-             rotated: Callable[[], Sequence[Callable[[], object]]] | None = None) -> Timing:
-    """CUDA-event timing after warm-up with L2 flushed between samples (do_bench).
-
-    Kernels below cfg.cudagraph_below_ms are re-timed as CUDA-graph replays, where launch
-    overhead no longer dominates; `rotated()` makes calls of the same kernel on distinct
-    copies of its inputs (only when needed), cycled inside the graph so L2 stays cold.
-    """
+def time_flushed(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
+    """CUDA-event timing after warm-up with L2 flushed between samples (do_bench)."""
     import triton.testing as tt
 
     # A short first estimate sizes the measurement: at least cfg.min_samples samples.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
     rep = min(max(cfg.rep_ms, cfg.min_samples * est * 1.2), cfg.max_rep_ms)
-    samples = tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all")
-    timing = summarize(samples, "do_bench")
-    if timing.ms_median >= cfg.cudagraph_below_ms:
-        return timing
-    calls = list(rotated()) if rotated is not None else [fn]
-    counter = iter(range(10**12))
-
-    def rotating() -> None:
-        # Called once per unrolled graph node at capture time: node j is bound to input
-        # copy j mod len(calls).
-        calls[next(counter) % len(calls)]()
-
-    # rep=20 ms of unrolled calls per graph (triton's default): thousands of launches of
-    # a microsecond kernel, enough to amortize the replay's own launch.
-    graph_samples = tt.do_bench_cudagraph(rotating, rep=20, return_mode="all")
-    return summarize(graph_samples, "do_bench_cudagraph")
+    samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
+    while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
+        samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
+    return summarize(samples, TIMER_FLUSHED)
 
 
-def rotation_copies(footprint_bytes: int, l2_bytes: int | None, limit: int = 4096) -> int:
-    """How many input copies make a rotation whose total footprint is twice the L2."""
+def rotation_copies(footprint_bytes: int, l2_bytes: int | None) -> int | None:
+    """How many copies of a case (inputs + output, `footprint_bytes` each) make a
+    rotation that really exceeds twice the L2: the smallest N with N x footprint > 2 L2.
+    None when the L2 size is unknown (then no rotation can be shown to be cold)."""
     if not l2_bytes or footprint_bytes <= 0:
-        return 1
-    return max(1, min(limit, math.ceil(2 * l2_bytes / footprint_bytes)))
+        return None
+    return 2 * l2_bytes // footprint_bytes + 1
+
+
+def graph_calls(copies: int, cfg: TimingConfig) -> int:
+    """Calls captured in one graph: whole rounds over the copies, at least
+    cfg.graph_min_calls.  Depends on the copy count only, never on the kernel's speed,
+    so both providers of a case replay the same number of calls."""
+    return copies * max(1, math.ceil(cfg.graph_min_calls / copies))
+
+
+def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig) -> Timing:
+    """Per-call time from CUDA-graph replays: the graph holds graph_calls(len(calls))
+    launches cycling over `calls` (one per rotated copy of inputs and output); each
+    sample is one replay timed with CUDA events, divided by the calls it holds.
+
+    Outputs a call returns are kept referenced for the len(calls) calls that follow it
+    (and the last round's for the graph's life), so an op that allocates a fresh output
+    (F.gelu, torch._scaled_mm) writes as many distinct buffers as the rotation has
+    copies, like a provider that writes into its copy's preallocated output; dropping
+    them would let the graph pool hand one L2-resident block to every call.
+    """
+    n = len(calls)
+    total = graph_calls(n, cfg)
+    # Warm-up on a side stream before capture (lazy init, autotuning, JIT): capture must
+    # see only kernel launches.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    live: deque[object] = deque(maxlen=n)
+    with torch.cuda.graph(graph):
+        for j in range(total):
+            live.append(calls[j % n]())
+    try:
+        graph.replay()  # the first replay uploads the graph
+        torch.cuda.synchronize()
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        graph.replay()
+        t1.record()
+        torch.cuda.synchronize()
+        replay_ms = max(t0.elapsed_time(t1), 1e-3)
+        reps = int(min(max(cfg.min_samples, math.ceil(cfg.rep_ms / replay_ms)),
+                       cfg.max_graph_samples))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends, strict=True):
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) / total for s, e in zip(starts, ends, strict=True)]
+    finally:
+        del graph
+        live.clear()
+    return summarize(samples, TIMER_GRAPH)

@@ -80,6 +80,10 @@ DEVICES: dict[str, DeviceModel] = {
              ("H100 NVL",)),
         _gpu("h200", "NVIDIA H200 SXM 141GB", 66.9, 494.7, 989.4, 1978.9, 4.8, 50, 132,
              ("H200",)),
+        # Same GH100 die and HBM3e as the SXM part, at a 600 W (not 700 W) limit: lower
+        # sustained clocks, hence the NVL-class tensor-core peaks.
+        _gpu("h200-nvl", "NVIDIA H200 NVL 141GB", 60.0, 417.5, 835.5, 1670.5, 4.8, 50, 132,
+             ("H200 NVL",)),
         _gpu("a100", "NVIDIA A100 SXM4 80GB", 19.5, 156.0, 312.0, None, 2.039, 40, 108,
              ("A100",), notes="A100 40GB/PCIe variants have less bandwidth (1.555-1.935 TB/s)"),
         _gpu("l40s", "NVIDIA L40S", 91.6, 183.0, 362.05, 733.0, 0.864, 96, 142, ("L40S",)),
@@ -114,6 +118,8 @@ def match_sku(name: str, sms: int | None = None) -> str:
         return "h100-pcie" if sms == 114 else "h100"
     if "GH200" in upper:
         return "gpu"  # Grace-Hopper variants differ in memory; measure instead of guessing
+    if "H200" in upper:
+        return "h200-nvl" if "NVL" in upper else "h200"
     for dev in DEVICES.values():
         if any(m.upper() in upper for m in dev.match):
             return dev.key

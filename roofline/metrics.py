@@ -43,6 +43,7 @@ def derive(flops: float, nbytes: float, ms: float | None, peak_tflops: float | N
         "meas_peak_gbps": meas_peak_gbps,
         "meas_roof_tflops": roof_tflops(ai, meas_peak_tflops, meas_peak_gbps),
         "tflops": None, "gbps": None, "mfu": None, "pct_roof": None, "pct_meas_roof": None,
+        "above_roof": None,
     }
     if ms is None or not ms > 0:
         return out
@@ -56,4 +57,8 @@ def derive(flops: float, nbytes: float, ms: float | None, peak_tflops: float | N
         out["pct_roof"] = 100.0 * tflops / out["roof_tflops"]
     if out["meas_roof_tflops"]:
         out["pct_meas_roof"] = 100.0 * tflops / out["meas_roof_tflops"]
+    # Faster than the roof allows is a finding (cache-resident data, a time near the
+    # timer's resolution, a wrong FLOP/byte count), not a best point: flag it.
+    pct = out["pct_roof"] if out["pct_roof"] is not None else out["pct_meas_roof"]
+    out["above_roof"] = None if pct is None else bool(pct > 100.0)
     return out

@@ -31,6 +31,9 @@ EXTRA_COLUMNS: list[str] = [
     "roof_class",  # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
     "tolerance",  # the relative-error tolerance the correctness gate used
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
+    "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
+    "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
+    "throttled",  # GPU: a power/thermal/HW-slowdown clock-event reason while the row ran
 ]
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the
