@@ -640,7 +640,9 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr) -> dict[str, Any]:
             raise PlanError(f"{args.from_run} was measured on '{run_key}', which is not in "
                             "the device table (pass --device)")
         if device == run_key:
-            peak, peak_source = measured["peak_tflops"], f"run {args.from_run}"
+            peak = measured["peak_tflops"]
+            peak_source = ("datasheet" if DEVICES[device].peaks_tflops
+                           else f"measured (no datasheet), run {args.from_run}")
         else:
             peak, peak_source = peak_of(device, args.dtype, log)
             warnings.append(f"MFU measured on '{run_key}' applied to '{device}'")
@@ -661,6 +663,10 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr) -> dict[str, Any]:
     mfu = step["mfu"] if measured is not None else (args.mfu or DEFAULT_MFU)
     if measured is not None and not mfu:
         raise PlanError("no measured MFU could be derived")
+    if mfu > 1:
+        warnings.append(f"MFU {mfu:.0%} is above 100%: the {peak:.4g} TFLOP/s peak is a "
+                        "measurement (the best of a few square GEMMs; no datasheet), not a "
+                        "hardware limit")
 
     # Data.
     tokens: float | None = args.tokens
@@ -903,7 +909,8 @@ def print_tables(plan: dict[str, Any]) -> None:
             t.add_row(*r)
         console.print(t)
     for w in plan["warnings"]:
-        console.print(f"[yellow]warning[/yellow]: {w}")
+        # soft_wrap: a suggested command line must stay copyable, not folded by rich.
+        console.print(f"[yellow]warning[/yellow]: {w}", soft_wrap=True)
 
 
 def out_dir(requested: str | None) -> Path:
