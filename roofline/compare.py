@@ -1,22 +1,29 @@
-"""Run-to-run comparison against a stored baseline, and baseline promotion.
+"""Run-to-run comparison against a stored baseline (the regression gate), and promotion.
 
-    python -m roofline compare BASELINE RUN [--threshold PCT] [--allow-device-mismatch]
-                                            [--md PATH] [--json PATH]
-    python -m roofline promote RUN [--device KEY] [--baselines DIR]
+    python -m roofline compare BASELINE RUN [--threshold PCT] [--allow LIST]
+                                            [--allow-device-mismatch] [--md PATH] [--json PATH]
+    python -m roofline promote RUN [--device KEY] [--baselines DIR] [--force]
 
 Rows of the two runs are joined on schema.KEY (kernel, provider, dtype, shape) and each
-gets one verdict (see `judge` for the exact rule):
+gets one verdict (`judge` has the exact rule):
 
-    slower, failed, now-skipped   regressions: exit code 1
-    ambiguous                     beyond the threshold, but the runs' spreads overlap
-    faster, same                  timing verdicts
-    new, missing, fixed           a row only in RUN / only in BASELINE / failed -> ok
-    skipped, still-failed         neutral status rows (skipped now; failed in both)
+    slower, failed, now-skipped, invalid   regressions: exit code 1
+    missing, method-changed                changed rows: exit 1 unless --allow missing /
+                                           --allow method-change
+    not-confirmed                          looked slower, not slower again when re-timed
+    ambiguous                              past the threshold, but not significant
+    faster, same                           timing verdicts
+    new, fixed, skipped, still-failed      bookkeeping
 
-Exit codes: 0 no regression, 1 a regression, 2 a usage error (missing or unreadable
-file, device mismatch) reported as one `error: ...` line, never a traceback.
+The gate also fails (exit 1) on a run that was interrupted, aborted or is incomplete
+(--allow incomplete) and on a baseline newer than the run, e.g. swapped arguments
+(--allow newer-baseline).  Runs of different devices are refused (exit 2) unless
+--allow-device-mismatch.  Usage errors (unreadable or malformed file, a baseline row with
+a non-positive, NaN or non-numeric time, a bad threshold) are one `error: ...` line and
+exit code 2, never a traceback.
 
-Everything here is pandas/python on saved results: no kernel is launched.
+Everything here is pandas/scipy on saved results: no kernel is launched (re-timing is a
+callback that run_bench.py provides).
 """
 
 from __future__ import annotations
@@ -27,16 +34,20 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import pandas as pd
+from scipy.stats import mannwhitneyu
 
 from roofline.devices import DeviceError, get_device_model
 from roofline.schema import (
     KEY,
+    SAMPLES,
     RunLoadError,
     atomic_write_text,
     load_run,
@@ -45,33 +56,187 @@ from roofline.schema import (
 
 DEFAULT_THRESHOLD = 5.0  # percent, on the ratio of median times
 DEFAULT_BASELINES_DIR = "results/baselines"
+HISTORY_DIR = "history"  # under the baselines folder: every baseline a promotion replaced
 COMPARE_MD = "compare.md"
 BENCHMARK_JSON = "benchmark.json"
 
-# A change this large (as a time ratio) is a verdict even when the p20..p80 spreads
-# overlap: two medians this far apart are not noise, and a real 2x slowdown must never
-# hide as "ambiguous" behind one noisy run.  The floor rises with the threshold
-# (1 + 2 x threshold) so a deliberately loose --threshold is not overridden.
+# Significance of the rank test.  A CI gate fails when ANY row is called slower, so what
+# a user feels is the chance that a run of identical code fails somewhere: FAMILY_ALPHA
+# is that chance (1%), split over the rows compared (Bonferroni), and never laxer than
+# ROW_ALPHA_MAX per row, so a 10-row comparison is not judged at p < 0.001.
+# For 26 rows a row needs p < 3.8e-4, for 1000 rows p < 1e-5: both reachable with 25 vs 25
+# samples (the smallest possible one-sided p is 1/C(50, 25) = 8e-15).
+FAMILY_ALPHA = 0.01
+ROW_ALPHA_MAX = 0.001
+
+# A change this large (as a time ratio) may be a verdict without a rank test, when both
+# sides have too few samples for one: only if the sample sets do not overlap at all.
+# The floor rises with the threshold (1 + 2 x threshold) so a loose --threshold stays loose.
 GROSS_RATIO_FLOOR = 1.5
+
+# Allowed gate failures (--allow): each is reported either way, and fails the gate unless
+# named.  "incomplete" covers an interrupted, aborted or incomplete run.
+ALLOWABLE: tuple[str, ...] = ("missing", "method-change", "incomplete", "newer-baseline")
 
 # Kernels whose benchmark.json value is achieved TFLOP/s; every other kernel reports GB/s.
 # Keyed on the kernel, not on a row's intensity, so a series never changes unit between
 # runs (github-action-benchmark tracks each name as one series).  Only matmul is
 # compute-bound at the suite's shapes; add/mul/gelu/dot/matvec are bandwidth-bound.
 TFLOPS_KERNELS: frozenset[str] = frozenset({"matmul"})
+FP8_DTYPES: frozenset[str] = frozenset({"fp8", "fp8e5"})
 
-REGRESSION_VERDICTS: tuple[str, ...] = ("slower", "failed", "now-skipped")
-# Display/count order: regressions, then doubt, then good news, then bookkeeping.
+REGRESSION_VERDICTS: tuple[str, ...] = ("slower", "failed", "now-skipped", "invalid")
+# Row verdicts that fail the gate unless the --allow name next to them is given.
+ALLOWABLE_VERDICTS: dict[str, str] = {"missing": "missing", "method-changed": "method-change"}
+# Display/count order: regressions, changed rows, then doubt, good news, bookkeeping.
 VERDICT_ORDER: tuple[str, ...] = (
-    "slower", "failed", "now-skipped", "ambiguous", "faster",
-    "new", "missing", "fixed", "still-failed", "skipped", "same",
+    "slower", "failed", "now-skipped", "invalid", "missing", "method-changed",
+    "not-confirmed", "ambiguous", "faster", "new", "fixed", "still-failed", "skipped",
+    "same",
 )
+_TIME_COLUMNS = ("ms_median", "ms_p20", "ms_p80")
 _NUMERIC = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps")
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
+Key = tuple[str, str, str, str]
+# run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
+Retime = Callable[[list[Key]], Mapping[Key, list[list[float]]]]
+
 
 class CompareError(ValueError):
-    """A usage error (bad arguments, missing baseline, device mismatch): one-line message."""
+    """A usage error (bad arguments, unusable baseline, device mismatch): one-line message."""
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+def check_threshold(x: float) -> float:
+    """The threshold in percent as a float; NaN, infinite, negative or non-numbers raise
+    CompareError (a NaN threshold would make every comparison False: a gate that passes
+    everything)."""
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        raise CompareError(f"--threshold must be a number (percent), got {x!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise CompareError(f"--threshold must be a finite, non-negative percentage, "
+                           f"got {value:g}")
+    return value
+
+
+def parse_allow(allow: Iterable[str] | str | None) -> frozenset[str]:
+    """The --allow names as a set: a comma list or an iterable of (comma lists of) names,
+    each one of ALLOWABLE; an unknown name raises CompareError."""
+    if allow is None:
+        return frozenset()
+    items = [allow] if isinstance(allow, str) else list(allow)
+    names: set[str] = set()
+    for item in items:
+        for name in str(item).split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in ALLOWABLE:
+                raise CompareError(f"unknown --allow value '{name}' "
+                                   f"(choose from {','.join(ALLOWABLE)})")
+            names.add(name)
+    return frozenset(names)
+
+
+def _as_time(v: Any) -> float | None:
+    """v as a positive finite float, else None (bools, strings, null, NaN, 0, < 0)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) and f > 0 else None
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _parse_samples(v: Any) -> tuple[tuple[float, ...], str | None]:
+    """(samples, problem) of a samples_ms cell; an absent cell is ((), None)."""
+    if _missing(v):
+        return (), None
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        return (), f"{SAMPLES} is a {type(v).__name__}, not a list"
+    if len(v) == 0:
+        return (), f"{SAMPLES} is empty"
+    out: list[float] = []
+    for i, x in enumerate(v):
+        f = _as_time(x)
+        if f is None:
+            return (), f"{SAMPLES}[{i}] is {x!r}, not a positive time"
+        out.append(f)
+    return tuple(out), None
+
+
+def time_problem(row: Mapping[str, Any]) -> str | None:
+    """Why an ok row's times are unusable (non-positive, NaN, null or non-numeric median,
+    p20, p80 or sample), or None when they are fine."""
+    for col in _TIME_COLUMNS:
+        v = row.get(col)
+        if _as_time(v) is None:
+            return f"{col} is {'missing' if _missing(v) else repr(v)}, not a positive time"
+    return _parse_samples(row.get(SAMPLES))[1]
+
+
+def _row_name(row: Mapping[str, Any]) -> str:
+    return "/".join(str(row.get(k, "?")) for k in KEY)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:
+    """load_run with every failure as a one-line CompareError naming the role."""
+    try:
+        meta, df = load_run(path)
+    except RunLoadError as e:
+        raise CompareError(f"{role}: {_one_line(e)}") from None
+    except OSError as e:  # e.g. a permission error while probing the path
+        raise CompareError(f"{role}: cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(meta, dict):  # load_run checks this too; a gate must not trust it
+        raise CompareError(f"{role}: {path}: 'metadata' is not an object")
+    return meta, df
+
+
+def _status(df: pd.DataFrame) -> pd.Series:
+    if "status" not in df.columns:
+        return pd.Series([""] * len(df), index=df.index)
+    return df["status"].fillna("").astype(str).str.strip().str.lower()
+
+
+def _check_baseline_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    ok = df[_status(df) == "ok"]
+    if not len(ok):
+        raise CompareError(f"baseline {path} has no ok rows (every row skipped or failed): "
+                           "nothing to compare with")
+    for row in ok.to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"baseline {path}: row {_row_name(row)}: {problem}")
+
+
+def check_baseline(path: str | os.PathLike, device_key: str | None = None,
+                   allow_device_mismatch: bool = False) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Validate a baseline before anything is measured; returns (metadata, rows).
+
+    Raises CompareError (one line) when it is missing or unreadable, not JSON, of the
+    wrong shape (metadata not an object, rows not a list, a row not an object, required
+    columns missing), has no ok row, has an ok row whose median/p20/p80/samples are
+    non-positive, NaN or non-numeric, or (given device_key, unless
+    allow_device_mismatch) was measured on another device.
+    """
+    meta, df = _read_run(path, "baseline")
+    _check_baseline_rows(df, path)
+    key = run_device_key(meta, df)
+    if device_key and key and key != device_key and not allow_device_mismatch:
+        raise CompareError(f"device mismatch: baseline {path} is '{key}', this run is "
+                           f"'{device_key}' (pass --allow-device-mismatch to compare anyway)")
+    return meta, df
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -86,40 +251,108 @@ class Timing:
     p20: float = math.nan
     p80: float = math.nan
     reason: str = ""
+    samples: tuple[float, ...] = ()  # raw per-sample times (ms); () in runs before them
+    timer: str = ""  # timing method; "" when unknown (older runs)
+    n_samples: float = math.nan
+
+    @property
+    def center(self) -> float:
+        """The median time the verdict uses: of the samples when there are any."""
+        return float(np.median(self.samples)) if self.samples else self.median
+
+    @property
+    def count(self) -> float:
+        return float(len(self.samples)) if self.samples else self.n_samples
 
     @property
     def spread(self) -> tuple[float, float]:
-        """The p20..p80 interval; a missing percentile collapses onto the median, so a
-        run without percentiles is judged on its median and the threshold alone."""
+        """The p20..p80 interval; a missing percentile collapses onto the median."""
+        if self.samples:
+            lo, hi = np.percentile(self.samples, [20, 80])
+            return float(lo), float(hi)
         lo = self.p20 if math.isfinite(self.p20) else self.median
         hi = self.p80 if math.isfinite(self.p80) else self.median
         return (lo, hi) if lo <= hi else (hi, lo)
 
+    def problem(self) -> str | None:
+        """Why the times of an ok side are unusable, or None."""
+        if _as_time(self.median) is None:
+            return f"median time is {self.median!r}"
+        bad = next((x for x in self.samples if _as_time(x) is None), None)
+        return None if bad is None else f"a sample is {bad!r}"
+
 
 def gross_ratio(threshold_pct: float) -> float:
-    """The time ratio beyond which overlapping spreads no longer make a change ambiguous."""
+    """The time ratio beyond which too few samples for a rank test may still be a verdict
+    (when the sample sets do not overlap)."""
     return max(GROSS_RATIO_FLOOR, 1.0 + 2.0 * threshold_pct / 100.0)
 
 
+def row_alpha(n_rows: int) -> float:
+    """Per-row significance level when n_rows rows are compared: min(0.001, 0.01 / n)."""
+    return min(ROW_ALPHA_MAX, FAMILY_ALPHA / max(1, n_rows))
+
+
+def min_p_value(n_base: int, n_new: int) -> float:
+    """The smallest one-sided p-value a rank test of n_base vs n_new samples can give
+    (complete separation, no ties): 1 / C(n_base + n_new, n_new)."""
+    return 1.0 / math.comb(n_base + n_new, n_new)
+
+
+def shift_p_value(base: Iterable[float], new: Iterable[float], threshold_pct: float,
+                  slower: bool) -> float:
+    """One-sided Mann-Whitney U p-value that `new` is slower (faster) than `base` by MORE
+    than the threshold: the baseline samples are scaled by (1 + t) (the new ones, for
+    faster) before the test, so H0 is "the change is within the threshold"."""
+    b = np.asarray(list(base), dtype=np.float64)
+    n = np.asarray(list(new), dtype=np.float64)
+    s = 1.0 + threshold_pct / 100.0
+    if slower:
+        p = mannwhitneyu(n, b * s, alternative="greater").pvalue
+    else:
+        p = mannwhitneyu(n * s, b, alternative="less").pvalue
+    p = float(p)
+    return p if math.isfinite(p) else 1.0  # all samples tied: no evidence either way
+
+
 def judge(base: Timing | None, new: Timing | None,
-          threshold_pct: float = DEFAULT_THRESHOLD) -> tuple[str, str]:
+          threshold_pct: float = DEFAULT_THRESHOLD,
+          alpha: float = ROW_ALPHA_MAX) -> tuple[str, str]:
     """Verdict and a short note for one row; None means the row is absent from that run.
 
-    Both ok, with r = new median / base median and t = threshold / 100:
-      * 1/(1+t) <= r <= 1+t                       -> same (inside the threshold)
-      * r > 1+t and new p20 > base p80            -> slower (spreads do not overlap)
-      * r < 1/(1+t) and new p80 < base p20        -> faster
-      * r >= G (or r <= 1/G), G = max(1.5, 1+2t)  -> slower (faster) even if the spreads
-        overlap: a 2x change is never waved through as noise
-      * otherwise beyond the threshold            -> ambiguous
-    The faster bound is 1/(1+t), not 1-t, so "5% faster" and "5% slower" are the same
-    distance in log-time.  Status rules, by the new run's status:
+    Status rules, by the new run's status:
+      * absent:  missing (fails the gate unless --allow missing)
       * failed:  still-failed if the baseline row failed too, else failed (a regression,
         also for a row new to this run: a wrong kernel must not pass the gate)
-      * skipped: now-skipped if the baseline row was ok (a regression: kernels that crash
-        become skipped rows, so a lost measurement may hide one), else skipped
-      * ok:      fixed if the baseline row failed, new if it was skipped or absent
-      * absent:  missing
+      * skipped: now-skipped if the baseline row was ok (a regression: a lost
+        measurement may hide one), else skipped
+      * ok:      fixed if the baseline row failed, new if it was skipped or absent;
+        invalid (a regression) if its own times are not positive finite numbers.
+    A baseline ok row with unusable times raises CompareError: that is a broken baseline,
+    not a verdict.  Both ok with different `timer`s (both known): method-changed, never a
+    speed verdict (a CUDA-graph time and a flushed do_bench time are different numbers).
+
+    Speed, with r = new median / base median and t = threshold / 100:
+      * 1/(1+t) <= r <= 1+t -> same.  The faster bound is 1/(1+t), so "5% faster" and
+        "5% slower" are the same distance in log-time.
+      * r > 1+t (r < 1/(1+t)), both sides with raw samples: slower (faster) only when a
+        one-sided Mann-Whitney U test says the change is beyond the threshold, i.e. of
+        the new samples against the baseline's scaled by 1+t, at p < alpha (compare_frames
+        passes alpha = min(0.001, 0.01 / rows compared): a 1% chance per comparison that
+        identical code fails the gate).  Testing against the threshold rather than zero
+        keeps the few percent by which an idle machine drifts between runs from becoming
+        a verdict; a rank test ignores how far one outlier sample is, and the median
+        ignores it too, so one outlier never flips a verdict.  Not significant ->
+        ambiguous (reported, not a failure).
+      * Too few samples for the test to reach alpha at all (min_p_value >= alpha, e.g.
+        6 vs 6 at alpha 0.001; 25 vs 3 is enough): a side with a single sample ->
+        ambiguous (one sample may be one outlier); otherwise slower (faster) only when
+        the change is gross (r >= G, G = max(1.5, 1 + 2t)) AND the sample sets do not
+        overlap at all (every new sample slower than every baseline sample), else
+        ambiguous.
+      * No raw samples on a side (runs written before samples_ms): judged conservatively
+        on the quantiles: slower (faster) only when r >= G and the p20..p80 spreads are
+        disjoint, with at least 2 samples a side when n_samples is known; else ambiguous.
     """
     if new is None:
         return "missing", "" if base is None or base.status == "ok" else f"was {base.status}"
@@ -137,104 +370,192 @@ def judge(base: Timing | None, new: Timing | None,
         return "fixed", ""
     if base.status != "ok":
         return "new", f"was {base.status}"
+    base_problem = base.problem()
+    if base_problem:
+        raise CompareError(f"baseline row has unusable times: {base_problem}")
+    new_problem = new.problem()
+    if new_problem:
+        return "invalid", f"the run's {new_problem}"
+    if base.timer and new.timer and base.timer != new.timer:
+        return "method-changed", f"timed by {base.timer} -> {new.timer}"
+    return _speed_verdict(base, new, threshold_pct, alpha)
 
-    if not (_positive(base.median) and _positive(new.median)):
-        side = "baseline" if not _positive(base.median) else "run"
-        return "ambiguous", f"no valid median time in the {side}"
+
+def _speed_verdict(base: Timing, new: Timing, threshold_pct: float,
+                   alpha: float) -> tuple[str, str]:
     t = threshold_pct / 100.0
-    ratio = new.median / base.median
+    ratio = new.center / base.center
+    if 1.0 / (1.0 + t) <= ratio <= 1.0 + t:
+        return "same", ""
+    slower = ratio > 1.0 + t
+    word = "slower" if slower else "faster"
     gross = gross_ratio(threshold_pct)
-    base_lo, base_hi = base.spread
-    new_lo, new_hi = new.spread
-    if ratio > 1.0 + t:
-        if new_lo > base_hi:
-            return "slower", ""
-        if ratio >= gross:
-            return "slower", f"spreads overlap, but >= {gross:g}x"
-        return "ambiguous", "slower beyond threshold, spreads overlap"
-    if ratio < 1.0 / (1.0 + t):
-        if new_hi < base_lo:
-            return "faster", ""
-        if ratio <= 1.0 / gross:
-            return "faster", f"spreads overlap, but >= {gross:g}x"
-        return "ambiguous", "faster beyond threshold, spreads overlap"
-    return "same", ""
-
-
-def _positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
+    is_gross = ratio >= gross if slower else ratio <= 1.0 / gross
+    if base.samples and new.samples:
+        bs, ns = base.samples, new.samples
+        nb, nn = len(bs), len(ns)
+        if min(nb, nn) < 2:
+            return "ambiguous", f"{word}, but {nb} vs {nn} samples: one sample cannot tell"
+        if min_p_value(nb, nn) >= alpha:
+            disjoint = min(ns) > max(bs) if slower else max(ns) < min(bs)
+            if is_gross and disjoint:
+                return word, f"{nb} vs {nn} samples, but >= {gross:g}x and no overlap"
+            return "ambiguous", (f"{word}, but {nb} vs {nn} samples are too few for a rank "
+                                 f"test at p < {alpha:.2g}")
+        p = shift_p_value(bs, ns, threshold_pct, slower)
+        if p < alpha:
+            return word, f"p = {p:.1e}"
+        return "ambiguous", f"{word} past the threshold, not significant (p = {p:.2g})"
+    # Runs without raw samples: three quantiles cannot carry a test, so only a gross,
+    # clearly separated change counts.
+    if min(base.count, new.count) < 2:  # NaN (unknown) compares False
+        return "ambiguous", f"{word}, but a single sample (no raw samples to test)"
+    (b_lo, b_hi), (n_lo, n_hi) = base.spread, new.spread
+    disjoint = n_lo > b_hi if slower else n_hi < b_lo
+    if is_gross and disjoint:
+        return word, f"no raw samples; >= {gross:g}x, spreads disjoint"
+    return "ambiguous", f"{word}, but no raw samples to test (judged on quantiles)"
 
 
 # ---------------------------------------------------------------------------- joining
 
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
-    """Key columns as strings, timing columns as floats, one row per key (last wins)."""
+    """Key columns as strings, timing columns as floats, samples as tuples, one row per
+    key (last wins)."""
     df = df.copy()
     for col in KEY:
         df[col] = df[col].astype(str) if col in df.columns else ""
     for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else math.nan
-    for col in ("status", "reason"):
-        df[col] = df[col].fillna("").astype(str) if col in df.columns else ""
+    for col in ("status", "reason", "timer"):
+        if col in df.columns:
+            df[col] = [("" if _missing(v) else str(v)) for v in df[col]]
+        else:
+            df[col] = ""
     df["status"] = df["status"].str.strip().str.lower()
+    raw = df[SAMPLES] if SAMPLES in df.columns else [None] * len(df)
+    df[SAMPLES] = [_parse_samples(v)[0] for v in raw]
     return df.drop_duplicates(subset=KEY, keep="last").reset_index(drop=True)
 
 
-def _timing(row: dict[str, Any], suffix: str) -> Timing | None:
+def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | None:
     if not row.get(f"_in{suffix}"):
         return None
+    timer = row[f"timer{suffix}"]
+    if fp8_mode and row["dtype"] in FP8_DTYPES and timer:
+        # fp8 rows of runs with different accumulation modes measure different kernels:
+        # a method change, not a speed change.
+        timer = f"{timer}, fp8 accumulation {fp8_mode}"
     return Timing(
         status=row[f"status{suffix}"],
         median=float(row[f"ms_median{suffix}"]),
         p20=float(row[f"ms_p20{suffix}"]),
         p80=float(row[f"ms_p80{suffix}"]),
         reason=row[f"reason{suffix}"],
+        samples=row[f"{SAMPLES}{suffix}"],
+        timer=timer,
+        n_samples=float(row[f"n_samples{suffix}"]),
     )
 
 
-def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
-                   threshold: float = DEFAULT_THRESHOLD) -> pd.DataFrame:
-    """One row per key of either run: KEY, verdict, note, ratio and both sides' timings
-    (base_ms, new_ms, base_p20, base_p80, new_p20, new_p80, base_status, new_status),
-    sorted by verdict (regressions first), then key."""
-    cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80"]
+def _key(row: Mapping[str, Any]) -> Key:
+    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]))
+
+
+_OUT_COLUMNS = [*KEY, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
+                "base_p80", "new_p20", "new_p80", "n_base", "n_new", "base_status",
+                "new_status"]
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    order = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    df = df.assign(_order=df["verdict"].map(order).fillna(len(order)))
+    return df.sort_values(["_order", *KEY]).drop(columns="_order").reset_index(drop=True)
+
+
+def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
+             alpha: float | None, fp8_accum: tuple[str | None, str | None],
+             ) -> tuple[pd.DataFrame, dict[Key, Timing], float]:
+    for row in base_df[_status(base_df) == "ok"].to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"baseline row {_row_name(row)}: {problem}")
+    invalid = {_key(r): time_problem(r) for r in run_df[_status(run_df) == "ok"]
+               .to_dict("records") if time_problem(r)}
+    cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
+            SAMPLES]
     b = _normalise(base_df)[KEY + cols].assign(_in=True)
     n = _normalise(run_df)[KEY + cols].assign(_in=True)
     merged = b.merge(n, on=KEY, how="outer", suffixes=("_b", "_n"))
     # After the outer join, a row absent from one side has NaN in that side's marker.
     merged["_in_b"] = merged["_in_b"].eq(True)
     merged["_in_n"] = merged["_in_n"].eq(True)
+    records = merged.to_dict("records")
+    both_ok = sum(1 for r in records if r["_in_b"] and r["_in_n"]
+                  and r["status_b"] == "ok" and r["status_n"] == "ok")
+    if alpha is None:
+        alpha = row_alpha(both_ok)
+    base_mode, run_mode = fp8_accum
+    modes_differ = bool(base_mode and run_mode and base_mode != run_mode)
     out: list[dict[str, Any]] = []
-    for row in merged.to_dict("records"):
-        base, new = _timing(row, "_b"), _timing(row, "_n")
-        verdict, note = judge(base, new, threshold)
+    base_timings: dict[Key, Timing] = {}
+    for row in records:
+        base = _timing(row, "_b", base_mode if modes_differ else None)
+        new = _timing(row, "_n", run_mode if modes_differ else None)
+        key = _key(row)
+        if base is not None:
+            base_timings[key] = base
+        if new is not None and new.status == "ok" and key in invalid and (
+                base is None or base.status == "ok"):
+            verdict, note = "invalid", f"the run's {invalid[key]}"
+        else:
+            verdict, note = judge(base, new, threshold, alpha)
         ratio = math.nan
-        if base and new and _positive(base.median) and _positive(new.median):
-            ratio = new.median / base.median
+        if base and new and base.status == new.status == "ok" and verdict != "invalid":
+            ratio = new.center / base.center
+        b_lo, b_hi = base.spread if base else (math.nan, math.nan)
+        n_lo, n_hi = new.spread if new else (math.nan, math.nan)
         out.append({
             **{k: row[k] for k in KEY},
             "verdict": verdict,
             "note": note,
             "ratio": ratio,
-            "base_ms": base.median if base else math.nan,
-            "new_ms": new.median if new else math.nan,
-            "base_p20": base.spread[0] if base else math.nan,
-            "base_p80": base.spread[1] if base else math.nan,
-            "new_p20": new.spread[0] if new else math.nan,
-            "new_p80": new.spread[1] if new else math.nan,
+            "base_ms": base.center if base else math.nan,
+            "new_ms": new.center if new else math.nan,
+            "base_p20": b_lo, "base_p80": b_hi, "new_p20": n_lo, "new_p80": n_hi,
+            "n_base": base.count if base else math.nan,
+            "n_new": new.count if new else math.nan,
             "base_status": base.status if base else "",
             "new_status": new.status if new else "",
         })
-    columns = [*KEY, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
-               "base_p80", "new_p20", "new_p80", "base_status", "new_status"]
-    df = pd.DataFrame(out, columns=columns)
-    order = {v: i for i, v in enumerate(VERDICT_ORDER)}
-    df["_order"] = df["verdict"].map(order)
-    return df.sort_values(["_order", *KEY]).drop(columns="_order").reset_index(drop=True)
+    return _sorted(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
+
+
+def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
+                   threshold: float = DEFAULT_THRESHOLD, *, alpha: float | None = None,
+                   fp8_accum: tuple[str | None, str | None] = (None, None)) -> pd.DataFrame:
+    """One row per key of either run: KEY, verdict, note, ratio, both sides' median and
+    p20/p80 (base_ms, new_ms, base_p20, ...), sample counts (n_base, n_new) and statuses,
+    sorted by verdict (regressions first), then key.
+
+    alpha defaults to row_alpha(rows ok in both); fp8_accum = (baseline mode, run mode):
+    when both are known and differ, fp8 rows are method-changed.  A baseline ok row with
+    unusable times raises CompareError naming it.
+    """
+    return _compare(base_df, run_df, check_threshold(threshold), alpha, fp8_accum)[0]
 
 
 # ---------------------------------------------------------------------------- result
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A run-level reason for the gate to fail: `kind` is the --allow name."""
+
+    kind: str
+    short: str  # for the headline
+    detail: str  # for the report
 
 
 @dataclass
@@ -243,12 +564,19 @@ class CompareResult:
 
     rows: pd.DataFrame  # compare_frames() output
     threshold: float
+    alpha: float = ROW_ALPHA_MAX
     base_meta: dict[str, Any] = field(default_factory=dict)
     run_meta: dict[str, Any] = field(default_factory=dict)
     base_label: str = "baseline"
     run_label: str = "run"
     run_df: pd.DataFrame | None = None  # the run's own rows, for benchmark.json
     warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    allow: frozenset[str] = frozenset()
+    retimed: int = 0  # rows that looked slower and were re-timed
+    confirmed: int = 0  # of those, still slower
+    rounds: int = 0  # most re-timed rounds any row got
+    base_timings: dict[Key, Timing] = field(default_factory=dict, repr=False)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -256,22 +584,39 @@ class CompareResult:
         vc = self.rows["verdict"].value_counts()
         return {v: int(vc[v]) for v in VERDICT_ORDER if v in vc}
 
+    def failing_verdicts(self) -> tuple[str, ...]:
+        """Verdicts that fail the gate: regressions, plus missing / method-changed rows
+        unless allowed."""
+        extra = tuple(v for v, name in ALLOWABLE_VERDICTS.items() if name not in self.allow)
+        return REGRESSION_VERDICTS + extra
+
     @property
     def regressions(self) -> pd.DataFrame:
         return self.rows[self.rows["verdict"].isin(REGRESSION_VERDICTS)]
 
     @property
+    def failing_rows(self) -> pd.DataFrame:
+        return self.rows[self.rows["verdict"].isin(self.failing_verdicts())]
+
+    @property
+    def failing_problems(self) -> list[Problem]:
+        return [p for p in self.problems if p.kind not in self.allow]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if len(self.regressions) else 0
+        return 1 if len(self.failing_rows) or self.failing_problems else 0
 
     def headline(self) -> str:
-        """'REGRESSION (1 slower; 10 same, 1 new)' or 'OK (12 same)'."""
+        """'REGRESSION (1 slower; 10 same)', 'FAIL (run interrupted; 12 missing; 2 same)'
+        or 'OK (12 same)'."""
         counts = self.counts
-        bad = [f"{counts[v]} {v}" for v in REGRESSION_VERDICTS if v in counts]
-        rest = [f"{c} {v}" for v, c in counts.items() if v not in REGRESSION_VERDICTS]
-        if bad:
-            return f"REGRESSION ({', '.join(bad)}" + (f"; {', '.join(rest)})" if rest else ")")
-        return f"OK ({', '.join(rest) or 'no rows'})"
+        failing = self.failing_verdicts()
+        bad = [p.short for p in self.failing_problems]
+        bad += [f"{counts[v]} {v}" for v in VERDICT_ORDER if v in counts and v in failing]
+        rest = [f"{c} {v}" for v, c in counts.items() if v not in failing]
+        word = "REGRESSION" if len(self.regressions) else "FAIL" if bad else "OK"
+        parts = [", ".join(bad), ", ".join(rest)]
+        return f"{word} ({'; '.join(p for p in parts if p) or 'no rows'})"
 
 
 def run_device_key(meta: dict[str, Any], df: pd.DataFrame) -> str | None:
@@ -286,15 +631,6 @@ def run_device_key(meta: dict[str, Any], df: pd.DataFrame) -> str | None:
     return None
 
 
-def _load(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:
-    try:
-        return load_run(path)
-    except RunLoadError as e:
-        raise CompareError(f"{role}: {_one_line(e)}") from None
-    except OSError as e:  # e.g. a permission error while probing the path
-        raise CompareError(f"{role}: cannot read {path}: {e.strerror or e}") from None
-
-
 def _label(path: str | os.PathLike, meta: dict[str, Any]) -> str:
     bits = [str(meta[k]) for k in ("run_id", "device_name") if meta.get(k)]
     if meta.get("git_commit"):
@@ -304,25 +640,107 @@ def _label(path: str | os.PathLike, meta: dict[str, Any]) -> str:
     return f"`{path}`" + (f" ({', '.join(bits)})" if bits else "")
 
 
-def _check_threshold(threshold: float) -> float:
-    threshold = float(threshold)
-    if not math.isfinite(threshold) or threshold < 0:
-        raise CompareError(f"--threshold must be a non-negative percentage, got {threshold:g}")
-    return threshold
+def _created(meta: dict[str, Any]) -> datetime | None:
+    value = meta.get("created")
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def incomplete_reasons(meta: dict[str, Any]) -> list[str]:
+    """Why a run's metadata says it is not a whole run ([] when it is, or cannot tell)."""
+    reasons = []
+    if meta.get("interrupted") is True:
+        reasons.append("interrupted")
+    if meta.get("aborted") is True:
+        why = meta.get("abort_reason")
+        reasons.append(f"aborted ({_one_line(Exception(why))})" if why else "aborted")
+    if meta.get("complete") is False and not reasons:
+        reasons.append("incomplete")
+    return reasons
+
+
+def _run_problems(base_meta: dict[str, Any], run_meta: dict[str, Any],
+                  warnings: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    reasons = incomplete_reasons(run_meta)
+    if reasons:
+        problems.append(Problem("incomplete", f"run {', '.join(reasons)}",
+                                f"the run is {', '.join(reasons)}: its missing rows were "
+                                "never measured"))
+    base_reasons = incomplete_reasons(base_meta)
+    if base_reasons:
+        warnings.append(f"the baseline is {', '.join(base_reasons)} (promoted with --force?): "
+                        "rows it lacks are only 'new'")
+    b_when, r_when = _created(base_meta), _created(run_meta)
+    if b_when and r_when:
+        if b_when > r_when:
+            problems.append(Problem(
+                "newer-baseline", "baseline newer than run",
+                f"the baseline was created {base_meta['created']}, after the run "
+                f"({run_meta['created']}): are BASELINE and RUN swapped?"))
+    else:
+        warnings.append("cannot tell whether the baseline is older than the run "
+                        "(no valid 'created' in the metadata of "
+                        f"{'both' if not (b_when or r_when) else 'one'})")
+    if (base_meta.get("run_id") and base_meta.get("run_id") == run_meta.get("run_id")
+            and base_meta.get("created") == run_meta.get("created")):
+        warnings.append("the baseline and the run are the same run: this comparison proves "
+                        "nothing")
+    return problems
+
+
+def _fp8_modes(base_meta: dict[str, Any], run_meta: dict[str, Any],
+               warnings: list[str]) -> tuple[str | None, str | None]:
+    modes = tuple(m if isinstance(m, str) and m else None
+                  for m in (base_meta.get("fp8_accum"), run_meta.get("fp8_accum")))
+    if modes[0] and modes[1] and modes[0] != modes[1]:
+        warnings.append(f"fp8 accumulation differs: baseline '{modes[0]}', run '{modes[1]}' "
+                        "(fp8 rows are method-changed)")
+    return modes[0], modes[1]
+
+
+def _drift_warnings(rows: pd.DataFrame, threshold: float) -> list[str]:
+    out = []
+    both = rows[rows["ratio"].notna()]
+    if len(both) >= 4:
+        t = 1.0 + threshold / 100.0
+        up, down = int((both["ratio"] > t).sum()), int((both["ratio"] < 1 / t).sum())
+        med = float(np.exp(np.log(both["ratio"]).median()))
+        if max(up, down) * 2 > len(both):
+            way = "slower" if up > down else "faster"
+            out.append(f"{max(up, down)} of {len(both)} rows moved {way} past the threshold "
+                       f"together (median ratio {med:.3f}x): the machine's state (load, "
+                       "clocks), or a change every row shares")
+    very_fast = int((rows["verdict"].eq("faster") & (rows["ratio"] <= 0.5)).sum())
+    if very_fast:
+        out.append(f"{_rows(very_fast)} 2x or more faster than the baseline: if that code "
+                   "did not change, the baseline was measured on a busy machine and hides "
+                   "slowdowns of those rows (promote a new one)")
+    return out
 
 
 def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
                  threshold: float = DEFAULT_THRESHOLD,
-                 allow_device_mismatch: bool = False) -> CompareResult:
+                 allow_device_mismatch: bool = False, *,
+                 allow: Iterable[str] | str = ()) -> CompareResult:
     """Load both runs (folders or results.json files) and compare them.
 
-    Raises CompareError (one line) for a missing/invalid file or, unless
-    allow_device_mismatch, runs of different devices: timings of an H100 and an A100
-    say nothing about a code change.
+    Raises CompareError (one line) for a missing/invalid file, an unusable baseline (see
+    check_baseline), a bad threshold or --allow name or, unless allow_device_mismatch,
+    runs of different devices: timings of an H100 and an A100 say nothing about a code
+    change.  Run-level gate failures (incomplete run, newer baseline) are in
+    result.problems; `allow` names those (and missing / method-changed rows) that do not
+    fail the gate.
     """
-    threshold = _check_threshold(threshold)
-    base_meta, base_df = _load(baseline, "baseline")
-    run_meta, run_df = _load(run, "run")
+    threshold = check_threshold(threshold)
+    allowed = parse_allow(allow)
+    base_meta, base_df = check_baseline(baseline)
+    run_meta, run_df = _read_run(run, "run")
     warnings: list[str] = []
     base_key, run_key = run_device_key(base_meta, base_df), run_device_key(run_meta, run_df)
     if base_key and run_key and base_key != run_key:
@@ -332,16 +750,68 @@ def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
                 "(pass --allow-device-mismatch to compare anyway)")
         warnings.append(f"comparing different devices: baseline '{base_key}', "
                         f"run '{run_key}'; timing verdicts are not meaningful")
+    problems = _run_problems(base_meta, run_meta, warnings)
+    modes = _fp8_modes(base_meta, run_meta, warnings)
+    rows, base_timings, alpha = _compare(base_df, run_df, threshold, None, modes)
+    warnings += _drift_warnings(rows, threshold)
     return CompareResult(
-        rows=compare_frames(base_df, run_df, threshold),
-        threshold=threshold,
-        base_meta=base_meta,
-        run_meta=run_meta,
-        base_label=_label(baseline, base_meta),
-        run_label=_label(run, run_meta),
-        run_df=run_df,
-        warnings=warnings,
+        rows=rows, threshold=threshold, alpha=alpha, base_meta=base_meta,
+        run_meta=run_meta, base_label=_label(baseline, base_meta),
+        run_label=_label(run, run_meta), run_df=run_df, warnings=warnings,
+        problems=problems, allow=allowed, base_timings=base_timings,
     )
+
+
+# ---------------------------------------------------------------------------- re-timing
+
+
+def confirm_slower(result: CompareResult, retime: Retime) -> None:
+    """Re-time every row judged slower and keep it a regression only when it is judged
+    slower again (same rule, same alpha, against the baseline's samples) in a strict
+    majority of the re-timed rounds; the others become not-confirmed.
+
+    A strict majority rather than every round: a real slowdown survives one round spoiled
+    by a noisy neighbour, while a transient one (the machine busy while the row was
+    timed) has to come back in most rounds, which re-timing interleaved across rows makes
+    unlikely.  A row that got no valid round stays slower (the gate does not pass a
+    regression it could not check).  Updates result in place.
+    """
+    slower = result.rows.index[result.rows["verdict"] == "slower"]
+    if not len(slower):
+        return
+    keys = [_key(result.rows.loc[i]) for i in slower]
+    try:
+        fresh = retime(keys) or {}
+    except Exception as e:  # a re-timing failure must not hide the regressions found
+        result.warnings.append(f"re-timing failed ({_one_line(e)}): slower rows kept as "
+                               "they are")
+        return
+    result.retimed = len(keys)
+    for i, key in zip(slower, keys, strict=True):
+        base = result.base_timings.get(key)
+        rounds = [s for s in (fresh.get(key) or []) if s and all(
+            _as_time(x) is not None for x in s)]
+        result.rounds = max(result.rounds, len(rounds))
+        if base is None or not rounds:
+            result.confirmed += 1
+            result.rows.loc[i, "note"] = _join(result.rows.loc[i, "note"],
+                                               "could not be re-timed")
+            continue
+        verdicts = [judge(base, Timing("ok", float(np.median(s)), samples=tuple(
+            float(x) for x in s)), result.threshold, result.alpha)[0] for s in rounds]
+        medians = ", ".join(f"{float(np.median(s)):.4g}" for s in rounds)
+        hits = verdicts.count("slower")
+        note = f"slower in {hits} of {len(rounds)} re-timed rounds (medians {medians} ms)"
+        if hits * 2 > len(rounds):
+            result.confirmed += 1
+            result.rows.loc[i, "note"] = _join(result.rows.loc[i, "note"], note)
+        else:
+            result.rows.loc[i, ["verdict", "note"]] = ["not-confirmed", note]
+    result.rows = _sorted(result.rows)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
 # ---------------------------------------------------------------------------- reports
@@ -359,6 +829,10 @@ def _fmt_ratio(r: float) -> str:
     return f"{r:.3f}x" if math.isfinite(r) else "-"
 
 
+def _fmt_n(a: float, b: float) -> str:
+    return "/".join(str(int(x)) if math.isfinite(x) else "-" for x in (a, b))
+
+
 def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
@@ -371,8 +845,8 @@ def _md_cell(text: str) -> str:
 def _md_table(df: pd.DataFrame) -> list[str]:
     lines = [
         "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio "
-        "| base p20–p80 | new p20–p80 | note |",
-        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| base p20–p80 | new p20–p80 | n base/new | note |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in df.to_dict("records"):
         lines.append(
@@ -380,7 +854,8 @@ def _md_table(df: pd.DataFrame) -> list[str]:
             f"| {_md_cell(r['shape'])} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
             f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio(r['ratio'])} "
             f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
-            f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_md_cell(r['note'])} |")
+            f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
+            f"| {_md_cell(r['note'])} |")
     return lines
 
 
@@ -388,16 +863,43 @@ def _md_table(df: pd.DataFrame) -> list[str]:
 # are only counted, since a healthy run has hundreds of them.
 _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Regressions", REGRESSION_VERDICTS),
-    ("Ambiguous (beyond the threshold, but the spreads overlap)", ("ambiguous",)),
+    ("Changed rows (missing, or timed by another method)", ("missing", "method-changed")),
+    ("Not confirmed (looked slower, not slower again when re-timed)", ("not-confirmed",)),
+    ("Ambiguous (past the threshold, but not significant)", ("ambiguous",)),
     ("Faster", ("faster",)),
-    ("New and missing", ("new", "missing", "fixed")),
+    ("New and fixed", ("new", "fixed")),
     ("Still failing (failed in the baseline too)", ("still-failed",)),
 )
 
 
+def retime_line(result: CompareResult) -> str | None:
+    """'re-timed 3 rows that looked slower (3 rounds): 1 confirmed, 2 not confirmed'."""
+    if not result.retimed:
+        return None
+    rounds = f" ({result.rounds} rounds)" if result.rounds else ""
+    return (f"re-timed {_rows(result.retimed)} that looked slower{rounds}: "
+            f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not confirmed")
+
+
+def _gate_lines(result: CompareResult) -> list[str]:
+    lines = []
+    for p in result.problems:
+        if p.kind in result.allow:
+            lines.append(f"allowed ({p.kind}): {p.detail}")
+        else:
+            lines.append(f"gate failure: {p.detail} (--allow {p.kind} to accept)")
+    counts = result.counts
+    for verdict, name in ALLOWABLE_VERDICTS.items():
+        if counts.get(verdict):
+            state = "allowed" if name in result.allow else "gate failure"
+            hint = "" if name in result.allow else f" (--allow {name} to accept)"
+            lines.append(f"{state}: {_rows(counts[verdict])} {verdict}{hint}")
+    return lines
+
+
 def render_markdown(result: CompareResult) -> str:
-    """The comparison report: regressions first, then ambiguous, faster, new/missing,
-    and a count of rows that are the same."""
+    """The comparison report: gate failures, regressions, changed rows, re-timing,
+    ambiguous, faster, new, and a count of rows that are the same."""
     t = result.threshold
     lines = [
         "## Benchmark comparison",
@@ -406,10 +908,15 @@ def render_markdown(result: CompareResult) -> str:
         "",
         f"- baseline: {result.base_label}",
         f"- run: {result.run_label}",
-        f"- rule: a change beyond ±{t:g}% of the median time counts only when the two "
-        f"runs' p20–p80 spreads do not overlap, or when it reaches {gross_ratio(t):g}x; "
-        "ratio = new / base median time (> 1 is slower)",
+        f"- rule: a row is slower (faster) when its median time moved past ±{t:g}% and a "
+        f"one-sided Mann-Whitney U test on the raw samples says it moved beyond ±{t:g}% at "
+        f"p < {result.alpha:.2g} (0.01 over the rows compared); ratio = new / base median "
+        "time (> 1 is slower)",
     ]
+    line = retime_line(result)
+    if line:
+        lines.append(f"- {line}")
+    lines += [f"- {g}" for g in _gate_lines(result)]
     lines += [f"- warning: {w}" for w in result.warnings]
     for title, verdicts in _SECTIONS:
         part = result.rows[result.rows["verdict"].isin(verdicts)]
@@ -492,35 +999,49 @@ def _json_text(entries: Iterable[dict[str, Any]]) -> str:
 
 
 def short_summary(result: CompareResult, limit: int = 20) -> str:
-    """A few lines for a terminal: the headline and each regression."""
+    """A few lines for a terminal: the headline, gate failures, re-timing, and each
+    failing row."""
     lines = [f"compare (threshold {result.threshold:g}%): {result.headline()}"]
+    line = retime_line(result)
+    if line:
+        lines.append(line)
+    lines += _gate_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
-    reg = result.regressions
-    for r in reg.head(limit).to_dict("records"):
+    bad = result.failing_rows
+    for r in bad.head(limit).to_dict("records"):
         what = f"{r['kernel']} {r['provider']} {r['dtype']} {r['shape']}"
         if math.isfinite(r["ratio"]):
             detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
                      f"({_fmt_ratio(r['ratio'])})"
         else:
-            detail = r["note"] or r["new_status"]
-        lines.append(f"  {r['verdict']:<11} {what}: {_md_cell(detail)}")
-    if len(reg) > limit:
-        lines.append(f"  ... and {len(reg) - limit} more")
+            detail = r["note"] or r["new_status"] or r["base_status"]
+        lines.append(f"  {r['verdict']:<14} {what}: {_md_cell(detail)}")
+    if len(bad) > limit:
+        lines.append(f"  ... and {len(bad) - limit} more")
     return "\n".join(lines)
 
 
 def compare_and_report(baseline: str | Path, run_dir: str | Path,
                        threshold: float = DEFAULT_THRESHOLD,
-                       allow_device_mismatch: bool = False) -> int:
+                       allow_device_mismatch: bool = False, *,
+                       allow: Iterable[str] | str = (),
+                       retime: Retime | None = None) -> int:
     """Compare a finished run with a baseline, for run_bench.py.
 
-    Writes compare.md and benchmark.json into the run folder (or next to a results.json
-    passed instead), prints a short verdict summary, appends the report to
-    $GITHUB_STEP_SUMMARY when set, and returns 1 on a regression, else 0.  Raises
-    CompareError (one line) for usage errors; the caller turns it into exit code 2.
+    With `retime` (keys -> several fresh sample lists per key), rows judged slower are
+    re-timed first and stay regressions only when confirmed (see confirm_slower).  Writes
+    compare.md and benchmark.json into the run folder (or next to a results.json passed
+    instead), prints a short summary, appends the report to $GITHUB_STEP_SUMMARY when set,
+    and returns 1 when the gate fails, else 0.  Raises CompareError (one line) for usage
+    errors; the caller turns it into exit code 2.
     """
-    result = compare_runs(baseline, run_dir, threshold, allow_device_mismatch)
-    out_dir = resolve_results_json(run_dir).parent
+    result = compare_runs(baseline, run_dir, threshold, allow_device_mismatch, allow=allow)
+    if retime is not None:
+        confirm_slower(result, retime)
+    try:
+        out_dir = resolve_results_json(run_dir).parent
+    except RunLoadError as e:
+        raise CompareError(f"run: {_one_line(e)}") from None
     markdown = render_markdown(result)
     _write(out_dir / COMPARE_MD, markdown)
     assert result.run_df is not None
@@ -539,40 +1060,105 @@ def baseline_path(device_key: str, baselines_dir: str | Path = DEFAULT_BASELINES
     return Path(baselines_dir) / f"{device_key}.json"
 
 
+def _keep_copy(dest: Path) -> Path:
+    """Copy the baseline about to be replaced to <dir>/history/<key>.<UTC time>.json,
+    created exclusively (never over an earlier copy)."""
+    history = dest.parent / HISTORY_DIR
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    data = dest.read_bytes()
+    try:
+        history.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CompareError(f"cannot create {history}: {e.strerror or e}") from None
+    for i in range(1000):
+        path = history / f"{dest.stem}.{stamp}{f'-{i}' if i else ''}.json"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise CompareError(f"cannot keep the old baseline at {path}: "
+                               f"{e.strerror or e}") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return path
+    raise CompareError(f"cannot keep the old baseline: too many copies in {history}")
+
+
 def promote(run: str | Path, device: str | None = None,
-            baselines_dir: str | Path = DEFAULT_BASELINES_DIR) -> Path:
-    """Copy a run's results.json (rows and metadata) to the device's baseline, atomically.
+            baselines_dir: str | Path = DEFAULT_BASELINES_DIR,
+            force: bool = False) -> tuple[Path, Path | None]:
+    """Make a run the device's baseline; returns (baseline path, where the replaced
+    baseline was kept or None).
 
     The device key is `device` (validated against roofline.devices), else the run's
-    metadata device_key.  The copy's metadata gets device_key set to that key (so a later
-    compare's device check agrees with the file name) and `promoted_from`.
+    device_key.  Refused (CompareError) unless `force`: a run that was interrupted,
+    aborted or is incomplete, a run with no ok row, a run of another device than `device`
+    or than the baseline it replaces.  Always refused: an ok row with unusable times
+    (such a baseline could never be compared with).  The replaced baseline is copied to
+    <baselines_dir>/history/ first, then the new one is written atomically, with
+    device_key set to the key and `promoted_from`.
     """
-    meta, df = _load(run, "run")  # validates the file before anything is written
+    meta, df = _read_run(run, "run")  # validates the file before anything is written
+    ok = df[_status(df) == "ok"]
+    for row in ok.to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
+    refusals = []
+    reasons = incomplete_reasons(meta)
+    if reasons:
+        refusals.append(f"the run is {', '.join(reasons)}")
+    if not len(ok):
+        refusals.append("the run has no ok rows (every row skipped or failed)")
     if device is not None:
         try:
             device = get_device_model(device).key
         except DeviceError as e:
-            raise CompareError(str(e)) from None
-    key = device or run_device_key(meta, df)
+            raise CompareError(_one_line(e)) from None
+    run_key = run_device_key(meta, df)
+    key = device or run_key
     if not key:
         raise CompareError(f"cannot tell the device of {run} (no device_key in its metadata); "
                            "pass --device KEY")
     if not _SAFE_KEY.fullmatch(key):
         raise CompareError(f"device key '{key}' is not usable as a file name; pass --device KEY")
+    if run_key and run_key != key:
+        refusals.append(f"the run was measured on '{run_key}', not '{key}'")
+    dest = baseline_path(key, baselines_dir)
+    if dest.exists():
+        try:
+            old_meta, old_df = load_run(dest)
+            old_key = run_device_key(old_meta, old_df)
+        except (RunLoadError, OSError):
+            old_key = None  # an unreadable baseline is still kept in history below
+        if old_key and run_key and old_key != run_key:
+            refusals.append(f"the baseline it replaces ({dest}) is of '{old_key}', the run "
+                            f"of '{run_key}'")
+    if refusals and not force:
+        raise CompareError(f"not promoting {run}: {'; '.join(refusals)} (--force to promote "
+                           "anyway)")
     src = resolve_results_json(run)
     # Re-read the raw document rather than re-serialising the DataFrame, so the baseline
     # keeps every field and value exactly as the run wrote it.
     doc = json.loads(src.read_text())
     new_meta = dict(doc.get("metadata") or {})
-    old_key = new_meta.get("device_key")
-    if old_key and old_key != key:
-        new_meta["promoted_from_device_key"] = old_key
+    old_run_key = new_meta.get("device_key")
+    if old_run_key and old_run_key != key:
+        new_meta["promoted_from_device_key"] = old_run_key
     new_meta["device_key"] = key
     new_meta["promoted_from"] = str(src)
+    new_meta["promoted_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if refusals:
+        new_meta["promoted_with_force"] = refusals
+    kept = _keep_copy(dest) if dest.exists() else None
+    if kept is not None:
+        new_meta["replaced_baseline_kept_at"] = str(kept)
     doc["metadata"] = new_meta
-    dest = baseline_path(key, baselines_dir)
     _write(dest, json.dumps(doc, indent=1) + "\n")
-    return dest
+    return dest, kept
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -590,14 +1176,16 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m roofline", description="Compare benchmark runs.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{compare,promote}")
     c = sub.add_parser("compare", help="regression verdicts of RUN against BASELINE",
-                       description="Regression verdicts of RUN against BASELINE; exit 1 on a "
-                       "regression, 2 on a usage error.")
+                       description="Regression verdicts of RUN against BASELINE; exit 1 "
+                       "when the gate fails, 2 on a usage error.")
     c.add_argument("baseline", help="baseline run folder or results.json "
                    "(e.g. results/baselines/h100.json)")
     c.add_argument("run", help="run folder or results.json to judge")
-    c.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="PCT",
+    c.add_argument("--threshold", default=DEFAULT_THRESHOLD, metavar="PCT",
                    help=f"percent change of the median time that counts (default "
                    f"{DEFAULT_THRESHOLD:g})")
+    c.add_argument("--allow", action="append", default=[], metavar="LIST",
+                   help=f"comma list of gate failures to accept: {','.join(ALLOWABLE)}")
     c.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare runs of different devices")
     c.add_argument("--md", metavar="PATH", help="also write the markdown report here")
@@ -605,17 +1193,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the run's results in github-action-benchmark "
                    "customBiggerIsBetter format here")
     pr = sub.add_parser("promote", help="make RUN the stored baseline of its device",
-                        description="Copy RUN's results.json to <baselines>/<device>.json.")
+                        description="Copy RUN's results.json to <baselines>/<device>.json, "
+                        "keeping the replaced one in <baselines>/history/.")
     pr.add_argument("run", help="run folder or results.json")
     pr.add_argument("--device", metavar="KEY", help="device key (default: the run's own)")
     pr.add_argument("--baselines", metavar="DIR", default=DEFAULT_BASELINES_DIR,
                     help=f"baselines folder (default {DEFAULT_BASELINES_DIR})")
+    pr.add_argument("--force", action="store_true",
+                    help="promote an interrupted, aborted, incomplete or all-skipped run, or "
+                    "one of another device")
     return p
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    result = compare_runs(args.baseline, args.run, args.threshold,
-                          args.allow_device_mismatch)
+    threshold = check_threshold(args.threshold)
+    result = compare_runs(args.baseline, args.run, threshold,
+                          args.allow_device_mismatch, allow=args.allow)
     markdown = render_markdown(result)
     if args.md:
         _write(args.md, markdown)
@@ -628,17 +1221,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_promote(args: argparse.Namespace) -> int:
-    dest = promote(args.run, args.device, args.baselines)
+    dest, kept = promote(args.run, args.device, args.baselines, force=args.force)
     _, df = load_run(dest)
-    failed = int((df["status"] == "failed").sum()) if "status" in df.columns else 0
+    failed = int((_status(df) == "failed").sum())
     if failed:
         print(f"note: {failed} rows of this baseline failed correctness", file=sys.stderr)
+    if kept is not None:
+        print(f"note: the replaced baseline is kept at {kept} (copy it back to {dest} to "
+              "undo)", file=sys.stderr)
     print(dest)
     return 0
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,27 +1,35 @@
-"""roofline.compare on synthetic pairs of runs: verdicts, exit codes, reports, promote."""
+"""roofline.compare on synthetic pairs of runs: verdicts from raw samples, the gate's
+semantics and exit codes, re-timing, reports, baseline validation and promote."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from roofline import compare
 from roofline.compare import (
+    ALLOWABLE,
     CompareError,
     Timing,
     baseline_path,
+    check_baseline,
+    check_threshold,
     compare_and_report,
     compare_frames,
     judge,
     main,
+    min_p_value,
+    row_alpha,
 )
-from roofline.schema import COLUMNS, KEY
+from roofline.schema import COLUMNS, KEY, SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,22 +41,31 @@ SPECS = [
     ("matmul", "bf16", "M=4096,N=4096,K=4096", 2 * 4096**3, 3 * 4096 * 4096 * 2),
 ]
 BASE_MS = [0.010, 0.100, 0.050, 0.200]
+N = 25  # samples per row, the suite's floor
+
+
+def spread_samples(ms: float, spread: float = 0.01, n: int = N) -> list[float]:
+    """n evenly spread samples around ms, p20/p80 about `spread` (fraction) away."""
+    return [ms * (1 + spread * q) for q in np.linspace(-1.6, 1.6, n)]
 
 
 def make_row(kernel: str, dtype: str, shape: str, flops: float, nbytes: float,
              ms: float | None, spread: float = 0.01, status: str = "ok",
-             provider: str = "triton", reason: str = "") -> dict[str, Any]:
-    """A row with consistent derived columns; spread is the p20/p80 distance from the
-    median as a fraction of it."""
+             provider: str = "triton", reason: str = "", samples: list[float] | None = None,
+             timer: str = "do_bench") -> dict[str, Any]:
+    """A row with consistent derived columns; its times come from its samples."""
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update(kernel=kernel, provider=provider, dtype=dtype, shape=shape, flops=flops,
                bytes=nbytes, intensity=flops / nbytes, status=status, reason=reason,
                device="h100", gpu_name="NVIDIA H100 80GB HBM3")
     if status == "ok":
-        assert ms is not None
-        row.update(ms_median=ms, ms_p20=ms * (1 - spread), ms_p80=ms * (1 + spread),
-                   n_samples=100, tflops=flops / (ms * 1e-3) / 1e12,
-                   gbps=nbytes / (ms * 1e-3) / 1e9, correct=True, rel_err=1e-3)
+        assert ms is not None or samples is not None
+        s = list(samples) if samples is not None else spread_samples(ms, spread)
+        p20, p50, p80 = (float(x) for x in np.percentile(s, [20, 50, 80]))
+        row.update(ms_median=p50, ms_p20=p20, ms_p80=p80, n_samples=len(s),
+                   tflops=flops / (p50 * 1e-3) / 1e12, gbps=nbytes / (p50 * 1e-3) / 1e9,
+                   correct=True, rel_err=1e-3, timer=timer)
+        row[SAMPLES] = s
     else:
         row.update(correct=status != "failed", rel_err=0.5 if status == "failed" else None)
     return row
@@ -62,13 +79,19 @@ def base_rows(scale: dict[int, float] | None = None, spread: float = 0.01,
 
 
 def write_run(folder: Path, rows: list[dict[str, Any]], device_key: str = "h100",
-              run_id: str | None = None) -> Path:
+              run_id: str | None = None, created: str = "2025-01-01T00:00:00+00:00",
+              **meta_extra: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"device_key": device_key, "device_name": "NVIDIA H100 80GB HBM3",
-            "run_id": run_id or folder.name, "created": "2025-01-01T00:00:00Z",
-            "git_commit": "0123456789abcdef", "command": "run_bench.py"}
+            "run_id": run_id or folder.name, "created": created,
+            "git_commit": "0123456789abcdef", "command": "run_bench.py",
+            "interrupted": False, "aborted": False, "abort_reason": None, "complete": True,
+            "fp8_accum": "fast", **meta_extra}
     (folder / "results.json").write_text(json.dumps({"metadata": meta, "rows": rows}))
     return folder
+
+
+LATER = "2025-01-02T00:00:00+00:00"  # the run is made after the baseline
 
 
 @pytest.fixture
@@ -82,49 +105,151 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return code, out, err
 
 
-def verdicts(baseline: Path, run: Path, threshold: float = 5.0) -> dict[tuple, str]:
-    result = compare.compare_runs(baseline, run, threshold)
+def verdicts(baseline: Path, run: Path, threshold: float = 5.0,
+             **kw: Any) -> dict[tuple, str]:
+    result = compare.compare_runs(baseline, run, threshold, **kw)
     return {tuple(r[k] for k in KEY): r["verdict"] for r in result.rows.to_dict("records")}
+
+
+def ts(samples: list[float] | np.ndarray, timer: str = "") -> Timing:
+    s = tuple(float(x) for x in samples)
+    return Timing("ok", float(np.median(s)), samples=s, timer=timer)
+
+
+def noisy(rng: np.random.Generator, ms: float, n: int = N, drift: float = 0.015) -> np.ndarray:
+    """Heavy-tailed samples like a shared CPU's: a per-run drift of the whole row
+    (clocks, load), lognormal jitter, and 10% of samples hit by Pareto-tailed stalls."""
+    level = ms * math.exp(rng.normal(0.0, drift))
+    s = level * np.exp(rng.normal(0.0, 0.03, n))
+    hit = rng.random(n) < 0.1
+    s[hit] *= 1.0 + 0.2 * (rng.pareto(1.5, int(hit.sum())) + 1.0)
+    return s
 
 
 # ---------------------------------------------------------------------- the verdict rule
 
 
-def t(median: float, spread: float = 0.01, status: str = "ok") -> Timing:
-    return Timing(status, median, median * (1 - spread), median * (1 + spread))
+def test_row_alpha_is_one_percent_per_comparison_capped_at_one_per_mille() -> None:
+    assert row_alpha(26) == pytest.approx(0.01 / 26)
+    assert row_alpha(1000) == pytest.approx(1e-5)
+    assert row_alpha(5) == 0.001 and row_alpha(0) == 0.001
 
 
-@pytest.mark.parametrize("new, expected", [
-    (t(1.00), "same"),
-    (t(1.04), "same"),  # inside the threshold even though the spreads barely overlap
-    (t(0.96), "same"),
-    (t(1.10), "slower"),  # beyond 5%, spreads 0.99..1.01 vs 1.089..1.111 are disjoint
-    (t(0.90), "faster"),
-    (t(1.10, spread=0.2), "ambiguous"),  # beyond 5% but within the noise
-    (t(0.90, spread=0.2), "ambiguous"),
-    (t(2.00, spread=0.6), "slower"),  # 2x is caught even when the spreads overlap
-    (t(0.50, spread=0.6), "faster"),
+def test_min_p_value_is_complete_separation() -> None:
+    assert min_p_value(6, 6) == pytest.approx(1 / 924)  # > 0.001: too few for a verdict
+    assert min_p_value(7, 7) == pytest.approx(1 / 3432)
+    assert min_p_value(25, 1) == pytest.approx(1 / 26)
+
+
+def test_identical_samples_are_same() -> None:
+    s = spread_samples(1.0, 0.3)
+    assert judge(ts(s), ts(s), 5.0) == ("same", "")
+
+
+@pytest.mark.parametrize("factor, expected", [(1.3, {"slower"}), (1 / 1.3, {"faster"}),
+                                              (1.02, {"same", "ambiguous"}),
+                                              (0.98, {"same", "ambiguous"})])
+def test_shift_of_25_heavy_tailed_samples(factor: float, expected: set[str]) -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        b, n = noisy(rng, 1.0), noisy(rng, factor)
+        assert judge(ts(b), ts(n), 5.0, row_alpha(26))[0] in expected
+
+
+def test_ten_identical_noisy_pairs_call_at_most_one_percent_slower() -> None:
+    # 10 pairs x 26 rows drawn from the same heavy-tailed distribution: the gate's
+    # promise is <= 1% of rows slower (it makes ~0 here; a p < 0.05 test makes ~10%).
+    rng = np.random.default_rng(7)
+    ms = np.geomspace(0.003, 20.0, 26)
+    calls = [judge(ts(noisy(rng, m)), ts(noisy(rng, m)), 5.0, row_alpha(26))[0]
+             for _ in range(10) for m in ms]
+    assert calls.count("slower") <= 0.01 * len(calls)
+    assert calls.count("faster") <= 0.01 * len(calls)
+
+
+def test_tests_against_the_threshold_not_against_zero() -> None:
+    # 6% slower in the median with a wide spread: a test against "no change" is sure
+    # (p ~ 1e-7), but whether it is beyond 5% is not (p ~ 0.13): ambiguous.
+    b = 1 + 0.004 * np.arange(N)
+    verdict, note = judge(ts(b), ts(b * 1.06), 5.0)
+    assert verdict == "ambiguous" and "not significant" in note
+    # The same 6% with a tight spread is clearly beyond 5%.
+    b = 1 + 0.001 * np.arange(N)
+    assert judge(ts(b), ts(b * 1.06), 5.0)[0] == "slower"
+
+
+def test_alpha_decides() -> None:
+    # 7 vs 7 completely separated: exact p = 1/3432 = 2.9e-4.
+    b = 1 + 0.001 * np.arange(7)
+    n = b * 1.2
+    assert judge(ts(b), ts(n), 5.0, alpha=1e-3)[0] == "slower"
+    assert judge(ts(b), ts(n), 5.0, alpha=5e-4)[0] == "slower"
+    # At alpha 1e-4 the test cannot reach it: 1.2x is not gross -> ambiguous.
+    verdict, note = judge(ts(b), ts(n), 5.0, alpha=1e-4)
+    assert verdict == "ambiguous" and "too few" in note
+
+
+def test_one_outlier_sample_never_flips() -> None:
+    rng = np.random.default_rng(3)
+    b = noisy(rng, 1.0, drift=0)
+    same = noisy(rng, 1.0, drift=0)
+    assert judge(ts(b), ts(same), 5.0)[0] == "same"
+    for x in (1000.0, 1e-6):
+        s = same.copy()
+        s[0] = x
+        assert judge(ts(b), ts(s), 5.0)[0] == "same"
+        bb = b.copy()
+        bb[0] = x
+        assert judge(ts(bb), ts(same), 5.0)[0] == "same"
+    slow = noisy(rng, 1.3, drift=0)
+    for x in (1000.0, 1e-6):
+        s = slow.copy()
+        s[0] = x
+        assert judge(ts(b), ts(s), 5.0)[0] == "slower"
+
+
+@pytest.mark.parametrize("base_s, new_s, expected", [
+    ([1.0], [3.0], "ambiguous"),  # one sample a side may be one outlier
+    ([1.0] * 25, [3.0], "ambiguous"),
+    ([1.0, 1.01, 1.02], [1.6, 1.61, 1.62], "slower"),  # gross (>= 1.5x), no overlap
+    ([1.0, 1.01, 1.02], [0.6, 0.61, 0.62], "faster"),
+    ([1.0, 1.01, 1.02], [1.6, 1.61, 0.9], "ambiguous"),  # gross median, sets overlap
+    ([1.0, 1.01, 1.02], [1.4, 1.41, 1.42], "ambiguous"),  # not gross: 1.4 < 1.5
+    ([1.0, 1.0], [1.5, 1.5], "slower"),
 ])
-def test_judge_timing(new: Timing, expected: str) -> None:
-    assert judge(t(1.0), new, 5.0)[0] == expected
+def test_tiny_sample_counts(base_s: list[float], new_s: list[float], expected: str) -> None:
+    assert judge(ts(base_s), ts(new_s), 5.0)[0] == expected
 
 
-def test_judge_faster_bound_is_symmetric_in_log_time() -> None:
-    # 1/1.05 = 0.952: 0.953 is inside the threshold, 0.951 beyond it.
-    assert judge(t(1.0, 0), t(0.953, 0), 5.0)[0] == "same"
-    assert judge(t(1.0, 0), t(0.951, 0), 5.0)[0] == "faster"
+def test_tiny_samples_gross_ratio_scales_with_a_loose_threshold() -> None:
+    # --threshold 60: gross is 2.2x, so a disjoint 2x with 3 samples stays ambiguous.
+    assert judge(ts([1.0, 1.01, 1.02]), ts([2.0, 2.01, 2.02]), 60.0)[0] == "ambiguous"
+    assert judge(ts([1.0, 1.01, 1.02]), ts([2.3, 2.31, 2.32]), 60.0)[0] == "slower"
 
 
-def test_judge_gross_ratio_scales_with_a_loose_threshold() -> None:
-    # With --threshold 60 the override sits at 2.2x, so 2x with overlapping spreads
-    # stays ambiguous, while 2.5x is still caught.
-    assert judge(t(1.0, 0.5), t(2.0, 0.5), 60.0)[0] == "ambiguous"
-    assert judge(t(1.0, 0.5), t(2.5, 0.5), 60.0)[0] == "slower"
+def q(median: float, spread: float = 0.01, n: float = 100) -> Timing:
+    """A side without raw samples (a run written before samples_ms)."""
+    return Timing("ok", median, median * (1 - spread), median * (1 + spread), n_samples=n)
 
 
-def test_judge_without_percentiles_uses_median_and_threshold() -> None:
-    assert judge(Timing("ok", 1.0), Timing("ok", 1.2), 5.0)[0] == "slower"
-    assert judge(Timing("ok", 1.0), Timing("ok", 1.02), 5.0)[0] == "same"
+@pytest.mark.parametrize("base_t, new_t, expected", [
+    (q(1.0), q(1.04), "same"),
+    (q(1.0), q(1.10), "ambiguous"),  # disjoint spreads but no samples: not enough
+    (q(1.0), q(1.6), "slower"),  # gross and disjoint
+    (q(1.0), q(0.6), "faster"),
+    (q(1.0, 0.3), q(1.6, 0.3), "ambiguous"),  # gross but overlapping
+    (q(1.0, 0, n=1), q(3.0, 0, n=1), "ambiguous"),  # a single sample each
+    (q(1.0, n=math.nan), q(1.6, n=math.nan), "slower"),
+])
+def test_runs_without_samples_are_judged_conservatively(base_t: Timing, new_t: Timing,
+                                                        expected: str) -> None:
+    assert judge(base_t, new_t, 5.0)[0] == expected
+
+
+def test_faster_bound_is_symmetric_in_log_time() -> None:
+    b = 1 + 1e-4 * np.arange(N)
+    assert judge(ts(b), ts(b * 0.953), 5.0)[0] == "same"  # 1/1.05 = 0.952
+    assert judge(ts(b), ts(b * 0.951 * 0.99), 5.0)[0] == "faster"
 
 
 @pytest.mark.parametrize("base_status, new_status, expected", [
@@ -143,14 +268,26 @@ def test_judge_without_percentiles_uses_median_and_threshold() -> None:
     ("failed", None, "missing"),
 ])
 def test_judge_status(base_status: str | None, new_status: str | None, expected: str) -> None:
-    base = None if base_status is None else t(1.0, status=base_status)
-    new = None if new_status is None else t(1.0, status=new_status)
-    assert judge(base, new, 5.0)[0] == expected
+    def side(status: str | None) -> Timing | None:
+        return None if status is None else Timing(status, 1.0, samples=(1.0,) * 3)
+
+    assert judge(side(base_status), side(new_status), 5.0)[0] == expected
 
 
-def test_judge_invalid_median_is_ambiguous() -> None:
-    assert judge(t(1.0), Timing("ok", math.nan), 5.0)[0] == "ambiguous"
-    assert judge(Timing("ok", 0.0), t(1.0), 5.0)[0] == "ambiguous"
+def test_method_change_is_not_a_speed_verdict() -> None:
+    s = spread_samples(1.0)
+    verdict, note = judge(ts(s, "do_bench"), ts([x * 3 for x in s], "cudagraph"), 5.0)
+    assert verdict == "method-changed" and "do_bench -> cudagraph" in note
+    # An unknown timer (older runs) is not a change.
+    assert judge(ts(s, ""), ts(s, "cudagraph"), 5.0)[0] == "same"
+
+
+def test_invalid_sides() -> None:
+    good = ts(spread_samples(1.0))
+    assert judge(good, Timing("ok", math.nan), 5.0)[0] == "invalid"
+    assert judge(good, Timing("ok", 1.0, samples=(1.0, -1.0)), 5.0)[0] == "invalid"
+    with pytest.raises(CompareError, match="baseline"):
+        judge(Timing("ok", 0.0), good, 5.0)
 
 
 # ---------------------------------------------------------------------- whole runs
@@ -158,69 +295,58 @@ def test_judge_invalid_median_is_ambiguous() -> None:
 
 def test_identical_runs_all_same(base: Path, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_run(tmp_path / "run", base_rows())
+    run = write_run(tmp_path / "run", base_rows(), created=LATER)
     assert set(verdicts(base, run).values()) == {"same"}
     code, out, err = run_main(capsys, str(base), str(run))
     assert code == 0 and err == ""
-    assert "4 rows the same" in out
+    assert "OK (4 same)" in out and "4 rows the same" in out
 
 
-def test_two_x_slower_is_a_regression(base: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_run(tmp_path / "run", base_rows(scale={3: 2.0}))
+def test_thirty_percent_slower_is_a_regression(base: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
     v = verdicts(base, run)
     assert v[("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")] == "slower"
     assert list(v.values()).count("same") == 3
     code, out, _ = run_main(capsys, str(base), str(run))
     assert code == 1
-    assert "REGRESSION" in out
+    assert "REGRESSION (1 slower; 3 same)" in out
     regressions = out.split("### Regressions")[1].split("###")[0]
-    assert "M=4096,N=4096,K=4096" in regressions and "2.000x" in regressions
+    assert "M=4096,N=4096,K=4096" in regressions and "1.300x" in regressions
 
 
-def test_two_x_slower_caught_even_when_noisy(tmp_path: Path) -> None:
-    base = write_run(tmp_path / "base", base_rows(spread=0.6))
-    run = write_run(tmp_path / "run", base_rows(scale={0: 2.0}, spread=0.6))
-    assert verdicts(base, run)[("add", "triton", "bf16", "n=1048576")] == "slower"
-
-
-def test_change_inside_spread_is_not_a_regression(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_ambiguous_and_faster_are_not_gated(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     base = write_run(tmp_path / "base", base_rows(spread=0.15))
-    # +3% (inside the threshold) on one row, +10% (beyond it, inside the spread) on another.
-    run = write_run(tmp_path / "run", base_rows(scale={0: 1.03, 1: 1.10}, spread=0.15))
+    # +3% (inside the threshold), +10% inside a wide spread, 2x faster.
+    run = write_run(tmp_path / "run", base_rows(scale={0: 1.03, 1: 1.10, 2: 0.5},
+                                                spread=0.15), created=LATER)
     v = verdicts(base, run)
     assert v[("add", "triton", "bf16", "n=1048576")] == "same"
     assert v[("add", "triton", "bf16", "n=16777216")] == "ambiguous"
+    assert v[("matmul", "triton", "bf16", "M=1024,N=1024,K=1024")] == "faster"
     code, out, _ = run_main(capsys, str(base), str(run))
     assert code == 0
-    assert "### Ambiguous" in out and "### Regressions" not in out
+    assert "### Ambiguous" in out and "### Faster (1)" in out and "### Regressions" not in out
+    assert "2x or more faster" in out  # a too-slow baseline hides slowdowns: say so
 
 
-def test_faster_is_reported_not_gated(base: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_run(tmp_path / "run", base_rows(scale={2: 0.5}))
-    code, out, _ = run_main(capsys, str(base), str(run))
-    assert code == 0 and "### Faster (1)" in out
-
-
-def test_new_and_missing_rows(base: Path, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
-    rows = base_rows()[1:]  # the first row removed...
-    rows.append(make_row("gelu", "bf16", "n=1048576", 1048576 * 8, 2 * 1048576 * 2, 0.02))
-    run = write_run(tmp_path / "run", rows)  # ...and a new kernel added
+def test_one_bad_run_row_does_not_hide_the_others(base: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows(scale={3: 1.3})
+    rows[0]["ms_median"] = "fast"
+    run = write_run(tmp_path / "run", rows, created=LATER)
     v = verdicts(base, run)
-    assert v[("add", "triton", "bf16", "n=1048576")] == "missing"
-    assert v[("gelu", "triton", "bf16", "n=1048576")] == "new"
-    code, out, _ = run_main(capsys, str(base), str(run))
-    assert code == 0 and "### New and missing (2)" in out
+    assert v[("add", "triton", "bf16", "n=1048576")] == "invalid"
+    assert v[("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")] == "slower"
+    assert run_main(capsys, str(base), str(run))[0] == 1
 
 
 def test_newly_failed_row_is_a_regression(base: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     rows = base_rows()
     rows[2] = make_row(*SPECS[2], ms=None, status="failed", reason="rel_err 0.5 > 0.016")
-    run = write_run(tmp_path / "run", rows)
+    run = write_run(tmp_path / "run", rows, created=LATER)
     code, out, _ = run_main(capsys, str(base), str(run))
     assert code == 1
     assert "**failed**" in out and "rel_err 0.5" in out
@@ -230,7 +356,7 @@ def test_skipped_in_both_is_neutral(tmp_path: Path) -> None:
     rows = base_rows() + [make_row(*SPECS[0], ms=None, status="skipped", provider="torch",
                                    reason="no GPU")]
     base = write_run(tmp_path / "base", rows)
-    run = write_run(tmp_path / "run", rows)
+    run = write_run(tmp_path / "run", rows, created=LATER)
     result = compare.compare_runs(base, run)
     assert result.counts == {"skipped": 1, "same": 4} and result.exit_code == 0
 
@@ -244,6 +370,177 @@ def test_compare_frames_sorts_regressions_first() -> None:
     assert list(df["verdict"]) == ["slower", "faster", "same", "same"]
 
 
+# ---------------------------------------------------------------------- gate semantics
+
+
+def _gate(capsys: pytest.CaptureFixture[str], base: Path, run: Path,
+          *extra: str) -> tuple[int, str]:
+    code, out, err = run_main(capsys, str(base), str(run), *extra)
+    assert err == "" or err.startswith("warning"), err
+    return code, out
+
+
+def test_missing_rows_fail_unless_allowed(base: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows()[1:]  # the first row removed...
+    rows.append(make_row("gelu", "bf16", "n=1048576", 1048576 * 8, 2 * 1048576 * 2, 0.02))
+    run = write_run(tmp_path / "run", rows, created=LATER)  # ...and a new kernel added
+    v = verdicts(base, run)
+    assert v[("add", "triton", "bf16", "n=1048576")] == "missing"
+    assert v[("gelu", "triton", "bf16", "n=1048576")] == "new"
+    code, out = _gate(capsys, base, run)
+    assert code == 1 and "FAIL (1 missing; 1 new, 3 same)" in out
+    assert "--allow missing" in out
+    code, out = _gate(capsys, base, run, "--allow", "missing")
+    assert code == 0 and "OK (1 missing, 1 new, 3 same)" in out
+
+
+def test_method_change_fails_unless_allowed(base: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows(scale={0: 0.3})
+    rows[0]["timer"] = "cudagraph"
+    run = write_run(tmp_path / "run", rows, created=LATER)
+    assert verdicts(base, run)[("add", "triton", "bf16", "n=1048576")] == "method-changed"
+    assert _gate(capsys, base, run)[0] == 1
+    assert _gate(capsys, base, run, "--allow", "method-change")[0] == 0
+
+
+def test_fp8_accumulation_change_is_a_method_change(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows() + [make_row("matmul", "fp8", "M=4096,N=4096,K=4096", 2 * 4096**3,
+                                   2 * 4096**2, 0.1)]
+    base = write_run(tmp_path / "base", rows, fp8_accum="fast")
+    run = write_run(tmp_path / "run", rows, created=LATER, fp8_accum="precise")
+    v = verdicts(base, run)
+    assert v[("matmul", "triton", "fp8", "M=4096,N=4096,K=4096")] == "method-changed"
+    assert list(v.values()).count("same") == 4
+    code, out = _gate(capsys, base, run)
+    assert code == 1 and "fp8 accumulation differs" in out
+    # Without fp8 rows the mode does not matter: a warning only.
+    base2 = write_run(tmp_path / "base2", base_rows(), fp8_accum="fast")
+    run2 = write_run(tmp_path / "run2", base_rows(), created=LATER, fp8_accum="precise")
+    code, out = _gate(capsys, base2, run2)
+    assert code == 0 and "fp8 accumulation differs" in out
+
+
+@pytest.mark.parametrize("meta, shown", [
+    ({"interrupted": True, "complete": False}, "run interrupted"),
+    ({"aborted": True, "abort_reason": "CUDA error: illegal address", "complete": False},
+     "run aborted (CUDA error: illegal address)"),
+    ({"complete": False}, "run incomplete"),
+])
+def test_incomplete_run_fails_unless_allowed(base: Path, tmp_path: Path, meta: dict,
+                                             shown: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", base_rows(), created=LATER, **meta)
+    code, out = _gate(capsys, base, run)
+    assert code == 1 and f"FAIL ({shown}; 4 same)" in out
+    code, out = _gate(capsys, base, run, "--allow", "incomplete")
+    assert code == 0 and "allowed (incomplete)" in out
+
+
+def test_interrupted_two_row_run_against_full_baseline(base: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    run = write_run(tmp_path / "run", base_rows()[:2], created=LATER, interrupted=True,
+                    complete=False)
+    assert _gate(capsys, base, run)[0] == 1
+    assert _gate(capsys, base, run, "--allow", "incomplete")[0] == 1  # rows still missing
+    assert _gate(capsys, base, run, "--allow", "incomplete,missing")[0] == 0
+
+
+def test_swapped_arguments_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = write_run(tmp_path / "old", base_rows())
+    new = write_run(tmp_path / "new", base_rows(scale=dict.fromkeys(range(4), 1.3)),
+                    created=LATER)
+    assert _gate(capsys, old, new)[0] == 1  # the real regression
+    code, out = _gate(capsys, new, old)  # swapped: reads "4 faster", must not pass
+    assert code == 1 and "baseline newer than run" in out and "swapped" in out
+    assert _gate(capsys, new, old, "--allow", "newer-baseline")[0] == 0
+
+
+def test_unknown_creation_time_warns(tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_run(tmp_path / "base", base_rows(), created="yesterday")
+    run = write_run(tmp_path / "run", base_rows(), created=LATER)
+    code, out = _gate(capsys, base, run)
+    assert code == 0 and "cannot tell whether the baseline is older" in out
+
+
+def test_allow_values_are_validated(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ALLOWABLE == ("missing", "method-change", "incomplete", "newer-baseline")
+    code, out, err = run_main(capsys, str(base), str(base), "--allow", "missing,bogus")
+    _assert_one_line_error(code, out, err)
+    assert "bogus" in err and "newer-baseline" in err
+    with pytest.raises(CompareError, match="bogus"):
+        compare.compare_runs(base, base, allow=["bogus"])
+    assert compare.parse_allow(["missing", "incomplete,newer-baseline"]) == {
+        "missing", "incomplete", "newer-baseline"}
+
+
+def test_run_drifting_as_a_whole_is_flagged(base: Path, tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", base_rows(scale=dict.fromkeys(range(4), 1.4)),
+                    created=LATER)
+    result = compare.compare_runs(base, run)
+    assert result.exit_code == 1
+    assert any("moved slower past the threshold together" in w for w in result.warnings)
+
+
+# ---------------------------------------------------------------------- re-timing
+
+
+SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")
+
+
+@pytest.mark.parametrize("factors, expected, code", [
+    ([1.3, 1.3, 1.3], "slower", 1),
+    ([1.3, 1.0, 1.3], "slower", 1),  # a strict majority of rounds
+    ([1.3, 1.0, 1.0], "not-confirmed", 0),
+    ([1.0, 1.0, 1.0], "not-confirmed", 0),
+    ([1.3, 1.0], "not-confirmed", 0),  # 1 of 2 is not a majority
+    ([], "slower", 1),  # could not be re-timed: kept
+])
+def test_retime_confirms_by_strict_majority(base: Path, tmp_path: Path, factors: list[float],
+                                            expected: str, code: int,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
+    asked: list[list[tuple]] = []
+
+    def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
+        asked.append(list(keys))
+        return {k: [spread_samples(0.2 * f) for f in factors] for k in keys}
+
+    assert compare_and_report(base, run, retime=retime) == code
+    assert asked == [[SLOW_KEY]]
+    out = capsys.readouterr().out
+    assert "re-timed 1 row that looked slower" in out
+    assert f"{int(expected == 'slower')} confirmed" in out
+    report = (run / "compare.md").read_text()
+    assert f"**{expected}**" in report and "re-timed 1 row" in report
+
+
+def test_retime_not_called_without_slower_rows(base: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", base_rows(), created=LATER)
+
+    def retime(keys: list) -> dict:
+        raise AssertionError("no row looked slower")
+
+    assert compare_and_report(base, run, retime=retime) == 0
+    assert "re-timed" not in capsys.readouterr().out
+
+
+def test_retime_failure_keeps_the_regression(base: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
+
+    def retime(keys: list) -> dict:
+        raise RuntimeError("CUDA error")
+
+    assert compare_and_report(base, run, retime=retime) == 1
+    assert "re-timing failed (CUDA error)" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------- usage errors
 
 
@@ -254,7 +551,12 @@ def _assert_one_line_error(code: int, out: str, err: str) -> None:
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("content", [None, "not json {", '{"metadata": {}}', "[1, 2]"])
+@pytest.mark.parametrize("content", [
+    None, "", "not json {", '{"metadata": {}}', "[1, 2]",
+    '{"metadata": [1], "rows": []}',  # metadata a list: was a traceback
+    '{"metadata": {}, "rows": {}}',
+    '{"metadata": {}, "rows": [1]}',
+])
 def test_bad_baseline_file(tmp_path: Path, base: Path, content: str | None,
                            capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "baselines" / "h100.json"
@@ -263,6 +565,64 @@ def test_bad_baseline_file(tmp_path: Path, base: Path, content: str | None,
         bad.write_text(content)
     _assert_one_line_error(*run_main(capsys, str(bad), str(base)))
     _assert_one_line_error(*run_main(capsys, str(base), str(bad)))
+    with pytest.raises(CompareError):
+        check_baseline(bad)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("ms_median", 0.0), ("ms_median", -1.0), ("ms_median", None), ("ms_median", "8.04"),
+    ("ms_p20", None), ("ms_p80", True), (SAMPLES, [1.0, 0.0]), (SAMPLES, [1.0, None]),
+    (SAMPLES, "1,2"), (SAMPLES, []),
+])
+def test_bad_baseline_row_is_an_error(tmp_path: Path, field: str, value: Any,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows()
+    rows[1][field] = value
+    bad = write_run(tmp_path / "bad", rows)
+    run = write_run(tmp_path / "run", base_rows(scale=dict.fromkeys(range(4), 1.5)),
+                    created=LATER)
+    code, out, err = run_main(capsys, str(bad), str(run))
+    _assert_one_line_error(code, out, err)
+    assert "add/triton/bf16/n=16777216" in err and field in err
+    with pytest.raises(CompareError, match="n=16777216"):
+        check_baseline(bad)
+
+
+def test_all_bad_baseline_times_are_an_error(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    for i, value in enumerate([0, float("nan"), "x"]):
+        rows = base_rows()
+        for r in rows:
+            r.update(ms_median=value, ms_p20=value, ms_p80=value)
+            r.pop(SAMPLES)
+        bad = tmp_path / f"bad{i}.json"
+        bad.write_text(json.dumps({"metadata": {"device_key": "h100"}, "rows": rows}))
+        _assert_one_line_error(*run_main(capsys, str(bad), str(bad)))
+
+
+def test_baseline_without_ok_rows_is_an_error(tmp_path: Path) -> None:
+    rows = [make_row(*s, ms=None, status="skipped", reason="no GPU") for s in SPECS]
+    with pytest.raises(CompareError, match="no ok rows"):
+        check_baseline(write_run(tmp_path / "b", rows))
+
+
+def test_check_baseline_device(base: Path) -> None:
+    meta, df = check_baseline(base, "h100")
+    assert meta["device_key"] == "h100" and len(df) == 4
+    with pytest.raises(CompareError, match="'h100'.*'a100'"):
+        check_baseline(base, "a100")
+    assert check_baseline(base, "a100", allow_device_mismatch=True)[0] == meta
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "x"])
+def test_bad_threshold(base: Path, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _assert_one_line_error(*run_main(capsys, str(base), str(base), "--threshold", value))
+    with pytest.raises(CompareError):
+        check_threshold(value)  # type: ignore[arg-type]
+
+
+def test_check_threshold_accepts() -> None:
+    assert check_threshold(0) == 0.0 and check_threshold("7.5") == 7.5  # type: ignore
 
 
 def test_missing_baseline_names_it(tmp_path: Path, base: Path,
@@ -271,19 +631,14 @@ def test_missing_baseline_names_it(tmp_path: Path, base: Path,
     assert code == 2 and err.startswith("error: baseline:") and "nope.json" in err
 
 
-@pytest.mark.parametrize("argv", [[], ["only-one"], ["a", "b", "--threshold", "x"],
-                                  ["a", "b", "--bogus"]])
+@pytest.mark.parametrize("argv", [[], ["only-one"], ["a", "b", "--bogus"]])
 def test_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     _assert_one_line_error(*run_main(capsys, *argv))
 
 
-def test_negative_threshold(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _assert_one_line_error(*run_main(capsys, str(base), str(base), "--threshold", "-1"))
-
-
 def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
-    bad.write_text("{ nope")
+    bad.write_text('{"metadata": [], "rows": []}')
     proc = subprocess.run([sys.executable, "-m", "roofline", "compare", str(bad), str(bad)],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2
@@ -293,7 +648,7 @@ def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
 
 def test_device_mismatch(base: Path, tmp_path: Path,
                          capsys: pytest.CaptureFixture[str]) -> None:
-    run = write_run(tmp_path / "run", base_rows(), device_key="a100")
+    run = write_run(tmp_path / "run", base_rows(), device_key="a100", created=LATER)
     code, _, err = run_main(capsys, str(base), str(run))
     _assert_one_line_error(code, "", err)
     assert "h100" in err and "a100" in err and "--allow-device-mismatch" in err
@@ -315,13 +670,14 @@ def test_compare_and_report_writes_files(base: Path, tmp_path: Path,
     summary = tmp_path / "step_summary.md"
     summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    run = write_run(tmp_path / "run", base_rows(scale={3: 2.0}))
+    run = write_run(tmp_path / "run", base_rows(scale={3: 2.0}), created=LATER)
     code = compare_and_report(base / "results.json", run)
     out = capsys.readouterr().out
     assert code == 1
     assert "REGRESSION" in out and "matmul triton bf16 M=4096,N=4096,K=4096" in out
     report = (run / "compare.md").read_text()
     assert report.index("### Regressions") < report.index("the same within")
+    assert "Mann-Whitney" in report and "p < 0.001" in report
     text = summary.read_text()
     assert text.startswith("earlier step\n") and "### Regressions" in text  # appended
 
@@ -344,7 +700,7 @@ def test_cli_md_and_json_outputs(base: Path, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    run = write_run(tmp_path / "run", base_rows())
+    run = write_run(tmp_path / "run", base_rows(), created=LATER)
     md, js = tmp_path / "out" / "r.md", tmp_path / "out" / "b.json"
     code, out, _ = run_main(capsys, str(base), str(run / "results.json"),
                             "--md", str(md), "--json", str(js))
@@ -356,18 +712,26 @@ def test_step_summary_unwritable_only_warns(base: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no" / "such" / "dir" / "f"))
-    code, _, err = run_main(capsys, str(base), str(base))
+    code, out, err = run_main(capsys, str(base), str(base))
     assert code == 0 and err.startswith("warning:")
+    assert "the same run" in out  # a run compared with itself proves nothing: said
 
 
 # ---------------------------------------------------------------------- promote
 
 
+def promote_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["promote", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_promote(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(["promote", str(base)]) == 0
-    dest = Path(capsys.readouterr().out.strip())
+    code, out, err = promote_main(capsys, str(base))
+    assert code == 0 and err == ""  # nothing replaced
+    dest = Path(out.strip())
     assert dest == Path("results/baselines/h100.json") == baseline_path("h100")
     doc = json.loads(dest.read_text())
     original = json.loads((base / "results.json").read_text())
@@ -378,20 +742,103 @@ def test_promote(base: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(["compare", str(dest), str(base)]) == 0
 
 
-def test_promote_device_and_dir(base: Path, tmp_path: Path,
-                                capsys: pytest.CaptureFixture[str]) -> None:
-    out_dir = tmp_path / "bl"
-    assert main(["promote", str(base / "results.json"), "--device", "h200",
-                 "--baselines", str(out_dir)]) == 0
-    dest = out_dir / "h200.json"
-    assert capsys.readouterr().out.strip() == str(dest)
-    meta = json.loads(dest.read_text())["metadata"]
+def test_promote_keeps_the_replaced_baseline(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    bl = tmp_path / "bl"
+    first = write_run(tmp_path / "first", base_rows())
+    second = write_run(tmp_path / "second", base_rows(scale={0: 1.1}), created=LATER)
+    third = write_run(tmp_path / "third", base_rows(scale={0: 1.2}), created=LATER)
+    assert promote_main(capsys, str(first), "--baselines", str(bl))[0] == 0
+    before = (bl / "h100.json").read_bytes()
+    code, out, err = promote_main(capsys, str(second), "--baselines", str(bl))
+    assert code == 0 and out.strip() == str(bl / "h100.json")
+    kept = sorted((bl / "history").iterdir())
+    assert len(kept) == 1 and kept[0].read_bytes() == before
+    assert kept[0].name.startswith("h100.") and str(kept[0]) in err
+    assert json.loads((bl / "h100.json").read_text())["metadata"]["run_id"] == "second"
+    # Twice in the same second: a second copy, never over the first.
+    assert promote_main(capsys, str(third), "--baselines", str(bl))[0] == 0
+    kept = sorted((bl / "history").iterdir())
+    assert len(kept) == 2
+    assert {json.loads(p.read_text())["metadata"]["run_id"] for p in kept} == {"first",
+                                                                                "second"}
+    assert oct(kept[0].stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("meta, why", [
+    ({"interrupted": True, "complete": False}, "interrupted"),
+    ({"aborted": True, "abort_reason": "illegal address", "complete": False}, "aborted"),
+    ({"complete": False}, "incomplete"),
+])
+def test_promote_refuses_incomplete_runs(tmp_path: Path, meta: dict, why: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bl = tmp_path / "bl"
+    good = write_run(tmp_path / "good", base_rows())
+    assert promote_main(capsys, str(good), "--baselines", str(bl))[0] == 0
+    before = (bl / "h100.json").read_bytes()
+    run = write_run(tmp_path / "run", base_rows()[:1], created=LATER, **meta)
+    code, out, err = promote_main(capsys, str(run), "--baselines", str(bl))
+    _assert_one_line_error(code, out, err)
+    assert why in err and "--force" in err
+    assert (bl / "h100.json").read_bytes() == before and not (bl / "history").exists()
+    assert promote_main(capsys, str(run), "--baselines", str(bl), "--force")[0] == 0
+    assert (bl / "history").exists()
+    meta_now = json.loads((bl / "h100.json").read_text())["metadata"]
+    assert meta_now["promoted_with_force"]
+
+
+def test_promote_refuses_all_skipped_run(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [make_row(*s, ms=None, status="skipped", reason="no GPU") for s in SPECS]
+    run = write_run(tmp_path / "run", rows)
+    code, out, err = promote_main(capsys, str(run), "--baselines", str(tmp_path / "bl"))
+    _assert_one_line_error(code, out, err)
+    assert "no ok rows" in err and not (tmp_path / "bl" / "h100.json").exists()
+
+
+def test_promote_refuses_bad_times_even_forced(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rows = base_rows()
+    rows[0]["ms_median"] = 0
+    run = write_run(tmp_path / "run", rows)
+    code, out, err = promote_main(capsys, str(run), "--baselines", str(tmp_path / "bl"),
+                                  "--force")
+    _assert_one_line_error(code, out, err)
+    assert "add/triton/bf16/n=1048576" in err
+
+
+def test_promote_refuses_another_device(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    bl = tmp_path / "bl"
+    h100 = write_run(tmp_path / "h100", base_rows())
+    # An h100 run as the h200 baseline: refused, unless forced.
+    code, out, err = promote_main(capsys, str(h100), "--device", "h200", "--baselines",
+                                  str(bl))
+    _assert_one_line_error(code, out, err)
+    assert "'h100', not 'h200'" in err
+    assert promote_main(capsys, str(h100), "--device", "h200", "--baselines", str(bl),
+                        "--force")[0] == 0
+    meta = json.loads((bl / "h200.json").read_text())["metadata"]
     assert meta["device_key"] == "h200" and meta["promoted_from_device_key"] == "h100"
+    # A baseline file whose content is another device's than the run replacing it.
+    (bl / "a100.json").write_text((bl / "h200.json").read_text().replace(
+        '"device_key": "h200"', '"device_key": "a100"'))
+    a100_run = write_run(tmp_path / "a100run", base_rows(), device_key="l4")
+    code, out, err = promote_main(capsys, str(a100_run), "--device", "a100", "--baselines",
+                                  str(bl))
+    assert code == 2 and "'l4'" in err
 
 
 def test_promote_errors(tmp_path: Path, base: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
-    _assert_one_line_error(main(["promote", str(tmp_path / "missing")]),
-                           *capsys.readouterr())
-    _assert_one_line_error(main(["promote", str(base), "--device", "h9000"]),
-                           *capsys.readouterr())
+    _assert_one_line_error(*promote_main(capsys, str(tmp_path / "missing")))
+    _assert_one_line_error(*promote_main(capsys, str(base), "--device", "h9000"))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"metadata": [1], "rows": []}')
+    _assert_one_line_error(*promote_main(capsys, str(bad)))
