@@ -940,16 +940,23 @@ def main(argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else 0
     from roofline.schema import RunLoadError, atomic_write_text
 
+    dest = None
     try:
-        dest = None if args.no_save else out_dir(args.out)
+        if not args.no_save:
+            dest = out_dir(args.out)
+            # Made before any measurement, so an unwritable --out fails in a second, not
+            # after minutes of timing.
+            dest.mkdir(parents=True, exist_ok=True)
         plan = build_plan(args)
-    except (PlanError, DeviceError, RunLoadError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (PlanError, DeviceError, RunLoadError, OSError) as e:
+        if dest is not None and dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()  # leave no empty plan folder behind
+        what = f"cannot create {dest}: " if isinstance(e, OSError) else ""
+        print(f"error: {what}{e}", file=sys.stderr)
         return 2
     png = None
     if dest is not None:
         try:
-            dest.mkdir(parents=True, exist_ok=True)
             if plan["step"]["ms"] is not None:
                 from roofline.plan_plot import plot_plan
 

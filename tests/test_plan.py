@@ -147,6 +147,14 @@ def test_memory_policies(capsys, policy, bpp):
     assert p["static_bytes"] == bpp * 1e9
 
 
+@pytest.mark.parametrize("key,gb_", [("h100", 80), ("h100-pcie", 80), ("h100-nvl", 94),
+                                     ("h200", 141), ("h200-nvl", 141), ("a100", 80),
+                                     ("l40s", 48), ("l4", 24)])
+def test_memory_per_device_is_the_datasheets(key, gb_):
+    assert P.device_memory_bytes(key)[0] == gb_ * 1e9
+    assert P.device_memory_bytes(key, override_gb=10)[0] == 10e9
+
+
 def test_memory_capacity_and_fit(capsys):
     assert P.GPU_MEMORY_GB["h100"] == 80 and P.GPU_MEMORY_GB["h200"] == 141
     p = run_plan(capsys, "--params", "70e9", "--gpus", "8", "--device", "h200",
@@ -263,6 +271,15 @@ def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, monkeypatch
 
 
 # ---- outputs ----------------------------------------------------------------------------
+
+
+def test_unwritable_out_and_help(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert "cannot create" in run_err(capsys, "--params", "1e9", "--out", str(blocker / "p"))
+    assert P.main(["--help"]) == 0
+    assert "--from-run" in capsys.readouterr().out
+    assert roofline_main(["plan", "--gpus", "0"]) == 2
 
 
 def test_outputs_are_never_overwritten(capsys, tmp_path, monkeypatch):
