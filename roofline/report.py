@@ -24,12 +24,13 @@ from roofline.plot import (
     fmt_gbps,
     fmt_sig,
     fmt_tflops,
+    l2_bytes,
     run_ceilings,
 )
 from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text, parse_shape
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
-                "pct_meas_roof", "intensity", "ms_median"]
+                "pct_meas_roof", "intensity", "ms_median", "roof"]
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -104,20 +105,112 @@ def _size(shape: Any) -> float:
 # ------------------------------------------------------------------------------- analysis
 
 
-def best_points(df: pd.DataFrame) -> pd.DataFrame:
-    """The best ok row per (kernel, dtype): highest % of roof, ties and rows without a
-    roof broken by TFLOP/s.  Columns: BEST_COLUMNS."""
+def _is_cpu(meta: dict[str, Any]) -> bool:
+    return meta.get("device_kind") == "cpu" or meta.get("device_key") == "cpu"
+
+
+def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
+    """(bytes, name) of the cache a footprint may sit in: the CPU's last-level cache
+    (metadata llc_mb), or the GPU's L2."""
+    if _is_cpu(meta):
+        mb = _finite(meta.get("llc_mb"))
+        return (mb * 2**20 if mb else None), "last-level cache"
+    return l2_bytes(meta), "L2"
+
+
+def _cache_gbps(meta: dict[str, Any]) -> float | None:
+    measured = _dict(_dict(meta.get("ceilings")).get("measured"))
+    v = _finite(measured.get("l2_gbps"))
+    return v if v and v > 0 else None
+
+
+def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Rows (cleaned) with `best_pct` and `roof` (which roof binds: compute, memory or
+    cache) as the best-point table holds them.
+
+    On a CPU no flush runs between samples, so a footprint that fits in the last-level
+    cache is served from it: such rows are held against the measured cache roof
+    (min(compute peak, intensity x cache bandwidth)) instead of the DRAM one, where they
+    would read as several hundred percent."""
+    meta = meta or {}
     d = clean_rows(df)
+    if d.empty:
+        return d.assign(best_pct=pd.Series(dtype=float), roof=pd.Series(dtype=object))
+    for col in ("pct_roof", "pct_meas_roof", "roof_tflops", "peak_tflops", "meas_roof_tflops",
+                "meas_peak_tflops", "tflops", "bytes", "intensity"):
+        if col not in d.columns:
+            d[col] = float("nan")
+    pct = d["pct_roof"].fillna(d["pct_meas_roof"])
+    roof = d["roof_tflops"].fillna(d["meas_roof_tflops"])
+    peak = d["peak_tflops"].fillna(d["meas_peak_tflops"])
+    memory = "DRAM" if _is_cpu(meta) else "HBM"
+    kind = pd.Series([None] * len(d), index=d.index, dtype=object)
+    kind[roof.notna()] = memory
+    kind[roof.notna() & peak.notna() & (roof >= peak * (1 - 1e-9))] = "compute"
+    size, _ = cache_bytes(meta)
+    gbps = _cache_gbps(meta)
+    if _is_cpu(meta) and size and gbps:
+        fits = d["bytes"] <= size
+        cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
+                                                          (d["intensity"] * gbps / 1e3)
+                                                          .clip(upper=peak))
+        use = fits & cache_roof.notna() & (cache_roof > 0)
+        pct = pct.where(~use, 100.0 * d["tflops"] / cache_roof)
+        kind[use] = "cache"
+        kind[use & peak.notna() & (cache_roof >= peak * (1 - 1e-9))] = "compute"
+    return d.assign(best_pct=pct, roof=kind)
+
+
+def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """ok rows faster than their roof: flagged by the run (above_roof) or, for runs
+    written before that column, pct_roof (else pct_meas_roof) over 100."""
+    d = clean_rows(df)
+    if d.empty:
+        return d
+    pct = d["pct_roof"].fillna(d["pct_meas_roof"]) if "pct_meas_roof" in d else d["pct_roof"]
+    flag = pct > 100.0
+    if "above_roof" in d.columns:
+        flag = flag | d["above_roof"].map(lambda v: v is True or v == 1 or v == "True")
+    return d[(d["status"] == "ok") & flag]
+
+
+def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
+    """The likely reason a row beat its roof, most likely first."""
+    size, name = cache_bytes(meta)
+    nbytes = _finite(r.get("bytes"))
+    ms = _finite(r.get("ms_median"))
+    if size and nbytes is not None and nbytes <= size:
+        flushed = "" if _is_cpu(meta) else " despite the flush/rotation (check the timer)"
+        return (f"cache-resident footprint: {nbytes / 2**20:.3g} MiB fits in the "
+                f"{size / 2**20:.3g} MiB {name}, served faster than the memory roof{flushed}")
+    if ms is not None and ms < 0.005:
+        return (f"timer resolution: {ms * 1e3:.2g} us per call is close to what the timer "
+                "resolves")
+    if _finite(r.get("peak_tflops")) is None or not _dict(
+            _dict(meta.get("ceilings")).get("datasheet")):
+        return ("measured ceiling too low: the kernel beat what the ceiling measurement "
+                "reached (re-measure with --remeasure-ceilings)")
+    return ("wrong FLOP or byte count (more than the kernel really does), or a datasheet "
+            "peak below this device's clocks")
+
+
+def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The best ok row per (kernel, dtype): highest % of its roof, ties and rows without a
+    roof broken by TFLOP/s.  Rows above their roof are findings (listed apart), not best
+    points.  On a CPU, cache-resident rows are held against the cache roof
+    (effective_roofs): `pct_roof` here is the % of the roof named in `roof`.
+    Columns: BEST_COLUMNS."""
+    d = effective_roofs(df, meta)
     ok = d[d["status"] == "ok"] if not d.empty else d
+    if not ok.empty:
+        ok = ok[~(ok["best_pct"] > 100.0)]
     if ok.empty:
         return pd.DataFrame(columns=BEST_COLUMNS)
     for col in BEST_COLUMNS:
         if col not in ok.columns:
             ok = ok.assign(**{col: None})
-    # On a run without datasheet ceilings pct_roof may be absent: the measured roof ranks.
-    score = ok["pct_roof"].fillna(ok["pct_meas_roof"])
-    ranked = ok.assign(_score=score).sort_values(["_score", "tflops"], ascending=False,
-                                                 na_position="last")
+    ok = ok.assign(pct_roof=ok["best_pct"])
+    ranked = ok.sort_values(["pct_roof", "tflops"], ascending=False, na_position="last")
     best = ranked.groupby(["kernel", "dtype"], sort=False).head(1)
     return _order(best)[BEST_COLUMNS].reset_index(drop=True)
 
@@ -158,6 +251,17 @@ def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------- sections
 
+# What each fp8 accumulation mode means for the fp8 matmul rows and the fp8 ceiling.
+_FP8_ACCUM = {
+    "fast": "fast (tensor-core accumulator over the whole K: Triton max_num_imprecise_acc "
+            "= 2^30, torch._scaled_mm use_fast_accum=True), for the Triton kernel, torch and "
+            "the fp8 ceiling alike",
+    "precise": "precise (partial sums promoted to fp32 every 128 of K: Triton "
+               "max_num_imprecise_acc = BLOCK_K, torch._scaled_mm use_fast_accum=False), "
+               "for the Triton kernel, torch and the fp8 ceiling alike",
+}
+
+
 
 def _run_facts(meta: dict[str, Any]) -> str:
     def v(*keys: str) -> Any:
@@ -167,7 +271,11 @@ def _run_facts(meta: dict[str, Any]) -> str:
         return None
 
     # A partial run must say so before anyone reads its numbers.
-    if meta.get("interrupted"):
+    if meta.get("aborted"):
+        why = meta.get("abort_reason") or "no reason recorded"
+        status = (f"**aborted**: a CUDA error left the context unusable ({_cell(why)}); "
+                  "partial results, the rows after it were not run")
+    elif meta.get("interrupted"):
         status = "**interrupted**: partial results, the sweep did not finish"
     elif meta.get("complete") is False:
         status = "**incomplete**: the sweep had not finished when this was written"
@@ -197,6 +305,7 @@ def _run_facts(meta: dict[str, Any]) -> str:
         ("seed", v("seed")),
         ("sizes", v("sizes")),
         ("timing", timing),
+        ("fp8 accumulation", _FP8_ACCUM.get(str(meta.get("fp8_accum")), meta.get("fp8_accum"))),
     ]
     for key, label in (("capability", "compute capability"), ("sms", "SMs"),
                        ("l2_mb", "L2 MiB"), ("gpu_memory_gb", "GPU memory GB"),
@@ -247,21 +356,35 @@ def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -
                   "lllr") + note
 
 
-def _best_section(df: pd.DataFrame) -> str:
-    best = best_points(df)
+def _best_section(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> str:
+    best = best_points(df, meta)
+    n_above = len(above_roof_rows(df))
+    note = (f"\n\n{n_above} row(s) above 100% of roof are left out: see Above 100% of roof."
+            if n_above else "")
     if best.empty:
-        return "No ok rows."
+        return "No ok rows within their roof." + note if n_above else "No ok rows."
     rows = [[r.kernel, r.dtype, r.provider, f"`{r.shape}`", _num(r.tflops), _num(r.gbps),
-             _pct(r.mfu, 100), _pct(r.pct_roof), _pct(r.pct_meas_roof)]
+             _pct(r.mfu, 100), _pct(r.pct_roof), _pct(r.pct_meas_roof), r.roof]
             for r in best.itertuples()]
     table = _table(["kernel", "dtype", "provider", "shape", "TFLOP/s", "GB/s", "MFU",
-                    "% of roof", "% of measured roof"], rows, "llllrrrrr")
-    if (best["pct_roof"] > 100).any():
-        # Not an error: the roof is set by HBM bandwidth, and a working set that fits in
-        # cache is served faster than that.
-        table += ("\n\nAbove 100% of roof: the working set fit in cache, so it was served "
-                  "faster than the HBM (DRAM) bandwidth the roof assumes.")
-    return table
+                    "% of roof", "% of measured roof", "roof"], rows, "llllrrrrrl")
+    if (best["roof"] == "cache").any():
+        table += ("\n\nroof `cache`: on a CPU no flush runs between samples, so a footprint "
+                  "that fits in the last-level cache is held against the measured cache "
+                  "bandwidth (ceiling L2), not the DRAM one.")
+    return table + note
+
+
+def _above_roof_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
+    rows = _order(above_roof_rows(df))
+    out = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+            _pct(r["pct_roof"] if _finite(r.get("pct_roof")) is not None
+                 else r.get("pct_meas_roof")), r.get("timer"), above_roof_cause(r, meta)]
+           for _, r in rows.iterrows()]
+    return ("Faster than the roofline allows: a finding to explain, not a best point "
+            "(column `above_roof`).\n\n"
+            + _table(["kernel", "provider", "dtype", "shape", "% of roof", "timer",
+                      "likely cause"], out, "llllrll"))
 
 
 def _ratio_section(df: pd.DataFrame) -> str:
@@ -333,7 +456,9 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
                      "except the failed list below.",
         "## Best point per kernel and dtype",
         "Highest % of roof (the roofline bound min(peak, intensity x bandwidth)); MFU is "
-        "achieved / compute peak.\n\n" + _best_section(d),
+        "achieved / compute peak.\n\n" + _best_section(d, meta),
+        *([f"## Above 100% of roof ({len(above_roof_rows(d))})",
+           _above_roof_section(d, meta)] if len(above_roof_rows(d)) else []),
         "## Triton vs torch",
         _ratio_section(d),
         f"## Failed rows ({n['failed']})",
