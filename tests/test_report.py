@@ -191,3 +191,68 @@ def test_summary_flags_partial_runs_and_cache_resident_points(df):
     assert "Above 100% of roof" not in text
     within.loc[0, "pct_roof"] = 250.0  # a footprint that fit in cache
     assert "Above 100% of roof" in report.render_summary(meta(), within)
+
+
+def cpu_meta() -> dict[str, Any]:
+    return {"device_key": "cpu", "device_kind": "cpu", "device_name": "AMD EPYC",
+            "llc_mb": 32.0, "fp8_accum": "fast",
+            "ceilings": {"datasheet": None,
+                         "measured": {"tflops": {"fp32": 0.1}, "hbm_gbps": 10.0,
+                                      "l2_gbps": 100.0}}}
+
+
+def cpu_row(n: int, ms: float) -> dict[str, Any]:
+    """An fp32 add of n elements on the CPU of cpu_meta (no datasheet)."""
+    flops, nbytes = n, 12 * n
+    r = {c: None for c in ALL_COLUMNS}
+    r.update(derive(flops, nbytes, ms, 0.1, 10.0, 0.1, 10.0))
+    r.update(kernel="add", provider="torch", dtype="fp32", shape=f"n={n}", flops=flops,
+             bytes=nbytes, ms_median=ms, status="ok", reason="", rel_err=0.0, tolerance=2e-5,
+             roof_class="fp32", correct=True, timer="torch.utils.benchmark")
+    return r
+
+
+def test_cpu_cache_resident_rows_use_the_cache_roof():
+    # 2^16 elements = 768 KiB (fits the 32 MiB LLC) at 50 GB/s: 500% of the 10 GB/s DRAM
+    # roof, 50% of the 100 GB/s cache roof.  2^24 = 192 MiB at 3 GB/s: 30% of DRAM.
+    small = cpu_row(1 << 16, 12 * (1 << 16) / 50e9 * 1e3)
+    big = cpu_row(1 << 24, 12 * (1 << 24) / 3e9 * 1e3)
+    assert small["above_roof"] is True and small["pct_roof"] == pytest.approx(500)
+    df = pd.DataFrame([small, big])
+    best = report.best_points(df, cpu_meta())
+    assert len(best) == 1
+    r = best.iloc[0]
+    assert r["shape"] == "n=65536" and r["roof"] == "cache"
+    assert r["pct_roof"] == pytest.approx(50.0)
+    # Without an LLC size (older runs) nothing is cache-resident: the DRAM row is best.
+    no_llc = report.best_points(df, {**cpu_meta(), "llc_mb": None})
+    assert list(no_llc["shape"]) == ["n=16777216"] and no_llc["roof"].iloc[0] == "DRAM"
+    text = report.render_summary(cpu_meta(), df)
+    above = section(text, "Above 100% of roof")
+    assert "`n=65536`" in above and "cache-resident footprint" in above
+    assert "roof `cache`" in section(text, "Best point")
+
+
+def test_above_roof_causes():
+    gpu = meta()
+    # GPU, 64 MiB footprint (past the 50 MiB L2), 3 us: timer resolution
+    r = {"bytes": 64 * 2**20, "ms_median": 0.003, "peak_tflops": 66.9}
+    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("timer resolution")
+    r = {"bytes": 1 * 2**20, "ms_median": 0.003, "peak_tflops": 66.9}
+    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("cache-resident")
+    r = {"bytes": 64 * 2**20, "ms_median": 1.0, "peak_tflops": 66.9}
+    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("wrong FLOP or byte")
+    r = {"bytes": 64 * 2**30, "ms_median": 10.0, "peak_tflops": None}
+    assert "measured ceiling" in report.above_roof_cause(r, cpu_meta())
+
+
+def test_summary_states_fp8_accumulation_and_abort_reason():
+    m = {**meta(), "fp8_accum": "precise", "aborted": True, "complete": False,
+         "abort_reason": "matmul triton fp8 M=8192,N=8192,K=8192: CUDA error: an illegal "
+                         "memory access was encountered"}
+    head = report.render_summary(m, pd.DataFrame(columns=ALL_COLUMNS)).split("## ")[0]
+    assert "- **status**: **aborted**" in head and "illegal memory access" in head
+    assert "- **fp8 accumulation**: precise" in head and "use_fast_accum=False" in head
+    fast = report.render_summary({**meta(), "fp8_accum": "fast"},
+                                 pd.DataFrame(columns=ALL_COLUMNS))
+    assert "- **fp8 accumulation**: fast" in fast
