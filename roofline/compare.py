@@ -296,7 +296,10 @@ def row_alpha(n_rows: int) -> float:
 def min_p_value(n_base: int, n_new: int) -> float:
     """The smallest one-sided p-value a rank test of n_base vs n_new samples can give
     (complete separation, no ties): 1 / C(n_base + n_new, n_new)."""
-    return 1.0 / math.comb(n_base + n_new, n_new)
+    # In logs: C(871 + 871, 871) does not fit in a float.
+    log_comb = (math.lgamma(n_base + n_new + 1) - math.lgamma(n_base + 1)
+                - math.lgamma(n_new + 1))
+    return math.exp(-log_comb)
 
 
 def shift_p_value(base: Iterable[float], new: Iterable[float], threshold_pct: float,

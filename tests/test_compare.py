@@ -139,6 +139,7 @@ def test_min_p_value_is_complete_separation() -> None:
     assert min_p_value(6, 6) == pytest.approx(1 / 924)  # > 0.001: too few for a verdict
     assert min_p_value(7, 7) == pytest.approx(1 / 3432)
     assert min_p_value(25, 1) == pytest.approx(1 / 26)
+    assert min_p_value(871, 871) == 0.0  # no overflow (the CPU sweep has such rows)
 
 
 def test_identical_samples_are_same() -> None:
@@ -187,6 +188,17 @@ def test_alpha_decides() -> None:
     # At alpha 1e-4 the test cannot reach it: 1.2x is not gross -> ambiguous.
     verdict, note = judge(ts(b), ts(n), 5.0, alpha=1e-4)
     assert verdict == "ambiguous" and "too few" in note
+
+
+def test_verdict_flips_exactly_at_alpha() -> None:
+    from scipy.stats import mannwhitneyu
+
+    b = 1 + 0.002 * np.arange(N)
+    n = b * 1.07  # 25 vs 25, partly overlapping once the baseline is scaled by 1.05
+    p = mannwhitneyu(n, b * 1.05, alternative="greater").pvalue
+    assert 1e-5 < p < 1e-3
+    assert judge(ts(b), ts(n), 5.0, alpha=p * 1.2)[0] == "slower"
+    assert judge(ts(b), ts(n), 5.0, alpha=p / 1.2)[0] == "ambiguous"
 
 
 def test_one_outlier_sample_never_flips() -> None:
