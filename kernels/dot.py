@@ -23,11 +23,12 @@ from kernels.spec import (
     KernelSpec,
     Provider,
     Shape,
+    TritonLaunch,
     dequantize,
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
 DOT_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -61,26 +62,40 @@ def dot_final_kernel(P, O, SX, SY, nparts, BLOCK: tl.constexpr, MBITS: tl.conste
     tl.store(O, round_for_store(s, MBITS).to(O.dtype.element_ty))
 
 
-def _num_partials(n: int, block: int, device: torch.device) -> int:
-    if device.type == "cuda":
-        # Enough programs to fill every SM several times over, few enough partials
-        # for one program to sum them.
-        cap = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        cap = 64
+def _num_partials(n: int, block: int, sms: int) -> int:
+    # On a GPU: enough programs to fill every SM several times over, few enough partials
+    # for one program to sum them.  sms = 0: the CPU interpreter.
+    cap = 4 * sms if sms else 64
     return max(1, min(triton.cdiv(n, block), cap))
 
 
-def dot_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
+    """The two launches of a dot on a GPU with `sms` SMs: partial sums, then their sum."""
     x, y = inputs["x"], inputs["y"]
     n = x.numel()
     block = 4096 if x.element_size() >= 2 else 8192
-    nparts = _num_partials(n, block, x.device)
+    nparts = _num_partials(n, block, sms)
     partials = torch.empty(nparts, dtype=torch.float32, device=x.device)
-    dot_partial_kernel[(nparts,)](x, y, partials, n, BLOCK=block, num_warps=8)
-    dot_final_kernel[(1,)](partials, out, inputs["sx"], inputs["sy"], nparts,
-                           BLOCK=triton.next_power_of_2(nparts),
-                           MBITS=store_round_bits(out), num_warps=4)
+    return [
+        TritonLaunch(
+            fn=dot_partial_kernel, args=(x, y, partials, n), constexprs={"BLOCK": block},
+            configs=(triton.Config({}, num_warps=8),), grid=lambda meta: (nparts,),
+            operands={"X": (1,), "Y": (1,)}),
+        TritonLaunch(
+            fn=dot_final_kernel, args=(partials, out, inputs["sx"], inputs["sy"], nparts),
+            constexprs={"BLOCK": triton.next_power_of_2(nparts),
+                        "MBITS": store_round_bits(out)},
+            configs=(triton.Config({}, num_warps=4),), grid=lambda meta: (1,),
+            operands={"P": (1,)}),
+    ]
+
+
+def dot_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    x = inputs["x"]
+    sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
+           if x.device.type == "cuda" else 0)
+    for launch in triton_launches(inputs, out, sms):
+        run_launch(launch)
     return out
 
 
@@ -125,4 +140,5 @@ SPEC = KernelSpec(
                            note="deterministic two-stage reduction, fp32 accumulation"),
     },
     description="inner product of two vectors",
+    triton_launches=triton_launches,
 )

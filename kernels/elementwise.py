@@ -21,12 +21,13 @@ from kernels.spec import (
     KernelSpec,
     Provider,
     Shape,
+    TritonLaunch,
     dequantize,
     out_scale_for,
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
 ELEMENTWISE_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")  # tf32 is a matmul mode
 
@@ -62,17 +63,26 @@ def _block_for(t: torch.Tensor) -> tuple[int, int]:
     return 256 * per_thread, 8
 
 
-def launch_elementwise(op, arity: int, inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+def elementwise_launch(op, arity: int, inputs: Inputs, out: torch.Tensor) -> TritonLaunch:
+    """The one launch of an elementwise op: a fixed BLOCK per element size, no tuning."""
     x = inputs["x"]
     y = inputs.get("y", x)
     n = x.numel()
     block, warps = _block_for(x)
-    scaled = x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    elementwise_kernel[(triton.cdiv(n, block),)](
-        x, y, out, inputs["sx"], inputs.get("sy", inputs["sx"]), inputs["so"], n,
-        OP=op, ARITY=arity, SCALED=scaled, BLOCK=block, MBITS=store_round_bits(out),
-        num_warps=warps,
+    return TritonLaunch(
+        fn=elementwise_kernel,
+        args=(x, y, out, inputs["sx"], inputs.get("sy", inputs["sx"]), inputs["so"], n),
+        constexprs={"OP": op, "ARITY": arity,
+                    "SCALED": x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2),
+                    "MBITS": store_round_bits(out)},
+        configs=(triton.Config({"BLOCK": block}, num_warps=warps),),
+        grid=lambda meta: (triton.cdiv(n, meta["BLOCK"]),),
+        operands={"X": (1,), "Y": (1,)} if arity == 2 else {"X": (1,)},
     )
+
+
+def launch_elementwise(op, arity: int, inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    run_launch(elementwise_launch(op, arity, inputs, out))
     return out
 
 
@@ -152,4 +162,6 @@ def elementwise_spec(
                                note="one pass, fp32 math, 64 B per thread"),
         },
         description=description,
+        triton_launches=lambda inputs, out, sms: [
+            elementwise_launch(triton_op, arity, inputs, out)],
     )

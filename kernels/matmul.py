@@ -7,8 +7,15 @@ Bytes: compulsory traffic only, A and B read once and C written once:
 dtypes: fp32 is IEEE fp32 for both providers (Triton input_precision="ieee", torch with
 TF32 off); tf32 is its own dtype (fp32 storage, TF32 tensor-core math, its own roof);
 fp16/bf16 in and out with fp32 accumulation; fp8 (e4m3 or e5m2) inputs with per-tensor
-scales, fp32 accumulation, bf16 output.  B of fp8 runs is stored column-major (what
-torch._scaled_mm requires); both providers multiply the very same tensors.
+scales, fp32 accumulation, bf16 output, in the accumulation mode of
+kernels.spec.fp8_accum() for both providers (and the measured fp8 ceiling).
+
+Layout: B of fp8 and tf32 runs is stored column-major (K-major).  torch._scaled_mm
+requires it for fp8; for tf32 it is what Hopper's wgmma reads from shared memory, so
+Triton fills B's tiles with 16-byte cp.async instead of 4-byte ones (row-major B cost 4x
+the copy instructions and 255 registers in the 128x256 config, 182 column-major).  Both
+providers multiply the very same tensors.  fp32 (IEEE, CUDA cores) and 16-bit B stay
+row-major: their copies are 16 bytes either way.
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ from kernels.spec import (
     Provider,
     Shape,
     Target,
+    TritonLaunch,
     dequantize,
+    fp8_accum,
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
 
 @triton.jit
@@ -40,7 +49,7 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SCALED: tl.constexpr,
-                  MBITS: tl.constexpr):
+                  FP8_FAST: tl.constexpr, MBITS: tl.constexpr):
     # Grouped ordering: consecutive programs walk GROUP_M row-blocks down a column of
     # C-tiles before moving right, so the A and B tiles they share are still in L2.
     pid = tl.program_id(0)
@@ -67,7 +76,15 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if SCALED and not FP8_FAST:
+            # Precise fp8: max_num_imprecise_acc = BLOCK_K makes sm_90 wgmma accumulate
+            # each BLOCK_K slice in a fresh partial accumulator and add it to `acc` in
+            # fp32 (Triton's WGMMA lowering promotes when the limit <= the dot's K).
+            acc = tl.dot(a, b, acc, input_precision=PRECISION, max_num_imprecise_acc=BLOCK_K)
+        else:
+            # Fast fp8 (and every other dtype): no limit given, so sm_90 takes the NVIDIA
+            # backend's default of 2^30 > K, and wgmma accumulates the whole K in place.
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if SCALED:
@@ -83,51 +100,83 @@ def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> 
                          num_stages=stages, num_warps=warps)
 
 
+
 # Candidates per input width, aimed at Hopper: 128x256 / 256x128 tiles with 8 warps
 # (two warpgroups) feed wgmma; BLOCK_K spans 128 bytes of a row (64 x 16-bit, 128 x fp8,
 # 32 x fp32), the swizzle width of shared memory; 3-4 stages fit in 228 KB of smem.
-_CONFIGS: dict[str, list[triton.Config]] = {
+# `python run_bench.py --inspect` compiles every one of them for sm_90 and flags spills,
+# serialized wgmma and narrow copies; the fp8 lists are what survived it:
+# - fast fp8: every 128x256 tile (BLOCK_K 64 or 128, 2-4 stages) makes triton 3.6's
+#   ptxas serialize all wgmma (C7515, accumulator registers written by non-wgmma code
+#   inside the pipeline stage); 256x128 does not, so the wide tiles are 256x128.
+# - precise fp8: the fp32 promotion keeps a second accumulator live, so 128x256 spills
+#   (255 registers) and 256x128 / 128x128-with-4-warps serialize (C7514); tiles of at
+#   most 128 x 128 per warpgroup remain.  BLOCK_K stays 128: the promotion interval.
+CONFIGS: dict[str, list[triton.Config]] = {
     "16bit": [_cfg(128, 256, 64, 3, 8), _cfg(256, 128, 64, 3, 8), _cfg(128, 128, 64, 4, 8),
               _cfg(128, 128, 64, 4, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
               _cfg(64, 64, 64, 4, 4)],
-    "fp8": [_cfg(128, 256, 128, 3, 8), _cfg(256, 128, 128, 3, 8), _cfg(128, 128, 128, 4, 8),
+    "fp8": [_cfg(256, 128, 128, 3, 8), _cfg(256, 128, 64, 4, 8), _cfg(128, 128, 128, 4, 8),
             _cfg(128, 128, 128, 4, 4), _cfg(128, 64, 128, 4, 4), _cfg(64, 128, 128, 4, 4),
             _cfg(64, 64, 128, 4, 4)],
-    "tf32": [_cfg(128, 256, 32, 3, 8), _cfg(128, 128, 32, 4, 8), _cfg(128, 128, 32, 3, 4),
+    "fp8-precise": [_cfg(128, 128, 128, 4, 8), _cfg(64, 256, 128, 3, 8),
+                    _cfg(128, 128, 128, 3, 8), _cfg(128, 64, 128, 4, 8),
+                    _cfg(64, 128, 128, 4, 4), _cfg(64, 64, 128, 4, 4)],
+    # tf32: triton 3.6 serializes wgmma (C7515) in every 8-warp 128x128 or 256x128 tile
+    # (not in 128x256 or 64x256), so the 8-warp mid-size tile is 64x256.
+    "tf32": [_cfg(128, 256, 32, 3, 8), _cfg(64, 256, 32, 4, 8), _cfg(128, 128, 32, 3, 4),
              _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4)],
     # IEEE fp32 runs on the CUDA cores (no tensor cores): smaller tiles, more warps.
+    # 64x64x32 with 4 stages spills 8 bytes with triton 3.9: 3 stages.
     "ieee": [_cfg(128, 128, 32, 3, 8), _cfg(128, 64, 32, 3, 4), _cfg(64, 128, 32, 3, 4),
-             _cfg(64, 64, 32, 4, 4), _cfg(32, 64, 32, 4, 4)],
+             _cfg(64, 64, 32, 3, 4), _cfg(32, 64, 32, 4, 4)],
 }
-# One autotuner per config family, so fp32 and tf32 (same tensor dtype, different math)
-# never share a cache entry.
-_TUNED = {name: triton.autotune(configs=cfgs, key=["M", "N", "K"])(matmul_kernel)
-          for name, cfgs in _CONFIGS.items()}
+# Under the interpreter: one small tile.
+_INTERP_CONFIG = _cfg(32, 32, 32, 1, 4, group=4)
 
 
 def _family(dtype: str) -> str:
-    return {"fp32": "ieee", "tf32": "tf32"}.get(
-        dtype, "fp8" if DTYPES[dtype].is_fp8 else "16bit")
+    """The CONFIGS list a dtype is tuned over (fp8: per accumulation mode)."""
+    if DTYPES[dtype].is_fp8:
+        return "fp8" if fp8_accum() == "fast" else "fp8-precise"
+    return {"fp32": "ieee", "tf32": "tf32"}.get(dtype, "16bit")
 
 
-def matmul_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
+    """The one launch of a GPU run: autotuned over the dtype family's CONFIGS."""
     a, b, dtype = inputs["A"], inputs["B"], inputs["dtype"]
     m, k = a.shape
     n = b.shape[1]
-    args = (a, b, out, inputs["sa"], inputs["sb"], m, n, k, *a.stride(), *b.stride(),
-            *out.stride())
-    # "ieee" keeps fp32 off the tensor cores; "tf32" is also Triton's default, which
-    # 16-bit and fp8 operands ignore.
-    flags = {"PRECISION": "ieee" if dtype == "fp32" else "tf32",
-             "SCALED": DTYPES[dtype].is_fp8}
-    if a.device.type == "cuda":
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-        _TUNED[_family(dtype)][grid](*args, **flags, MBITS=0)
-    else:  # interpreter: one small tile, autotuning would only cost time
-        bm = bn = bk = 32
-        matmul_kernel[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](
-            *args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=4,
-            MBITS=store_round_bits(out))
+    fp8 = DTYPES[dtype].is_fp8
+    family = _family(dtype)
+    flags = {
+        # "ieee" keeps fp32 off the tensor cores; "tf32" is also Triton's default, which
+        # 16-bit and fp8 operands ignore.
+        "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+        "SCALED": fp8,
+        "FP8_FAST": fp8_accum() == "fast",
+        "MBITS": store_round_bits(out),
+    }
+    return [TritonLaunch(
+        fn=matmul_kernel,
+        args=(a, b, out, inputs["sa"], inputs["sb"], m, n, k, *a.stride(), *b.stride(),
+              *out.stride()),
+        constexprs=flags,
+        configs=tuple(CONFIGS[family]),
+        grid=lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
+        tune_key=("M", "N", "K"),
+        # fp32 and tf32 (same tensor dtype, different math) and the two fp8 modes must
+        # never share a tuned config: one autotuner per CONFIGS list.
+        tuner=family,
+        operands={"A": ("stride_am", "stride_ak"), "B": ("stride_bk", "stride_bn")},
+        matrix_unit=True,
+        interp_config=_INTERP_CONFIG,
+    )]
+
+
+def matmul_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+    for launch in triton_launches(inputs, out, 0):
+        run_launch(launch)
     return out
 
 
@@ -148,12 +197,21 @@ def fp32_matmul_precision(tf32: bool):
         torch.set_float32_matmul_precision(old)
 
 
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    """torch._scaled_mm (cuBLASLt fp8 GEMM) in the fp8 accumulation mode in force.
+    Its own default is use_fast_accum=False; we always set it explicitly, so the torch
+    provider and the measured fp8 ceiling accumulate as the Triton kernel does."""
+    return torch._scaled_mm(a, b, sa, sb, out_dtype=out_dtype,
+                            use_fast_accum=fp8_accum() == "fast")
+
+
 def matmul_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     a, b = inputs["A"], inputs["B"]
     if a.dtype in FP8:
         if a.device.type == "cuda" and any(d % 16 for d in (*a.shape, b.shape[1])):
             raise UnsupportedShape("torch._scaled_mm needs M, N and K to be multiples of 16")
-        return torch._scaled_mm(a, b, inputs["sa"], inputs["sb"], out_dtype=out.dtype)
+        return scaled_mm(a, b, inputs["sa"], inputs["sb"], out.dtype)
     # fp32 and tf32 share fp32 tensors; the dtype tag picks the math.
     with fp32_matmul_precision(inputs["dtype"] == "tf32"):
         return torch.matmul(a, b, out=out)
@@ -177,8 +235,8 @@ def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
     m, n, k = shape["M"], shape["N"], shape["K"]
     scale = k ** -0.25  # entries of C ~ N(0, 1) whatever K: inside fp8 and fp16 range
     a, sa = quantize(randn((m, k), seed, device, scale), dtype)
-    if DTYPES[dtype].is_fp8:
-        # Column-major B: allocate N x K and view it transposed.
+    if DTYPES[dtype].is_fp8 or dtype == "tf32":
+        # Column-major B (see the module docstring): allocate N x K, view it transposed.
         b, sb = quantize(randn((n, k), seed + 1, device, scale), dtype)
         b = b.t()
     else:
@@ -214,4 +272,5 @@ SPEC = KernelSpec(
     },
     matrix_unit=True,
     description="matrix-matrix product (GEMM)",
+    triton_launches=triton_launches,
 )

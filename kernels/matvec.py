@@ -21,11 +21,12 @@ from kernels.spec import (
     KernelSpec,
     Provider,
     Shape,
+    TritonLaunch,
     dequantize,
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
 
 @triton.jit
@@ -48,26 +49,36 @@ def matvec_kernel(A, X, Y, SA, SX, M, K, stride_am, BLOCK_M: tl.constexpr,
 
 # Hopper-oriented candidates: short row blocks keep enough programs in flight for
 # M = 4096 on 132 SMs; wide K blocks give each thread several 16-byte loads per step.
-_CONFIGS = [
+CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
     for bm, bk, w, s in [
         (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
         (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
     ]
 ]
-_matvec_tuned = triton.autotune(configs=_CONFIGS, key=["M", "K"])(matvec_kernel)
+
+
+def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
+    """The one launch of a GPU run: autotuned over CONFIGS."""
+    a, x = inputs["A"], inputs["x"]
+    m, k = a.shape
+    return [TritonLaunch(
+        fn=matvec_kernel,
+        args=(a, x, out, inputs["sa"], inputs["sx"], m, k, a.stride(0)),
+        constexprs={"MBITS": store_round_bits(out)},
+        configs=tuple(CONFIGS),
+        grid=lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),),
+        tune_key=("M", "K"),
+        tuner="matvec",
+        # A's rows are walked with contiguous column offsets; x is contiguous.
+        operands={"A": ("stride_am", 1), "X": (1,)},
+        interp_config=triton.Config({"BLOCK_M": 16, "BLOCK_K": 64}),
+    )]
 
 
 def matvec_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
-    a, x = inputs["A"], inputs["x"]
-    m, k = a.shape
-    args = (a, x, out, inputs["sa"], inputs["sx"], m, k, a.stride(0))
-    if a.device.type == "cuda":
-        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)
-        _matvec_tuned[grid](*args, MBITS=0)
-    else:  # interpreter: one small config, autotuning would only cost time
-        matvec_kernel[(triton.cdiv(m, 16),)](*args, BLOCK_M=16, BLOCK_K=64,
-                                             MBITS=store_round_bits(out))
+    for launch in triton_launches(inputs, out, 0):
+        run_launch(launch)
     return out
 
 
@@ -114,4 +125,5 @@ SPEC = KernelSpec(
                            note="blocked row reduction, A read once, fp32 accumulation"),
     },
     description="matrix-vector product (GEMV)",
+    triton_launches=triton_launches,
 )

@@ -87,6 +87,36 @@ def current_target(kind: str | None = None) -> Target:
     return Target("cpu", None, interpreter_enabled(), "cpu")
 
 
+# ---- fp8 accumulation mode: one setting for the Triton kernel, torch and the ceiling ----
+#
+# "fast": the tensor core's own accumulator carries the whole K reduction.  On sm_90 fp8
+#   wgmma adds its products into that accumulator with fewer than fp32's mantissa bits
+#   (~14 measured by DeepSeek-V3), so long K loses precision.  It is Triton's sm_90
+#   default (max_num_imprecise_acc = 2^30, NVIDIA backend) and torchao's forward default
+#   (Float8 training's use_fast_accum=True for the output GEMM), i.e. what a user of
+#   either gets without asking; hence our default.
+# "precise": the partial sums are promoted to a full fp32 accumulator with ordinary
+#   FADDs every BLOCK_K = 128 elements of K (Triton: max_num_imprecise_acc = BLOCK_K;
+#   cuBLAS: use_fast_accum=False; CUTLASS's default promotion interval is also 128).
+# Only sm_90 wgmma has the two modes; mma.sync (sm_89) and the interpreter ignore it.
+FP8_ACCUM_MODES: tuple[str, ...] = ("fast", "precise")
+_fp8_accum = "fast"
+
+
+def set_fp8_accum(mode: str) -> None:
+    """Choose the fp8 accumulation mode of every fp8 matrix product (see above)."""
+    global _fp8_accum
+    if mode not in FP8_ACCUM_MODES:
+        raise ValueError(f"unknown fp8 accumulation mode '{mode}' "
+                         f"(choose from {', '.join(FP8_ACCUM_MODES)})")
+    _fp8_accum = mode
+
+
+def fp8_accum() -> str:
+    """The fp8 accumulation mode in force: "fast" or "precise"."""
+    return _fp8_accum
+
+
 def fp8_ok_on(target: Target) -> bool:
     # fp8 tensor-core and conversion instructions arrived with Ada/Hopper (sm_89+).
     return target.kind != "cuda" or (target.capability or (0, 0)) >= (8, 9)
@@ -110,6 +140,42 @@ class Provider:
 
 
 @dataclass(frozen=True)
+class TritonLaunch:
+    """One Triton kernel launch that a GPU run makes, declared once per kernel module.
+
+    The Triton provider launches exactly this (autotuning over `configs`), and
+    `python run_bench.py --inspect` binds the same `args` and `constexprs` with Triton's
+    own argument binding and compiles every config ahead of time, so the two cannot
+    drift apart.  Built from (meta-device) inputs: only shapes, strides and dtypes matter.
+    """
+
+    fn: Any  # the @triton.jit function
+    args: tuple[Any, ...]  # runtime arguments in order: tensors and ints
+    constexprs: dict[str, Any]  # compile-time arguments that are not tuned
+    configs: tuple[Any, ...]  # triton.Config candidates; one entry = a fixed config
+    grid: Callable[[dict[str, Any]], tuple[int, ...]]  # (config kwargs) -> launch grid
+    tune_key: tuple[str, ...] = ()  # autotune key (argument names) when configs > 1
+    # Autotuner cache name: launches of one fn whose constexprs change the math (fp32
+    # IEEE vs tf32) must not share tuned configs.
+    tuner: str = ""
+    # Tensor operands read by the kernel -> their strides: the names of stride
+    # arguments, or the literal 1 for a dimension the kernel walks with contiguous
+    # offsets.  Inspect uses it to know where 128-bit loads are possible.
+    operands: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
+    matrix_unit: bool = False  # a tl.dot that must map onto tensor cores
+    # Small config for the CPU interpreter, where autotuning would only cost time.
+    interp_config: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+
+# (inputs, preallocated output, SM count of the GPU) -> the launches, in order.
+LaunchFn = Callable[[Inputs, torch.Tensor, int], "list[TritonLaunch]"]
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     name: str
     family: str
@@ -127,6 +193,8 @@ class KernelSpec:
         lambda out, inputs, dtype: out.double())
     matrix_unit: bool = False  # True: held against the dtype's tensor-core roof
     description: str = ""
+    # The Triton launches a GPU run makes (None: no Triton provider).
+    triton_launches: LaunchFn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -181,7 +249,11 @@ def generator(seed: int, device: str) -> torch.Generator:
 
 
 def randn(shape: tuple[int, ...], seed: int, device: str, scale: float = 1.0) -> torch.Tensor:
-    """Standard normal fp32 values times `scale`: never zeros, unlike torch.empty."""
+    """Standard normal fp32 values times `scale`: never zeros, unlike torch.empty.
+    On the "meta" device (shapes and strides only, used to bind kernel launches without
+    a GPU) there are no values to draw."""
+    if device == "meta":
+        return torch.empty(shape, device="meta")
     return torch.randn(shape, generator=generator(seed, device), device=device) * scale
 
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.spec import interpreter_enabled
+from kernels.spec import TritonLaunch, interpreter_enabled
 
 # Explicit mantissa bits of the formats whose fp32 -> narrow cast the Triton interpreter
 # gets wrong (seen with triton 3.9: bf16 truncates; fp8 loses the exponent carry when
@@ -32,3 +32,26 @@ def round_for_store(x, MBITS: tl.constexpr):
         bits = ((bits + ((1 << (SHIFT - 1)) - 1) + lsb) >> SHIFT) << SHIFT
         x = bits.to(tl.float32, bitcast=True)
     return x
+
+
+# One autotuner per (kernel, tuner name), created on first use: its cache of tuned
+# configs lives as long as the process.
+_TUNERS: dict[tuple[str, str], object] = {}
+
+
+def run_launch(launch: TritonLaunch) -> None:
+    """Launch a declared kernel launch: autotuned over its configs on a GPU, with its
+    small interpreter config (or first config) on the CPU interpreter."""
+    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in launch.args)
+    if not on_gpu or len(launch.configs) == 1:
+        cfg = (launch.interp_config or launch.configs[0]) if not on_gpu else launch.configs[0]
+        kwargs = cfg.all_kwargs() if on_gpu else dict(cfg.kwargs)
+        launch.fn[launch.grid(dict(cfg.kwargs))](*launch.args, **launch.constexprs, **kwargs)
+        return
+    key = (launch.name, launch.tuner)
+    tuner = _TUNERS.get(key)
+    if tuner is None:
+        tuner = triton.autotune(configs=list(launch.configs), key=list(launch.tune_key))(
+            launch.fn)
+        _TUNERS[key] = tuner
+    tuner[launch.grid](*launch.args, **launch.constexprs)

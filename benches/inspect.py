@@ -1,0 +1,597 @@
+"""Inspect every Triton kernel for a GPU this machine need not have (DESIGN section 10).
+
+`python run_bench.py --inspect [--arch sm_90]` compiles each kernel x autotune config x
+dtype that a GPU run launches, ahead of time, and reads from the result what decides its
+speed: registers, spills, shared memory against the arch's limit, the MMA instructions
+and their element types, the width of the global loads that feed the tensor operands,
+the fp8 accumulation mode, and ptxas's warnings (C7515: serialized wgmma).
+
+How a case is built: each kernel module declares its launches once
+(`KernelSpec.triton_launches`, shared with the real launch).  They are bound, with meta
+tensors of every default GPU shape, by Triton's own argument binder, so the 16-byte
+alignment, divisibility-by-16 and unit-stride specializations are those of a real
+launch; each distinct (function, specialization, config) is compiled once with
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`.  ptxas (bundled with
+Triton) is run again on the PTX with `-v` for the resource report Triton discards.
+
+Also runnable as `python -m benches.inspect` (the form it re-executes itself in when
+TRITON_INTERPRET=1 is set: the interpreter replaces every @triton.jit function at import
+time, and those cannot be compiled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+# Architectures inspect compiles for: compute capability, the device model whose SM
+# count sizes the launches (dot's number of partial sums), and the per-block shared
+# memory limit (opt-in maximum: 227 KB on Hopper, 163 KB on A100, 99 KB on Ada).
+ARCHES: dict[str, tuple[int, str, int]] = {
+    "sm_80": (80, "a100", 166912),
+    "sm_89": (89, "l40s", 101376),
+    "sm_90": (90, "h100", 232448),
+}
+TENSOR_CORE_DTYPES = ("tf32", "fp16", "bf16", "fp8", "fp8e5")
+WIDE_LOAD_BITS = 128  # the widest global load / cp.async per thread
+
+
+class InspectError(ValueError):
+    """Bad --inspect input (one-line message)."""
+
+
+# ---- cases: the launches of a GPU run, bound as Triton binds them ---------------------
+
+@dataclass
+class Case:
+    kernel: str
+    dtype: str
+    fn: str
+    config: str
+    warps: int
+    stages: int
+    shapes: list[str] = field(default_factory=list)
+    # How to rebuild the launch in a worker process:
+    # (dtype, shape, launch index, config index).
+    where: tuple[str, dict[str, int], int, int] = ("", {}, 0, 0)
+
+
+def _gpu_target(cc: int):
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", cc, 32)
+
+
+def _launches(kernel: str, dtype: str, shape: dict[str, int], sms: int) -> list[Any]:
+    from kernels import REGISTRY
+
+    spec = REGISTRY[kernel]
+    inputs = spec.make_inputs(shape, dtype, 0, "meta")
+    return spec.triton_launches(inputs, spec.alloc_out(inputs, dtype), sms)
+
+
+def bind(launch: Any, cfg: Any, cc: int) -> tuple[Any, Any]:
+    """(ASTSource, options) of `launch` with `cfg`, as JITFunction.run would build them
+    for a GPU of capability `cc`: Triton's own binder decides the specializations."""
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = launch.fn
+    backend = make_backend(_gpu_target(cc))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = {**launch.constexprs, **cfg.all_kwargs()}
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound,
+                                                          specialization, options)
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def describe_config(launch: Any, cfg: Any) -> str:
+    """Tile sizes: the config's, and the launch's fixed BLOCK constexprs."""
+    kw = {**{k: v for k, v in launch.constexprs.items() if k.startswith("BLOCK")},
+          **cfg.kwargs}
+    if {"BLOCK_M", "BLOCK_N", "BLOCK_K"} <= set(kw):
+        return f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']}"
+    return ",".join(f"{k.removeprefix('BLOCK_')}={v}" for k, v in kw.items()) or "-"
+
+
+def _shape_str(shape: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case], list[str]]:
+    """Distinct compile cases for the selection, and notes on what was left out."""
+    from benches.shapes import preset_shapes
+    from kernels import REGISTRY
+    from kernels.spec import Target
+    from roofline.devices import DEVICES
+
+    cc, model, _ = ARCHES[arch]
+    sms = DEVICES[model].sms or 0
+    target = Target("cuda", (cc // 10, cc % 10), name=arch)
+    cases: dict[str, Case] = {}
+    notes: list[str] = []
+    for kernel in kernels:
+        spec = REGISTRY[kernel]
+        if spec.triton_launches is None or "triton" not in spec.providers:
+            continue
+        for dtype in dtypes:
+            if dtype not in spec.providers["triton"].dtypes:
+                continue
+            reason = spec.skip_reason("triton", dtype, target)
+            if reason:
+                notes.append(f"{kernel} {dtype}: {reason}")
+                continue
+            for shape in preset_shapes(spec, "default", on_gpu=True):
+                for li, launch in enumerate(_launches(kernel, dtype, shape, sms)):
+                    for ci, cfg in enumerate(launch.configs):
+                        src, options = bind(launch, cfg, cc)
+                        key = src.hash() + json.dumps(options.__dict__, sort_keys=True,
+                                                      default=str)
+                        case = cases.get(key)
+                        if case is None:
+                            case = cases[key] = Case(
+                                kernel, dtype, launch.name, describe_config(launch, cfg),
+                                options.num_warps, options.num_stages,
+                                where=(dtype, shape, li, ci))
+                        case.shapes.append(_shape_str(shape))
+                        if dtype not in case.dtype.split(","):
+                            # e.g. dot's final sum: fp32 partials whatever the input
+                            case.dtype += "," + dtype
+    return list(cases.values()), notes
+
+
+# ---- reading the compiled code --------------------------------------------------------
+
+_LOC_DEF = re.compile(r"^(#loc\d*) = loc\((.*)\)\s*$", re.M)
+_FILE_LINE = re.compile(r'"([^"]+)":(\d+):\d+')
+_LOC_REF = re.compile(r"#loc\d*")
+_PTR_TENSOR = re.compile(r"tensor<([\dx]+)x!tt\.ptr<(\w+)>")
+_BITS = {"f32": 32, "i32": 32, "f16": 16, "bf16": 16, "f64": 64, "i64": 64, "i8": 8,
+         "f8E4M3FN": 8, "f8E5M2": 8, "f8E4M3FNUZ": 8, "f8E5M2FNUZ": 8, "f8E4M3B11FNUZ": 8}
+
+
+def _resolve_locs(ir: str) -> dict[str, tuple[str, int] | None]:
+    """#locN alias -> (file, line).  Names, call sites and fusions wrap a file location;
+    the first one reached is the innermost (for an inlined helper: the callee's line,
+    which is also the line PTX's .loc gives)."""
+    defs = dict(_LOC_DEF.findall(ir))
+    out: dict[str, tuple[str, int] | None] = {}
+
+    def resolve(name: str, depth: int = 0) -> tuple[str, int] | None:
+        if name in out:
+            return out[name]
+        body = defs.get(name, "")
+        m = _FILE_LINE.search(body)
+        ref = _LOC_REF.search(body)
+        if m and (not ref or m.start() < ref.start()):
+            res: tuple[str, int] | None = (m.group(1), int(m.group(2)))
+        elif ref and depth < 50:
+            res = resolve(ref.group(0), depth + 1)
+        else:
+            res = None
+        out[name] = res
+        return res
+
+    for name in defs:
+        resolve(name)
+    return out
+
+
+def tensor_load_lines(ttgir: str, num_warps: int) -> dict[tuple[str, int], bool]:
+    """Source lines of the loads of tensors (not scalars) -> whether that load's tile
+    gives each thread at least 128 bits (else narrower loads are all it can do)."""
+    locs = _resolve_locs(ttgir)
+    lines: dict[tuple[str, int], bool] = {}
+    for line in ttgir.splitlines():
+        s = line.strip()
+        if not re.search(r"= (tt\.load|ttg\.async_copy_global_to_local) ", s):
+            continue
+        m = _PTR_TENSOR.search(s)
+        ref = re.search(r"loc\((#loc\d*)\)\s*$", s)
+        direct = re.search(r'loc\(("[^"]+":\d+:\d+)\)\s*$', s)
+        where = None
+        if ref:
+            where = locs.get(ref.group(1))
+        elif direct:
+            fm = _FILE_LINE.search(direct.group(1))
+            where = (fm.group(1), int(fm.group(2))) if fm else None
+        if not m or where is None:
+            continue
+        numel = 1
+        for d in m.group(1).split("x"):
+            numel *= int(d)
+        per_thread_bits = numel * _BITS.get(m.group(2), 32) // (32 * num_warps)
+        lines[where] = lines.get(where, False) or per_thread_bits >= WIDE_LOAD_BITS
+    return lines
+
+
+_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', re.M)
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+\d+")
+_PTX_LD = re.compile(r"\bld\.global\.(?:[\w:]+\.)*?(?:v(\d)\.)?[bfsu](\d+)\b")
+_PTX_CP = re.compile(r"\bcp\.async\.c[ag]\.shared\.global(?:\.[\w:]+)*\s+\[[^\]]*\],\s*"
+                     r"\[[^\]]*\],\s*(0x[0-9a-fA-F]+|\d+)")
+
+
+def global_loads(ptx: str) -> list[tuple[tuple[str, int] | None, str, int]]:
+    """Every global load and global-to-shared copy in the PTX: (source file and line from
+    the preceding .loc, kind, bits moved per thread)."""
+    files = {int(i): path for i, path in _PTX_FILE.findall(ptx)}
+    where: tuple[str, int] | None = None
+    in_asm = False
+    out = []
+    for line in ptx.splitlines():
+        if "// begin inline asm" in line or "// end inline asm" in line:
+            in_asm = "begin" in line
+            continue
+        m = _PTX_LOC.match(line)
+        if m:
+            # Inside Triton's inline-asm blocks the .loc lines count asm lines, not
+            # source lines: the location is the one in force where the block began.
+            if not in_asm:
+                where = (files.get(int(m.group(1)), "?"), int(m.group(2)))
+            continue
+        m = _PTX_LD.search(line)
+        if m:
+            out.append((where, "ld.global", int(m.group(1) or 1) * int(m.group(2))))
+            continue
+        m = _PTX_CP.search(line)
+        if m:
+            out.append((where, "cp.async", 8 * int(m.group(1), 0)))
+    return out
+
+
+_WGMMA = re.compile(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.(\w+)\.(\w+)\.(\w+)")
+_MMA = re.compile(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(\w+)\.(\w+)\.(\w+)\.\w+")
+
+
+def mma_of(ptx: str) -> tuple[str, str, str]:
+    """(family, element types 'a->d' or 'a*b->d', instruction shape) of the matrix
+    instructions in the PTX."""
+    for family, found in (("wgmma", _WGMMA.findall(ptx)), ("mma.sync", _MMA.findall(ptx))):
+        if found:
+            shape, d, a, b = found[0]
+            return family, (a if a == b else f"{a}*{b}") + f"->{d}", shape
+    return "", "", ""
+
+
+_WG_DOT = re.compile(r"ttng\.warp_group_dot .*?:\s*!ttg\.memdesc<(\d+)x(\d+)x(\w+)")
+
+
+def fp8_accumulation(ttgir: str) -> str:
+    """How the fp8 dots of the kernel accumulate on sm_90 wgmma, read from the IR:
+    maxNumImpreciseAcc > the dot's K: in the tensor core's accumulator over all of K
+    ("fast"); otherwise promoted to fp32 every max(limit, 32) elements of K
+    ("precise/N"); "" when no fp8 wgmma."""
+    modes = []
+    for line in ttgir.splitlines():
+        m = _WG_DOT.search(line)
+        if not m or not m.group(3).startswith("f8"):
+            continue
+        k = int(m.group(2))
+        lim = re.search(r"maxNumImpreciseAcc = (\d+)", line)
+        limit = int(lim.group(1)) if lim else 0
+        modes.append("fast" if limit > k else f"precise/{max(limit, 32)}")
+    return ",".join(sorted(set(modes)))
+
+
+def operands_allow_wide(launch: Any, src: Any) -> bool:
+    """Whether the memory layout of every tensor operand allows 128-bit loads, from the
+    binding: 16-byte aligned base and a unit stride (declared as the literal 1, or a
+    stride argument that Triton specialized to the constant 1) with the other strides
+    divisible by 16."""
+    names = launch.fn.arg_names
+
+    def div16(name: str) -> bool:
+        i = (names.index(name),)
+        return src.constants.get(i) == 1 or ["tt.divisibility", 16] in src.attrs.get(i, [])
+
+    for ptr, strides in launch.operands.items():
+        i = (names.index(ptr),)
+        if ["tt.divisibility", 16] not in src.attrs.get(i, []):
+            return False
+        args = [s for s in strides if s != 1]  # 1: a dimension walked with unit stride
+        unit = 1 in strides or any(src.constants.get((names.index(s),)) == 1 for s in args)
+        if not unit or not all(div16(s) for s in args):
+            return False
+    return True
+
+
+def _ptxas_report(ptx: str, cc: int, options: Any) -> tuple[int, int, int, list[str], str]:
+    """(registers, spill store bytes, spill load bytes, warnings, ptxas version): ptxas
+    run again exactly as Triton runs it (make_cubin), whose -v log it throws away."""
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    ptxas = get_ptxas(cc).path
+    version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+    vm = re.search(r"V(\d+\.\d+\.\d+)", version)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        fmad = [] if options.enable_fp_fusion else ["--fmad=false"]
+        extra = options.ptx_options.split(" ") if options.ptx_options else []
+        r = subprocess.run([ptxas, "-lineinfo", *fmad, "-v", *extra,
+                            f"--gpu-name={sm_arch_from_capability(cc)}", str(src),
+                            "-o", str(Path(tmp) / "k.o")], capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    # Warnings, and the coded performance advisories ptxas prints as "info", e.g.
+    # "(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized".
+    warnings = [re.sub(r"^ptxas[\w-]*\s+\w+\s*:\s*", "", ln.strip()) for ln in log.splitlines()
+                if "warning" in ln or re.search(r"\(C\d{4}\)", ln)]
+    return (int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else 0,
+            int(spill.group(2)) if spill else 0, warnings, vm.group(1) if vm else "?")
+
+
+def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
+                 arch: str, fp8_mode: str) -> dict[str, Any]:
+    """Compile one case and read its properties (runs in a worker process)."""
+    import triton
+
+    from kernels.spec import set_fp8_accum
+    from roofline.devices import DEVICES
+
+    set_fp8_accum(fp8_mode)
+    # triton 3.9 warns once per process that its fp-fusion default will change; the
+    # options used are recorded, the warning would only clutter the table.
+    warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+    cc, model, _ = ARCHES[arch]
+    dtype, shape, li, ci = where
+    row: dict[str, Any] = {"error": ""}
+    try:
+        launch = _launches(kernel, dtype, shape, DEVICES[model].sms or 0)[li]
+        src, options = bind(launch, launch.configs[ci], cc)
+        # Triton prints the whole PTX to stdout when ptxas fails: keep it off the table.
+        with contextlib.redirect_stdout(io.StringIO()):
+            k = triton.compile(src, target=_gpu_target(cc), options=options.__dict__)
+    except Exception as e:  # CompilationError, OutOfResources, PTXASError, ...
+        msg = str(e).strip().splitlines()
+        row["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+        return row
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    regs, spill_st, spill_ld, advisories, ptxas_v = _ptxas_report(ptx, cc, options)
+    lines = tensor_load_lines(ttgir, options.num_warps)
+    loads = [(kind, bits, lines[w]) for w, kind, bits in global_loads(ptx) if w in lines]
+    family, types, instr = mma_of(ptx)
+    if not family:
+        family = "FMA only" if launch.matrix_unit else "none"
+    narrow = min((b for _, b, _ in loads), default=0)
+    # The narrowest load among those whose tile gives each thread 128 bits or more: the
+    # number the check is about (small tiles, e.g. matvec's x, cannot do better).
+    narrow_wide_ok = min((b for _, b, ok in loads if ok), default=0)
+    row.update(
+        registers=regs, spill_stores=spill_st, spill_loads=spill_ld,
+        shared=int(k.metadata.shared), mma=family, mma_types=types, mma_shape=instr,
+        load_bits=narrow_wide_ok or narrow, load_bits_all=narrow,
+        load_kinds=",".join(sorted({kind for kind, _, _ in loads})),
+        wide_allowed=bool(loads) and operands_allow_wide(launch, src)
+        and any(ok for _, _, ok in loads),
+        wide_allowed_min_bits=narrow_wide_ok,
+        fp8_acc=fp8_accumulation(ttgir), ptxas_warnings=advisories, ptxas=ptxas_v,
+        matrix_unit=launch.matrix_unit,
+    )
+    return row
+
+
+def flags_of(row: dict[str, Any], arch: str, fp8_mode: str) -> list[str]:
+    """What is wrong with a compiled case (empty: nothing)."""
+    if row["error"]:
+        return ["compile error"]
+    cc, _, smem_limit = ARCHES[arch]
+    out = []
+    if row["spill_stores"] or row["spill_loads"]:
+        out.append("spills")
+    if row["shared"] > smem_limit:
+        out.append("shared memory over limit")
+    # C7515 / C7514: ptxas serializes every wgmma because non-wgmma code writes / reads
+    # the accumulator registers inside the pipeline stage.
+    serial = sorted({c for w in row["ptxas_warnings"] for c in re.findall(r"C751[45]", w)})
+    if serial:
+        out.append(f"serialized wgmma ({', '.join(serial)})")
+    if (cc >= 90 and row["matrix_unit"]
+            and set(row["dtype"].split(",")) & set(TENSOR_CORE_DTYPES)
+            and row["mma"] not in ("wgmma", "mma.sync")):
+        out.append("no tensor-core MMA")
+    if row["wide_allowed"] and row["wide_allowed_min_bits"] < WIDE_LOAD_BITS:
+        out.append(f"{row['wide_allowed_min_bits']}-bit tensor loads (128 possible)")
+    if row["fp8_acc"] and row["fp8_acc"].split("/")[0] != fp8_mode:
+        out.append(f"fp8 accumulation {row['fp8_acc']}, asked for {fp8_mode}")
+    return out
+
+
+# ---- the command ----------------------------------------------------------------------
+
+COLUMNS = ["kernel", "dtype", "fn", "config", "warps", "stages", "shapes", "registers",
+           "spill_stores", "spill_loads", "shared", "mma", "mma_types", "mma_shape", "load_bits",
+           "load_bits_all", "load_kinds", "fp8_acc", "ptxas_warnings", "ptxas", "status",
+           "flags", "error"]
+
+
+def _out_dir(root: Path, arch: str) -> Path:
+    """<root>/inspect/<arch>-<timestamp>/, a fresh folder (never an existing one)."""
+    base = Path(root) / "inspect"
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    for i in range(1000):
+        d = base / (f"{arch}-{stamp}" + (f"-{i}" if i else ""))
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise InspectError(f"cannot create a fresh folder under {base}")
+
+
+def _versions(cc: int) -> dict[str, str]:
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    out = subprocess.run([get_ptxas(cc).path, "--version"], capture_output=True,
+                         text=True).stdout
+    m = re.search(r"V(\d+\.\d+\.\d+)", out)
+    return {"triton": triton.__version__, "ptxas": m.group(1) if m else "?"}
+
+
+def _short_warnings(warnings_: list[str]) -> str:
+    """ptxas diagnostics by code (C7515 ...); the full text is in the CSV and JSON."""
+    codes = [m.group(0) if (m := re.search(r"C\d{4}", w)) else w[:30] for w in warnings_]
+    return ",".join(dict.fromkeys(codes)) or "-"
+
+
+def _print_table(rows: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("kernel", "fn", "dtype", "config", "w", "st", "regs", "spill", "smem KB",
+                "mma", "types", "ld bits", "fp8 acc", "ptxas", "status"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        fn = r["fn"].removesuffix("_kernel")
+        if r["error"]:
+            t.add_row(r["kernel"], fn, r["dtype"], r["config"], str(r["warps"]),
+                      str(r["stages"]), *[""] * 8, "[red]" + r["error"])
+            continue
+        status = "ok" if not r["flags"] else "[red]" + "; ".join(r["flags"])
+        bits = f"{r['load_bits']} {r['load_kinds']}" if r["load_bits"] else "-"
+        if r["load_bits_all"] and r["load_bits_all"] < r["load_bits"]:
+            bits += f" ({r['load_bits_all']}*)"
+        t.add_row(r["kernel"], fn, r["dtype"], r["config"], str(r["warps"]), str(r["stages"]),
+                  str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
+                  f"{r['shared'] / 1024:.1f}", r["mma"], r["mma_types"] or "-", bits,
+                  r["fp8_acc"] or "-", _short_warnings(r["ptxas_warnings"]), status)
+    Console(width=max(Console().width, 160)).print(t)
+    print("ld bits: narrowest global load / cp.async of a tensor operand, per thread; "
+          "(N*): N bits where the tile gives a thread fewer than 128")
+
+
+def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
+            fp8_mode: str, workers: int = 2, log=print) -> tuple[int, Path]:
+    """Compile and report; returns (exit code, output folder)."""
+    import csv
+
+    warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+    cc, _, smem_limit = ARCHES[arch]
+    cases, notes = collect(kernels, dtypes, arch)
+    log(f"inspect {arch}: {len(cases)} distinct compile cases "
+        f"({len(kernels)} kernels x {len(dtypes)} dtypes), {workers} processes")
+    jobs = [(c.kernel, c.where, arch, fp8_mode) for c in cases]
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(compile_case, *zip(*jobs, strict=True)))
+    else:
+        results = [compile_case(*j) for j in jobs]
+    rows = []
+    for case, res in zip(cases, results, strict=True):
+        row = {**{k: v for k, v in asdict(case).items() if k not in ("where", "shapes")},
+               "shapes": len(case.shapes), "shape_list": case.shapes, **res}
+        row["flags"] = flags_of(row, arch, fp8_mode)
+        row["status"] = "flagged" if row["flags"] else "ok"
+        rows.append(row)
+    folder = _out_dir(out, arch)
+    versions = _versions(cc)
+    flagged = [f"{r['kernel']} {r['dtype']} {r['fn']} {r['config']} w{r['warps']} "
+               f"s{r['stages']}: {'; '.join(r['flags'])}" for r in rows if r["flags"]]
+    ok = [r for r in rows if not r["error"]]
+    meta = {
+        "arch": arch, "capability": cc, "smem_limit": smem_limit, **versions,
+        "fp8_accum": fp8_mode, "python": sys.version.split()[0],
+        "created": datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv), "cases": len(rows), "left_out": notes,
+        "flagged": flagged,
+        "registers_range": [min((r["registers"] for r in ok), default=None),
+                            max((r["registers"] for r in ok), default=None)],
+        "max_shared": max((r["shared"] for r in ok), default=None),
+        "mma_per_dtype": {d: sorted({f"{r['mma']} {r['mma_types']}".strip() for r in ok
+                                     if d in r["dtype"].split(",") and r["matrix_unit"]})
+                          for d in dtypes},
+    }
+    (folder / "inspect.json").write_text(json.dumps({"metadata": meta, "rows": rows},
+                                                    indent=1, default=str))
+    with open(folder / "inspect.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "ptxas_warnings": " | ".join(r["ptxas_warnings"] or []),
+                        "flags": "; ".join(r["flags"])})
+    _print_table(rows, f"Triton kernels compiled for {arch} (triton {versions['triton']}, "
+                       f"ptxas {versions['ptxas']}, fp8 accumulation {fp8_mode})")
+    for n in notes:
+        log(f"left out: {n}")
+    log(f"{len(rows)} cases: registers {meta['registers_range'][0]}-"
+        f"{meta['registers_range'][1]}, largest shared memory {meta['max_shared']} B of "
+        f"{smem_limit}; wrote {folder}")
+    if flagged:
+        print(f"{len(flagged)} flagged case(s):", file=sys.stderr)
+        for f_ in flagged:
+            print(f"  {f_}", file=sys.stderr)
+        return 1, folder
+    return 0, folder
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Entry point of `run_bench.py --inspect`: args has .kernels and .dtypes (validated
+    lists), .arch and .out; .fp8_accum when given."""
+    from kernels.spec import fp8_accum, interpreter_enabled, set_fp8_accum
+
+    if args.arch not in ARCHES:
+        print(f"error: unknown --arch '{args.arch}' (choose from {', '.join(ARCHES)})",
+              file=sys.stderr)
+        return 2
+    if getattr(args, "fp8_accum", None):
+        set_fp8_accum(args.fp8_accum)
+    if interpreter_enabled():
+        # The interpreter swapped every @triton.jit function for an interpreted one at
+        # import time: compile in a fresh process without it.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "benches.inspect", "--arch", args.arch,
+               "--kernels", ",".join(args.kernels), "--dtypes", ",".join(args.dtypes),
+               "--out", str(args.out), "--fp8-accum", fp8_accum()]
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(cmd, env=env, cwd=root).returncode
+    code, _ = inspect(list(args.kernels), list(args.dtypes), args.arch, Path(args.out),
+                      fp8_accum(), workers=int(os.environ.get("GPUBENCH_INSPECT_WORKERS", 2)))
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kernels import DTYPE_NAMES, REGISTRY
+    from kernels.spec import FP8_ACCUM_MODES
+
+    p = argparse.ArgumentParser(prog="python -m benches.inspect",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--kernels", default=",".join(REGISTRY))
+    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
+    p.add_argument("--out", default="results")
+    p.add_argument("--fp8-accum", choices=FP8_ACCUM_MODES, default="fast")
+    args = p.parse_args(argv)
+    args.kernels = [k for k in args.kernels.split(",") if k]
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    bad = [k for k in args.kernels if k not in REGISTRY] + \
+        [d for d in args.dtypes if d not in DTYPE_NAMES]
+    if bad:
+        print(f"error: unknown kernel or dtype: {', '.join(bad)}", file=sys.stderr)
+        return 2
+    return run_inspect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
