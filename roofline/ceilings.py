@@ -80,10 +80,14 @@ def _gemm_fn(roof_class: str, n: int, device: str):
     b = torch.randn(n, n, device=device, generator=g)
     flops = 2 * n**3
     if roof_class == "fp8":
+        # The same call as the torch provider, so the ceiling accumulates in the fp8
+        # mode the rows use (kernels.spec.fp8_accum; part of cache_key).
+        from kernels.matmul import scaled_mm
+
         a8 = a.to(torch.float8_e4m3fn)
         b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as required
         one = torch.ones((), device=device)
-        return (lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)), flops
+        return (lambda: scaled_mm(a8, b8, one, one, torch.bfloat16)), flops
     dt = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
           "bf16": torch.bfloat16}[roof_class]
     a, b = a.to(dt), b.to(dt)
@@ -191,8 +195,11 @@ def cache_key(present: Present) -> str:
         triton_v = triton.__version__
     except ImportError:
         triton_v = "-"
+    from kernels.spec import fp8_accum
+
+    # The fp8 ceiling depends on the accumulation mode: one cache entry per mode.
     ident = json.dumps([CACHE_VERSION, present.key, present.name, torch.__version__,
-                        torch.version.cuda, triton_v, torch.get_num_threads()])
+                        torch.version.cuda, triton_v, torch.get_num_threads(), fp8_accum()])
     return f"{present.key}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
 
