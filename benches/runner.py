@@ -269,12 +269,13 @@ def _clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
     timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error."""
+    # The sampler runs from before the first timed row, so each row's window holds the
+    # readings taken while it ran.
+    monitor = gpu_monitor() if cfg.target.kind == "cuda" and not cfg.check_only else None
     t0 = time.monotonic()
     row = _run_case(case, cfg, cache)
-    if cfg.target.kind == "cuda" and row["status"] == "ok" and not cfg.check_only:
-        monitor = gpu_monitor()
-        if monitor is not None:
-            row.update(monitor.window(t0, time.monotonic()))
+    if monitor is not None and row["status"] == "ok":
+        row.update(monitor.window(t0, time.monotonic()))
     return row
 
 

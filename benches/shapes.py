@@ -71,9 +71,13 @@ CPU_PRESETS: dict[str, dict[str, list[Shape]]] = {
         "matmul": _mm(_squares([128, 256])),
     },
     "default": {
-        "vector": _vec([12, 16, 20, 24]),  # 2^24: 192 MB for fp32 add, past the LLC
+        # 2^22: 48 MiB for fp32 add, past a 32 MiB LLC.  Not 2^24: torch's eager fp8 paths
+        # on a CPU take ~1 s per call there (fp8 gelu), 25 samples each would triple the run.
+        "vector": _vec([12, 16, 20, 22]),
         "matvec": _mv([(256, 256), (1024, 1024), (2048, 2048), (4096, 1024)]),
-        "matmul": _mm(_squares([64, 128, 256, 512]) + [(512, 1024, 256)]),
+        # Non-square (256, 512, 128), not (512, 1024, 256): fp16 GEMM on a CPU without
+        # native fp16 runs at ~3 GFLOP/s, 0.25 s per call there.
+        "matmul": _mm(_squares([64, 128, 256, 512]) + [(256, 512, 128)]),
     },
     "full": {
         "vector": _vec(range(10, 27, 2)),

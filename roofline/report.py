@@ -149,6 +149,9 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     kind[roof.notna() & peak.notna() & (roof >= peak * (1 - 1e-9))] = "compute"
     size, _ = cache_bytes(meta)
     gbps = _cache_gbps(meta)
+    dram = _finite(_dict(_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
+    if gbps and dram:
+        gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
     if _is_cpu(meta) and size and gbps:
         fits = d["bytes"] <= size
         cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
