@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect as pyinspect
+
 import pytest
 import torch
 
@@ -172,3 +174,99 @@ def test_gpu_every_dtype_three_sizes(name, provider):
             if not err <= DTYPES[dtype].tol:
                 errors.append(f"{dtype} {shape}: {err:.3g}")
     assert not errors, errors
+
+
+# ---- fp8 accumulation mode and the declared launches --------------------------------------
+
+@pytest.fixture
+def fp8_mode():
+    """Restore the process-wide fp8 accumulation mode after a test changes it."""
+    from kernels.spec import fp8_accum, set_fp8_accum
+
+    old = fp8_accum()
+    yield set_fp8_accum
+    set_fp8_accum(old)
+
+
+def test_fp8_accum_default_and_validation(fp8_mode):
+    from kernels.spec import FP8_ACCUM_MODES, fp8_accum
+
+    assert FP8_ACCUM_MODES == ("fast", "precise") and fp8_accum() == "fast"
+    with pytest.raises(ValueError, match="unknown fp8 accumulation mode"):
+        fp8_mode("exact")
+    fp8_mode("precise")
+    assert fp8_accum() == "precise"
+
+
+@pytest.mark.parametrize("mode", ["fast", "precise"])
+def test_fp8_mode_reaches_scaled_mm_triton_and_ceiling(mode, fp8_mode, monkeypatch):
+    """One setting drives torch._scaled_mm's use_fast_accum, the Triton kernel's
+    FP8_FAST constexpr (and config list), and the measured fp8 ceiling."""
+    from kernels import matmul as mm
+    from roofline import ceilings
+
+    fp8_mode(mode)
+    calls = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm",
+                        lambda *a, **kw: calls.append(kw["use_fast_accum"]) or real(*a, **kw))
+    spec = REGISTRY["matmul"]
+    inputs = spec.make_inputs({"M": 32, "N": 32, "K": 32}, "fp8", 0, "cpu")
+    mm.matmul_torch(inputs, spec.alloc_out(inputs, "fp8"))
+    fn, _ = ceilings._gemm_fn("fp8", 32, "cpu")
+    fn()
+    assert calls == [mode == "fast"] * 2
+    (launch,) = mm.triton_launches(inputs, spec.alloc_out(inputs, "fp8"), 132)
+    assert launch.constexprs["FP8_FAST"] is (mode == "fast")
+    assert launch.tuner == ("fp8" if mode == "fast" else "fp8-precise")
+    # Precise promotion keeps a second accumulator: no 128x256 / 256x128 tiles, and
+    # BLOCK_K = 128 (the promotion interval) in every config.
+    if mode == "precise":
+        assert all(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128
+                   for c in launch.configs)
+        assert {c.kwargs["BLOCK_K"] for c in launch.configs} == {128}
+
+
+@pytest.mark.parametrize("mode", ["fast", "precise"])
+def test_triton_fp8_matmul_in_both_modes(mode, fp8_mode):
+    """The precise path (max_num_imprecise_acc = BLOCK_K) still runs and is correct
+    under the interpreter."""
+    fp8_mode(mode)
+    err = run_checked("matmul", "triton", "fp8", {"M": 65, "N": 33, "K": 129})
+    assert err <= DTYPES["fp8"].tol
+
+
+def test_ceiling_cache_key_depends_on_fp8_mode(fp8_mode):
+    from roofline.ceilings import cache_key
+    from roofline.devices import Present
+
+    present = Present("cpu", "host", "cpu")
+    fast = cache_key(present)
+    fp8_mode("precise")
+    assert cache_key(present) != fast
+
+
+def test_tf32_b_is_column_major_and_fp32_row_major():
+    spec = REGISTRY["matmul"]
+    shape = {"M": 32, "N": 48, "K": 64}
+    assert spec.make_inputs(shape, "tf32", 0, "cpu")["B"].stride() == (1, 64)
+    assert spec.make_inputs(shape, "fp32", 0, "cpu")["B"].stride() == (48, 1)
+    assert spec.make_inputs(shape, "fp16", 0, "cpu")["B"].stride() == (48, 1)
+
+
+def test_every_triton_provider_declares_its_launches():
+    """The launch declarations inspect compiles are complete: every runtime argument of
+    the jit function is given, in order, and every config names its tile constexprs."""
+    for spec in REGISTRY.values():
+        assert spec.triton_launches is not None, spec.name
+        for dtype in spec.providers["triton"].dtypes:
+            shape = SHAPES[spec.dims][-1]
+            inputs = spec.make_inputs(shape, dtype, 0, "meta")
+            for launch in spec.triton_launches(inputs, spec.alloc_out(inputs, dtype), 132):
+                fn = getattr(launch.fn, "fn", launch.fn)  # interpreter wraps the function
+                params = list(pyinspect.signature(fn).parameters)
+                for cfg in launch.configs:
+                    given = len(launch.args) + len(launch.constexprs) + len(cfg.kwargs)
+                    assert given == len(params), (spec.name, launch.name)
+                for ptr in launch.operands:
+                    assert ptr in params, (spec.name, ptr)
