@@ -661,7 +661,7 @@ def incomplete_reasons(meta: dict[str, Any]) -> list[str]:
         reasons.append("interrupted")
     if meta.get("aborted") is True:
         why = meta.get("abort_reason")
-        reasons.append(f"aborted ({_one_line(Exception(why))})" if why else "aborted")
+        reasons.append(f"aborted ({' '.join(str(why).split())})" if why else "aborted")
     if meta.get("complete") is False and not reasons:
         reasons.append("incomplete")
     return reasons
