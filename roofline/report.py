@@ -157,7 +157,8 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
         cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
                                                           (d["intensity"] * gbps / 1e3)
                                                           .clip(upper=peak))
-        use = fits & cache_roof.notna() & (cache_roof > 0)
+        # Only rows that have a roof at all (fp8e5 matmul on a CPU has none).
+        use = fits & roof.notna() & cache_roof.notna() & (cache_roof > 0)
         pct = pct.where(~use, 100.0 * d["tflops"] / cache_roof)
         kind[use] = "cache"
         kind[use & peak.notna() & (cache_roof >= peak * (1 - 1e-9))] = "compute"

@@ -256,3 +256,13 @@ def test_summary_states_fp8_accumulation_and_abort_reason():
     fast = report.render_summary({**meta(), "fp8_accum": "fast"},
                                  pd.DataFrame(columns=ALL_COLUMNS))
     assert "- **fp8 accumulation**: fast" in fast
+
+
+def test_rows_without_a_roof_get_no_cache_roof():
+    # fp8e5 matmul on a CPU: no roof was measured for it, the cache roof must not invent one
+    r = cpu_row(1 << 10, 0.001)
+    r.update(peak_tflops=None, peak_gbps=None, meas_peak_tflops=None, meas_peak_gbps=None,
+             roof_tflops=None, meas_roof_tflops=None, pct_roof=None, pct_meas_roof=None,
+             mfu=None, above_roof=None)
+    best = report.best_points(pd.DataFrame([r]), cpu_meta())
+    assert len(best) == 1 and pd.isna(best.iloc[0]["pct_roof"]) and best.iloc[0]["roof"] is None
