@@ -429,7 +429,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                       f"{run_dir})")
         code = exit_code(e)
     if present.kind == "cuda":
-        meta["nvml_end"] = nvml_snapshot()
+        meta["nvml_end"] = nvml_snapshot()  # includes the run's sampler summary
+        runner.stop_gpu_monitor()
     try:
         writer.flush()
         if code == 0 or stage == "sweep":
