@@ -446,10 +446,11 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
     if not row.get(f"_in{suffix}"):
         return None
     timer = row[f"timer{suffix}"]
-    if fp8_mode and row["dtype"] in FP8_DTYPES and timer:
+    if fp8_mode and row["dtype"] in FP8_DTYPES:
         # fp8 rows of runs with different accumulation modes measure different kernels:
         # a method change, not a speed change.
-        timer = f"{timer}, fp8 accumulation {fp8_mode}"
+        tag = f"fp8 accumulation {fp8_mode}"
+        timer = f"{timer}, {tag}" if timer else tag
     return Timing(
         status=row[f"status{suffix}"],
         median=float(row[f"ms_median{suffix}"]),
