@@ -36,7 +36,7 @@ from benches.timing import (
     TimingConfig,
     choose_method,
     rotation_copies,
-    time_cpu,
+    time_cpu_rounds,
     time_cudagraph,
     time_flushed,
 )
@@ -351,7 +351,18 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any],
     call = lambda: fn(inputs, out)  # noqa: E731
     method = timing_method(case, cfg)
     if method == TIMER_CPU:
-        return time_cpu(call, cfg.timing), ""
+        held: list[Any] = []
+
+        def round_call(r: int) -> Callable[[], object]:
+            if r == 0:
+                return call
+            # New buffers are allocated while the previous round's are still held, so
+            # they cannot simply reuse the same addresses.
+            ins, o = _clone_inputs(inputs), torch.empty_like(out)
+            held[:] = [ins, o]
+            return lambda: fn(ins, o)
+
+        return time_cpu_rounds(round_call, cfg.timing), ""
     if method == TIMER_FLUSHED:
         return time_flushed(call, cfg.timing), ""
     copies = rotation_copies(case.spec.nbytes(case.shape, case.dtype), _l2_bytes(cfg))

@@ -18,7 +18,7 @@ import math
 import timeit
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -47,6 +47,12 @@ class TimingConfig:
     max_graph_samples: int = 1000
     # torch.utils.benchmark blocked_autorange budget; then topped up to min_samples
     cpu_min_run_time_s: float = 0.05
+    # CPU samples come in this many rounds, each on freshly allocated inputs and output:
+    # on a CPU the time of the same op moves by up to 1.3x with where its buffers landed
+    # (measured: bf16 add of 2^18 elements took 52 or 66 us depending on the allocation,
+    # stable within one), so samples from one allocation understate the run-to-run spread
+    # and a rank test would call the next run's other allocation a regression.
+    cpu_rounds: int = 5
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -112,6 +118,19 @@ def time_cpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
         extra = timeit.Timer(fn).repeat(repeat=missing, number=m.number_per_run)
         times += [t / m.number_per_run for t in extra]
     return summarize([t * 1e3 for t in times], TIMER_CPU)
+
+
+def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
+                    cfg: TimingConfig) -> Timing:
+    """time_cpu over cfg.cpu_rounds rounds; `make_call(r)` gives round r's callable (on
+    its own buffers), and the samples of all rounds are pooled."""
+    rounds = max(1, cfg.cpu_rounds)
+    per_round = replace(cfg, min_samples=math.ceil(cfg.min_samples / rounds),
+                        cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds)
+    samples: list[float] = []
+    for r in range(rounds):
+        samples += time_cpu(make_call(r), per_round).samples_ms
+    return summarize(samples, TIMER_CPU)
 
 
 def time_flushed(fn: Callable[[], object], cfg: TimingConfig) -> Timing:

@@ -34,7 +34,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1091,7 +1091,56 @@ def _keep_copy(dest: Path) -> Path:
     raise CompareError(f"cannot keep the old baseline: too many copies in {history}")
 
 
-def promote(run: str | Path, device: str | None = None,
+def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of several runs of one sweep as one baseline: each ok row's raw samples
+    are pooled over the runs (its median, p20, p80 and the metrics derived from the
+    median recomputed from the pool).
+
+    Why: on a shared machine a whole run can sit in a fast or a slow spell (seen on the
+    2-core CI VM: the same row 1.2-1.7x apart between back-to-back runs, with tight
+    spreads inside each), so a baseline from one run bakes its spell in, and every later
+    run is judged against it.  Samples pooled over runs span those spells, and the rank
+    test then asks whether a new run lies outside what the machine itself does.  A row
+    that is not ok with the same timer in every run is taken from the last run as it is.
+    """
+    from roofline import metrics
+
+    last = docs[-1]["rows"]
+    by_run = [{_key(r): r for r in d["rows"] if isinstance(r, dict)} for d in docs]
+    out = []
+    for row in last:
+        key = _key(row)
+        same = [b.get(key) for b in by_run]
+        pooled = dict(row)
+        if all(r is not None and str(r.get("status")) == "ok"
+               and r.get("timer") == row.get("timer") and r.get(SAMPLES) for r in same):
+            samples = [float(x) for r in same for x in r[SAMPLES]]
+            p20, p50, p80 = (float(v) for v in np.percentile(samples, [20, 50, 80]))
+            pooled.update(ms_median=p50, ms_p20=p20, ms_p80=p80, n_samples=len(samples))
+            pooled[SAMPLES] = samples
+            pooled.update(metrics.derive(row["flops"], row["bytes"], p50, row.get("peak_tflops"),
+                                         row.get("peak_gbps"), row.get("meas_peak_tflops"),
+                                         row.get("meas_peak_gbps")))
+            pooled["pooled_runs"] = len(same)
+        out.append(pooled)
+    return out
+
+
+def _pool_refusals(run: str | Path, device_key: str | None) -> list[str]:
+    """Why a run to be pooled into a baseline should not be (bad times always raise)."""
+    meta, df = _read_run(run, "run")
+    for row in df[_status(df) == "ok"].to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
+    out = [f"{run} is {', '.join(r)}" for r in [incomplete_reasons(meta)] if r]
+    other = run_device_key(meta, df)
+    if other and device_key and other != device_key:
+        out.append(f"{run} was measured on '{other}', not '{device_key}'")
+    return out
+
+
+def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
             baselines_dir: str | Path = DEFAULT_BASELINES_DIR,
             force: bool = False) -> tuple[Path, Path | None]:
     """Make a run the device's baseline; returns (baseline path, where the replaced
@@ -1105,6 +1154,10 @@ def promote(run: str | Path, device: str | None = None,
     <baselines_dir>/history/ first, then the new one is written atomically, with
     device_key set to the key and `promoted_from`.
     """
+    runs = [run] if isinstance(run, (str, Path)) else list(run)
+    if not runs:
+        raise CompareError("promote needs at least one run")
+    run = runs[-1]
     meta, df = _read_run(run, "run")  # validates the file before anything is written
     ok = df[_status(df) == "ok"]
     for row in ok.to_dict("records"):
@@ -1112,6 +1165,8 @@ def promote(run: str | Path, device: str | None = None,
         if problem:
             raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
     refusals = []
+    for other in runs[:-1]:  # every pooled run passes the same checks as the last one
+        refusals += _pool_refusals(other, run_device_key(meta, df))
     reasons = incomplete_reasons(meta)
     if reasons:
         refusals.append(f"the run is {', '.join(reasons)}")
@@ -1148,12 +1203,20 @@ def promote(run: str | Path, device: str | None = None,
     # Re-read the raw document rather than re-serialising the DataFrame, so the baseline
     # keeps every field and value exactly as the run wrote it.
     doc = json.loads(src.read_text())
+    if len(runs) > 1:
+        docs = [json.loads(resolve_results_json(r).read_text()) for r in runs]
+        keys = [sorted(_key(r) for r in d["rows"]) for d in docs]
+        if any(k != keys[-1] for k in keys):
+            raise CompareError("cannot pool runs with different rows: promote runs of "
+                               "the same sweep (same --kernels, --dtypes, --sizes)")
+        doc["rows"] = pool_rows(docs)
     new_meta = dict(doc.get("metadata") or {})
     old_run_key = new_meta.get("device_key")
     if old_run_key and old_run_key != key:
         new_meta["promoted_from_device_key"] = old_run_key
     new_meta["device_key"] = key
-    new_meta["promoted_from"] = str(src)
+    new_meta["promoted_from"] = str(src) if len(runs) == 1 else \
+        [str(resolve_results_json(r)) for r in runs]
     new_meta["promoted_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if refusals:
         new_meta["promoted_with_force"] = refusals
@@ -1199,7 +1262,9 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("promote", help="make RUN the stored baseline of its device",
                         description="Copy RUN's results.json to <baselines>/<device>.json, "
                         "keeping the replaced one in <baselines>/history/.")
-    pr.add_argument("run", help="run folder or results.json")
+    pr.add_argument("run", nargs="+",
+                    help="run folder or results.json; several runs of the same sweep are "
+                    "pooled into one baseline (recommended on a noisy machine)")
     pr.add_argument("--device", metavar="KEY", help="device key (default: the run's own)")
     pr.add_argument("--baselines", metavar="DIR", default=DEFAULT_BASELINES_DIR,
                     help=f"baselines folder (default {DEFAULT_BASELINES_DIR})")

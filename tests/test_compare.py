@@ -854,3 +854,40 @@ def test_promote_errors(tmp_path: Path, base: Path,
     bad = tmp_path / "bad.json"
     bad.write_text('{"metadata": [1], "rows": []}')
     _assert_one_line_error(*promote_main(capsys, str(bad)))
+
+
+def test_promote_pools_several_runs_into_one_baseline(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A fast spell of one run must not become the yardstick: the pooled baseline holds
+    every run's samples, and a new run inside that range is not slower."""
+    bl = tmp_path / "bl"
+    fast = write_run(tmp_path / "a", base_rows())
+    slow = write_run(tmp_path / "b", base_rows(scale={0: 1.3}), created=LATER)
+    code, out, _ = promote_main(capsys, str(fast), str(slow), "--baselines", str(bl))
+    assert code == 0
+    doc = json.loads(Path(out.strip()).read_text())
+    row = doc["rows"][0]
+    assert row["n_samples"] == len(row[SAMPLES]) == 2 * N and row["pooled_runs"] == 2
+    lo, hi = BASE_MS[0], BASE_MS[0] * 1.3
+    assert lo < row["ms_median"] < hi  # the median of the pool, between the two runs
+    assert math.isclose(row["gbps"], row["bytes"] / (row["ms_median"] * 1e-3) / 1e9)
+    assert doc["rows"][1]["ms_median"] == pytest.approx(BASE_MS[1], rel=1e-9)
+    assert len(doc["metadata"]["promoted_from"]) == 2
+    # against the one-run baseline of the fast spell a slow-spell run is "slower";
+    # against the pool it is not
+    again = write_run(tmp_path / "c", base_rows(scale={0: 1.3}), created="2025-01-03T00:00")
+    key = ("add", "triton", "bf16", SPECS[0][2])
+    assert verdicts(fast, again)[key] == "slower"
+    assert verdicts(Path(out.strip()), again)[key] != "slower"
+
+
+def test_promote_refuses_to_pool_different_sweeps(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_run(tmp_path / "a", base_rows())
+    b = write_run(tmp_path / "b", base_rows()[:2], created=LATER)
+    code, _, err = promote_main(capsys, str(a), str(b), "--baselines", str(tmp_path / "bl"))
+    assert code == 2 and "different rows" in err
+    assert not (tmp_path / "bl" / "h100.json").exists()
+    c = write_run(tmp_path / "c", base_rows(), interrupted=True)
+    code, _, err = promote_main(capsys, str(c), str(a), "--baselines", str(tmp_path / "bl"))
+    assert code == 2 and "interrupted" in err
