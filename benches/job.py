@@ -9,6 +9,7 @@ import math
 import os
 import re
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,11 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
 # outside --out.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Rounds of re-timing for rows that look slower than the baseline, interleaved across
-# those rows so that a burst of noise on the machine hits them all alike.
-RETIME_ROUNDS = 3
+# those rows and at least RETIME_SPACING_S apart, so that one slow spell of a shared
+# machine (seconds long) cannot cover most of a row's rounds; compare.confirm_slower
+# forgives one slow-looking round in five.
+RETIME_ROUNDS = 5
+RETIME_SPACING_S = 2.0
 
 
 def _check_run_id(run_id: str) -> str:
@@ -333,7 +337,10 @@ def _retimer(cases: list[Case], cfg: RunConfig):
         got: dict[tuple, list[list[float]]] = {_case_key(c): [] for c in todo}
         console.print(f"re-timing {len(todo)} rows that look slower "
                       f"({RETIME_ROUNDS} rounds, interleaved)")
+        started = 0.0
         for _ in range(RETIME_ROUNDS):
+            time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
+            started = time.monotonic()
             for case in todo:
                 row = runner.run_case(case, cfg, runner._InputCache())
                 if row["status"] == "ok" and row.get(SAMPLES):

@@ -772,12 +772,14 @@ def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
 def confirm_slower(result: CompareResult, retime: Retime) -> None:
     """Re-time every row judged slower and keep it a regression only when it is judged
     slower again (same rule, same alpha, against the baseline's samples) in a strict
-    majority of the re-timed rounds; the others become not-confirmed.
+    majority of the re-timed rounds and in all of them but at most one (2 of 3, 4 of 5);
+    the others become not-confirmed.
 
-    A strict majority rather than every round: a real slowdown survives one round spoiled
-    by a noisy neighbour, while a transient one (the machine busy while the row was
-    timed) has to come back in most rounds, which re-timing interleaved across rows makes
-    unlikely.  A row that got no valid round stays slower (the gate does not pass a
+    Not every round: a real slowdown survives one round spoiled by a noisy neighbour.
+    But a slow spell of a shared machine lasts seconds and can cover several rounds (on
+    the 2-core CI VM, unchanged rows were confirmed slower by 2 of 3 rounds taken back
+    to back), while a real slowdown is there in every round, so one miss is all that is
+    forgiven.  A row that got no valid round stays slower (the gate does not pass a
     regression it could not check).  Updates result in place.
     """
     slower = result.rows.index[result.rows["verdict"] == "slower"]
@@ -806,7 +808,7 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
         medians = ", ".join(f"{float(np.median(s)):.4g}" for s in rounds)
         hits = verdicts.count("slower")
         note = f"slower in {hits} of {len(rounds)} re-timed rounds (medians {medians} ms)"
-        if hits * 2 > len(rounds):
+        if hits * 2 > len(rounds) and hits >= len(rounds) - 1:
             result.confirmed += 1
             result.rows.loc[i, "note"] = _join(result.rows.loc[i, "note"], note)
         else:

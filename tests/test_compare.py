@@ -510,6 +510,8 @@ SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")
     ([1.3, 1.0, 1.0], "not-confirmed", 0),
     ([1.0, 1.0, 1.0], "not-confirmed", 0),
     ([1.3, 1.0], "not-confirmed", 0),  # 1 of 2 is not a majority
+    ([1.3, 1.3, 1.3, 1.3, 1.0], "slower", 1),  # one miss of five is forgiven
+    ([1.3, 1.3, 1.3, 1.0, 1.0], "not-confirmed", 0),  # a majority, but two misses
     ([], "slower", 1),  # could not be re-timed: kept
 ])
 def test_retime_confirms_by_strict_majority(base: Path, tmp_path: Path, factors: list[float],
