@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -27,6 +28,7 @@ from rich.table import Table
 
 from benches import runner
 from benches.interrupt import Terminated, exit_code
+from benches.retime import case_id
 from benches.runner import (
     Case,
     ResultWriter,
@@ -52,7 +54,6 @@ from roofline.devices import (
     resolve,
 )
 from roofline.schema import (
-    SAMPLES,
     RunLoadError,
     format_shape,
     load_run,
@@ -328,23 +329,39 @@ def _case_key(case: Case) -> tuple[str, str, str, str]:
 
 
 def _retimer(cases: list[Case], cfg: RunConfig):
-    """The compare step's `retime` callback: fresh samples of the given rows, RETIME_ROUNDS
-    rounds interleaved across the rows."""
+    """The compare step's `retime` callback: fresh samples of the given rows, one child
+    process per round (benches/retime.py says why), RETIME_ROUNDS rounds at least
+    RETIME_SPACING_S apart, each round timing all the rows in turn."""
     by_key = {_case_key(c): c for c in cases}
 
     def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
-        todo = [by_key[tuple(k)] for k in keys if tuple(k) in by_key]
-        got: dict[tuple, list[list[float]]] = {_case_key(c): [] for c in todo}
-        console.print(f"re-timing {len(todo)} rows that look slower "
-                      f"({RETIME_ROUNDS} rounds, interleaved)")
+        todo = [tuple(k) for k in keys if tuple(k) in by_key]
+        got: dict[tuple, list[list[float]]] = {k: [] for k in todo}
+        if not todo:
+            return got
+        console.print(f"re-timing {len(todo)} rows that look slower ({RETIME_ROUNDS} "
+                      "rounds, each in a fresh process)")
+        spec = json.dumps({"device": cfg.model.key, "seed": cfg.seed,
+                           "fp8_accum": kernel_spec.fp8_accum(),
+                           "ceilings": cfg.ceilings.to_json(),
+                           "cases": [list(k) for k in todo]})
         started = 0.0
-        for _ in range(RETIME_ROUNDS):
+        for r in range(RETIME_ROUNDS):
             time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
             started = time.monotonic()
-            for case in todo:
-                row = runner.run_case(case, cfg, runner._InputCache())
-                if row["status"] == "ok" and row.get(SAMPLES):
-                    got[_case_key(case)].append(list(row[SAMPLES]))
+            proc = subprocess.run([sys.executable, "-m", "benches.retime"], input=spec,
+                                  capture_output=True, text=True,
+                                  cwd=Path(__file__).resolve().parent.parent)
+            lines = proc.stdout.strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                console.print(f"[yellow]warning[/yellow]: re-timing round {r + 1} failed: "
+                              f"{why}")
+                continue
+            answer = json.loads(lines[-1])
+            for k in todo:
+                if case_id(k) in answer:
+                    got[k].append(answer[case_id(k)])
         return got
 
     return retime

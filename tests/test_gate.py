@@ -290,3 +290,24 @@ def test_a_bad_ceiling_cache_is_measured_again(tmp_path, monkeypatch, cached):
     got = ceilings.get_ceilings(DEVICES["cpu"], present, tmp_path, log=lambda m: None)
     assert got.peak_tflops("fp32") == 0.5 and got.peak_gbps() == 20.0
     assert json.loads(path.read_text()) == fresh  # the bad cache is replaced
+
+
+def test_compare_confirms_a_real_slowdown_in_fresh_processes(tmp_path, capsys):
+    """A baseline row made 3x faster: the run looks slower there, the re-timing rounds
+    (child processes) confirm it, and the gate fails naming that row only."""
+    assert _run(tmp_path, "--run-id", "base") == 0
+    doc = json.loads((tmp_path / "cpu" / "base" / "results.json").read_text())
+    row = next(r for r in doc["rows"] if r["kernel"] == "mul")
+    row["samples_ms"] = [x / 3 for x in row["samples_ms"]]
+    for k in ("ms_median", "ms_p20", "ms_p80"):
+        row[k] /= 3
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert _run(tmp_path, "--run-id", "new", "--compare", str(base)) == 1
+    out = capsys.readouterr().out
+    assert "each in a fresh process" in out
+    report = (tmp_path / "cpu" / "new" / "compare.md").read_text()
+    slower = [line for line in report.splitlines() if "**slower**" in line]
+    assert len(slower) == 1 and "| mul |" in slower[0]
+    assert "1 confirmed" in report
