@@ -14,14 +14,13 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 from benches.interrupt import Terminated, exit_code, sigterm_raises
 
 # roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
-from roofline.compare import DEFAULT_THRESHOLD
+from roofline.compare import DEFAULT_THRESHOLD, CompareError, check_threshold
 
 
 class UsageError(ValueError):
@@ -82,8 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "needed) and report registers, spills, shared memory, MMA, loads")
     p.add_argument("--arch", default="sm_90", help="--inspect target: sm_80, sm_89, sm_90")
     args = p.parse_args(argv)
-    if not math.isfinite(args.threshold) or args.threshold < 0:
-        raise UsageError(f"--threshold must be a finite number >= 0, not {args.threshold:g}")
+    try:
+        check_threshold(args.threshold)
+    except CompareError as e:
+        raise UsageError(str(e)) from None
     return args
 
 

@@ -43,6 +43,7 @@ from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
 from roofline.ceilings import Ceilings, get_ceilings
+from roofline.compare import CompareError, check_baseline, parse_allow
 from roofline.devices import (
     DEVICES,
     ROOF_CLASSES,
@@ -56,17 +57,11 @@ from roofline.devices import (
 from roofline.schema import (
     RunLoadError,
     format_shape,
-    load_run,
     resolve_results_json,
 )
 
-USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError)
-try:
-    from roofline.compare import CompareError
-
-    USER_ERRORS += (CompareError,)
-except ImportError:  # pragma: no cover - compare is part of the package
-    pass
+USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
+                                             CompareError)
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default,
 # so tables do not fold.
@@ -297,29 +292,6 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         args.sizes, args.explicit_shapes = meta["sizes"], None
 
 
-def _allowed(text: str) -> tuple[str, ...]:
-    from roofline import compare
-
-    names = [a.strip() for a in text.split(",") if a.strip()]
-    allowable = getattr(compare, "ALLOWABLE", ())
-    for a in names:
-        if a not in allowable:
-            raise RequestError(f"unknown --allow '{a}' (choose from {','.join(allowable)})")
-    return tuple(names)
-
-
-def _check_baseline(path: str, device_key: str, allow_mismatch: bool) -> None:
-    """A baseline must be usable before anything is measured: on a GPU a bad one found
-    after the sweep wastes the whole run."""
-    from roofline import compare
-
-    check = getattr(compare, "check_baseline", None)
-    if check is not None:
-        check(path, device_key, allow_device_mismatch=allow_mismatch)
-    else:
-        load_run(path)
-
-
 def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]))
 
@@ -369,7 +341,7 @@ def _retimer(cases: list[Case], cfg: RunConfig):
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     # ---- everything the run needs is checked before any ceiling or kernel is measured
-    allow = _allowed(args.allow)
+    allow = parse_allow(args.allow)
     resume_rows: list[dict[str, Any]] = []
     old_meta: dict[str, Any] | None = None
     if args.resume:
@@ -390,7 +362,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise RequestError(f"cannot resume a run of '{old_meta.get('detected_key')}' on "
                            f"'{present.key}'")
     if args.compare:
-        _check_baseline(args.compare, model.key, args.allow_device_mismatch)
+        # A bad baseline found after the sweep would waste the whole (GPU) run.
+        check_baseline(args.compare, model.key,
+                       allow_device_mismatch=args.allow_device_mismatch)
     target = Target(present.kind, present.capability, interpreter_enabled(), present.name)
     cfg = RunConfig(
         kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,

@@ -22,14 +22,18 @@ TINY = ["--device", "cpu", "--sizes", "n=2048", "--kernels", "add,mul", "--dtype
         "--providers", "torch", "--no-plots"]
 
 
-@pytest.fixture(autouse=True)
-def _no_ceiling_measurement(monkeypatch):
+def _fake_ceilings(monkeypatch) -> None:
     """Ceilings take seconds to measure on a CPU; these tests are about the run's files."""
     from roofline.ceilings import Ceilings
 
     fake = {"tflops": {"fp32": 1.0, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0},
             "hbm_gbps": 10.0, "l2_gbps": 50.0, "method": {}}
     monkeypatch.setattr(job, "get_ceilings", lambda *a, **k: Ceilings(None, fake))
+
+
+@pytest.fixture(autouse=True)
+def _no_ceiling_measurement(monkeypatch):
+    _fake_ceilings(monkeypatch)
 
 
 def _run(tmp_path: Path, *extra: str) -> int:
@@ -203,7 +207,7 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
     _, first = load_run(tmp_path / "cpu" / "x")
     assert len(first) == 3
     monkeypatch.undo()
-    _no_ceiling_fixture_again(monkeypatch)
+    _fake_ceilings(monkeypatch)
     seen = []
     real = runner.run_case
     monkeypatch.setattr(runner, "run_case",
@@ -215,13 +219,6 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
     assert df.iloc[:3].to_dict() == first.to_dict() or df.iloc[:3].equals(first)
     assert meta["complete"] is True and len(meta["resumed"]) == 1
     assert run_bench.main(["--resume", str(tmp_path / "cpu" / "x")]) == 2  # complete now
-
-
-def _no_ceiling_fixture_again(monkeypatch) -> None:
-    from roofline.ceilings import Ceilings
-
-    monkeypatch.setattr(job, "get_ceilings", lambda *a, **k: Ceilings(
-        None, {"tflops": {"fp32": 1.0}, "hbm_gbps": 10.0, "l2_gbps": 50.0, "method": {}}))
 
 
 def test_aborted_sweep_stops_at_once(tmp_path, monkeypatch):
