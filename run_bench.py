@@ -20,7 +20,7 @@ import sys
 from benches.interrupt import Terminated, exit_code, sigterm_raises
 
 # roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
-from roofline.compare import DEFAULT_THRESHOLD, CompareError, check_threshold
+from roofline.compare import CompareError, check_threshold, threshold_help
 
 
 class UsageError(ValueError):
@@ -56,8 +56,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compare", metavar="BASELINE", default=None,
                    help="compare with a baseline run (folder or JSON); exit 1 on regression")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="PCT",
-                   help=f"regression threshold in percent (default {DEFAULT_THRESHOLD:g})")
+    p.add_argument("--threshold", type=float, default=None, metavar="PCT",
+                   help=f"regression threshold in percent (default: {threshold_help()})")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="compare against a baseline from another device")
     p.add_argument("--allow", default="", metavar="LIST",

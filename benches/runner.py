@@ -19,7 +19,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,9 @@ from benches.timing import (
     Timing,
     TimingConfig,
     choose_method,
+    cpu_round_config,
     rotation_copies,
+    summarize,
     time_cpu_rounds,
     time_cudagraph,
     time_flushed,
@@ -319,6 +321,11 @@ def _run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
         timing, note = _time_case(case, cfg, inputs, out)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
+    return _set_timing(row, case, cfg, timing, note)
+
+
+def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
+                note: str) -> dict[str, Any]:
     row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
                n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note)
     row[SAMPLES] = list(timing.samples_ms)
@@ -789,7 +796,46 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
     the CUDA context unusable yields its failed row, then SweepAborted is raised: no
-    later case could run, and hundreds of follow-on rows would hide the first error."""
+    later case could run, and hundreds of follow-on rows would hide the first error.
+
+    CPU-timed sweeps interleave their rounds (see TimingConfig.cpu_rounds): cases are
+    checked and timed for one round in chunks of about cpu_chunk_s seconds, then every
+    further round of the chunk is timed in turn, and the chunk's rows are yielded
+    together.  An interrupt (or any exception) yields the chunk's rows timed so far,
+    over the rounds they completed (n_samples says how many), before it propagates."""
+    if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
+        yield from _iterate_serial(cases, cfg)
+        return
+    cache = _InputCache()
+    one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
+    chunk: list[list[Any]] = []  # [case, row], rows replaced when a later round fails
+    try:
+        start = time.monotonic()
+        for case in cases:
+            try:
+                row = run_case(case, one_round, cache)
+            except SweepAborted as e:
+                yield from _emit(chunk, cfg)
+                yield case, e.row
+                raise
+            chunk.append([case, row])
+            if time.monotonic() - start >= cfg.timing.cpu_chunk_s:
+                _later_rounds(chunk, cfg, one_round, cache)
+                yield from _emit(chunk, cfg)
+                start = time.monotonic()
+        _later_rounds(chunk, cfg, one_round, cache)
+        yield from _emit(chunk, cfg)
+    except GeneratorExit:
+        raise  # closed by the consumer: nothing may be yielded any more
+    except BaseException:
+        yield from _emit(chunk, cfg)
+        raise
+    finally:
+        cache.clear()
+
+
+def _iterate_serial(cases: list[Case], cfg: RunConfig
+                    ) -> Iterator[tuple[Case, dict[str, Any]]]:
     cache = _InputCache()
     try:
         for case in cases:
@@ -801,3 +847,40 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
             yield case, row
     finally:
         cache.clear()
+
+
+def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
+                  cache: _InputCache) -> None:
+    """Rounds 2..cpu_rounds of a chunk's CPU-timed rows, round by round over the chunk,
+    each on freshly made inputs and output (the same data: same seed).  A row's samples
+    grow by whole rounds only."""
+    cache.clear()
+    for _ in range(1, cfg.timing.cpu_rounds):
+        for item in chunk:
+            case, row = item
+            if row["status"] != "ok" or row.get("timer") != TIMER_CPU:
+                continue
+            try:
+                inputs = case.spec.make_inputs(
+                    case.shape, case.dtype,
+                    case_seed(cfg.seed, case.spec, case.dtype, case.shape),
+                    cfg.target.device)
+                out = case.spec.alloc_out(inputs, case.dtype)
+                timing, _ = _time_case(case, one_round, inputs, out)
+            except Exception as e:
+                # A kernel that raises in a later round failed: no timing is kept.
+                failed = base_row(case, cfg)
+                failed.update(rel_err=row["rel_err"], correct=row["correct"])
+                item[1] = _error_row(failed, e, case, cfg, cache, " while timing")
+                continue
+            row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
+
+
+def _emit(chunk: list[list[Any]], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
+    """Yield (and remove) the chunk's rows, each CPU-timed one summarised over all its
+    samples."""
+    while chunk:
+        case, row = chunk.pop(0)
+        if row["status"] == "ok" and row.get("timer") == TIMER_CPU:
+            _set_timing(row, case, cfg, summarize(row[SAMPLES], TIMER_CPU), row["reason"])
+        yield case, row

@@ -47,12 +47,17 @@ class TimingConfig:
     max_graph_samples: int = 1000
     # torch.utils.benchmark blocked_autorange budget; then topped up to min_samples
     cpu_min_run_time_s: float = 0.05
-    # CPU samples come in this many rounds, each on freshly allocated inputs and output:
-    # on a CPU the time of the same op moves by up to 1.3x with where its buffers landed
-    # (measured: bf16 add of 2^18 elements took 52 or 66 us depending on the allocation,
-    # stable within one), so samples from one allocation understate the run-to-run spread
-    # and a rank test would call the next run's other allocation a regression.
+    # CPU samples come in this many rounds, each on freshly allocated inputs and output,
+    # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
+    # of every case in a chunk of about cpu_chunk_s seconds, then round r + 1.  On a
+    # shared machine the speed of the same op moves in spells of seconds (measured on the
+    # 2-core CI VM: fp32 add of 2^18 elements at 24 or 41 us, steady within 10 ms and
+    # switching between rounds seconds apart), so samples taken back to back hold one
+    # spell and understate the run-to-run spread.  Rounds seconds apart sample several
+    # spells; the fastest of them is then stable between runs (min over 25 samples:
+    # identical runs within 1.16x of each other, against 1.98x with rounds back to back).
     cpu_rounds: int = 5
+    cpu_chunk_s: float = 3.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -120,15 +125,21 @@ def time_cpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     return summarize([t * 1e3 for t in times], TIMER_CPU)
 
 
+def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
+    """The budget of one of cfg.cpu_rounds rounds: its share of the samples and run time
+    (so that the rounds together give cfg.min_samples samples)."""
+    rounds = max(1, cfg.cpu_rounds)
+    return replace(cfg, cpu_rounds=1, min_samples=math.ceil(cfg.min_samples / rounds),
+                   cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds)
+
+
 def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
                     cfg: TimingConfig) -> Timing:
-    """time_cpu over cfg.cpu_rounds rounds; `make_call(r)` gives round r's callable (on
-    its own buffers), and the samples of all rounds are pooled."""
-    rounds = max(1, cfg.cpu_rounds)
-    per_round = replace(cfg, min_samples=math.ceil(cfg.min_samples / rounds),
-                        cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds)
+    """time_cpu over cfg.cpu_rounds rounds taken back to back; `make_call(r)` gives round
+    r's callable (on its own buffers), and the samples of all rounds are pooled."""
+    per_round = cpu_round_config(cfg)
     samples: list[float] = []
-    for r in range(rounds):
+    for r in range(max(1, cfg.cpu_rounds)):
         samples += time_cpu(make_call(r), per_round).samples_ms
     return summarize(samples, TIMER_CPU)
 
