@@ -893,3 +893,72 @@ def test_promote_refuses_to_pool_different_sweeps(tmp_path: Path,
     c = write_run(tmp_path / "c", base_rows(), interrupted=True)
     code, _, err = promote_main(capsys, str(c), str(a), "--baselines", str(tmp_path / "bl"))
     assert code == 2 and "interrupted" in err
+
+
+# ------------------------------------------------- default threshold and the fast end
+
+
+def test_default_threshold_by_device_kind(tmp_path: Path) -> None:
+    # Pinned: 5% on a GPU runner, 20% on a CPU (above the shared CI VM's run-to-run
+    # noise); an unknown device gets the GPU's (stricter) one.
+    assert compare.DEFAULT_THRESHOLDS == {"cuda": 5.0, "cpu": 20.0}
+    assert compare.default_threshold("h100") == 5.0
+    assert compare.default_threshold("cpu") == 20.0
+    assert compare.default_threshold("tpu-v9") == 5.0 == compare.default_threshold(None)
+    # 15% slower everywhere: past the GPU default, within the CPU one.
+    for key, verdict in (("h100", "slower"), ("cpu", "same")):
+        b = write_run(tmp_path / f"b-{key}", base_rows(), device_key=key)
+        r = write_run(tmp_path / f"r-{key}", base_rows(scale={i: 1.15 for i in range(4)}),
+                      device_key=key, created=LATER)
+        result = compare.compare_runs(b, r)
+        assert result.threshold == compare.default_threshold(key)
+        assert set(result.rows["verdict"]) == {verdict}
+
+
+def test_a_moved_median_with_a_steady_fast_end_is_ambiguous() -> None:
+    # A slow spell covering most of the new row's samples: median 1.5x, but the fastest
+    # samples are where they were -> not called slower.
+    b = 1 + 0.002 * np.arange(N)
+    n = np.concatenate([b[:6], b[6:] * 1.5])
+    verdict, note = judge(ts(b), ts(n), 5.0)
+    assert verdict == "ambiguous" and "fast end" in note
+    # The same with every sample slower is a slowdown.
+    assert judge(ts(b), ts(b * 1.5), 5.0)[0] == "slower"
+
+
+def test_one_fast_outlier_cannot_hide_a_slowdown() -> None:
+    # The fast end is the second-fastest sample: one new sample as fast as the
+    # baseline's fastest leaves the verdict slower; two make it ambiguous.
+    b = 1 + 0.002 * np.arange(N)
+    one = np.concatenate([[b[0]], b[1:] * 1.5])
+    two = np.concatenate([b[:2], b[2:] * 1.5])
+    assert judge(ts(b), ts(one), 5.0)[0] == "slower"
+    assert judge(ts(b), ts(two), 5.0)[0] == "ambiguous"
+
+
+def test_ambiguous_rows_past_the_threshold_are_retimed(base: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    # Row 3: median 1.3x but too spread for the rank test -> ambiguous; row 1: 3% slower
+    # (within the threshold) is not re-timed.  The rounds settle row 3 either way.
+    rows = base_rows(scale={1: 1.03})
+    wide = list(0.2 * np.geomspace(1.0, 2.2, N))
+    rows[3] = make_row(*SPECS[3], None, samples=wide)
+    run = write_run(tmp_path / "run", rows, created=LATER)
+    first = compare.compare_runs(base, run, 5.0)
+    assert first.rows.set_index("shape").loc["M=4096,N=4096,K=4096", "verdict"] == "ambiguous"
+    for factor, expected, code in ((1.3, "slower", 1), (1.0, "ambiguous", 0)):
+        asked: list[list[tuple]] = []
+
+        def retime(keys: list[tuple[str, str, str, str]], f: float = factor,
+                   asked: list[list[tuple]] = asked) -> dict[tuple, list[list[float]]]:
+            asked.append(list(keys))
+            return {k: [spread_samples(0.2 * f) for _ in range(5)] for k in keys}
+
+        assert compare_and_report(base, run, 5.0, retime=retime) == code
+        assert asked == [[("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")]]
+        md = (run / "compare.md").read_text()
+        assert f"| M=4096,N=4096,K=4096 | **{expected}** |" in md
+        out = capsys.readouterr().out
+        assert f"re-timed 1 row that looked slower (5 rounds): " \
+               f"{1 if expected == 'slower' else 0} confirmed" in out
