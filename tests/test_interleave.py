@@ -110,3 +110,4 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
     for row in got:  # both cases finished rounds 1 and 2, neither round 3
         assert row["status"] == "ok"
         assert row["n_samples"] == len(row["samples_ms"]) == 2 * per_round
+        assert row["reason"] == "timed in 2 of 5 rounds only (stopped by SIGINT)"
