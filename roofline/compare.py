@@ -812,9 +812,9 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
     """Re-time every row that looks slower (judged slower, or ambiguous with its median
     past the threshold) and call it slower only when the re-timing says so again:
 
-      each re-timed round is judged against the baseline's samples by the same rule and
-      alpha (median, fast end and rank test), and the row is slower when a strict
-      majority of the rounds and all of them but at most one are (2 of 3, 4 of 5).
+      a strict majority of the re-timed rounds, and all of them but at most one (2 of
+      3, 4 of 5), have their median and fast end past the threshold (_round_slower),
+      and so has the median of all re-timed samples pooled.
 
     run_bench.py times each round in a fresh process, seconds apart.  A slow spell of a
     shared machine lasts seconds and can cover a whole process and several rounds (on the
@@ -853,19 +853,31 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
             rows.loc[i, "note"] = _join(rows.loc[i, "note"], "could not be re-timed")
             continue
         medians = [float(np.median(r)) for r in rounds]
-        hits = [judge(base, Timing("ok", m, samples=tuple(float(x) for x in r)),
-                      result.threshold, result.alpha)[0] for m, r in zip(medians, rounds,
-                                                                         strict=True)
-                ].count("slower")
+        hits = sum(_round_slower(base, r, t) for r in rounds)
+        pooled = float(np.median([float(x) for r in rounds for x in r])) / base.center
         note = (f"slower in {hits} of {len(rounds)} re-timed rounds (medians "
-                f"{', '.join(f'{m:.4g}' for m in medians)} ms)")
-        if hits * 2 > len(rounds) and hits >= len(rounds) - 1:
+                f"{', '.join(f'{m:.4g}' for m in medians)} ms; pooled {pooled:.3g}x)")
+        if hits * 2 > len(rounds) and hits >= len(rounds) - 1 and pooled > 1.0 + t:
             result.confirmed += 1
             rows.loc[i, ["verdict", "note"]] = ["slower", note]
         else:
             rows.loc[i, ["verdict", "note"]] = ["not-confirmed" if was_slower
                                                 else "ambiguous", note]
     result.rows = _sorted(rows)
+
+
+def _round_slower(base: Timing, samples: Sequence[float], t: float) -> bool:
+    """A re-timed round is slower when its median and its fast end (when both sides have
+    2 samples or more) are past the threshold.  No rank test per round: a round is one
+    process's few milliseconds, tight, while a baseline pooled over runs spans the
+    machine's spells, so a rank test against it loses real slowdowns (measured on the
+    CI VM under load: a row made 1.43x slower had all 5 round medians past the 20%
+    threshold, and the rank test confirmed 2); the rounds' majority is the test."""
+    if float(np.median(samples)) / base.center <= 1.0 + t:
+        return False
+    if len(samples) < 2 or len(base.samples) < 2:
+        return True
+    return fast_end_ratio(base.samples, samples) > 1.0 + t
 
 
 def _join(a: str, b: str) -> str:

@@ -962,3 +962,24 @@ def test_ambiguous_rows_past_the_threshold_are_retimed(base: Path, tmp_path: Pat
         out = capsys.readouterr().out
         assert f"re-timed 1 row that looked slower (5 rounds): " \
                f"{1 if expected == 'slower' else 0} confirmed" in out
+
+
+def test_tight_rounds_confirm_against_a_wide_baseline(tmp_path: Path) -> None:
+    # A baseline pooled over noisy runs: 50 samples near 1x, 25 in a 2x slow spell; the
+    # run and every re-timed round are tight at 1.45x its median (its fast end 1.45x too):
+    # confirmed, though a rank test of them against the wide baseline is not significant.
+    wide = list(0.2 * np.concatenate([np.linspace(1.0, 1.05, 50), np.linspace(2.0, 2.1, 25)]))
+    base_r = base_rows()
+    base_r[3] = make_row(*SPECS[3], None, samples=wide)
+    b = write_run(tmp_path / "b", base_r)
+    med = float(np.median(wide))
+    tight = [med * 1.45 * (1 + 0.002 * q) for q in range(N)]
+    run_r = base_rows()
+    run_r[3] = make_row(*SPECS[3], None, samples=tight)
+    r = write_run(tmp_path / "r", run_r, created=LATER)
+    assert judge(ts(wide), ts(tight), 20.0)[0] == "ambiguous"  # the rank test alone
+    assert compare_and_report(b, r, 20.0, retime=lambda keys: {
+        k: [tight] * 5 for k in keys}) == 1
+    # Rounds back at the baseline's median: not confirmed.
+    assert compare_and_report(b, r, 20.0, retime=lambda keys: {
+        k: [[med * (1 + 0.002 * q) for q in range(N)]] * 5 for k in keys}) == 0
