@@ -54,8 +54,9 @@ class TimingConfig:
     # 2-core CI VM: fp32 add of 2^18 elements at 24 or 41 us, steady within 10 ms and
     # switching between rounds seconds apart), so samples taken back to back hold one
     # spell and understate the run-to-run spread.  Rounds seconds apart sample several
-    # spells; the fastest of them is then stable between runs (min over 25 samples:
-    # identical runs within 1.16x of each other, against 1.98x with rounds back to back).
+    # spells, and the fast end of a row is then steady between runs (the fastest of 25
+    # samples of identical quick sweeps within 1.16x and 1.28x of each other in two
+    # batches of 6 and 8 runs, against 1.98x with the rounds back to back).
     cpu_rounds: int = 5
     cpu_chunk_s: float = 3.0
 

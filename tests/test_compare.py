@@ -506,17 +506,19 @@ SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")
 
 @pytest.mark.parametrize("factors, expected, code", [
     ([1.3, 1.3, 1.3], "slower", 1),
-    ([1.3, 1.0, 1.3], "slower", 1),  # a strict majority of rounds
+    ([1.3, 1.3, 1.3, 1.3, 1.3], "slower", 1),
+    ([1.3, 2.5, 1.3, 1.3, 1.3], "slower", 1),  # a neighbour slows a round: still slower
+    ([1.3, 1.0, 1.3], "not-confirmed", 0),  # one round as fast as the baseline: no
+    ([1.3, 1.3, 1.3, 1.3, 1.0], "not-confirmed", 0),
     ([1.3, 1.0, 1.0], "not-confirmed", 0),
     ([1.0, 1.0, 1.0], "not-confirmed", 0),
-    ([1.3, 1.0], "not-confirmed", 0),  # 1 of 2 is not a majority
-    ([1.3, 1.3, 1.3, 1.3, 1.0], "slower", 1),  # one miss of five is forgiven
-    ([1.3, 1.3, 1.3, 1.0, 1.0], "not-confirmed", 0),  # a majority, but two misses
+    ([1.3, 1.04], "not-confirmed", 0),  # inside the 5% threshold
+    ([1.06], "slower", 1),  # just past it, in the one round there is
     ([], "slower", 1),  # could not be re-timed: kept
 ])
-def test_retime_confirms_by_strict_majority(base: Path, tmp_path: Path, factors: list[float],
-                                            expected: str, code: int,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_retime_confirms_when_every_round_is_slower(
+        base: Path, tmp_path: Path, factors: list[float], expected: str, code: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
     asked: list[list[tuple]] = []
 
