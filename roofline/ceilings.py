@@ -131,6 +131,9 @@ def _copy_fn(nbytes: int, device: str, reps: int = 1):
     return copy
 
 
+CACHE_ATTEMPTS = 3
+
+
 def measure(present: Present, log=print) -> dict[str, Any]:
     """Measure bandwidth and per-dtype compute ceilings on the device present."""
     import torch
@@ -156,10 +159,29 @@ def measure(present: Present, log=print) -> dict[str, Any]:
         else (1 << 21 if device == "cpu" else 0)
     if cache_bytes:
         reps = 50
-        ms = _time_ms(_copy_fn(cache_bytes, device, reps), device, l2_flush=False)
-        out["l2_gbps"] = 2 * cache_bytes * reps / (ms * 1e-3) / 1e9
-        out["method"]["l2"] = f"{reps} back-to-back copies of {cache_bytes / 2**20:.1f} MiB"
-        log(f"  cache copy bandwidth {out['l2_gbps']:.1f} GB/s")
+        fn = _copy_fn(cache_bytes, device, reps)
+        # A cache copy slower than the DRAM copy is the host's load, not the cache: on a
+        # loaded 2-core VM each parallel copy_ waits a scheduler slice for its second
+        # thread (seen: 0.4 GB/s against 110-170 GB/s alone).  Retried a few times, 1 s
+        # apart, and left out rather than recorded as a roof below DRAM's.
+        best = 0.0
+        for attempt in range(CACHE_ATTEMPTS):
+            if attempt:
+                time.sleep(1.0)
+            ms = _time_ms(fn, device, l2_flush=False)
+            best = max(best, 2 * cache_bytes * reps / (ms * 1e-3) / 1e9)
+            if best > out["hbm_gbps"]:
+                break
+        if best > out["hbm_gbps"]:
+            out["l2_gbps"] = best
+            out["method"]["l2"] = (f"{reps} back-to-back copies of "
+                                   f"{cache_bytes / 2**20:.1f} MiB")
+            log(f"  cache copy bandwidth {best:.1f} GB/s")
+        else:
+            out["method"]["l2"] = (f"left out: {best:.1f} GB/s in {CACHE_ATTEMPTS} attempts, "
+                                   f"below the DRAM copy's {out['hbm_gbps']:.1f} (host busy)")
+            log(f"  cache copy bandwidth left out: {best:.1f} GB/s is below the DRAM copy's "
+                "(host busy?)")
 
     sizes = (4096, 8192) if device == "cuda" else (256, 512, 1024)
     classes = [c for c in ROOF_CLASSES if not (c == "tf32" and device != "cuda")]
@@ -210,8 +232,9 @@ def _positive(x: Any) -> bool:
 
 def cache_problem(doc: Any) -> str | None:
     """Why a cached measurement cannot be used (None when it can): every roof a row is
-    held against comes from it, so a list, a string where a number belongs or a
-    non-positive value must not silently drop or corrupt roofs."""
+    held against comes from it, so a list, a string where a number belongs, a
+    non-positive value or a cache roof below the DRAM roof (a measurement under load)
+    must not silently drop or corrupt roofs."""
     if not isinstance(doc, dict):
         return f"not a JSON object ({type(doc).__name__})"
     tflops = doc.get("tflops")
@@ -222,8 +245,11 @@ def cache_problem(doc: Any) -> str | None:
             return f"tflops[{rc!r}] = {v!r} is not a positive number of a known roof"
     if not _positive(doc.get("hbm_gbps")):
         return f"hbm_gbps = {doc.get('hbm_gbps')!r} is not a positive number"
-    if doc.get("l2_gbps") is not None and not _positive(doc.get("l2_gbps")):
-        return f"l2_gbps = {doc.get('l2_gbps')!r} is not a positive number"
+    l2 = doc.get("l2_gbps")
+    if l2 is not None and not _positive(l2):
+        return f"l2_gbps = {l2!r} is not a positive number"
+    if l2 is not None and l2 <= doc["hbm_gbps"]:
+        return f"l2_gbps = {l2:g} is below hbm_gbps = {doc['hbm_gbps']:g} (measured under load)"
     return None
 
 

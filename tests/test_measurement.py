@@ -557,8 +557,12 @@ def test_fp32_tolerance_is_2e_5(rel, status):
     assert row["rel_err"] == pytest.approx(rel, rel=0.05)
 
 
-def _fake_measure(monkeypatch, ms: float = 1.0) -> list[int]:
+def _fake_measure(monkeypatch, ms: float = 1.0, cache_ms: list[float] | None = None
+                  ) -> list[int]:
+    """measure() with no real work: every timing is `ms`, the cache copy's are
+    `cache_ms` in turn (then `ms`)."""
     copied: list[int] = []
+    cache_times = list(cache_ms or [])
 
     def copy_fn(nbytes, device, reps=1):
         copied.append(nbytes)
@@ -567,17 +571,35 @@ def _fake_measure(monkeypatch, ms: float = 1.0) -> list[int]:
     def gemm_fn(roof_class, n, *a, **kw):
         return (lambda: None), 2 * n**3
 
+    def time_ms(fn, device, l2_flush=True):
+        return cache_times.pop(0) if not l2_flush and cache_times else ms
+
     monkeypatch.setattr(ceil_mod, "_copy_fn", copy_fn)
     monkeypatch.setattr(ceil_mod, "_gemm_fn", gemm_fn)
-    monkeypatch.setattr(ceil_mod, "_time_ms", lambda fn, device, l2_flush=True: ms)
+    monkeypatch.setattr(ceil_mod, "_time_ms", time_ms)
+    monkeypatch.setattr(ceil_mod.time, "sleep", lambda s: None)
     return copied
 
 
 def test_copy_bandwidth_counts_read_and_write(monkeypatch):
-    copied = _fake_measure(monkeypatch, ms=1.0)
+    copied = _fake_measure(monkeypatch, ms=1.0, cache_ms=[0.1])
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)
     assert out["hbm_gbps"] == pytest.approx(2 * copied[0] / 1e-3 / 1e9)
-    assert out["l2_gbps"] == pytest.approx(2 * copied[1] * 50 / 1e-3 / 1e9)
+    assert out["l2_gbps"] == pytest.approx(2 * copied[1] * 50 / 0.1e-3 / 1e9)
+
+
+def test_a_cache_roof_below_dram_is_retried_then_left_out(monkeypatch):
+    # DRAM copy 536.9 GB/s; the cache copy at 1 ms per call is 209.7 GB/s (host busy).
+    _fake_measure(monkeypatch, ms=1.0, cache_ms=[1.0, 0.1])
+    assert ceil_mod.measure(host_cpu(), log=lambda m: None)["l2_gbps"] == \
+        pytest.approx(2 * 2**21 * 50 / 0.1e-3 / 1e9)  # the second attempt
+    _fake_measure(monkeypatch, ms=1.0, cache_ms=[1.0] * ceil_mod.CACHE_ATTEMPTS)
+    out = ceil_mod.measure(host_cpu(), log=lambda m: None)
+    assert out["l2_gbps"] is None and "below the DRAM copy" in out["method"]["l2"]
+    assert ceil_mod.cache_problem({"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
+                                   "l2_gbps": 0.4}) is not None
+    assert ceil_mod.cache_problem({"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
+                                   "l2_gbps": 120.0}) is None
 
 
 def test_fp32_ceiling_is_measured_in_fp32():
