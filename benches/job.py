@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,7 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Rounds of re-timing for rows that look slower than the baseline, interleaved across
 # those rows and at least RETIME_SPACING_S apart, so that one slow spell of a shared
 # machine (seconds long) cannot cover most of a row's rounds; compare.confirm_slower
-# forgives one slow-looking round in five.
+# confirms a row only when every round's fast end is past the threshold.
 RETIME_ROUNDS = 5
 RETIME_SPACING_S = 2.0
 
@@ -390,9 +391,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         _writable_dir(run_dir, "run folder")
         out_root = run_dir.parent.parent  # <out>/<device>/<run-id>: the ceiling cache's root
         meta = old_meta
+        # Rows an interrupt cut short (timed in fewer rounds than the rest) are timed
+        # again in full, and their new rows replace them.
+        short = [r for r in resume_rows if runner.cut_short(r)]
+        resume_rows = [r for r in resume_rows if not runner.cut_short(r)]
         meta.setdefault("resumed", []).append(
             {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-             "command": " ".join(["run_bench.py", *argv]), "rows_before": len(resume_rows)})
+             "command": " ".join(["run_bench.py", *argv]),
+             "rows_before": len(resume_rows) + len(short), "retimed_cut_short": len(short)})
     meta.update(interrupted=False, aborted=False, abort_reason=None, complete=False)
     writer = ResultWriter(run_dir, meta, resume_rows)
     done = {_row_key(r) for r in resume_rows}
@@ -455,6 +461,24 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
+def _drain(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException
+           ) -> Iterator[tuple[Case, dict[str, Any]]]:
+    """After an interrupt `e` that landed while the caller handled a row (writing it):
+    throw it into the sweep, which then yields the rows it has timed (runner.iterate keeps
+    a chunk's rows until they are yielded), and give those.  A sweep that raised `e`
+    itself is finished: nothing more."""
+    try:
+        item = rows.throw(e)  # type: ignore[attr-defined]
+        while True:
+            yield item
+            item = next(rows)
+    except StopIteration:
+        return
+    except (KeyboardInterrupt, Terminated) as again:
+        if again is not e:
+            raise
+
+
 def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
            present: Present, model: DeviceModel, run_dir: Path) -> None:
     done0 = total - len(todo)
@@ -468,15 +492,23 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
     with progress:
         task = progress.add_task("benchmarking", total=total, completed=done0)
         series = None
-        for i, (case, row) in enumerate(runner.iterate(todo, cfg)):
-            writer.add(row)
-            if not tty and (case.spec.name, case.dtype) != series:
-                # No live bar in logs: one line per (kernel, dtype) series instead.
-                series = (case.spec.name, case.dtype)
-                console.print(f"[{done0 + i + 1}/{total}] {case.spec.name} {case.dtype}")
-            progress.update(task, advance=1, description=f"{case.label:<48.48}")
-            if row["status"] == "failed":
-                progress.console.print(f"[red]FAILED[/red] {case.label}: {row['reason']}")
+        rows = runner.iterate(todo, cfg)
+        try:
+            for case, row in rows:
+                writer.add(row)
+                progress.update(task, advance=1, description=f"{case.label:<48.48}")
+                if not tty and (case.spec.name, case.dtype) != series:
+                    # No live bar in logs: one line per (kernel, dtype) series instead.
+                    series = (case.spec.name, case.dtype)
+                    console.print(f"[{len(writer.rows)}/{total}] {case.spec.name} "
+                                  f"{case.dtype}")
+                if row["status"] == "failed":
+                    progress.console.print(f"[red]FAILED[/red] {case.label}: "
+                                           f"{row['reason']}")
+        except (KeyboardInterrupt, Terminated) as e:
+            for _, row in _drain(rows, e):
+                writer.add(row)
+            raise
 
 
 __all__ = ["USER_ERRORS", "print_devices", "print_kernels", "run", "validate"]

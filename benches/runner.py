@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -737,7 +738,9 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
                 f"L2 (at least {t.graph_min_calls} calls per graph, time / calls); else "
                 "triton.testing.do_bench (CUDA events, L2 flushed between samples)"),
             "cpu_method": "torch.utils.benchmark.Timer.blocked_autorange, topped up to "
-                          f"{t.min_samples} blocks",
+                          f"{t.min_samples} blocks, in {t.cpu_rounds} rounds on fresh copies "
+                          f"of the inputs, interleaved over chunks of ~{t.cpu_chunk_s:g} s "
+                          "of cases",
         },
         "ceilings": cfg.ceilings.to_json(),
         "interrupted": False,
@@ -880,16 +883,27 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
             item[3] += 1
 
 
+_CUT_SHORT = re.compile(r"timed in \d+ of \d+ rounds only")
+
+
+def cut_short(row: dict[str, Any]) -> bool:
+    """An ok row whose CPU rounds were cut short by an interrupt (see _emit): --resume
+    times it again in full."""
+    return row.get("status") == "ok" and bool(_CUT_SHORT.match(str(row.get("reason") or "")))
+
+
 def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
           ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """Yield (and remove) the chunk's rows, each CPU-timed one summarised over all its
-    samples; a row cut short (by `stopped_by`) says so in its reason."""
+    samples; a row cut short (by `stopped_by`) says so in its reason.  A row leaves the
+    chunk only as it is yielded, so an interrupt while one is summarised loses none."""
     while chunk:
-        case, row, _, rounds = chunk.pop(0)
+        case, row, _, rounds = chunk[0]
         if row["status"] == "ok" and row.get("timer") == TIMER_CPU:
-            reason = row["reason"]
+            reason = "" if cut_short(row) else row["reason"]
             if rounds < cfg.timing.cpu_rounds:
                 reason = (f"timed in {rounds} of {cfg.timing.cpu_rounds} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")
             _set_timing(row, case, cfg, summarize(row[SAMPLES], TIMER_CPU), reason)
+        chunk.pop(0)
         yield case, row

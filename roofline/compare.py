@@ -584,7 +584,9 @@ def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
     when both are known and differ, fp8 rows are method-changed.  A baseline ok row with
     unusable times raises CompareError naming it.
     """
-    return _compare(base_df, run_df, check_threshold(threshold), alpha, fp8_accum)[0]
+    t = check_threshold(threshold)
+    return _compare(base_df, run_df, DEFAULT_THRESHOLD if t is None else t, alpha,
+                    fp8_accum)[0]
 
 
 # ---------------------------------------------------------------------------- result
@@ -860,15 +862,24 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
             continue
         ratios = [_round_ratio(base, r) for r in rounds]
         hits = sum(x > 1.0 + t for x in ratios)
-        note = (f"fast end slower in {hits} of {len(rounds)} re-timed rounds "
-                f"({', '.join(f'{x:.3g}x' for x in ratios)})")
-        if hits == len(rounds):
+        note = _join(rows.loc[i, "note"], f"fast end slower in {hits} of {len(rounds)} "
+                     f"re-timed rounds ({', '.join(f'{x:.3g}x' for x in ratios)})")
+        if len(rounds) < CONFIRM_MIN_ROUNDS:
+            # Too few rounds to confirm or clear anything: the verdict stands.
+            result.confirmed += int(was_slower)
+            rows.loc[i, "note"] = _join(note, f"only {len(rounds)} valid rounds")
+        elif hits == len(rounds):
             result.confirmed += 1
             rows.loc[i, ["verdict", "note"]] = ["slower", note]
         else:
             rows.loc[i, ["verdict", "note"]] = ["not-confirmed" if was_slower
                                                 else "ambiguous", note]
     result.rows = _sorted(rows)
+
+
+# Fewer valid re-timed rounds than this (child processes failed) neither confirm nor
+# clear a row: one round past the threshold is common for unchanged code.
+CONFIRM_MIN_ROUNDS = 3
 
 
 def _round_ratio(base: Timing, samples: Sequence[float]) -> float:
@@ -947,7 +958,7 @@ def retime_line(result: CompareResult) -> str | None:
         return None
     rounds = f" ({result.rounds} rounds)" if result.rounds else ""
     return (f"re-timed {_rows(result.retimed)} that looked slower{rounds}: "
-            f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not confirmed")
+            f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not")
 
 
 def _gate_lines(result: CompareResult) -> list[str]:
@@ -977,10 +988,11 @@ def render_markdown(result: CompareResult) -> str:
         "",
         f"- baseline: {result.base_label}",
         f"- run: {result.run_label}",
-        f"- rule: a row is slower (faster) when its median time moved past ±{t:g}% and a "
-        f"one-sided Mann-Whitney U test on the raw samples says it moved beyond ±{t:g}% at "
-        f"p < {result.alpha:.2g} (0.01 over the rows compared); ratio = new / base median "
-        "time (> 1 is slower)",
+        f"- rule: a row is slower (faster) when its median time and its fast end (second-"
+        f"fastest sample) moved past ±{t:g}% and a one-sided Mann-Whitney U test on the raw "
+        f"samples says it moved beyond ±{t:g}% at p < {result.alpha:.2g} (0.01 over the rows "
+        "compared); re-timed rows stay slower only when the fast end of every re-timed round "
+        "is past the threshold; ratio = new / base median time (> 1 is slower)",
     ]
     line = retime_line(result)
     if line:
@@ -1097,8 +1109,9 @@ def compare_and_report(baseline: str | Path, run_dir: str | Path,
                        retime: Retime | None = None) -> int:
     """Compare a finished run with a baseline, for run_bench.py.
 
-    With `retime` (keys -> several fresh sample lists per key), rows judged slower are
-    re-timed first and stay regressions only when confirmed (see confirm_slower).  Writes
+    With `retime` (keys -> several fresh sample lists per key), rows that look slower
+    (judged slower, or ambiguous past the threshold) are re-timed first and stay
+    regressions only when confirmed (see confirm_slower).  Writes
     compare.md and benchmark.json into the run folder (or next to a results.json passed
     instead), prints a short summary, appends the report to $GITHUB_STEP_SUMMARY when set,
     and returns 1 when the gate fails, else 0.  Raises CompareError (one line) for usage

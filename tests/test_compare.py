@@ -512,8 +512,9 @@ SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")
     ([1.3, 1.3, 1.3, 1.3, 1.0], "not-confirmed", 0),
     ([1.3, 1.0, 1.0], "not-confirmed", 0),
     ([1.0, 1.0, 1.0], "not-confirmed", 0),
-    ([1.3, 1.04], "not-confirmed", 0),  # inside the 5% threshold
-    ([1.06], "slower", 1),  # just past it, in the one round there is
+    ([1.3, 1.3, 1.04], "not-confirmed", 0),  # one round inside the 5% threshold
+    ([1.3, 1.3, 1.06], "slower", 1),  # just past it
+    ([1.0, 1.0], "slower", 1),  # 2 valid rounds are too few to clear (or confirm) a row
     ([], "slower", 1),  # could not be re-timed: kept
 ])
 def test_retime_confirms_when_every_round_is_slower(
@@ -985,3 +986,13 @@ def test_tight_rounds_confirm_against_a_wide_baseline(tmp_path: Path) -> None:
     # Rounds back at the baseline's median: not confirmed.
     assert compare_and_report(b, r, 20.0, retime=lambda keys: {
         k: [[med * (1 + 0.002 * q) for q in range(N)]] * 5 for k in keys}) == 0
+
+
+def test_too_few_rounds_leave_an_ambiguous_row_ambiguous(base: Path, tmp_path: Path) -> None:
+    rows = base_rows()
+    rows[3] = make_row(*SPECS[3], None, samples=list(0.2 * np.geomspace(1.0, 2.2, N)))
+    run = write_run(tmp_path / "run", rows, created=LATER)
+    code = compare_and_report(base, run, 5.0, retime=lambda keys: {
+        k: [spread_samples(0.26)] * 2 for k in keys})
+    assert code == 0  # 2 rounds 1.3x slower: not enough to turn ambiguous into slower
+    assert "| M=4096,N=4096,K=4096 | **ambiguous** |" in (run / "compare.md").read_text()

@@ -205,7 +205,9 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
     _interrupt_at(monkeypatch, 4, signal.SIGINT)
     assert run_bench.main(argv) == 130
     _, first = load_run(tmp_path / "cpu" / "x")
-    assert len(first) == 3
+    # Interrupted in the first round of the chunk: 3 rows kept, timed in 1 round of 5.
+    assert len(first) == 3 and all(runner.cut_short(r) for r in first.to_dict("records"))
+    assert set(first["reason"]) == {"timed in 1 of 5 rounds only (stopped by SIGINT)"}
     monkeypatch.undo()
     _fake_ceilings(monkeypatch)
     seen = []
@@ -214,10 +216,14 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
                         lambda c, cfg, cache: seen.append(c.label) or real(c, cfg, cache))
     assert run_bench.main(["--resume", str(tmp_path / "cpu" / "x"), "--no-plots"]) == 0
     meta, df = load_run(tmp_path / "cpu" / "x")
-    assert len(df) == 8 and len(seen) == 5  # 2 kernels x 2 dtypes x 2 sizes, once each
+    # The 5 missing cases and the 3 cut short, once each; the short rows are replaced.
+    assert len(df) == 8 and len(seen) == 8
     assert not df.duplicated(["kernel", "provider", "dtype", "shape"]).any()
-    assert df.iloc[:3].to_dict() == first.to_dict() or df.iloc[:3].equals(first)
+    assert not any(runner.cut_short(r) for r in df.to_dict("records"))
+    assert (df["n_samples"] >= 25).all()
     assert meta["complete"] is True and len(meta["resumed"]) == 1
+    assert meta["resumed"][0]["rows_before"] == 3
+    assert meta["resumed"][0]["retimed_cut_short"] == 3
     assert run_bench.main(["--resume", str(tmp_path / "cpu" / "x")]) == 2  # complete now
 
 

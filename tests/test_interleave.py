@@ -111,3 +111,23 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
         assert row["status"] == "ok"
         assert row["n_samples"] == len(row["samples_ms"]) == 2 * per_round
         assert row["reason"] == "timed in 2 of 5 rounds only (stopped by SIGINT)"
+
+
+def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:
+    # The interrupt lands in the caller (writing the first row of a chunk): thrown into
+    # the sweep, it yields the chunk's other rows, all fully timed, and nothing twice.
+    from benches import job
+
+    _, fn = _recorder()
+    cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))
+    rows = runner.iterate(_cases(fn, (1000, 2000, 3000)), cfg)
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            for _, row in rows:
+                got.append(row["shape"])
+                raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            got += [row["shape"] for _, row in job._drain(rows, e)]
+            raise
+    assert got == ["n=1000", "n=2000", "n=3000"]

@@ -596,6 +596,7 @@ def test_a_cache_roof_below_dram_is_retried_then_left_out(monkeypatch):
     _fake_measure(monkeypatch, ms=1.0, cache_ms=[1.0] * ceil_mod.CACHE_ATTEMPTS)
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)
     assert out["l2_gbps"] is None and "below the DRAM copy" in out["method"]["l2"]
+    assert ceil_mod.cache_problem(out) is not None  # not kept in the cache: measured again
     assert ceil_mod.cache_problem({"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
                                    "l2_gbps": 0.4}) is not None
     assert ceil_mod.cache_problem({"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
