@@ -148,6 +148,15 @@ def test_rows_keep_their_raw_samples(tmp_path):
     assert "samples_ms" not in (tmp_path / "cpu" / "s" / "results.csv").read_text()
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises():
+    """SIGINT raises KeyboardInterrupt in these tests even where the test process was
+    started with SIGINT ignored (a background job of a non-interactive shell)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt_at(monkeypatch, n: int, sig: int) -> None:
     real = runner.run_case
     calls = {"n": 0}
