@@ -37,3 +37,10 @@ def sigterm_raises() -> Iterator[None]:
 
 def exit_code(e: BaseException) -> int:
     return EXIT_SIGTERM if isinstance(e, Terminated) else EXIT_SIGINT
+
+
+def signal_name(e: BaseException) -> str | None:
+    """"SIGTERM" for Terminated, "SIGINT" for KeyboardInterrupt, else None."""
+    if isinstance(e, Terminated):
+        return "SIGTERM"
+    return "SIGINT" if isinstance(e, KeyboardInterrupt) else None

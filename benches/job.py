@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.table import Table
 
 from benches import runner
-from benches.interrupt import Terminated, exit_code
+from benches.interrupt import Terminated, exit_code, signal_name
 from benches.retime import case_id
 from benches.runner import (
     Case,
@@ -426,8 +426,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                       f"unusable, {len(writer.rows)} rows kept (resume with --resume {run_dir})")
         code = 3
     except (KeyboardInterrupt, Terminated) as e:
-        meta.update(interrupted=True,
-                    signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT")
+        meta.update(interrupted=True, signal=signal_name(e))
         console.print(f"[yellow]interrupted[/yellow] during the {stage}: keeping the "
                       f"{len(writer.rows)} rows measured so far (resume with --resume "
                       f"{run_dir})")
@@ -442,8 +441,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print_summary(writer.rows)
         console.print(f"results: {run_dir}")
     except (KeyboardInterrupt, Terminated) as e:
-        meta.update(interrupted=True, complete=False,
-                    signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT")
+        meta.update(interrupted=True, complete=False, signal=signal_name(e))
         writer.flush()
         console.print(f"[yellow]interrupted[/yellow] while writing figures: the {len(writer.rows)} "
                       f"rows are kept in {run_dir}")

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from benches.interrupt import signal_name
 from benches.shapes import shapes_for
 from benches.timing import (
     TIMER_CPU,
@@ -835,9 +836,7 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     except GeneratorExit:
         raise  # closed by the consumer: nothing may be yielded any more
     except BaseException as e:
-        name = type(e).__name__
-        yield from _emit(chunk, cfg, {"KeyboardInterrupt": "SIGINT",
-                                      "Terminated": "SIGTERM"}.get(name, name))
+        yield from _emit(chunk, cfg, signal_name(e) or type(e).__name__)
         raise
     finally:
         cache.clear()
@@ -900,7 +899,7 @@ def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
     while chunk:
         case, row, _, rounds = chunk[0]
         if row["status"] == "ok" and row.get("timer") == TIMER_CPU:
-            reason = "" if cut_short(row) else row["reason"]
+            reason = row["reason"]
             if rounds < cfg.timing.cpu_rounds:
                 reason = (f"timed in {rounds} of {cfg.timing.cpu_rounds} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")

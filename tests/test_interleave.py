@@ -35,6 +35,14 @@ def _order(calls: list[tuple[int, int]]) -> list[int]:
     return [n for n, _ in itertools.groupby(n for n, _ in calls)]
 
 
+def test_round_defaults_are_pinned() -> None:
+    # 5 rounds of 5 samples (the 25-sample floor), rounds of a chunk about 3 s apart:
+    # the spacing measured to sample several spells of the shared CI VM.
+    cfg = timing.TimingConfig()
+    assert (cfg.cpu_rounds, cfg.cpu_chunk_s, cfg.min_samples) == (5, 3.0, 25)
+    assert timing.cpu_round_config(cfg).min_samples == 5
+
+
 def test_rounds_alternate_between_the_cases_of_a_chunk() -> None:
     calls, fn = _recorder()
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))

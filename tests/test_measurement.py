@@ -593,6 +593,7 @@ def test_a_cache_roof_below_dram_is_retried_then_left_out(monkeypatch):
     _fake_measure(monkeypatch, ms=1.0, cache_ms=[1.0, 0.1])
     assert ceil_mod.measure(host_cpu(), log=lambda m: None)["l2_gbps"] == \
         pytest.approx(2 * 2**21 * 50 / 0.1e-3 / 1e9)  # the second attempt
+    assert ceil_mod.CACHE_ATTEMPTS == 3
     _fake_measure(monkeypatch, ms=1.0, cache_ms=[1.0] * ceil_mod.CACHE_ATTEMPTS)
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)
     assert out["l2_gbps"] is None and "below the DRAM copy" in out["method"]["l2"]
