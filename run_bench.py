@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from benches.interrupt import Terminated, exit_code, sigterm_raises
+from benches.interrupt import Terminated, exit_code, exit_now, sigterm_raises
 
 # roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
 from roofline.compare import CompareError, check_threshold, threshold_help
@@ -102,15 +102,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    switched_on = False
     try:
         args = parse_args(argv)
-        if args.check_only and "TRITON_INTERPRET" not in os.environ:
-            # Without a GPU, Triton kernels can still be checked in the interpreter; it
-            # must be switched on before triton is first imported.
-            import torch
-
-            if args.device == "cpu" or not torch.cuda.is_available():
-                os.environ["TRITON_INTERPRET"] = "1"
+        switched_on = _interpreter_for_check_only(args)
         from benches import job
 
         job.validate(args)
@@ -135,7 +130,28 @@ def _main(argv: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise
+    finally:
+        if switched_on:
+            # It did its work when the kernels were decorated; left set, it would leak
+            # into every child process (re-timing rounds, a caller's later runs).
+            os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
+    """Switch the Triton interpreter on for --check-only without a GPU, so Triton
+    kernels are checked too.  Triton reads TRITON_INTERPRET when it decorates a kernel,
+    so this works only before the kernel modules are imported; after that (a caller that
+    imported them already) it would change nothing, and the Triton rows are skipped with
+    a reason instead.  Returns whether it set the variable."""
+    if not args.check_only or "TRITON_INTERPRET" in os.environ or "kernels" in sys.modules:
+        return False
+    import torch
+
+    if args.device == "cpu" or not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        return True
+    return False
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -4,9 +4,12 @@ keeps every finished row.  Light on imports: run_bench installs it before torch 
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention
 EXIT_SIGTERM = 143  # 128 + SIGTERM
@@ -44,3 +47,25 @@ def signal_name(e: BaseException) -> str | None:
     if isinstance(e, Terminated):
         return "SIGTERM"
     return "SIGINT" if isinstance(e, KeyboardInterrupt) else None
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the process with `code` once the command's work is done and its output
+    written, without interpreter finalization.
+
+    A Ctrl-C landing while the interpreter tears down (threads joined, modules freed,
+    torch and NVML unloaded) cannot be handled any more: the process died by SIGINT
+    (status -2, seen with a complete run) or aborted ("Fatal Python error ...
+    finalizing", -6).  With nothing left to do, signals are ignored from here on,
+    output is flushed, and the process exits at once with the command's own code."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
+            pass
+    os._exit(code)

@@ -58,6 +58,7 @@ from roofline.devices import (
 from roofline.schema import (
     RunLoadError,
     format_shape,
+    read_doc,
     resolve_results_json,
 )
 
@@ -259,8 +260,8 @@ def _read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]
     """(run folder, metadata, rows) of a run to resume, validated."""
     p = resolve_results_json(path)
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = read_doc(p)  # with the rows of its journal, if it was killed mid-run
+    except RunLoadError as e:
         raise RequestError(f"cannot resume {path}: {e}") from None
     meta = doc.get("metadata") if isinstance(doc, dict) else None
     rows = doc.get("rows") if isinstance(doc, dict) else None
@@ -435,14 +436,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         meta["nvml_end"] = nvml_snapshot()  # includes the run's sampler summary
         runner.stop_gpu_monitor()
     try:
-        writer.flush()
+        writer.close()  # results.json whole: the row journal is no longer needed
         if code == 0 or stage == "sweep":
             _finish(writer, run_dir, plots=not args.no_plots)
         print_summary(writer.rows)
         console.print(f"results: {run_dir}")
     except (KeyboardInterrupt, Terminated) as e:
         meta.update(interrupted=True, complete=False, signal=signal_name(e))
-        writer.flush()
+        writer.close()
         console.print(f"[yellow]interrupted[/yellow] while writing figures: the {len(writer.rows)} "
                       f"rows are kept in {run_dir}")
         return exit_code(e)

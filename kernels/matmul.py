@@ -207,11 +207,19 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tens
                             use_fast_accum=fp8_accum() == "fast")
 
 
+def scaled_mm_rejects(m: int, n: int, k: int) -> bool:
+    """Whether torch._scaled_mm refuses an M x K by K x N product: K and N must be
+    multiples of 16 (torch/_meta_registrations.py, meta_scaled_mm); M may be anything."""
+    del m
+    return k % 16 != 0 or n % 16 != 0
+
+
 def matmul_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     a, b = inputs["A"], inputs["B"]
     if a.dtype in FP8:
-        if a.device.type == "cuda" and any(d % 16 for d in (*a.shape, b.shape[1])):
-            raise UnsupportedShape("torch._scaled_mm needs M, N and K to be multiples of 16")
+        # torch's _scaled_mm checks K (A's columns, B's rows) and N only: M is free.
+        if a.device.type == "cuda" and scaled_mm_rejects(a.shape[0], b.shape[1], a.shape[1]):
+            raise UnsupportedShape("torch._scaled_mm needs K and N to be multiples of 16")
         return scaled_mm(a, b, inputs["sa"], inputs["sb"], out.dtype)
     # fp32 and tf32 share fp32 tensors; the dtype tag picks the math.
     with fp32_matmul_precision(inputs["dtype"] == "tf32"):

@@ -8,6 +8,7 @@ registry in kernels/__init__.py lists them.  The harness derives everything else
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,15 @@ class Target:
 
 
 def interpreter_enabled() -> bool:
+    """Whether this process's Triton kernels run in the CPU interpreter.
+
+    Triton decides it when @triton.jit decorates a kernel (TRITON_INTERPRET is read then),
+    so once the kernel modules are imported, how they were decorated is the answer,
+    whatever the variable says now (setting it later switches nothing on); before that,
+    the variable, which is what the decoration will read."""
+    utils = sys.modules.get("kernels.triton_utils")
+    if utils is not None:
+        return bool(utils.KERNELS_INTERPRETED)
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

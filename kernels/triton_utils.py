@@ -34,6 +34,11 @@ def round_for_store(x, MBITS: tl.constexpr):
     return x
 
 
+# How this process's kernels were decorated: jit returns an InterpretedFunction when
+# TRITON_INTERPRET=1 was set at import (kernels.spec.interpreter_enabled reads this).
+KERNELS_INTERPRETED: bool = type(round_for_store).__name__ == "InterpretedFunction"
+
+
 # One autotuner per (kernel, tuner name), created on first use: its cache of tuned
 # configs lives as long as the process.
 _TUNERS: dict[tuple[str, str], object] = {}

@@ -47,6 +47,7 @@ from scipy.stats import mannwhitneyu
 from roofline.devices import DeviceError, get_device_model
 from roofline.schema import (
     KEY,
+    RESULTS_JSON,
     SAMPLES,
     RunLoadError,
     atomic_write_text,
@@ -1358,8 +1359,43 @@ def threshold_help() -> str:
                      for k, v in DEFAULT_THRESHOLDS.items())
 
 
+def _holds_a_run(path: Path) -> bool:
+    """Whether an existing file is a results document ({"rows": [...]}: a run's
+    results.json or a stored baseline)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1)
+            if head != "{":
+                return False
+            doc = json.loads(head + f.read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("rows"), list)
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str]) -> None:
+    """Refuse a report path that would overwrite what is measured: one of the inputs
+    (a folder's results.json included), any file named results.json, or any existing
+    results document (a run or a baseline).  CompareError, one line."""
+    protected = set()
+    for i in inputs:
+        p = Path(i)
+        protected.add(p.resolve())
+        if p.is_dir():
+            protected.add((p / RESULTS_JSON).resolve())
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        p = Path(out)
+        if p.resolve() in protected or p.name == RESULTS_JSON or \
+                (p.is_file() and _holds_a_run(p)):
+            raise CompareError(f"{flag} {out} would overwrite measured results (a run or a "
+                               "baseline): choose another path")
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     threshold = check_threshold(args.threshold)
+    check_outputs({"--md": args.md, "--json": args.json}, [args.baseline, args.run])
     result = compare_runs(args.baseline, args.run, threshold,
                           args.allow_device_mismatch, allow=args.allow)
     markdown = render_markdown(result)

@@ -40,7 +40,14 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
 
 from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
-from roofline.schema import KEY, ROOFLINE_PNG, SCALING_PNG, RunLoadError, load_run
+from roofline.schema import (
+    KEY,
+    ROOFLINE_PNG,
+    SCALING_PNG,
+    RunLoadError,
+    check_metrics,
+    load_run,
+)
 
 KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul")
 DTYPE_ORDER: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8e5")
@@ -789,7 +796,10 @@ def main(argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else 0
     try:
         meta, df = load_run(args.run)
+        check_metrics(df, args.run)
         base = load_run(args.baseline) if args.baseline else None
+        if base is not None:
+            check_metrics(base[1], args.baseline)
     except RunLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -44,6 +44,12 @@ STATUSES = ("ok", "failed", "skipped")
 
 RESULTS_CSV = "results.csv"
 RESULTS_JSON = "results.json"
+# Append-only record of a run's rows while it runs (one JSON row per line), so writing a
+# row costs the same at row 1,000 as at row 10; results.json is rewritten whole only at
+# the run's start, after its ceilings and at its end (finished, interrupted or aborted).
+# Readers take the journal's rows when it holds more than results.json (a process killed
+# before its final write); it is removed once results.json holds every row.
+ROWS_JOURNAL = "rows.jsonl"
 SUMMARY_MD = "summary.md"
 ROOFLINE_PNG = "roofline.png"
 SCALING_PNG = "scaling.png"
@@ -104,8 +110,28 @@ def resolve_results_json(path: str | os.PathLike) -> Path:
     return p
 
 
-def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Load a run (folder or results.json) as (metadata, rows DataFrame)."""
+def journal_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a run journal, in order, up to the first line that is not a whole JSON
+    object (a process killed mid-write leaves at most one such line, the last)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                if not isinstance(row, dict) or not line.endswith("\n"):
+                    break
+                rows.append(row)
+    except (OSError, UnicodeDecodeError):
+        return []
+    return rows
+
+
+def read_doc(path: str | os.PathLike) -> dict[str, Any]:
+    """A run's results.json document, with the rows of its journal (ROWS_JOURNAL) when
+    that holds more: the rows written since results.json was last rewritten whole."""
     p = resolve_results_json(path)
     try:
         doc = json.loads(p.read_text())
@@ -113,6 +139,18 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
         raise RunLoadError(f"cannot read {p}: {e}") from None
     if not isinstance(doc, dict) or "rows" not in doc or not isinstance(doc["rows"], list):
         raise RunLoadError(f"{p} is not a results.json (no 'rows' list)")
+    journal = p.parent / ROWS_JOURNAL
+    if journal.exists():
+        rows = journal_rows(journal)
+        if len(rows) > len(doc["rows"]):
+            doc["rows"] = rows
+    return doc
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Load a run (folder or results.json) as (metadata, rows DataFrame)."""
+    p = resolve_results_json(path)
+    doc = read_doc(p)
     meta = doc.get("metadata", {})
     if meta is None:
         meta = {}
@@ -129,3 +167,39 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
     if not len(df):
         df = pd.DataFrame(columns=ALL_COLUMNS)
     return meta, df
+
+
+# Metric columns an ok row must carry as numbers (the roofline places a point by them),
+# and those that may be empty but, when present, must be numbers too.
+OK_ROW_NUMBERS = ("flops", "bytes", "intensity", "ms_median", "tflops", "gbps")
+OPTIONAL_NUMBERS = ("ms_p20", "ms_p80", "peak_tflops", "peak_gbps", "roof_tflops", "mfu",
+                    "pct_roof", "meas_peak_tflops", "meas_peak_gbps", "meas_roof_tflops",
+                    "pct_meas_roof", "rel_err")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_empty(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def check_metrics(df: pd.DataFrame, where: str | os.PathLike) -> None:
+    """RunLoadError (one line) for the first ok row whose metrics are not numbers: a
+    hand-edited "tflops": "abc" or "flops": null would otherwise be drawn or dropped
+    without a word."""
+    if df.empty or "status" not in df.columns:
+        return
+    for i, row in enumerate(df.to_dict("records")):
+        if row.get("status") != "ok":
+            continue
+        for col in (*OK_ROW_NUMBERS, *OPTIONAL_NUMBERS):
+            v = row.get(col)
+            required = col in OK_ROW_NUMBERS
+            if (required and not _is_number(v)) or \
+                    (not required and not _is_empty(v) and not _is_number(v)):
+                name = " ".join(str(row.get(k)) for k in KEY)
+                raise RunLoadError(f"{where}: row {i} ({name}): '{col}' is {v!r}, not a "
+                                   "number")
+

@@ -76,6 +76,7 @@ def test_skipped_rows_carry_reasons(cpu_run):
     assert (tf32.status == "skipped").all() and tf32.reason.str.contains("tf32").all()
 
 
+@pytest.mark.interpreter
 def test_check_only_runs_triton_in_the_interpreter(tmp_path):
     code = run_bench.main(["--device", "cpu", "--check-only", "--sizes", "n=1000;M=33,N=17,K=65",
                            "--kernels", "add,gelu,matmul", "--dtypes", "fp32,fp8",

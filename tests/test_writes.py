@@ -1,0 +1,136 @@
+"""Writing rows: a cost per row that does not grow with the run, and nothing lost.
+
+ResultWriter.add appends one line to the row journal and one to results.csv; results.json
+is rewritten only by flush().  What the tests pin: add() never rewrites a whole file
+after the first CSV write, results.json is never touched by add(), readers (load_run,
+--resume) see every added row through the journal, a torn last line is dropped, and
+close() leaves results.json whole and the journal gone.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benches import runner
+from benches.runner import ResultWriter
+from roofline import schema
+from roofline.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
+
+
+def _row(i: int, n_samples: int = 50) -> dict:
+    row = dict.fromkeys(ALL_COLUMNS)
+    row.update(kernel="add", provider="torch", dtype="fp32", shape=f"n={1024 * (i + 1)}",
+               flops=1024.0 * (i + 1), bytes=12.0 * 1024 * (i + 1), status="ok", reason="",
+               n_samples=n_samples, ms_median=0.5 + i, timer="torch.utils.benchmark")
+    row[SAMPLES] = [0.5 + i + 0.001 * k for k in range(n_samples)]
+    return row
+
+
+def test_add_never_rewrites_a_whole_file(tmp_path, monkeypatch):
+    w = ResultWriter(tmp_path / "run", {"run_id": "x"})
+    w.flush()
+    json_stat = (tmp_path / "run" / "results.json").stat()
+    rewrites: list[str] = []
+    real = runner.atomic_write_text
+    monkeypatch.setattr(runner, "atomic_write_text",
+                        lambda p, t: (rewrites.append(str(p)), real(p, t)))
+    sizes = []
+    for _ in range(40):
+        w.add(_row(0))  # same row each time: every append must be the same size
+        sizes.append((tmp_path / "run" / ROWS_JOURNAL).stat().st_size)
+    assert rewrites == []
+    steps = {b - a for a, b in zip(sizes, sizes[1:], strict=False)}
+    assert len(steps) == 1, "each row appends a line of its own size, nothing more"
+    after = (tmp_path / "run" / "results.json").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (json_stat.st_ino, json_stat.st_mtime_ns)
+
+
+def test_readers_see_rows_added_since_the_last_flush(tmp_path):
+    run = tmp_path / "run"
+    w = ResultWriter(run, {"run_id": "x", "complete": False})
+    w.flush()
+    rows = [_row(i) for i in range(5)]
+    for r in rows:
+        w.add(r)
+    assert json.loads((run / "results.json").read_text())["rows"] == []
+    meta, df = load_run(run)
+    assert meta["run_id"] == "x"
+    assert list(df["shape"]) == [r["shape"] for r in rows]
+    assert read_doc(run)["rows"][3][SAMPLES] == rows[3][SAMPLES]
+    csv = pd.read_csv(run / "results.csv")
+    assert list(csv["shape"]) == [r["shape"] for r in rows]
+    assert list(csv.columns) == ALL_COLUMNS
+    # The appended CSV is the same text a whole rewrite gives.
+    text = (run / "results.csv").read_text()
+    w.flush()
+    assert (run / "results.csv").read_text() == text
+
+
+def test_a_torn_last_journal_line_is_dropped(tmp_path):
+    run = tmp_path / "run"
+    w = ResultWriter(run, {"run_id": "x"})
+    w.flush()
+    for i in range(3):
+        w.add(_row(i))
+    with open(run / ROWS_JOURNAL, "a") as f:
+        f.write(json.dumps(_row(9))[:40])  # killed mid-write: no newline, cut JSON
+    _, df = load_run(run)
+    assert len(df) == 3
+
+
+def test_close_writes_every_row_and_removes_the_journal(tmp_path):
+    run = tmp_path / "run"
+    w = ResultWriter(run, {"run_id": "x"})
+    w.flush()
+    for i in range(4):
+        w.add(_row(i))
+    w.close()
+    assert not (run / ROWS_JOURNAL).exists()
+    doc = json.loads((run / "results.json").read_text())
+    assert [r["shape"] for r in doc["rows"]] == [_row(i)["shape"] for i in range(4)]
+    assert doc["rows"][2][SAMPLES] == _row(2)[SAMPLES]
+
+
+def test_a_resumed_writer_journals_its_earlier_rows_first(tmp_path):
+    run = tmp_path / "run"
+    earlier = [_row(i) for i in range(3)]
+    w = ResultWriter(run, {"run_id": "x"}, earlier)
+    w.flush()
+    w.add(_row(7))
+    lines = (run / ROWS_JOURNAL).read_text().splitlines()
+    assert [json.loads(ln)["shape"] for ln in lines] == \
+        [r["shape"] for r in earlier] + [_row(7)["shape"]]
+
+
+def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
+    """A process killed between flushes: --resume starts from the journal's rows."""
+    from benches.job import _read_run_doc
+
+    run = tmp_path / "run"
+    meta = {"run_id": "x", "kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"],
+            "sizes": "quick", "seed": 0, "device_key": "cpu", "complete": False}
+    w = ResultWriter(run, meta)
+    w.flush()
+    for i in range(2):
+        w.add(_row(i))
+    folder, _, rows = _read_run_doc(str(run))
+    assert folder == run
+    assert [r["shape"] for r in rows] == [_row(0)["shape"], _row(1)["shape"]]
+
+
+def test_journal_files_get_the_usual_mode(tmp_path):
+    run = tmp_path / "run"
+    w = ResultWriter(run, {"run_id": "x"})
+    w.add(_row(0))
+    assert (run / ROWS_JOURNAL).stat().st_mode & 0o777 == schema.FILE_MODE
+    assert (run / "results.csv").stat().st_mode & 0o777 == schema.FILE_MODE
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]\n", "{\"a\": 1}"])
+def test_journal_reader_stops_at_a_non_row(tmp_path, bad):
+    p = tmp_path / ROWS_JOURNAL
+    p.write_text(json.dumps({"kernel": "add"}) + "\n" + bad + json.dumps({"k": 2}) + "\n")
+    assert schema.journal_rows(p) == [{"kernel": "add"}]
