@@ -143,7 +143,8 @@ def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
     so this works only before the kernel modules are imported; after that (a caller that
     imported them already) it would change nothing, and the Triton rows are skipped with
     a reason instead.  Returns whether it set the variable."""
-    if not args.check_only or "TRITON_INTERPRET" in os.environ or "kernels" in sys.modules:
+    if not args.check_only or "TRITON_INTERPRET" in os.environ \
+            or "kernels.triton_utils" in sys.modules:  # loaded first by every family
         return False
     import torch
 

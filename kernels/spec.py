@@ -54,6 +54,19 @@ DTYPES: dict[str, DType] = {
 }
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
 
+# Which roof each benchmark dtype is measured against (a fact about the dtype, so it lives
+# here; roofline.devices re-exports it).  fp16 and bf16 share the 16-bit tensor-core
+# roof; both fp8 encodings share the fp8 roof.
+ROOF_CLASS: dict[str, str] = {
+    "fp32": "fp32",
+    "tf32": "tf32",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "fp8e5": "fp8",
+}
+ROOF_CLASSES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
 # Largest finite value of each fp8 encoding; per-tensor scales map amax onto it.
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
 
@@ -216,8 +229,6 @@ class KernelSpec:
         """Which ceiling a row is held against.  Only matrix products run on tensor
         cores; elementwise ops, dot and matvec compute in fp32 on the vector units
         whatever their storage dtype."""
-        from roofline.devices import ROOF_CLASS
-
         return ROOF_CLASS[dtype] if self.matrix_unit else "fp32"
 
     def skip_reason(self, provider: str, dtype: str, target: Target) -> str | None:

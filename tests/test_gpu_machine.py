@@ -75,7 +75,7 @@ def test_check_only_interpreter_switch(tmp_path, imported_first):
     imported (later it would change nothing), and never leaves TRITON_INTERPRET set."""
     code = (
         "import os, sys, json\n"
-        + ("import kernels\n" if imported_first else "")
+        + ("from kernels import REGISTRY\n" if imported_first else "")
         + "import run_bench\n"
         f"code = run_bench.main({_CHECK_ONLY + ['--out', str(tmp_path)]!r})\n"
         "rows = json.load(open(sys.argv[1]))['rows']\n"
