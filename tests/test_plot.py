@@ -412,7 +412,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, case):
     elif case == "bad-metadata":  # metadata a list, not an object: a corrupt file, refused
         bad.write_text(json.dumps({"metadata": [1], "rows": cpu_rows(cpu_meta())[:2]}))
         args = [str(bad), "--out", str(tmp_path / "figs")]
-    else:  # loads, but the ceilings are junk and a row's numbers are strings
+    else:  # loads, but the ceilings are junk and a row's number is a string
         meta = cpu_meta()
         rows = cpu_rows(meta)[:4]
         rows[0]["tflops"] = "fast"
@@ -420,8 +420,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, case):
         args = [str(write_run(tmp_path / "odd", meta, rows))]
     code = plot.main(args)
     err = capsys.readouterr().err
-    if case == "bad-values":  # tolerated: junk is dropped, not fatal
-        assert code == 0 and err == ""
-        return
+    if case == "bad-values":  # a metric that is not a number is refused, named
+        assert "'tflops' is 'fast', not a number" in err
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
