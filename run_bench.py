@@ -62,10 +62,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="compare against a baseline from another device")
     p.add_argument("--allow", default="", metavar="LIST",
                    help="gate failures to tolerate in --compare, comma list of: missing, "
-                        "method-change, incomplete, newer-baseline")
+                        "method-change, incomplete, newer-baseline, throttled")
     p.add_argument("--fp8-accum", choices=("fast", "precise"), default=None,
                    help="fp8 matmul accumulation for Triton, torch._scaled_mm and the fp8 "
                         "ceiling alike (default: fast)")
+    p.add_argument("--throttle-threshold", type=float, default=75.0, metavar="PCT",
+                   help="GPU: a timing whose median SM clock is below PCT%% of the maximum "
+                        "SM clock (or that saw a power/thermal throttle reason) is timed "
+                        "again, and the row marked throttled if it stays so (default 75, "
+                        "as nvbench)")
+    p.add_argument("--throttle-recovery-delay", type=float, default=0.05, metavar="S",
+                   help="GPU: seconds to wait before timing a throttled row again "
+                        "(default 0.05, as nvbench)")
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
     p.add_argument("--remeasure-ceilings", action="store_true",
@@ -85,6 +93,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         check_threshold(args.threshold)
     except CompareError as e:
         raise UsageError(str(e)) from None
+    if not 0 < args.throttle_threshold <= 100:  # NaN fails this too
+        raise UsageError(f"--throttle-threshold must be in (0, 100], got "
+                         f"{args.throttle_threshold:g}")
+    if not 0 <= args.throttle_recovery_delay <= 60:
+        raise UsageError(f"--throttle-recovery-delay must be between 0 and 60 seconds, got "
+                         f"{args.throttle_recovery_delay:g}")
     return args
 
 

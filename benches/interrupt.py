@@ -4,6 +4,7 @@ keeps every finished row.  Light on imports: run_bench installs it before torch 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -59,13 +60,10 @@ def exit_now(code: int) -> NoReturn:
     finalizing", -6).  With nothing left to do, signals are ignored from here on,
     output is flushed, and the process exits at once with the command's own code."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, signal.SIG_IGN)
-        except (ValueError, OSError):  # not the main thread
-            pass
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # A closed stream or a broken pipe: nothing more can be said.
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
-            pass
     os._exit(code)

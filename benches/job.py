@@ -28,6 +28,7 @@ from rich.progress import (
 from rich.table import Table
 
 from benches import runner
+from benches.gpu_monitor import ThrottleConfig, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
 from benches.retime import case_id
 from benches.runner import (
@@ -283,6 +284,10 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
     args.device = meta["device_key"]
     if meta.get("fp8_accum"):
         args.fp8_accum = meta["fp8_accum"]
+    throttle = meta.get("throttle_settings") or {}
+    args.throttle_threshold = throttle.get("threshold_pct", args.throttle_threshold)
+    args.throttle_recovery_delay = throttle.get("recovery_delay_s",
+                                                args.throttle_recovery_delay)
     if meta["sizes"] == "explicit":
         shapes = meta.get("explicit_shapes")
         if not shapes:
@@ -374,6 +379,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
         model=model, present=present, target=target, ceilings=Ceilings(None, None),
         timing=TimingConfig(),
+        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
+                                recovery_delay_s=args.throttle_recovery_delay),
     )
     cases = build_cases(cfg)
     if not cases:
@@ -434,7 +441,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         code = exit_code(e)
     if present.kind == "cuda":
         meta["nvml_end"] = nvml_snapshot()  # includes the run's sampler summary
-        runner.stop_gpu_monitor()
+        during = runner.stop_gpu_monitor()
+        if not cfg.check_only:
+            meta.update(run_clock_facts(during, meta.get("nvml_start"), writer.rows,
+                                        cfg.throttle))
     try:
         writer.close()  # results.json whole: the row journal is no longer needed
         if code == 0 or stage == "sweep":

@@ -7,18 +7,14 @@ atomically), so an interrupted run keeps every finished row.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
-import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -28,6 +24,19 @@ from typing import Any
 import pandas as pd
 import torch
 
+from benches.gpu_monitor import (  # noqa: F401  (re-exported: runner was their home)
+    REAL_THROTTLE_MASK,
+    REAL_THROTTLE_REASONS,
+    GpuMonitor,
+    ThrottleConfig,
+    gpu_monitor,
+    nvml_handle,
+    nvml_reading,
+    nvml_snapshot,
+    stop_gpu_monitor,
+    throttle_names,
+    time_unthrottled,
+)
 from benches.interrupt import signal_name
 from benches.shapes import shapes_for
 from benches.timing import (
@@ -91,6 +100,7 @@ class RunConfig:
     target: Target
     ceilings: Ceilings
     timing: TimingConfig = field(default_factory=TimingConfig)
+    throttle: ThrottleConfig = field(default_factory=lambda: ThrottleConfig())
 
 
 def build_cases(cfg: RunConfig) -> list[Case]:
@@ -310,17 +320,6 @@ def _clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
 def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
     timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error."""
-    # The sampler runs from before the first timed row, so each row's window holds the
-    # readings taken while it ran.
-    monitor = gpu_monitor() if cfg.target.kind == "cuda" and not cfg.check_only else None
-    t0 = time.monotonic()
-    row = _run_case(case, cfg, cache)
-    if monitor is not None and row["status"] == "ok":
-        row.update(monitor.window(t0, time.monotonic()))
-    return row
-
-
-def _run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     row = base_row(case, cfg)
     reason = case.spec.skip_reason(case.provider, case.dtype, cfg.target)
     if reason is None and case.provider == "triton" and cfg.target.kind != "cuda" \
@@ -357,11 +356,22 @@ def _run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     if cfg.check_only:
         row.update(status="ok", reason="check-only: not timed")
         return row
+    # On a GPU the NVML window covers the timing only: not the inputs, the float64
+    # reference, compilation or autotuning above, whose idle clocks and power events say
+    # nothing about the samples.
+    monitor = gpu_monitor() if cfg.target.kind == "cuda" else None
+    clocks: dict[str, Any] = {}
     try:
-        timing, note = _time_case(case, cfg, inputs, out)
+        if monitor is None:
+            timing, note = _time_case(case, cfg, inputs, out)
+        else:
+            timing, note, clocks = time_unthrottled(
+                lambda: _time_case(case, cfg, inputs, out), monitor, cfg.throttle)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
-    return _set_timing(row, case, cfg, timing, note)
+    row = _set_timing(row, case, cfg, timing, note)
+    row.update(clocks)
+    return row
 
 
 def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
@@ -439,202 +449,6 @@ def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
                    t.samples_ms), f"timed with L2 flushes instead of CUDA graphs: {why}")
 
 
-# ---- GPU clocks, power and throttling (nvidia-ml-py) ------------------------------------
-
-# Clock-event ("throttle") reason bits that mean the GPU slowed itself down (nvml.h):
-# SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake
-# 0x80.  Not counted: GPU idle 0x1, application clocks setting 0x2, sync boost 0x10,
-# display clock 0x100 (none of them lowers a busy kernel's clock below what was asked).
-REAL_THROTTLE_REASONS: dict[str, int] = {
-    "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-}
-REAL_THROTTLE_MASK = sum(REAL_THROTTLE_REASONS.values())
-
-
-def throttle_names(reasons: int) -> list[str]:
-    return [n for n, bit in REAL_THROTTLE_REASONS.items() if reasons & bit]
-
-
-def _nvml() -> Any | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    return pynvml
-
-
-def _decode(v: Any) -> Any:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _norm_uuid(u: Any) -> str:
-    s = str(_decode(u) or "").strip().lower()
-    for prefix in ("gpu-", "mig-"):
-        s = s.removeprefix(prefix)
-    return s
-
-
-def nvml_handle(pynvml: Any, cuda_index: int | None = None) -> tuple[Any, str]:
-    """The NVML handle of the CUDA device in use, matched by UUID, else by PCI bus id
-    (NVML's index order need not be CUDA's: CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER).
-    Returns (handle or None, how it matched or why not).  NVML must be initialized."""
-    idx = torch.cuda.current_device() if cuda_index is None else cuda_index
-    props = torch.cuda.get_device_properties(idx)
-    uuid = _norm_uuid(getattr(props, "uuid", "") or "")
-    pci = tuple(getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id",
-                                                  "pci_device_id"))
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-               for i in range(pynvml.nvmlDeviceGetCount())]
-    if uuid:
-        for h in handles:
-            with contextlib.suppress(Exception):
-                if _norm_uuid(pynvml.nvmlDeviceGetUUID(h)) == uuid:
-                    return h, "uuid"
-    if None not in pci:
-        for h in handles:
-            with contextlib.suppress(Exception):
-                info = pynvml.nvmlDeviceGetPciInfo(h)
-                if (info.domain, info.bus, info.device) == pci:
-                    return h, "pci_bus_id"
-    return None, "no NVML device has the CUDA device's UUID or PCI bus id"
-
-
-def _clock_reasons(pynvml: Any, h: Any) -> int:
-    """Current clock-event reasons; the pre-R535 "throttle reasons" call on old drivers."""
-    current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-    if current is not None:
-        try:
-            return int(current(h))
-        except Exception:
-            pass
-    return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-
-
-def nvml_reading(pynvml: Any, h: Any) -> dict[str, Any]:
-    """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons."""
-    readers = {
-        "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-        "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-        "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
-            h, pynvml.NVML_TEMPERATURE_GPU),
-        "clock_reasons": lambda: _clock_reasons(pynvml, h),
-    }
-    out: dict[str, Any] = {"t": time.monotonic()}
-    for key, read in readers.items():
-        try:
-            out[key] = read()
-        except Exception:
-            out[key] = None
-    return out
-
-
-class GpuMonitor:
-    """Samples the CUDA device's clocks, power and clock-event reasons through NVML on a
-    background thread (every `interval_s`), so each row can say at what SM clock it ran
-    and whether the GPU throttled while it ran, not only at the run's idle ends."""
-
-    def __init__(self, pynvml: Any, handle: Any, interval_s: float = 0.1,
-                 keep: int = 100_000) -> None:
-        self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
-        self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sample(self) -> dict[str, Any]:
-        r = nvml_reading(self.pynvml, self.handle)
-        with self._lock:
-            self.readings.append(r)
-        return r
-
-    def start(self) -> GpuMonitor:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="nvml-sampler",
-                                            daemon=True)
-            self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2 * self.interval_s + 1)
-            self._thread = None
-
-    def window(self, t0: float, t1: float) -> dict[str, Any]:
-        """Per-row columns over [t0, t1] plus one reading taken now (a row shorter than
-        the sampling interval still gets one): the median SM clock, and whether any
-        reading showed a real throttle reason."""
-        now = self.sample()
-        with self._lock:
-            rs = [r for r in self.readings if t0 <= r["t"] <= t1]
-        rs.append(now)
-        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
-        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
-        return {
-            "sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
-            "throttled": any(bool(x & REAL_THROTTLE_MASK) for x in reasons)
-            if reasons else None,
-        }
-
-    def summary(self) -> dict[str, Any]:
-        """Over every reading so far: SM clock range, peak power, throttle share."""
-        with self._lock:
-            rs = list(self.readings)
-        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
-        power = [r["power_w"] for r in rs if isinstance(r.get("power_w"), int | float)]
-        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
-        seen = sorted({n for x in reasons for n in throttle_names(x)})
-        return {
-            "readings": len(rs),
-            "interval_s": self.interval_s,
-            "sm_clock_mhz_min": min(clocks) if clocks else None,
-            "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
-            "sm_clock_mhz_max": max(clocks) if clocks else None,
-            "power_w_max": max(power) if power else None,
-            "throttled_fraction": (sum(bool(x & REAL_THROTTLE_MASK) for x in reasons)
-                                   / len(reasons)) if reasons else None,
-            "throttle_reasons_seen": seen,
-        }
-
-
-_MONITOR: GpuMonitor | None = None
-_MONITOR_TRIED = False
-
-
-def gpu_monitor() -> GpuMonitor | None:
-    """The process's NVML sampler of the CUDA device in use, started on first use
-    (None without nvidia-ml-py, NVML or a matching device)."""
-    global _MONITOR, _MONITOR_TRIED
-    if _MONITOR is None and not _MONITOR_TRIED:
-        _MONITOR_TRIED = True
-        pynvml = _nvml()
-        if pynvml is None:
-            return None
-        try:
-            pynvml.nvmlInit()
-            h, _ = nvml_handle(pynvml)
-        except Exception:
-            return None
-        if h is not None:
-            _MONITOR = GpuMonitor(pynvml, h).start()
-    return _MONITOR
-
-
-def stop_gpu_monitor() -> dict[str, Any] | None:
-    """Stop the sampler (if running) and return its summary."""
-    global _MONITOR, _MONITOR_TRIED
-    m, _MONITOR, _MONITOR_TRIED = _MONITOR, None, False
-    if m is None:
-        return None
-    m.stop()
-    return m.summary()
-
-
 # ---- metadata -------------------------------------------------------------------------
 
 def _git_commit() -> str | None:
@@ -649,54 +463,6 @@ def _git_commit() -> str | None:
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def nvml_snapshot() -> dict[str, Any] | None:
-    """Clocks, power and clock-event reasons of the CUDA device in use (matched to its
-    NVML device by UUID or PCI bus id), where readable; with the run's sampler summary
-    once one is running."""
-    pynvml = _nvml()
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    try:
-        try:
-            h, how = nvml_handle(pynvml)
-        except Exception as e:
-            return {"nvml_device": None, "nvml_match": _message(e)}
-        snap: dict[str, Any] = {"nvml_match": how}
-        with contextlib.suppress(Exception):
-            snap["driver"] = _decode(pynvml.nvmlSystemGetDriverVersion())
-        if h is None:
-            return snap
-        with contextlib.suppress(Exception):
-            snap["nvml_uuid"] = _decode(pynvml.nvmlDeviceGetUUID(h))
-        reading = nvml_reading(pynvml, h)
-        reading.pop("t", None)
-        snap.update(reading)
-        extra = {
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(
-                h, pynvml.NVML_CLOCK_SM),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-        }
-        for key, read in extra.items():
-            try:
-                snap[key] = read()
-            except Exception:
-                snap[key] = None
-        tr = snap.get("clock_reasons")
-        snap["throttled"] = bool(tr & REAL_THROTTLE_MASK) if isinstance(tr, int) else None
-        snap["throttle_reasons"] = throttle_names(tr) if isinstance(tr, int) else None
-        if _MONITOR is not None:
-            snap["during_run"] = _MONITOR.summary()
-        return snap
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
 
 
 def _llc_mb() -> float | None:
@@ -782,6 +548,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
                           "of cases",
         },
         "ceilings": cfg.ceilings.to_json(),
+        "throttle_settings": cfg.throttle.as_dict(),
         "interrupted": False,
         "complete": False,
     }

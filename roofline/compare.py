@@ -10,6 +10,8 @@ gets one verdict (`judge` has the exact rule):
     slower, failed, now-skipped, invalid   regressions: exit code 1
     missing, method-changed                changed rows: exit 1 unless --allow missing /
                                            --allow method-change
+    throttled                              timed while the GPU throttled (either run):
+                                           exit 1 unless --allow throttled
     not-confirmed                          looked slower, not slower again when re-timed
     ambiguous                              past the threshold, but not significant
     faster, same                           timing verdicts
@@ -84,7 +86,8 @@ GROSS_RATIO_FLOOR = 1.5
 
 # Allowed gate failures (--allow): each is reported either way, and fails the gate unless
 # named.  "incomplete" covers an interrupted, aborted or incomplete run.
-ALLOWABLE: tuple[str, ...] = ("missing", "method-change", "incomplete", "newer-baseline")
+ALLOWABLE: tuple[str, ...] = ("missing", "method-change", "incomplete", "newer-baseline",
+                              "throttled")
 
 # Kernels whose benchmark.json value is achieved TFLOP/s; every other kernel reports GB/s.
 # Keyed on the kernel, not on a row's intensity, so a series never changes unit between
@@ -95,10 +98,11 @@ FP8_DTYPES: frozenset[str] = frozenset({"fp8", "fp8e5"})
 
 REGRESSION_VERDICTS: tuple[str, ...] = ("slower", "failed", "now-skipped", "invalid")
 # Row verdicts that fail the gate unless the --allow name next to them is given.
-ALLOWABLE_VERDICTS: dict[str, str] = {"missing": "missing", "method-changed": "method-change"}
+ALLOWABLE_VERDICTS: dict[str, str] = {"missing": "missing", "method-changed": "method-change",
+                                      "throttled": "throttled"}
 # Display/count order: regressions, changed rows, then doubt, good news, bookkeeping.
 VERDICT_ORDER: tuple[str, ...] = (
-    "slower", "failed", "now-skipped", "invalid", "missing", "method-changed",
+    "slower", "failed", "now-skipped", "invalid", "missing", "method-changed", "throttled",
     "not-confirmed", "ambiguous", "faster", "new", "fixed", "still-failed", "skipped",
     "same",
 )
@@ -469,6 +473,11 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
         df[col] = df[col].astype(str) if col in df.columns else ""
     for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else math.nan
+    # Older runs and hand-made frames may lack the GPU clock columns.
+    df["sm_clock_mhz"] = pd.to_numeric(df["sm_clock_mhz"], errors="coerce") \
+        if "sm_clock_mhz" in df.columns else math.nan
+    if "throttled" not in df.columns:
+        df["throttled"] = None
     for col in ("status", "reason", "timer"):
         if col in df.columns:
             df[col] = [("" if _missing(v) else str(v)) for v in df[col]]
@@ -526,7 +535,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
     invalid = {_key(r): time_problem(r) for r in run_df[_status(run_df) == "ok"]
                .to_dict("records") if time_problem(r)}
     cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
-            SAMPLES]
+            SAMPLES, "throttled", "sm_clock_mhz"]
     b = _normalise(base_df)[KEY + cols].assign(_in=True)
     n = _normalise(run_df)[KEY + cols].assign(_in=True)
     merged = b.merge(n, on=KEY, how="outer", suffixes=("_b", "_n"))
@@ -553,6 +562,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
             verdict, note = "invalid", f"the run's {invalid[key]}"
         else:
             verdict, note = judge(base, new, threshold, alpha)
+            verdict, note = _throttle_verdict(row, verdict, note)
         ratio = math.nan
         if base and new and base.status == new.status == "ok" and verdict != "invalid":
             ratio = new.center / base.center
@@ -572,6 +582,31 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
             "new_status": new.status if new else "",
         })
     return _sorted(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
+
+
+# Timing verdicts that a throttled GPU makes meaningless: the clock, not the code, may
+# have moved the time, so the row gets verdict `throttled` instead, never a silent pass
+# and never a plain "slower".
+_TIMING_VERDICTS = frozenset({"slower", "faster", "same", "ambiguous"})
+
+
+def _throttled(v: Any) -> bool:
+    return v is True or (isinstance(v, str) and v.strip().lower() == "true")
+
+
+def _throttle_verdict(row: Mapping[str, Any], verdict: str, note: str) -> tuple[str, str]:
+    """`throttled` for a timing verdict of a row that either run timed while the GPU
+    throttled (the row's `throttled` column, set by the sweep after its re-timing)."""
+    sides = [(name, row.get(f"sm_clock_mhz{sfx}")) for name, sfx in
+             (("baseline", "_b"), ("run", "_n")) if _throttled(row.get(f"throttled{sfx}"))]
+    if verdict not in _TIMING_VERDICTS or not sides:
+        return verdict, note
+    where = " and ".join(
+        f"the {name}'s" + (f" (SM clock {float(clk):.0f} MHz)"
+                           if isinstance(clk, int | float) and math.isfinite(clk) else "")
+        for name, clk in sides)
+    said = f"GPU throttled while {where} row was timed; timing said {verdict}"
+    return "throttled", f"{said}: {note}" if note else said
 
 
 def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
@@ -945,6 +980,8 @@ def _md_table(df: pd.DataFrame) -> list[str]:
 _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Regressions", REGRESSION_VERDICTS),
     ("Changed rows (missing, or timed by another method)", ("missing", "method-changed")),
+    ("Throttled (the GPU slowed itself down while timing: not a code verdict)",
+     ("throttled",)),
     ("Not confirmed (looked slower, not slower again when re-timed)", ("not-confirmed",)),
     ("Ambiguous (past the threshold, but not significant)", ("ambiguous",)),
     ("Faster", ("faster",)),

@@ -322,9 +322,73 @@ def _run_facts(meta: dict[str, Any]) -> str:
     for key in ("clocks", "power", "throttle"):
         if meta.get(key):
             val = meta[key]
-            facts.append((key, json.dumps(val) if isinstance(val, dict | list) else val))
+            nice = _CLOCK_FACTS[key](val) if isinstance(val, dict) else None
+            facts.append((key, nice or (json.dumps(val) if isinstance(val, dict | list)
+                                        else val)))
     return "\n".join(f"- **{k}**: {val if k == 'status' else _cell(val)}"
                      for k, val in facts if val is not None)
+
+
+def _mhz(v: Any) -> str | None:
+    return f"{v:.0f} MHz" if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def _clocks_fact(c: dict[str, Any]) -> str | None:
+    med, lo, hi = (_mhz(c.get(k)) for k in ("sm_mhz_median", "sm_mhz_min", "sm_mhz_max"))
+    if not med:
+        return None
+    text = f"SM {med} median while timing ({lo} to {hi})"
+    if _mhz(c.get("sm_mhz_max_possible")):
+        text += f", of a {_mhz(c['sm_mhz_max_possible'])} maximum"
+    if _mhz(c.get("mem_mhz")):
+        text += f"; memory {_mhz(c['mem_mhz'])}"
+    return text
+
+
+def _power_fact(p: dict[str, Any]) -> str | None:
+    top, limit = p.get("max_w"), p.get("limit_w")
+    if not isinstance(top, int | float):
+        return None
+    return f"{top:.0f} W peak" + (f" of a {limit:.0f} W limit"
+                                 if isinstance(limit, int | float) else "")
+
+
+def _throttle_fact(t: dict[str, Any]) -> str | None:
+    n = t.get("throttled_rows")
+    if n is None:
+        return None
+    frac = t.get("throttled_fraction_of_readings")
+    seen = ", ".join(t.get("reasons_seen") or []) or "none"
+    text = (f"{n} row(s) throttled after re-timing; throttle reasons seen: {seen}")
+    if isinstance(frac, int | float):
+        text += f" ({frac:.0%} of readings)"
+    return text + (f"; threshold {t.get('threshold_pct'):g}% of the maximum SM clock, "
+                   f"re-timed after {t.get('recovery_delay_s'):g} s"
+                   if isinstance(t.get("threshold_pct"), int | float)
+                   and isinstance(t.get("recovery_delay_s"), int | float) else "")
+
+
+_CLOCK_FACTS = {"clocks": _clocks_fact, "power": _power_fact, "throttle": _throttle_fact}
+
+
+def throttled_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Ok rows timed while the GPU throttled, after their re-timing (column `throttled`)."""
+    if df.empty or "throttled" not in df.columns:
+        return df.iloc[0:0]
+    mark = df["throttled"].map(lambda v: v is True or str(v).strip().lower() == "true")
+    return df[mark & (df["status"] == "ok")]
+
+
+def _throttled_section(df: pd.DataFrame) -> str:
+    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+             _mhz(_finite(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
+            for _, r in _order(throttled_rows(df)).iterrows()]
+    return ("Timed while the GPU slowed itself down (power cap, thermal, hardware slowdown, "
+            "or an SM clock below the threshold), still so after re-timing: their times "
+            "describe a throttled GPU, and the regression gate gives them the verdict "
+            "`throttled`.\n\n"
+            + _table(["kernel", "provider", "dtype", "shape", "SM clock", "reason"], rows,
+                     "llllrl"))
 
 
 def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -> str:
@@ -465,6 +529,8 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
            _above_roof_section(d, meta)] if len(above_roof_rows(d)) else []),
         "## Triton vs torch",
         _ratio_section(d),
+        *([f"## Throttled rows ({len(throttled_rows(d))})", _throttled_section(d)]
+          if len(throttled_rows(d)) else []),
         f"## Failed rows ({n['failed']})",
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",

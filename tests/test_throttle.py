@@ -1,0 +1,224 @@
+"""Clocks and throttling that describe the timing, and that the gate sees.
+
+The NVML window of a row covers its timing only; a throttled timing is taken again after
+a pause (nvbench's --throttle-threshold / --throttle-recovery-delay) and the row marked if
+it stays throttled; summary.md shows the run's clocks, power and throttled rows; the
+comparison gives such rows the verdict `throttled`, which fails the gate unless allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pandas as pd
+import pytest
+
+import run_bench
+from benches import gpu_monitor, runner, timing
+from benches.gpu_monitor import ThrottleConfig, run_clock_facts, throttle_state, time_unthrottled
+from benches.runner import _InputCache, run_case
+from kernels import Target
+from roofline import compare
+from roofline.report import render_summary
+from roofline.schema import ALL_COLUMNS
+from tests.test_measurement import case, gpu_cfg
+
+
+class WindowMonitor:
+    """A monitor whose windows come from a list, one per timing."""
+
+    def __init__(self, windows: list[dict], max_clock: float | None = 2000.0) -> None:
+        self.windows, self.max_sm_clock_mhz, self.calls = list(windows), max_clock, []
+
+    def window(self, t0: float, t1: float) -> dict:
+        self.calls.append((t0, t1))
+        return self.windows.pop(0) if len(self.windows) > 1 else self.windows[0]
+
+
+CLEAN = {"sm_clock_mhz": 1980.0, "throttled": False, "throttle_reasons": []}
+CAPPED = {"sm_clock_mhz": 1400.0, "throttled": True, "throttle_reasons": ["sw_power_cap"]}
+
+
+def _timer():
+    calls = []
+
+    def time_fn():
+        calls.append(time.monotonic())
+        return f"timing {len(calls)}", ""
+    return time_fn, calls
+
+
+# ---- the decision -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("clock, throttled", [(1480.0, True), (1499.0, True),
+                                              (1500.0, False), (1520.0, False)])
+def test_threshold_is_a_share_of_the_maximum_sm_clock(clock, throttled):
+    w = {"sm_clock_mhz": clock, "throttled": False, "throttle_reasons": []}
+    why = throttle_state(w, 2000.0, ThrottleConfig(threshold_pct=75.0))
+    assert (why is not None) is throttled
+    if throttled:
+        assert f"{clock:.0f} MHz" in why and "75%" in why
+
+
+def test_a_throttle_reason_counts_whatever_the_clock():
+    assert "sw_power_cap" in throttle_state(CAPPED | {"sm_clock_mhz": 1980.0}, 2000.0,
+                                            ThrottleConfig())
+    assert throttle_state(CLEAN, None, ThrottleConfig()) is None  # no maximum known
+
+
+# ---- re-timing after a pause -----------------------------------------------------------
+
+def test_a_throttled_timing_is_taken_again_after_the_delay():
+    time_fn, calls = _timer()
+    slept: list[float] = []
+    mon = WindowMonitor([CAPPED, CLEAN])
+    t, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(recovery_delay_s=0.25),
+                                     sleep=slept.append)
+    assert t == "timing 2" and slept == [0.25]
+    assert cols == {"sm_clock_mhz": 1980.0, "throttled": False}
+    assert "timed again 1x" in note
+
+
+def test_a_row_that_stays_throttled_is_kept_and_marked():
+    time_fn, calls = _timer()
+    slept: list[float] = []
+    t, note, cols = time_unthrottled(time_fn, WindowMonitor([CAPPED]),
+                                     ThrottleConfig(retries=3), sleep=slept.append)
+    assert len(calls) == 4 and slept == [0.05] * 3 and t == "timing 4"
+    assert cols["throttled"] is True and cols["sm_clock_mhz"] == 1400.0
+    assert "throttled in all 4 timings" in note and "sw_power_cap" in note
+
+
+def test_a_clean_timing_is_taken_once():
+    time_fn, calls = _timer()
+    _, note, cols = time_unthrottled(time_fn, WindowMonitor([CLEAN]), ThrottleConfig(),
+                                     sleep=lambda s: pytest.fail("no pause needed"))
+    assert len(calls) == 1 and note == "" and cols["throttled"] is False
+
+
+def test_the_window_covers_the_timing_only(monkeypatch):
+    """Inputs, the float64 reference and the first (tuning) calls come before the window
+    opens; before, the window opened with the row."""
+    marks: dict[str, float] = {}
+    mon = WindowMonitor([CLEAN])
+    monkeypatch.setattr(runner, "gpu_monitor", lambda: mon)
+    monkeypatch.setattr(runner, "_sync", lambda target: None)
+
+    def fake_time_case(c, cfg, inputs, out):
+        marks["timing"] = time.monotonic()
+        return timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""
+    monkeypatch.setattr(runner, "_time_case", fake_time_case)
+
+    class Cache(_InputCache):
+        def get(self, c, cfg):
+            marks["inputs"] = time.monotonic()
+            time.sleep(0.01)
+            return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
+
+        def reference(self, c):
+            ref = super().reference(c)
+            time.sleep(0.01)
+            marks["reference"] = time.monotonic()
+            return ref
+
+    row = run_case(case(shape={"n": 4096}), gpu_cfg(), Cache())
+    assert row["status"] == "ok" and row["throttled"] is False
+    (t0, t1), = mon.calls
+    assert marks["inputs"] < marks["reference"] <= t0 <= marks["timing"] <= t1
+
+
+def test_run_clock_facts_count_throttled_rows():
+    during = {"readings": 50, "sm_clock_mhz_min": 1400, "sm_clock_mhz_median": 1980,
+              "sm_clock_mhz_max": 1980, "power_w_max": 690.0, "throttled_fraction": 0.1,
+              "throttle_reasons_seen": ["sw_power_cap"]}
+    start = {"max_sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": 700.0}
+    facts = run_clock_facts(during, start, [{"throttled": True}, {"throttled": False}],
+                            ThrottleConfig())
+    assert facts["throttle"]["throttled_rows"] == 1
+    assert facts["clocks"]["sm_mhz_median"] == 1980 and facts["power"]["limit_w"] == 700.0
+    assert facts["throttle"]["threshold_pct"] == 75.0
+
+
+# ---- summary.md -------------------------------------------------------------------------
+
+def _rows(throttled_run: bool) -> list[dict]:
+    rows = []
+    for i, n in enumerate((4096, 8192)):
+        rows.append(dict.fromkeys(ALL_COLUMNS) | {
+                     "kernel": "add", "provider": "torch", "dtype": "fp32",
+                     "shape": f"n={n}", "flops": n, "bytes": 12 * n, "intensity": 1 / 12,
+                     "ms_median": 0.01, "ms_p20": 0.0099, "ms_p80": 0.0101, "n_samples": 25,
+                     "tflops": n / 1e-5 / 1e12, "gbps": 12 * n / 1e-5 / 1e9,
+                     "status": "ok", "reason": "", "timer": "do_bench",
+                     "samples_ms": [0.01] * 25, "sm_clock_mhz": 1400.0 if i else 1980.0,
+                     "throttled": bool(i) and throttled_run, "correct": True,
+                     "peak_tflops": 66.9, "peak_gbps": 3350.0, "roof_tflops": 0.28,
+                     "mfu": 0.0061, "pct_roof": 1.5, "rel_err": 0.0})
+    return rows
+
+
+def test_summary_shows_clocks_power_and_throttled_rows():
+    meta = {"device_name": "NVIDIA H100 80GB HBM3", "device_key": "h100",
+            **run_clock_facts({"sm_clock_mhz_min": 1400, "sm_clock_mhz_median": 1980,
+                               "sm_clock_mhz_max": 1980, "power_w_max": 690.0,
+                               "throttle_reasons_seen": ["sw_power_cap"]},
+                              {"max_sm_clock_mhz": 1980, "power_limit_w": 700.0},
+                              [{"throttled": True}], ThrottleConfig())}
+    md = render_summary(meta, pd.DataFrame(_rows(True)))
+    assert "SM 1980 MHz median while timing (1400 MHz to 1980 MHz)" in md
+    assert "690 W peak of a 700 W limit" in md
+    assert "## Throttled rows (1)" in md and "`n=8192`" in md and "1400 MHz" in md
+    assert "## Throttled rows" not in render_summary(meta, pd.DataFrame(_rows(False)))
+
+
+# ---- the gate ---------------------------------------------------------------------------
+
+def _frame(scale: float, throttled: bool) -> pd.DataFrame:
+    rows = _rows(throttled)
+    for r in rows:
+        r["samples_ms"] = [0.01 * scale * (1 + 0.001 * k) for k in range(25)]
+        r["ms_median"] = 0.01 * scale * 1.012
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5])  # same speed, and much slower
+def test_a_throttled_row_gets_its_own_verdict(scale):
+    out = compare.compare_frames(_frame(1.0, False), _frame(scale, True), threshold=5)
+    v = dict(zip(out["shape"], out["verdict"], strict=True))
+    assert v["n=8192"] == "throttled"  # never "same" (silent) nor "slower"
+    assert v["n=4096"] == ("same" if scale == 1.0 else "slower")
+    note = out.loc[out["shape"] == "n=8192", "note"].iloc[0]
+    assert "1400 MHz" in note and "the run's" in note
+
+
+def test_throttled_fails_the_gate_unless_allowed(tmp_path, capsys):
+    from tests.test_compare import write_run
+
+    base = write_run(tmp_path / "base", _frame(1.0, False).to_dict("records"),
+                     created="2026-01-01T00:00:00+00:00")
+    run = write_run(tmp_path / "run", _frame(1.0, True).to_dict("records"),
+                    created="2026-01-02T00:00:00+00:00")
+    assert compare.main(["compare", str(base), str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "1 throttled" in out and "--allow throttled" in out
+    assert compare.main(["compare", str(base), str(run), "--allow", "throttled"]) == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--throttle-threshold", "0"], "--throttle-threshold"),
+    (["--throttle-threshold", "101"], "--throttle-threshold"),
+    (["--throttle-threshold", "nan"], "--throttle-threshold"),
+    (["--throttle-recovery-delay", "-1"], "--throttle-recovery-delay"),
+])
+def test_bad_throttle_flags_are_one_line_exit_2(argv, needle, capsys, tmp_path):
+    assert run_bench.main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and needle in err and len(err.splitlines()) == 1
+
+
+def test_gpu_monitor_reads_the_maximum_sm_clock():
+    from tests.test_measurement import FakeNVML
+
+    nv = FakeNVML()
+    assert gpu_monitor.GpuMonitor(nv, nv.devs[1]).max_sm_clock_mhz == 1980.0
