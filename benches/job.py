@@ -307,11 +307,13 @@ def _case_key(case: Case) -> tuple[str, str, str, str]:
     return (case.spec.name, case.provider, case.dtype, case.shape_str)
 
 
-def _retimer(cases: list[Case], cfg: RunConfig):
+def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
     """The compare step's `retime` callback: fresh samples of the given rows, one child
     process per round (benches/retime.py says why), RETIME_ROUNDS rounds at least
     RETIME_SPACING_S apart, each round timing all the rows in turn."""
     by_key = {_case_key(c): c for c in cases}
+    # Each Triton row's own configs: a child that autotuned again could pick another.
+    configs = {case_id(_row_key(r)): r["config"] for r in rows if r.get("config")}
 
     def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
         todo = [tuple(k) for k in keys if tuple(k) in by_key]
@@ -323,7 +325,9 @@ def _retimer(cases: list[Case], cfg: RunConfig):
         spec = json.dumps({"device": cfg.model.key, "seed": cfg.seed,
                            "fp8_accum": kernel_spec.fp8_accum(),
                            "ceilings": cfg.ceilings.to_json(),
-                           "cases": [list(k) for k in todo]})
+                           "cases": [list(k) for k in todo],
+                           "configs": {case_id(k): configs[case_id(k)] for k in todo
+                                       if case_id(k) in configs}})
         started = 0.0
         for r in range(RETIME_ROUNDS):
             time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
@@ -463,7 +467,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.compare:
         from roofline.compare import compare_and_report
 
-        retime = None if cfg.check_only else _retimer(cases, cfg)
+        retime = None if cfg.check_only else _retimer(cases, cfg, writer.rows)
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,
                                             args.allow_device_mismatch, allow=allow,
                                             retime=retime))

@@ -7,8 +7,9 @@ a whole process can sit in a slow state (seen on the 2-core CI VM: an unchanged 
 the process that saw the slowdown confirm it, while a new process gets a new draw.
 
 The spec (JSON on stdin): device key, seed, fp8 accumulation mode, the run's ceilings (so
-the timing method per case is the run's own) and the cases as [kernel, provider, dtype,
-shape].  The answer (last line of stdout): {"kernel|provider|dtype|shape": [samples_ms]}
+the timing method per case is the run's own), the cases as [kernel, provider, dtype,
+shape] and the Triton rows' configs by case id (run as recorded, never tuned again).
+The answer (last line of stdout): {"kernel|provider|dtype|shape": [samples_ms]}
 for each case that ran ok.
 """
 
@@ -46,7 +47,9 @@ def retime(spec: dict[str, Any]) -> dict[str, list[float]]:
                     target=Target(present.kind, present.capability, interpreter_enabled(),
                                   present.name),
                     ceilings=Ceilings(c.get("datasheet"), c.get("measured")),
-                    timing=TimingConfig())
+                    timing=TimingConfig(),
+                    configs={tuple(k.split(SEP)): v  # type: ignore[misc]
+                             for k, v in (spec.get("configs") or {}).items()})
     out: dict[str, list[float]] = {}
     for kernel, provider, dtype, shape in spec["cases"]:
         case = Case(REGISTRY[kernel], provider, dtype, parse_shape(shape))

@@ -46,7 +46,10 @@ from benches.timing import (
     Timing,
     TimingConfig,
     choose_method,
+    count_launches,
     cpu_round_config,
+    graph_plan,
+    host_dispatch_us,
     rotation_copies,
     summarize,
     time_cpu_rounds,
@@ -55,7 +58,8 @@ from benches.timing import (
 )
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.matmul import UnsupportedShape
-from kernels.spec import Shape
+from kernels.spec import Shape, TritonLaunch
+from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline import metrics
 from roofline.ceilings import Ceilings
 from roofline.devices import DeviceModel, Present
@@ -101,6 +105,9 @@ class RunConfig:
     ceilings: Ceilings
     timing: TimingConfig = field(default_factory=TimingConfig)
     throttle: ThrottleConfig = field(default_factory=lambda: ThrottleConfig())
+    # Triton configs to run instead of autotuning, by (kernel, provider, dtype, shape):
+    # re-timing children get the confirmed row's own (its `config` column).
+    configs: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
 
 
 def build_cases(cfg: RunConfig) -> list[Case]:
@@ -331,16 +338,32 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
         return row
     spec, dtype = case.spec, case.dtype
     fn = spec.providers[case.provider].fn
+    make_call: MakeCall | None = None
     try:
         inputs = cache.get(case, cfg)
         out = spec.alloc_out(inputs, dtype)
         # First call untimed: an autotuned kernel tunes here, running every candidate
         # config into `out`.  Only then is `out` poisoned, so an element the chosen
         # config fails to write stays NaN instead of holding another config's answer.
-        fn(inputs, out)
+        launches = _triton_launches(case, cfg, inputs, out)
+        if launches is None:
+            fn(inputs, out)
+            call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
+        else:
+            # A Triton row runs (and records) its chosen configs; re-timing passes the
+            # confirmed row's configs in, so it never tunes to another one.
+            forced = cfg.configs.get(_case_key(case))
+            chosen = parse_configs(launches, forced) if forced else [None] * len(launches)
+            chosen = [run_launch(ln, c) for ln, c in zip(launches, chosen, strict=True)]
+            call = lambda: fn(inputs, out)  # noqa: E731
+            if all(c is not None for c in chosen):
+                row["config"] = configs_text(launches, chosen)
+                make_call = _bound_triton_call(case, cfg, chosen)
+                call = make_call(inputs, out)
         _sync(cfg.target)
         out.fill_(float("nan"))
-        result = fn(inputs, out)
+        result = call()
+        result = out if result is None else result
         _sync(cfg.target)
         rel_err = spec.check(result, inputs, dtype, ref=cache.reference(case))
     except Exception as e:
@@ -362,11 +385,15 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     monitor = gpu_monitor() if cfg.target.kind == "cuda" else None
     clocks: dict[str, Any] = {}
     try:
+        def timed() -> tuple[Timing, str]:
+            if make_call is None:
+                return _time_case(case, cfg, inputs, out)
+            return _time_case(case, cfg, inputs, out, make_call)
+
         if monitor is None:
-            timing, note = _time_case(case, cfg, inputs, out)
+            timing, note = timed()
         else:
-            timing, note, clocks = time_unthrottled(
-                lambda: _time_case(case, cfg, inputs, out), monitor, cfg.throttle)
+            timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
     row = _set_timing(row, case, cfg, timing, note)
@@ -374,10 +401,32 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     return row
 
 
+def _triton_launches(case: Case, cfg: RunConfig, inputs: dict[str, Any],
+                     out: torch.Tensor) -> list[TritonLaunch] | None:
+    """The declared launches of a Triton row (None for torch rows)."""
+    if case.provider != "triton" or case.spec.triton_launches is None:
+        return None
+    sms = (cfg.present.sms or 0) if cfg.target.kind == "cuda" else 0
+    return case.spec.triton_launches(inputs, out, sms)
+
+
+def _bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCall:
+    def make(ins: dict[str, Any], o: torch.Tensor) -> Callable[[], object]:
+        launches = _triton_launches(case, cfg, ins, o)
+        assert launches is not None
+        return prepared_call(launches, configs)
+    return make
+
+
+def _case_key(case: Case) -> tuple[str, str, str, str]:
+    return (case.spec.name, case.provider, case.dtype, case.shape_str)
+
+
 def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                 note: str) -> dict[str, Any]:
     row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
-               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note)
+               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note,
+               host_us=timing.host_us)
     row[SAMPLES] = list(timing.samples_ms)
     row.update(metrics.derive(row["flops"], row["bytes"], timing.ms_median,
                               *_roofs(case, cfg)))
@@ -401,11 +450,22 @@ def _l2_bytes(cfg: RunConfig) -> int | None:
     return int(mb * 2**20) if mb else None
 
 
-def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any],
-               out: torch.Tensor) -> tuple[Timing, str]:
-    """(timing, note): the note says why a CUDA-graph case fell back to do_bench."""
+MakeCall = Callable[[dict[str, Any], torch.Tensor], Callable[[], object]]
+
+
+def _plain_call(case: Case) -> MakeCall:
     fn = case.spec.providers[case.provider].fn
-    call = lambda: fn(inputs, out)  # noqa: E731
+    return lambda ins, o: (lambda: fn(ins, o))
+
+
+def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
+               make_call: MakeCall | None = None) -> tuple[Timing, str]:
+    """(timing, note): the note says why a CUDA-graph case fell back to do_bench or
+    what bound its graph.  `make_call(inputs, out)` gives the provider's call on those
+    buffers (a Triton row's is bound once to its chosen configs); on a GPU the timing
+    carries the call's host dispatch time."""
+    make_call = make_call or _plain_call(case)
+    call = make_call(inputs, out)
     method = timing_method(case, cfg)
     if method == TIMER_CPU:
         held: list[Any] = []
@@ -417,23 +477,35 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any],
             # they cannot simply reuse the same addresses.
             ins, o = _clone_inputs(inputs), torch.empty_like(out)
             held[:] = [ins, o]
-            return lambda: fn(ins, o)
+            return make_call(ins, o)
 
         return time_cpu_rounds(round_call, cfg.timing), ""
-    if method == TIMER_FLUSHED:
-        return time_flushed(call, cfg.timing), ""
+    host_us = host_dispatch_us(call, torch.cuda.synchronize)
+    timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
+    return replace(timing, host_us=host_us), note
+
+
+def _time_gpu(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
+              make_call: MakeCall, call: Callable[[], object], host_us: float
+              ) -> tuple[Timing, str]:
+    if timing_method(case, cfg) == TIMER_FLUSHED:
+        return time_flushed(call, cfg.timing, host_us), ""
     copies = rotation_copies(case.spec.nbytes(case.shape, case.dtype), _l2_bytes(cfg))
     if copies is None:
-        return _fallback(time_flushed(call, cfg.timing),
+        return _fallback(time_flushed(call, cfg.timing, host_us),
                          "L2 size unknown: no rotation can be shown to be cold")
+    launches = count_launches(call) or cfg.timing.assumed_launches
+    total, bound = graph_plan(copies, launches, host_us, cfg.timing)
+    if total is None:
+        return _fallback(time_flushed(call, cfg.timing, host_us), bound)
     calls: list[Callable[[], object]] = [call]
     try:
         # Distinct copies of inputs and output, together more than twice the L2, so
         # every replayed call starts from a cold cache (as do_bench's flush gives).
         for _ in range(copies - 1):
             ins, o = _clone_inputs(inputs), torch.empty_like(out)
-            calls.append(lambda ins=ins, o=o: fn(ins, o))
-        return time_cudagraph(calls, cfg.timing), ""
+            calls.append(make_call(ins, o))
+        return time_cudagraph(calls, cfg.timing, total), bound
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise
@@ -441,12 +513,13 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any],
     del calls
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    return _fallback(time_flushed(call, cfg.timing), f"CUDA-graph timing failed ({why})")
+    return _fallback(time_flushed(call, cfg.timing, host_us),
+                     f"CUDA-graph timing failed ({why})")
 
 
 def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
-    return (Timing(t.ms_median, t.ms_p20, t.ms_p80, t.n_samples, TIMER_GRAPH_FALLBACK,
-                   t.samples_ms), f"timed with L2 flushes instead of CUDA graphs: {why}")
+    return (replace(t, timer=TIMER_GRAPH_FALLBACK),
+            f"timed with L2 flushes instead of CUDA graphs: {why}")
 
 
 # ---- metadata -------------------------------------------------------------------------

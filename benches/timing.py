@@ -15,6 +15,7 @@ This module only adds what those libraries lack:
 from __future__ import annotations
 
 import math
+import time
 import timeit
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -45,6 +46,17 @@ class TimingConfig:
     # graph launch itself is < 1% of a replay of microsecond kernels.
     graph_min_calls: int = 200
     max_graph_samples: int = 1000
+    # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
+    # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
+    # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
+    # capture and gigabytes of graph.  Past these, a graph holds one round over the
+    # copies instead of graph_min_calls; past them even then, the row is timed by
+    # do_bench with L2 flushes, and its reason says so.
+    max_graph_nodes: int = 100_000
+    max_capture_s: float = 10.0
+    # Launches per call assumed where they cannot be counted (no profiler): the most
+    # seen from one eager torch call in this suite.
+    assumed_launches: int = 16
     # torch.utils.benchmark blocked_autorange budget; then topped up to min_samples
     cpu_min_run_time_s: float = 0.05
     # CPU samples come in this many rounds, each on freshly allocated inputs and output,
@@ -72,6 +84,8 @@ class Timing:
     n_samples: int
     timer: str
     samples_ms: tuple[float, ...] = ()
+    # Host time to dispatch one call (GPU): Python and launch overhead, measured apart.
+    host_us: float | None = None
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
@@ -145,17 +159,142 @@ def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
     return summarize(samples, TIMER_CPU)
 
 
-def time_flushed(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
-    """CUDA-event timing after warm-up with L2 flushed between samples (do_bench)."""
+def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
+                     reps: int = 20, repeats: int = 5) -> float:
+    """Host time to dispatch one call, in us: the wall time of `reps` back-to-back calls
+    with no synchronization between them, divided by `reps`; the median of `repeats`
+    such bursts, each after a sync.  On a GPU the calls only enqueue work, so this is the
+    Python and launch overhead a provider pays per call, apart from its device time.
+    (On a CPU the call runs synchronously: this would be its run time, so it is not
+    taken there.)"""
+    sync()
+    call()  # warm: lazy init, JIT cache lookups
+    sync()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        per_call.append((time.perf_counter() - t0) / reps * 1e6)
+        sync()
+    return float(np.median(per_call))
+
+
+# SM cycles per microsecond the flush padding assumes: the top boost clock of the GPUs in
+# the table (~2 GHz).  A GPU clocked lower spins longer, which only adds margin.
+PAD_CYCLES_PER_US = 2000
+
+
+def flush_padding_us(host_us: float | None) -> float:
+    """How long the GPU is kept busy after each L2 flush, in us, so that the host has
+    recorded the start event and dispatched the call before the GPU reaches them: twice
+    the provider's measured dispatch time plus 10 us, or 0 when it is unknown."""
+    return 2.0 * host_us + 10.0 if host_us else 0.0
+
+
+def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
+                 host_us: float | None = None) -> Timing:
+    """CUDA-event timing after warm-up with L2 flushed between samples.
+
+    triton.testing.do_bench records its start event right after the flush: a provider
+    whose Python dispatch takes longer than the flush's device time (~85 us on an H100)
+    leaves the GPU idle between the start event and its kernel, so host time is counted
+    as device time (Triton's launch path pays more Python per call than torch's).  With
+    the provider's dispatch time known (`host_us`), this loop is do_bench's with one
+    addition: the GPU spins (torch.cuda._sleep) for flush_padding_us after the flush,
+    long enough for the host to enqueue the start event and the call first.  The flush
+    buffer is Triton's own, the samples are do_bench's (one CUDA-event pair around each
+    call)."""
     import triton.testing as tt
 
     # A short first estimate sizes the measurement: at least cfg.min_samples samples.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
     rep = min(max(cfg.rep_ms, cfg.min_samples * est * 1.2), cfg.max_rep_ms)
-    samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
-    while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
-        samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
-    return summarize(samples, TIMER_FLUSHED)
+    pad_us = flush_padding_us(host_us)
+    if not pad_us:
+        samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
+        while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
+            samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
+        return summarize(samples, TIMER_FLUSHED)
+    # As do_bench: as many samples as fit in `rep` at the estimated time per sample.
+    n = max(cfg.min_samples, int(rep / max(est, 1e-4)))
+    return summarize(_padded_flushed_samples(fn, n, cfg.warmup_ms, pad_us), TIMER_FLUSHED)
+
+
+def _flush_buffer() -> torch.Tensor:
+    """The buffer do_bench zeroes to flush the L2 (256 MB in Triton 3.x)."""
+    try:
+        from triton.runtime import driver
+
+        return driver.active.get_empty_cache_for_benchmark()
+    except Exception:
+        return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
+
+
+def _padded_flushed_samples(fn: Callable[[], object], n: int, warmup_ms: float,
+                            pad_us: float) -> list[float]:
+    flush = _flush_buffer()
+    cycles = int(pad_us * PAD_CYCLES_PER_US)
+    t_end = time.perf_counter() + warmup_ms / 1e3
+    fn()
+    torch.cuda.synchronize()
+    while time.perf_counter() < t_end:
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for i in range(n):
+        flush.zero_()
+        torch.cuda._sleep(cycles)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def count_launches(call: Callable[[], object]) -> int | None:
+    """GPU work items (kernels, memsets, copies) one call enqueues: the nodes it adds to
+    a CUDA graph.  From torch.profiler's CUDA activity; None if it cannot be counted."""
+    try:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+        return n or None
+    except Exception:
+        return None
+
+
+def graph_plan(copies: int, launches: int, host_us: float | None,
+               cfg: TimingConfig) -> tuple[int | None, str]:
+    """(calls per captured graph, note): graph_calls(copies) when the capture stays under
+    cfg.max_graph_nodes nodes (calls x launches per call) and cfg.max_capture_s of
+    capture (about twice the host dispatch time per captured call); else one round over
+    the copies; None when even that is past a bound (time with L2 flushes instead).
+    The note says which bound applied."""
+    def too_big(calls: int) -> str | None:
+        nodes = calls * launches
+        if nodes > cfg.max_graph_nodes:
+            return f"{nodes:,} graph nodes > {cfg.max_graph_nodes:,}"
+        if host_us and calls * 2 * host_us * 1e-6 > cfg.max_capture_s:
+            return (f"~{calls * 2 * host_us * 1e-6:.0f} s of capture > "
+                    f"{cfg.max_capture_s:g} s")
+        return None
+
+    full = graph_calls(copies, cfg)
+    why = too_big(full)
+    if why is None:
+        return full, ""
+    why_round = too_big(copies)
+    if why_round is None:
+        return copies, (f"graph of one round over the {copies} copies instead of {full} "
+                        f"calls ({why}, {launches} launches a call)")
+    return None, f"CUDA graph too large even for one round ({why_round})"
 
 
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
@@ -180,7 +319,8 @@ def graph_calls(copies: int, cfg: TimingConfig) -> int:
     return copies * max(1, math.ceil(cfg.graph_min_calls / copies))
 
 
-def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig) -> Timing:
+def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
+                   total: int | None = None) -> Timing:
     """Per-call time from CUDA-graph replays: the graph holds graph_calls(len(calls))
     launches cycling over `calls` (one per rotated copy of inputs and output); each
     sample is one replay timed with CUDA events, divided by the calls it holds.
@@ -192,7 +332,7 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig) -> 
     them would let the graph pool hand one L2-resident block to every call.
     """
     n = len(calls)
-    total = graph_calls(n, cfg)
+    total = graph_calls(n, cfg) if total is None else total
     # Warm-up on a side stream before capture (lazy init, autotuning, JIT): capture must
     # see only kernel launches.
     side = torch.cuda.Stream()

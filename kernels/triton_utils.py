@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -44,15 +47,43 @@ KERNELS_INTERPRETED: bool = type(round_for_store).__name__ == "InterpretedFuncti
 _TUNERS: dict[tuple[str, str], object] = {}
 
 
-def run_launch(launch: TritonLaunch) -> None:
-    """Launch a declared kernel launch: autotuned over its configs on a GPU, with its
-    small interpreter config (or first config) on the CPU interpreter."""
-    on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in launch.args)
+def config_str(cfg: Any) -> str:
+    """A config as one line: its tuned constexprs, then warps and stages
+    ("BLOCK_M=128,BLOCK_N=256,BLOCK_K=64,GROUP_M=8,num_warps=8,num_stages=3")."""
+    parts = [f"{k}={v}" for k, v in cfg.kwargs.items()]
+    parts += [f"num_warps={cfg.num_warps}", f"num_stages={cfg.num_stages}"]
+    return ",".join(parts)
+
+
+def _on_gpu(launch: TritonLaunch) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in launch.args)
+
+
+def _launch_with(launch: TritonLaunch, cfg: Any, on_gpu: bool) -> None:
+    kwargs = cfg.all_kwargs() if on_gpu else dict(cfg.kwargs)
+    launch.fn[launch.grid(dict(cfg.kwargs))](*launch.args, **launch.constexprs, **kwargs)
+
+
+def find_config(launch: TritonLaunch, text: str) -> Any:
+    """The config of `launch` written as `text` (config_str); ValueError if none is."""
+    for cfg in (*launch.configs, launch.interp_config):
+        if cfg is not None and config_str(cfg) == text:
+            return cfg
+    raise ValueError(f"{launch.name} has no config {text}")
+
+
+def run_launch(launch: TritonLaunch, config: Any = None) -> Any:
+    """Launch a declared kernel launch and return the config it ran: `config` when given
+    (no tuning: re-timing runs the row's own config), else autotuned over its configs
+    on a GPU, or its small interpreter config (or first config) on the CPU interpreter."""
+    on_gpu = _on_gpu(launch)
+    if config is not None:
+        _launch_with(launch, config, on_gpu)
+        return config
     if not on_gpu or len(launch.configs) == 1:
         cfg = (launch.interp_config or launch.configs[0]) if not on_gpu else launch.configs[0]
-        kwargs = cfg.all_kwargs() if on_gpu else dict(cfg.kwargs)
-        launch.fn[launch.grid(dict(cfg.kwargs))](*launch.args, **launch.constexprs, **kwargs)
-        return
+        _launch_with(launch, cfg, on_gpu)
+        return cfg
     key = (launch.name, launch.tuner)
     tuner = _TUNERS.get(key)
     if tuner is None:
@@ -60,3 +91,43 @@ def run_launch(launch: TritonLaunch) -> None:
             launch.fn)
         _TUNERS[key] = tuner
     tuner[launch.grid](*launch.args, **launch.constexprs)
+    # Set by the autotuner on every call: the config tuned for this key.
+    return getattr(tuner, "best_config", None)
+
+
+def configs_text(launches: list[TritonLaunch], configs: list[Any]) -> str:
+    """The `config` column: "name[config]" per launch, "; " between launches."""
+    return "; ".join(f"{ln.name}[{config_str(c)}]" for ln, c in zip(launches, configs,
+                                                                     strict=True) if c)
+
+
+def parse_configs(launches: list[TritonLaunch], text: str) -> list[Any]:
+    """configs_text read back against the launches it was written for."""
+    parts = [p.strip() for p in text.split("; ") if p.strip()]
+    if len(parts) != len(launches):
+        raise ValueError(f"config '{text}' names {len(parts)} launches, not {len(launches)}")
+    out = []
+    for launch, part in zip(launches, parts, strict=True):
+        name, _, rest = part.partition("[")
+        if name != launch.name or not rest.endswith("]"):
+            raise ValueError(f"config '{part}' is not one of {launch.name}")
+        out.append(find_config(launch, rest[:-1]))
+    return out
+
+
+def prepared_call(launches: list[TritonLaunch], configs: list[Any]) -> Callable[[], None]:
+    """The launches bound once to their chosen configs, grids and arguments, so that a
+    timed call costs Triton's own launch and nothing of ours: no launch objects, grid
+    lambdas, autotuner key or cache lookup per call (on a GPU, do_bench's start event
+    runs right after its L2 flush, so Python time before the launch can show up as
+    device time)."""
+    bound = []
+    for launch, cfg in zip(launches, configs, strict=True):
+        on_gpu = _on_gpu(launch)
+        kwargs = {**launch.constexprs, **(cfg.all_kwargs() if on_gpu else dict(cfg.kwargs))}
+        bound.append((launch.fn[launch.grid(dict(cfg.kwargs))], launch.args, kwargs))
+
+    def call() -> None:
+        for kernel, args, kwargs in bound:
+            kernel(*args, **kwargs)
+    return call

@@ -391,6 +391,30 @@ def _throttled_section(df: pd.DataFrame) -> str:
                      "llllrl"))
 
 
+def launch_bound_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Ok GPU rows whose host dispatch per call (`host_us`) is longer than their device
+    time: in a loop of such calls the GPU waits for Python, not the other way round."""
+    if df.empty or "host_us" not in df.columns:
+        return df.iloc[0:0]
+    host = pd.to_numeric(df["host_us"], errors="coerce")
+    device_us = pd.to_numeric(df["ms_median"], errors="coerce") * 1e3
+    return df[(df["status"] == "ok") & (host > device_us)]
+
+
+def _launch_bound_section(df: pd.DataFrame) -> str:
+    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+             f"{float(r['host_us']):.1f}", f"{float(r['ms_median']) * 1e3:.1f}",
+             f"{float(r['host_us']) / (float(r['ms_median']) * 1e3):.1f}x"]
+            for _, r in _order(launch_bound_rows(df)).iterrows()]
+    return ("Host dispatch per call (`host_us`: Python and launch, measured apart) longer "
+            "than the device time: called back to back, these kernels leave the GPU "
+            "waiting for the host, so their real cost is the dispatch. The timings "
+            "themselves exclude it (CUDA graphs, or the GPU kept busy after each L2 "
+            "flush).\n\n"
+            + _table(["kernel", "provider", "dtype", "shape", "host us/call", "device us",
+                      "host / device"], rows, "llllrrr"))
+
+
 def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -> str:
     if not ceilings:
         return "No ceilings recorded for this run: % of roof is unavailable."
@@ -531,6 +555,8 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         _ratio_section(d),
         *([f"## Throttled rows ({len(throttled_rows(d))})", _throttled_section(d)]
           if len(throttled_rows(d)) else []),
+        *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]
+          if len(launch_bound_rows(d)) else []),
         f"## Failed rows ({n['failed']})",
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",

@@ -33,7 +33,11 @@ EXTRA_COLUMNS: list[str] = [
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
     "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
     "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
-    "throttled",  # GPU: a power/thermal/HW-slowdown clock-event reason while the row ran
+    "throttled",  # GPU: timed while throttled (reason or SM clock below the threshold),
+    # still so after re-timing
+    "host_us",  # GPU: host time to dispatch one call (Python + launch), apart from device
+    # time; longer than the device time (ms_median) = launch-bound
+    "config",  # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
 ]
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the

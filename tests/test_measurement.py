@@ -232,16 +232,19 @@ def test_timing_method_comes_from_the_roofline_bound():
 def _record_timers(monkeypatch) -> list[tuple[str, int]]:
     seen: list[tuple[str, int]] = []
 
-    def graph(calls, cfg):
+    def graph(calls, cfg, total=None):
         seen.append((timing.TIMER_GRAPH, len(calls)))
         return timing.summarize([1e-3] * cfg.min_samples, timing.TIMER_GRAPH)
 
-    def flushed(fn, cfg):
+    def flushed(fn, cfg, host_us=None):
         seen.append((timing.TIMER_FLUSHED, 1))
         return timing.summarize([1.0] * cfg.min_samples, timing.TIMER_FLUSHED)
 
     monkeypatch.setattr(runner, "time_cudagraph", graph)
     monkeypatch.setattr(runner, "time_flushed", flushed)
+    # No GPU to dispatch to or profile: one launch a call, 5 us to dispatch it.
+    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(runner, "count_launches", lambda call: 1)
     return seen
 
 
@@ -284,7 +287,7 @@ def test_graph_call_count_does_not_depend_on_speed():
 def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     seen = _record_timers(monkeypatch)
 
-    def broken(calls, cfg):
+    def broken(calls, cfg, total=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(runner, "time_cudagraph", broken)
