@@ -19,8 +19,8 @@ import sys
 
 from benches.interrupt import Terminated, exit_code, exit_now, sigterm_raises
 
-# roofline.compare needs only pandas: safe to import before TRITON_INTERPRET is decided.
-from roofline.compare import CompareError, check_threshold, threshold_help
+# roofline.gate needs only pandas and scipy: safe to import before TRITON_INTERPRET is decided.
+from roofline.gate import CompareError, check_threshold, threshold_help
 
 
 class UsageError(ValueError):

@@ -45,7 +45,7 @@ from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
 from roofline.ceilings import Ceilings, get_ceilings
-from roofline.compare import CompareError, check_baseline, parse_allow
+from roofline.gate import CompareError, check_baseline, parse_allow
 from roofline.devices import (
     DEVICES,
     ROOF_CLASSES,
@@ -465,7 +465,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return code
     code = 1 if any(r["status"] == "failed" for r in writer.rows) else 0
     if args.compare:
-        from roofline.compare import compare_and_report
+        from roofline.gate import compare_and_report
 
         retime = None if cfg.check_only else _retimer(cases, cfg, writer.rows)
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return plot_main(rest)
     if cmd in ("compare", "promote"):
-        from roofline.compare import main as compare_main
+        from roofline.gate import main as compare_main
 
         return compare_main([cmd, *rest])
     if cmd == "plan":

@@ -1,0 +1,173 @@
+"""`python -m roofline compare` and `python -m roofline promote`: parsing, refusals of
+output paths that would overwrite measurements, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from roofline.devices import DeviceError
+from roofline.gate.promote import promote
+from roofline.gate.render import (
+    _json_text,
+    _write,
+    append_step_summary,
+    benchmark_entries,
+    render_markdown,
+)
+from roofline.gate.rules import (
+    ALLOWABLE,
+    DEFAULT_BASELINES_DIR,
+    DEFAULT_THRESHOLDS,
+    CompareError,
+    _one_line,
+    _status,
+    check_threshold,
+)
+from roofline.gate.runs import compare_runs
+from roofline.schema import (
+    RESULTS_JSON,
+    RunLoadError,
+    load_run,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so every usage error
+    becomes the same single `error: ...` line (subparsers inherit this class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CompareError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m roofline", description="Compare benchmark runs.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{compare,promote}")
+    c = sub.add_parser("compare", help="regression verdicts of RUN against BASELINE",
+                       description="Regression verdicts of RUN against BASELINE; exit 1 "
+                       "when the gate fails, 2 on a usage error.")
+    c.add_argument("baseline", help="baseline run folder or results.json "
+                   "(e.g. results/baselines/h100.json)")
+    c.add_argument("run", help="run folder or results.json to judge")
+    c.add_argument("--threshold", default=None, metavar="PCT",
+                   help="percent change of the median time that counts (default: "
+                   + threshold_help() + ")")
+    c.add_argument("--allow", action="append", default=[], metavar="LIST",
+                   help=f"comma list of gate failures to accept: {','.join(ALLOWABLE)}")
+    c.add_argument("--allow-device-mismatch", action="store_true",
+                   help="compare runs of different devices")
+    c.add_argument("--md", metavar="PATH", help="also write the markdown report here")
+    c.add_argument("--json", metavar="PATH",
+                   help="write the run's results in github-action-benchmark "
+                   "customBiggerIsBetter format here")
+    pr = sub.add_parser("promote", help="make RUN the stored baseline of its device",
+                        description="Copy RUN's results.json to <baselines>/<device>.json, "
+                        "keeping the replaced one in <baselines>/history/.")
+    pr.add_argument("run", nargs="+",
+                    help="run folder or results.json; several runs of the same sweep are "
+                    "pooled into one baseline (recommended on a noisy machine)")
+    pr.add_argument("--device", metavar="KEY", help="device key (default: the run's own)")
+    pr.add_argument("--baselines", metavar="DIR", default=DEFAULT_BASELINES_DIR,
+                    help=f"baselines folder (default {DEFAULT_BASELINES_DIR})")
+    pr.add_argument("--force", action="store_true",
+                    help="promote an interrupted, aborted, incomplete or all-skipped run, or "
+                    "one of another device")
+    return p
+
+
+def threshold_help() -> str:
+    """The default thresholds, for --help."""
+    return ", ".join(f"{v:g} on a {'GPU' if k == 'cuda' else k.upper()}"
+                     for k, v in DEFAULT_THRESHOLDS.items())
+
+
+def _holds_a_run(path: Path) -> bool:
+    """Whether an existing file is a results document ({"rows": [...]}: a run's
+    results.json or a stored baseline)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = f.read(1)
+            if head != "{":
+                return False
+            doc = json.loads(head + f.read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("rows"), list)
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str]) -> None:
+    """Refuse a report path that would overwrite what is measured: one of the inputs
+    (a folder's results.json included), any file named results.json, or any existing
+    results document (a run or a baseline).  CompareError, one line."""
+    protected = set()
+    for i in inputs:
+        p = Path(i)
+        protected.add(p.resolve())
+        if p.is_dir():
+            protected.add((p / RESULTS_JSON).resolve())
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        p = Path(out)
+        if p.resolve() in protected or p.name == RESULTS_JSON or \
+                (p.is_file() and _holds_a_run(p)):
+            raise CompareError(f"{flag} {out} would overwrite measured results (a run or a "
+                               "baseline): choose another path")
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    threshold = check_threshold(args.threshold)
+    check_outputs({"--md": args.md, "--json": args.json}, [args.baseline, args.run])
+    result = compare_runs(args.baseline, args.run, threshold,
+                          args.allow_device_mismatch, allow=args.allow)
+    markdown = render_markdown(result)
+    if args.md:
+        _write(args.md, markdown)
+    if args.json:
+        assert result.run_df is not None
+        _write(args.json, _json_text(benchmark_entries(result.run_df, result.rows)))
+    append_step_summary(markdown)
+    print(markdown)
+    return result.exit_code
+
+
+def _cmd_promote(args: argparse.Namespace) -> int:
+    dest, kept = promote(args.run, args.device, args.baselines, force=args.force)
+    _, df = load_run(dest)
+    failed = int((_status(df) == "failed").sum())
+    if failed:
+        print(f"note: {failed} rows of this baseline failed correctness", file=sys.stderr)
+    if kept is not None:
+        print(f"note: the replaced baseline is kept at {kept} (copy it back to {dest} to "
+              "undo)", file=sys.stderr)
+    print(dest)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`compare` / `promote` entry point (argv[0] is the command); returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+        return _cmd_compare(args) if args.cmd == "compare" else _cmd_promote(args)
+    except SystemExit as e:  # --help exits through argparse
+        return e.code if isinstance(e.code, int) else 0
+    except (CompareError, RunLoadError, DeviceError) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
+              file=sys.stderr)
+        return 2
+    except Exception as e:
+        # A CI gate must answer with an exit code, not a traceback; set ROOFLINE_DEBUG=1
+        # to see the traceback while debugging.
+        if os.environ.get("ROOFLINE_DEBUG"):
+            raise
+        print(f"error: unexpected {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return 2

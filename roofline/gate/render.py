@@ -1,0 +1,269 @@
+"""The comparison as text: the markdown report, github-action-benchmark JSON, the CI
+step summary, the terminal summary; and compare_and_report, run_bench.py's one call."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from roofline.gate.rules import (
+    ALLOWABLE_VERDICTS,
+    BENCHMARK_JSON,
+    COMPARE_MD,
+    REGRESSION_VERDICTS,
+    TFLOPS_KERNELS,
+    CompareError,
+    Retime,
+    _one_line,
+    _rows,
+)
+from roofline.gate.runs import compare_runs, confirm_slower
+from roofline.gate.verdicts import CompareResult, _normalise
+from roofline.schema import (
+    KEY,
+    RunLoadError,
+    atomic_write_text,
+    resolve_results_json,
+)
+
+
+def _fmt_ms(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else "-"
+
+
+def _fmt_spread(lo: float, hi: float) -> str:
+    return f"{lo:.4g}–{hi:.4g}" if math.isfinite(lo) and math.isfinite(hi) else "-"
+
+
+def _fmt_ratio(r: float) -> str:
+    return f"{r:.3f}x" if math.isfinite(r) else "-"
+
+
+def _fmt_n(a: float, b: float) -> str:
+    return "/".join(str(int(x)) if math.isfinite(x) else "-" for x in (a, b))
+
+
+def _md_cell(text: str) -> str:
+    # A '|' or newline inside a reason would break the table row.
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _md_table(df: pd.DataFrame) -> list[str]:
+    lines = [
+        "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio "
+        "| base p20–p80 | new p20–p80 | n base/new | note |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in df.to_dict("records"):
+        lines.append(
+            f"| {_md_cell(r['kernel'])} | {_md_cell(r['provider'])} | {_md_cell(r['dtype'])} "
+            f"| {_md_cell(r['shape'])} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
+            f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio(r['ratio'])} "
+            f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
+            f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
+            f"| {_md_cell(r['note'])} |")
+    return lines
+
+
+# (title, verdicts) of the listed sections, in report order; "same" and "skipped" rows
+# are only counted, since a healthy run has hundreds of them.
+_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Regressions", REGRESSION_VERDICTS),
+    ("Changed rows (missing, or timed by another method)", ("missing", "method-changed")),
+    ("Throttled (the GPU slowed itself down while timing: not a code verdict)",
+     ("throttled",)),
+    ("Not confirmed (looked slower, not slower again when re-timed)", ("not-confirmed",)),
+    ("Ambiguous (past the threshold, but not significant)", ("ambiguous",)),
+    ("Faster", ("faster",)),
+    ("New and fixed", ("new", "fixed")),
+    ("Still failing (failed in the baseline too)", ("still-failed",)),
+)
+
+
+def retime_line(result: CompareResult) -> str | None:
+    """'re-timed 3 rows that looked slower (3 rounds): 1 confirmed, 2 not confirmed'."""
+    if not result.retimed:
+        return None
+    rounds = f" ({result.rounds} rounds)" if result.rounds else ""
+    return (f"re-timed {_rows(result.retimed)} that looked slower{rounds}: "
+            f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not")
+
+
+def _gate_lines(result: CompareResult) -> list[str]:
+    lines = []
+    for p in result.problems:
+        if p.kind in result.allow:
+            lines.append(f"allowed ({p.kind}): {p.detail}")
+        else:
+            lines.append(f"gate failure: {p.detail} (--allow {p.kind} to accept)")
+    counts = result.counts
+    for verdict, name in ALLOWABLE_VERDICTS.items():
+        if counts.get(verdict):
+            state = "allowed" if name in result.allow else "gate failure"
+            hint = "" if name in result.allow else f" (--allow {name} to accept)"
+            lines.append(f"{state}: {_rows(counts[verdict])} {verdict}{hint}")
+    return lines
+
+
+def render_markdown(result: CompareResult) -> str:
+    """The comparison report: gate failures, regressions, changed rows, re-timing,
+    ambiguous, faster, new, and a count of rows that are the same."""
+    t = result.threshold
+    lines = [
+        "## Benchmark comparison",
+        "",
+        f"**{result.headline()}**",
+        "",
+        f"- baseline: {result.base_label}",
+        f"- run: {result.run_label}",
+        f"- rule: a row is slower (faster) when its median time and its fast end (second-"
+        f"fastest sample) moved past ±{t:g}% and a one-sided Mann-Whitney U test on the raw "
+        f"samples says it moved beyond ±{t:g}% at p < {result.alpha:.2g} (0.01 over the rows "
+        "compared); re-timed rows stay slower only when the fast end of every re-timed round "
+        "is past the threshold; ratio = new / base median time (> 1 is slower)",
+    ]
+    line = retime_line(result)
+    if line:
+        lines.append(f"- {line}")
+    lines += [f"- {g}" for g in _gate_lines(result)]
+    lines += [f"- warning: {w}" for w in result.warnings]
+    for title, verdicts in _SECTIONS:
+        part = result.rows[result.rows["verdict"].isin(verdicts)]
+        if len(part):
+            lines += ["", f"### {title} ({len(part)})", "", *_md_table(part)]
+    counts = result.counts
+    same, skipped = counts.get("same", 0), counts.get("skipped", 0)
+    tail = [f"{_rows(same)} the same within ±{t:g}%."]
+    if skipped:
+        tail.append(f"{_rows(skipped)} skipped in this run (not ok in the baseline either, "
+                    "or new).")
+    lines += ["", " ".join(tail), ""]
+    return "\n".join(lines)
+
+
+def benchmark_entries(run_df: pd.DataFrame,
+                      verdicts: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The run's ok rows in github-action-benchmark's `customBiggerIsBetter` format.
+
+    name = "kernel/provider/dtype/shape"; value = achieved TFLOP/s for kernels in
+    TFLOPS_KERNELS (matmul), achieved GB/s for every other kernel; extra = the median time
+    and spread, plus the verdict when `verdicts` (compare_frames output) is given.
+    """
+    df = _normalise(run_df)
+    by_key: dict[tuple[str, ...], dict[str, Any]] = {}
+    if verdicts is not None:
+        by_key = {tuple(r[k] for k in KEY): r for r in verdicts.to_dict("records")}
+    entries: list[dict[str, Any]] = []
+    for r in df[df["status"] == "ok"].to_dict("records"):
+        if r["kernel"] in TFLOPS_KERNELS:
+            unit, value = "TFLOP/s", r["tflops"]
+        else:
+            unit, value = "GB/s", r["gbps"]
+        if not math.isfinite(value):
+            continue  # the format needs a number; a row without one cannot be tracked
+        extra = (f"median {_fmt_ms(r['ms_median'])} ms "
+                 f"(p20 {_fmt_ms(r['ms_p20'])}, p80 {_fmt_ms(r['ms_p80'])})")
+        if math.isfinite(r["n_samples"]):
+            extra += f", n={int(r['n_samples'])}"
+        v = by_key.get(tuple(r[k] for k in KEY))
+        if v is not None:
+            extra += f"; vs baseline: {v['verdict']}"
+            if math.isfinite(v["ratio"]):
+                extra += f" ({_fmt_ratio(v['ratio'])} time)"
+        entries.append({
+            "name": "/".join(str(r[k]) for k in KEY),
+            "unit": unit,
+            "value": float(value),
+            "extra": extra,
+        })
+    return entries
+
+
+def append_step_summary(markdown: str) -> bool:
+    """Append to the file named by $GITHUB_STEP_SUMMARY (GitHub Actions' job summary)
+    when set.  A failure only warns: the summary is a convenience, the exit code is the
+    gate."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return False
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(markdown.rstrip("\n") + "\n\n")
+    except OSError as e:
+        print(f"warning: cannot append to GITHUB_STEP_SUMMARY ({path}): {e.strerror or e}",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def _write(path: str | os.PathLike, text: str) -> None:
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:
+        raise CompareError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _json_text(entries: Iterable[dict[str, Any]]) -> str:
+    return json.dumps(list(entries), indent=2) + "\n"
+
+
+def short_summary(result: CompareResult, limit: int = 20) -> str:
+    """A few lines for a terminal: the headline, gate failures, re-timing, and each
+    failing row."""
+    lines = [f"compare (threshold {result.threshold:g}%): {result.headline()}"]
+    line = retime_line(result)
+    if line:
+        lines.append(line)
+    lines += _gate_lines(result)
+    lines += [f"warning: {w}" for w in result.warnings]
+    bad = result.failing_rows
+    for r in bad.head(limit).to_dict("records"):
+        what = f"{r['kernel']} {r['provider']} {r['dtype']} {r['shape']}"
+        if math.isfinite(r["ratio"]):
+            detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
+                     f"({_fmt_ratio(r['ratio'])})"
+        else:
+            detail = r["note"] or r["new_status"] or r["base_status"]
+        lines.append(f"  {r['verdict']:<14} {what}: {_md_cell(detail)}")
+    if len(bad) > limit:
+        lines.append(f"  ... and {len(bad) - limit} more")
+    return "\n".join(lines)
+
+
+def compare_and_report(baseline: str | Path, run_dir: str | Path,
+                       threshold: float | None = None,
+                       allow_device_mismatch: bool = False, *,
+                       allow: Iterable[str] | str = (),
+                       retime: Retime | None = None) -> int:
+    """Compare a finished run with a baseline, for run_bench.py.
+
+    With `retime` (keys -> several fresh sample lists per key), rows that look slower
+    (judged slower, or ambiguous past the threshold) are re-timed first and stay
+    regressions only when confirmed (see confirm_slower).  Writes
+    compare.md and benchmark.json into the run folder (or next to a results.json passed
+    instead), prints a short summary, appends the report to $GITHUB_STEP_SUMMARY when set,
+    and returns 1 when the gate fails, else 0.  Raises CompareError (one line) for usage
+    errors; the caller turns it into exit code 2.
+    """
+    result = compare_runs(baseline, run_dir, threshold, allow_device_mismatch, allow=allow)
+    if retime is not None:
+        confirm_slower(result, retime)
+    try:
+        out_dir = resolve_results_json(run_dir).parent
+    except RunLoadError as e:
+        raise CompareError(f"run: {_one_line(e)}") from None
+    markdown = render_markdown(result)
+    _write(out_dir / COMPARE_MD, markdown)
+    assert result.run_df is not None
+    _write(out_dir / BENCHMARK_JSON, _json_text(benchmark_entries(result.run_df, result.rows)))
+    append_step_summary(markdown)
+    print(short_summary(result))
+    print(f"comparison report: {out_dir / COMPARE_MD}")
+    return result.exit_code

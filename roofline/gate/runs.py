@@ -1,0 +1,302 @@
+"""Reading and checking the two runs a comparison joins (baseline rows, devices, dates,
+incomplete runs, fp8 modes), comparing them, and confirming rows that look slower by
+re-timing them (run_bench.py provides the callback)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from roofline.gate.rules import (
+    CompareError,
+    Retime,
+    _as_time,
+    _join,
+    _one_line,
+    _row_name,
+    _rows,
+    _status,
+    check_threshold,
+    default_threshold,
+    parse_allow,
+    time_problem,
+)
+from roofline.gate.stats import Timing, fast_end_ratio
+from roofline.gate.verdicts import CompareResult, Problem, _compare, _key, _sorted
+from roofline.schema import (
+    RunLoadError,
+    load_run,
+)
+
+
+def _read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:
+    """load_run with every failure as a one-line CompareError naming the role."""
+    try:
+        meta, df = load_run(path)
+    except RunLoadError as e:
+        raise CompareError(f"{role}: {_one_line(e)}") from None
+    except OSError as e:  # e.g. a permission error while probing the path
+        raise CompareError(f"{role}: cannot read {path}: {e.strerror or e}") from None
+    if not isinstance(meta, dict):  # load_run checks this too; a gate must not trust it
+        raise CompareError(f"{role}: {path}: 'metadata' is not an object")
+    return meta, df
+
+
+def _check_baseline_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
+    ok = df[_status(df) == "ok"]
+    if not len(ok):
+        raise CompareError(f"baseline {path} has no ok rows (every row skipped or failed): "
+                           "nothing to compare with")
+    for row in ok.to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"baseline {path}: row {_row_name(row)}: {problem}")
+
+
+def check_baseline(path: str | os.PathLike, device_key: str | None = None,
+                   allow_device_mismatch: bool = False) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Validate a baseline before anything is measured; returns (metadata, rows).
+
+    Raises CompareError (one line) when it is missing or unreadable, not JSON, of the
+    wrong shape (metadata not an object, rows not a list, a row not an object, required
+    columns missing), has no ok row, has an ok row whose median/p20/p80/samples are
+    non-positive, NaN or non-numeric, or (given device_key, unless
+    allow_device_mismatch) was measured on another device.
+    """
+    meta, df = _read_run(path, "baseline")
+    _check_baseline_rows(df, path)
+    key = run_device_key(meta, df)
+    if device_key and key and key != device_key and not allow_device_mismatch:
+        raise CompareError(f"device mismatch: baseline {path} is '{key}', this run is "
+                           f"'{device_key}' (pass --allow-device-mismatch to compare anyway)")
+    return meta, df
+
+
+def run_device_key(meta: dict[str, Any], df: pd.DataFrame) -> str | None:
+    """The run's device key: metadata device_key, else the rows' single `device` value."""
+    key = meta.get("device_key")
+    if isinstance(key, str) and key:
+        return key
+    if "device" in df.columns:
+        values = {str(v) for v in df["device"].dropna().unique() if str(v)}
+        if len(values) == 1:
+            return values.pop()
+    return None
+
+
+def _label(path: str | os.PathLike, meta: dict[str, Any]) -> str:
+    bits = [str(meta[k]) for k in ("run_id", "device_name") if meta.get(k)]
+    if meta.get("git_commit"):
+        bits.append(f"commit {str(meta['git_commit'])[:10]}")
+    if meta.get("created"):
+        bits.append(str(meta["created"]))
+    return f"`{path}`" + (f" ({', '.join(bits)})" if bits else "")
+
+
+def _created(meta: dict[str, Any]) -> datetime | None:
+    value = meta.get("created")
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def incomplete_reasons(meta: dict[str, Any]) -> list[str]:
+    """Why a run's metadata says it is not a whole run ([] when it is, or cannot tell)."""
+    reasons = []
+    if meta.get("interrupted") is True:
+        reasons.append("interrupted")
+    if meta.get("aborted") is True:
+        why = meta.get("abort_reason")
+        reasons.append(f"aborted ({' '.join(str(why).split())})" if why else "aborted")
+    if meta.get("complete") is False and not reasons:
+        reasons.append("incomplete")
+    return reasons
+
+
+def _run_problems(base_meta: dict[str, Any], run_meta: dict[str, Any],
+                  warnings: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    reasons = incomplete_reasons(run_meta)
+    if reasons:
+        problems.append(Problem("incomplete", f"run {', '.join(reasons)}",
+                                f"the run is {', '.join(reasons)}: its missing rows were "
+                                "never measured"))
+    base_reasons = incomplete_reasons(base_meta)
+    if base_reasons:
+        warnings.append(f"the baseline is {', '.join(base_reasons)} (promoted with --force?): "
+                        "rows it lacks are only 'new'")
+    b_when, r_when = _created(base_meta), _created(run_meta)
+    if b_when and r_when:
+        if b_when > r_when:
+            problems.append(Problem(
+                "newer-baseline", "baseline newer than run",
+                f"the baseline was created {base_meta['created']}, after the run "
+                f"({run_meta['created']}): are BASELINE and RUN swapped?"))
+    else:
+        warnings.append("cannot tell whether the baseline is older than the run "
+                        "(no valid 'created' in the metadata of "
+                        f"{'both' if not (b_when or r_when) else 'one'})")
+    if (base_meta.get("run_id") and base_meta.get("run_id") == run_meta.get("run_id")
+            and base_meta.get("created") == run_meta.get("created")):
+        warnings.append("the baseline and the run are the same run: this comparison proves "
+                        "nothing")
+    return problems
+
+
+def _fp8_modes(base_meta: dict[str, Any], run_meta: dict[str, Any],
+               warnings: list[str]) -> tuple[str | None, str | None]:
+    modes = tuple(m if isinstance(m, str) and m else None
+                  for m in (base_meta.get("fp8_accum"), run_meta.get("fp8_accum")))
+    if modes[0] and modes[1] and modes[0] != modes[1]:
+        warnings.append(f"fp8 accumulation differs: baseline '{modes[0]}', run '{modes[1]}' "
+                        "(fp8 rows are method-changed)")
+    return modes[0], modes[1]
+
+
+def _drift_warnings(rows: pd.DataFrame, threshold: float) -> list[str]:
+    out = []
+    both = rows[rows["ratio"].notna()]
+    if len(both) >= 4:
+        t = 1.0 + threshold / 100.0
+        up, down = int((both["ratio"] > t).sum()), int((both["ratio"] < 1 / t).sum())
+        med = float(np.exp(np.log(both["ratio"]).median()))
+        if max(up, down) * 2 > len(both):
+            way = "slower" if up > down else "faster"
+            out.append(f"{max(up, down)} of {len(both)} rows moved {way} past the threshold "
+                       f"together (median ratio {med:.3f}x): the machine's state (load, "
+                       "clocks), or a change every row shares")
+    very_fast = int((rows["verdict"].eq("faster") & (rows["ratio"] <= 0.5)).sum())
+    if very_fast:
+        out.append(f"{_rows(very_fast)} 2x or more faster than the baseline: if that code "
+                   "did not change, the baseline was measured on a busy machine and hides "
+                   "slowdowns of those rows (promote a new one)")
+    return out
+
+
+def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
+                 threshold: float | None = None,
+                 allow_device_mismatch: bool = False, *,
+                 allow: Iterable[str] | str = ()) -> CompareResult:
+    """Load both runs (folders or results.json files) and compare them.
+
+    Raises CompareError (one line) for a missing/invalid file, an unusable baseline (see
+    check_baseline), a bad threshold or --allow name or, unless allow_device_mismatch,
+    runs of different devices: timings of an H100 and an A100 say nothing about a code
+    change.  Run-level gate failures (incomplete run, newer baseline) are in
+    result.problems; `allow` names those (and missing / method-changed rows) that do not
+    fail the gate.
+    """
+    threshold = check_threshold(threshold)
+    allowed = parse_allow(allow)
+    base_meta, base_df = check_baseline(baseline)
+    run_meta, run_df = _read_run(run, "run")
+    warnings: list[str] = []
+    base_key, run_key = run_device_key(base_meta, base_df), run_device_key(run_meta, run_df)
+    if base_key and run_key and base_key != run_key:
+        if not allow_device_mismatch:
+            raise CompareError(
+                f"device mismatch: baseline is '{base_key}', run is '{run_key}' "
+                "(pass --allow-device-mismatch to compare anyway)")
+        warnings.append(f"comparing different devices: baseline '{base_key}', "
+                        f"run '{run_key}'; timing verdicts are not meaningful")
+    if threshold is None:
+        threshold = default_threshold(base_key or run_key)
+    problems = _run_problems(base_meta, run_meta, warnings)
+    modes = _fp8_modes(base_meta, run_meta, warnings)
+    rows, base_timings, alpha = _compare(base_df, run_df, threshold, None, modes)
+    warnings += _drift_warnings(rows, threshold)
+    return CompareResult(
+        rows=rows, threshold=threshold, alpha=alpha, base_meta=base_meta,
+        run_meta=run_meta, base_label=_label(baseline, base_meta),
+        run_label=_label(run, run_meta), run_df=run_df, warnings=warnings,
+        problems=problems, allow=allowed, base_timings=base_timings,
+    )
+
+
+def confirm_slower(result: CompareResult, retime: Retime) -> None:
+    """Re-time every row that looks slower (judged slower, or ambiguous with its median
+    past the threshold: the run's median moved) and call it slower only when the fast end
+    (second-fastest sample) of EVERY re-timed round is past the threshold against the
+    baseline's fast end (the median when a side has a single sample or the baseline has
+    no raw samples).
+
+    Why the fast end, in every round: contention on a shared machine only adds time, in
+    spells of seconds that can cover a whole round, so a round's fast end is how fast the
+    code can run, and a slower kernel is slower there in every round (no neighbour can
+    make it fast).  Unchanged code sits past the threshold only in rounds caught whole by
+    a slow spell, and rarely in all of them.  The median is no yardstick here: a round is
+    one process's few milliseconds, while the baseline's median spans the spells of the
+    runs it pools, and a rank test of the one against the other loses real slowdowns.
+    Measured on the 2-core CI VM (20 fresh-process rounds of the quick sweep's 26 rows
+    against a 3-run pooled baseline, 20% threshold): unchanged rows pass 5 of 5 rounds
+    with probability 0.25% on average (3.1% for the worst row), rows made 1.43x slower
+    with probability 100%; median and fast end in 4 of 5 rounds gave 0.38% and 92.5%.
+
+    run_bench.py times each round in a fresh process, seconds apart (a whole process
+    can sit in a slow state).  Rows judged slower that are not confirmed become
+    not-confirmed; ambiguous rows stay ambiguous.  A row judged slower that got no valid
+    round stays slower (the gate does not pass a regression it could not check).
+    Updates result in place.
+    """
+    rows = result.rows
+    t = result.threshold / 100.0
+    looks = (rows["verdict"] == "slower") | (
+        (rows["verdict"] == "ambiguous") & (pd.to_numeric(rows["ratio"]) > 1.0 + t))
+    todo = rows.index[looks]
+    if not len(todo):
+        return
+    keys = [_key(rows.loc[i]) for i in todo]
+    try:
+        fresh = retime(keys) or {}
+    except Exception as e:  # a re-timing failure must not hide the regressions found
+        result.warnings.append(f"re-timing failed ({_one_line(e)}): rows kept as they are")
+        return
+    result.retimed = len(keys)
+    for i, key in zip(todo, keys, strict=True):
+        was_slower = rows.loc[i, "verdict"] == "slower"
+        base = result.base_timings.get(key)
+        rounds = [s for s in (fresh.get(key) or []) if s and all(
+            _as_time(x) is not None for x in s)]
+        result.rounds = max(result.rounds, len(rounds))
+        if base is None or not rounds:
+            if was_slower:
+                result.confirmed += 1
+            rows.loc[i, "note"] = _join(rows.loc[i, "note"], "could not be re-timed")
+            continue
+        ratios = [_round_ratio(base, r) for r in rounds]
+        hits = sum(x > 1.0 + t for x in ratios)
+        note = _join(rows.loc[i, "note"], f"fast end slower in {hits} of {len(rounds)} "
+                     f"re-timed rounds ({', '.join(f'{x:.3g}x' for x in ratios)})")
+        if len(rounds) < CONFIRM_MIN_ROUNDS:
+            # Too few rounds to confirm or clear anything: the verdict stands.
+            result.confirmed += int(was_slower)
+            rows.loc[i, "note"] = _join(note, f"only {len(rounds)} valid rounds")
+        elif hits == len(rounds):
+            result.confirmed += 1
+            rows.loc[i, ["verdict", "note"]] = ["slower", note]
+        else:
+            rows.loc[i, ["verdict", "note"]] = ["not-confirmed" if was_slower
+                                                else "ambiguous", note]
+    result.rows = _sorted(rows)
+
+
+# Fewer valid re-timed rounds than this (child processes failed) neither confirm nor
+# clear a row: one round past the threshold is common for unchanged code.
+CONFIRM_MIN_ROUNDS = 3
+
+
+def _round_ratio(base: Timing, samples: Sequence[float]) -> float:
+    """A re-timed round against the baseline: the ratio of fast ends, or of medians when
+    a side has fewer than 2 samples."""
+    if len(samples) < 2 or len(base.samples) < 2:
+        return float(np.median(samples)) / base.center
+    return fast_end_ratio(base.samples, samples)
