@@ -19,7 +19,7 @@ import sys
 
 from benches.interrupt import Terminated, exit_code, exit_now, sigterm_raises
 
-# roofline.gate needs only pandas and scipy: safe to import before TRITON_INTERPRET is decided.
+# roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate import CompareError, check_threshold, threshold_help
 
 

@@ -45,7 +45,6 @@ from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
 from roofline.ceilings import Ceilings, get_ceilings
-from roofline.gate import CompareError, check_baseline, parse_allow
 from roofline.devices import (
     DEVICES,
     ROOF_CLASSES,
@@ -56,6 +55,7 @@ from roofline.devices import (
     host_cpu,
     resolve,
 )
+from roofline.gate import CompareError, check_baseline, parse_allow
 from roofline.schema import (
     RunLoadError,
     format_shape,
