@@ -42,6 +42,38 @@ def round_for_store(x, MBITS: tl.constexpr):
 KERNELS_INTERPRETED: bool = type(round_for_store).__name__ == "InterpretedFunction"
 
 
+def _index_scalars_like_newer_interpreters() -> None:
+    """Triton 3.6's interpreter turns a scalar tensor into a Python int with
+    int(array), and holds scalars as 1-element 1-D arrays, which NumPy 2 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"): every loop over a runtime
+    bound (dot, matvec, matmul) fails there.  Later Triton (3.9) flattens first; the GPU
+    machines run 3.6 with NumPy 2.5, so their interpreter tests get the same fix here.
+    Only the interpreter is touched, and only where it lacks the fix."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "flattens_index", False):
+        return
+    import inspect
+
+    if "squeeze" in inspect.getsource(original):  # a Triton that has the fix
+        return
+
+    def patched(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__",
+                       lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.flattens_index = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+if KERNELS_INTERPRETED:
+    _index_scalars_like_newer_interpreters()
+
+
 # One autotuner per (kernel, tuner name), created on first use: its cache of tuned
 # configs lives as long as the process.
 _TUNERS: dict[tuple[str, str], object] = {}

@@ -29,9 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main([cmd, *rest])
     if cmd == "plan":
+        # The one place roofline/ reaches into benches/: the command line wires the
+        # harness's GEMM timing into the planner (DESIGN.md section 2).
+        from benches.plan_gemms import measure_gemms
         from roofline.plan import main as plan_main
 
-        return plan_main(rest)
+        return plan_main(rest, measure_gemms=measure_gemms)
     print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -298,7 +298,7 @@ def test_outputs_are_never_overwritten(capsys, tmp_path, monkeypatch):
 
 
 def test_plan_png_sizes_markers_by_share_of_step_time():
-    from roofline.plan_plot import marker_area, plot_plan
+    from roofline.plan.plot import marker_area, plot_plan
 
     gemms = P.step_gemms(P.PRESETS["gpt2-small"], 1)
     for i, g in enumerate(gemms):

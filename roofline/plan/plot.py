@@ -1,5 +1,5 @@
 """plan.png: the GEMMs of one training step on the device's roofline, each marker's area
-proportional to its share of the step's matmul time (roofline/plan.py)."""
+proportional to its share of the step's matmul time (roofline/plan/arithmetic.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,188 @@
+"""The arithmetic of a training run (DESIGN.md section 11): 6 N D and the attention term,
+days for a FLOP budget and back, compute-optimal sizes, memory per parameter and what
+fits, and one step's GEMMs with their share of the time."""
+
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from roofline.plan.model import ModelShape
+
+SECONDS_PER_DAY = 86400.0
+
+
+CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
+
+
+DEFAULT_MFU = 0.5  # the customary assumption this tool exists to replace
+
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
+
+
+# Memory per GPU in GB (1e9 bytes) as sold, keyed like roofline.devices.DEVICES.  The
+# worked examples use these nominal sizes (8 x 80 GB at 12 B/param ~ 53B parameters);
+# what an allocator can actually hand out is a few percent less.
+GPU_MEMORY_GB: dict[str, float] = {
+    "h100": 80.0,
+    "h100-pcie": 80.0,
+    "h100-nvl": 94.0,
+    "h200": 141.0,
+    "h200-nvl": 141.0,
+    "a100": 80.0,
+    "l40s": 48.0,
+    "l4": 24.0,
+}
+
+
+# Bytes per parameter of the static training state, itemized per precision policy.
+MEMORY_POLICIES: dict[str, dict[str, int]] = {
+    # Everything in fp32: weights, gradients, AdamW's first and second moments.
+    "fp32-adamw": {"weights fp32": 4, "gradients fp32": 4, "AdamW m fp32": 4,
+                   "AdamW v fp32": 4},
+    # bf16 weights and gradients, AdamW moments kept in fp32 (no master copy).
+    "bf16-mixed": {"weights bf16": 2, "gradients bf16": 2, "AdamW m fp32": 4,
+                   "AdamW v fp32": 4},
+    # The usual mixed-precision recipe: bf16 weights and gradients for the matmuls, an
+    # fp32 master copy that the optimizer updates, fp32 moments.
+    "bf16-master": {"weights bf16": 2, "gradients bf16": 2, "master weights fp32": 4,
+                    "AdamW m fp32": 4, "AdamW v fp32": 4},
+}
+
+
+DEFAULT_POLICY = "bf16-master"
+
+
+def train_flops(params: float, tokens: float) -> dict[str, float]:
+    """6 N D, itemized: forward 2 N D, backward 4 N D (input and weight gradients)."""
+    return {"forward": 2 * params * tokens, "backward": 4 * params * tokens,
+            "total": 6 * params * tokens}
+
+
+def attention_score_flops(shape: ModelShape, tokens: float) -> float:
+    """Training FLOPs of the attention scores, which 6 N D leaves out.
+
+    Per token and layer going forward: Q K^T is 2 S d_attn and the weighted sum of V
+    another 2 S d_attn (d_attn = heads x head_dim = d_model), the full S x S square as in
+    Chinchilla's appendix F; backward is twice forward.  A causal kernel that skips the
+    masked half (FlashAttention) does about half of this."""
+    d_attn = shape.heads * shape.head_dim
+    return 3 * 4 * shape.n_layers * shape.seq_len * d_attn * tokens
+
+
+def days_for(flops: float, gpus: int, peak_tflops: float, mfu: float) -> float:
+    """days = FLOPs / (G x peak x MFU)."""
+    return flops / (gpus * peak_tflops * 1e12 * mfu) / SECONDS_PER_DAY
+
+
+def budget_flops(gpus: int, peak_tflops: float, mfu: float, days: float) -> float:
+    return gpus * peak_tflops * 1e12 * mfu * days * SECONDS_PER_DAY
+
+
+def compute_optimal(flops: float) -> tuple[float, float]:
+    """Largest (N, D) with D = 20 N that `flops` trains: 6 N (20 N) = C."""
+    n = math.sqrt(flops / (6 * CHINCHILLA_TOKENS_PER_PARAM))
+    return n, CHINCHILLA_TOKENS_PER_PARAM * n
+
+
+def max_params_fit(gpus: int, gpu_bytes: float, bytes_per_param: float) -> float:
+    """Most parameters whose static training state fits in the GPUs' memory."""
+    return gpus * gpu_bytes / bytes_per_param
+
+
+def matrix_bytes(rows: int, cols: int, dtype: str) -> int:
+    """A [49152, 12288] fp32 matrix (GPT-3's MLP) is 2.4 GB."""
+    return rows * cols * DTYPE_BYTES[dtype]
+
+
+@dataclass
+class Gemm:
+    """One GEMM of a training step: C[M, N] = A[M, K] B[K, N], run `count` times."""
+
+    name: str  # the weight, e.g. attn.qkv
+    phase: str  # forward, bwd-input (dX = dY W^T), bwd-weight (dW = X^T dY)
+    M: int
+    N: int
+    K: int
+    count: int
+    tflops: float | None = None
+    ms: float | None = None
+    mfu: float | None = None
+    share: float | None = None  # of the step's GEMM time
+    measured_shape: str | None = None  # the run's row used (--from-run)
+    note: str = ""
+
+    @property
+    def shape(self) -> str:
+        return f"M={self.M},N={self.N},K={self.K}"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K  # DESIGN.md section 4, as kernels/matmul.py
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "shape": self.shape, "flops": self.flops,
+                "flops_per_step": self.flops * self.count}
+
+
+def step_gemms(shape: ModelShape, micro_batch: int) -> list[Gemm]:
+    """The GEMMs of one forward and backward pass over micro_batch sequences on one GPU.
+
+    For a weight W (K_in x N_out) and T = micro_batch x seq_len tokens: forward
+    Y = X W is T x N_out x K_in; the input gradient dX = dY W^T is T x K_in x N_out; the
+    weight gradient dW = X^T dY is K_in x N_out x T.  Each is 2 T K_in N_out FLOPs, so the
+    three make the 6 per parameter and token of 6 N D."""
+    t = micro_batch * shape.seq_len
+    out = []
+    for name, k_in, n_out, count in shape.weight_matrices():
+        out += [Gemm(name, "forward", t, n_out, k_in, count),
+                Gemm(name, "bwd-input", t, k_in, n_out, count),
+                Gemm(name, "bwd-weight", k_in, n_out, t, count)]
+    return out
+
+
+def summarize_step(gemms: list[Gemm], peak_tflops: float) -> dict[str, Any]:
+    """Step time and MFU the matmuls alone allow: sum of count x time, and the step's
+    GEMM FLOPs over that time and the peak (attention scores, norms, activations and
+    communication come on top, so a real step is slower)."""
+    flops = sum(g.flops * g.count for g in gemms)
+    timed = [g for g in gemms if g.ms is not None]
+    out: dict[str, Any] = {"tokens": gemms[0].M if gemms else None, "gemm_flops": flops,
+                           "ms": None, "tflops": None, "mfu": None,
+                           "timed": len(timed), "total": len(gemms)}
+    if not gemms or len(timed) != len(gemms):
+        return out
+    ms = sum(g.ms * g.count for g in gemms)  # type: ignore[operator]
+    for g in gemms:
+        g.share = g.ms * g.count / ms  # type: ignore[operator]
+    tflops = flops / (ms * 1e-3) / 1e12
+    out.update(ms=ms, tflops=tflops, mfu=tflops / peak_tflops)
+    return out
+
+
+def host_memory_bytes() -> float | None:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory_bytes(key: str, override_gb: float | None = None) -> tuple[float | None, str]:
+    """(bytes per device, where the number comes from)."""
+    if override_gb is not None:
+        return override_gb * 1e9, "--gpu-memory-gb"
+    if key in GPU_MEMORY_GB:
+        return GPU_MEMORY_GB[key] * 1e9, "datasheet (roofline/plan/arithmetic.py GPU_MEMORY_GB)"
+    if key == "cpu":
+        return host_memory_bytes(), "host RAM"
+    if key == "gpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return float(torch.cuda.get_device_properties(0).total_memory), "detected"
+        except Exception:
+            pass
+    return None, "unknown (pass --gpu-memory-gb)"

@@ -1,0 +1,150 @@
+"""A plan as text: the terminal tables (rich) and plan.md."""
+
+
+import sys
+from typing import Any
+
+
+def si(x: float | None, unit: str = "") -> str:
+    """124.4M, 70.6B, 15.0T, 6.30e+24 for FLOPs-sized numbers."""
+    if x is None:
+        return "-"
+    for scale, s in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale and abs(x) < 1e15:
+            return f"{x / scale:.3g}{s}{unit}"
+    if abs(x) >= 1e15:
+        return f"{x:.3g}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def gb(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x / 1e3:.3g} kB"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of every table: shared by the terminal and plan.md."""
+    out = []
+    m = plan["model"]
+    if m and "params_itemized" in m:
+        rows = [[k, f"{v:,}", si(v)] for k, v in m["params_itemized"].items() if v]
+        rows.append(["total (exact)", f"{m['params']:,}", si(m["params"])])
+        rows.append(["12 d^2 L (approximation)", f"{m['params_12d2l']:,}",
+                     f"{si(m['params_12d2l'])} ({m['params_12d2l'] / m['params']:.0%} of "
+                     "exact)"])
+        gated = " (gated MLP: 3 d d_ff per layer)" if m["gated"] else " (2 d d_ff per layer)"
+        out.append((f"Model {m['name']}: {m['description']}{gated}",
+                    ["parameters", "count", ""], rows))
+    elif m:
+        out.append(("Model", ["parameters", "count", ""],
+                    [["given (--params)", f"{m['params']:,.0f}", si(m["params"])]]))
+    rows = []
+    if plan["train_flops"]:
+        rows += [["tokens D", si(plan["tokens"]), plan["tokens_source"]],
+                 ["forward 2 N D", f"{plan['flops_forward']:.3e}", "FLOPs"],
+                 ["backward 4 N D", f"{plan['flops_backward']:.3e}", "FLOPs"],
+                 ["training 6 N D", f"{plan['train_flops']:.3e}", "FLOPs"]]
+        if plan["attention_flops"] is not None:
+            rows.append(["attention scores (not in 6 N D)", f"{plan['attention_flops']:.3e}",
+                         f"+{plan['attention_flops'] / plan['train_flops']:.1%} (12 L S d D)"])
+    rows += [["device", f"{plan['gpus']} x {plan['device_name']}", plan["device"]],
+             [f"peak {plan['dtype']} per device", f"{plan['peak_tflops']:.4g} TFLOP/s",
+              plan["peak_source"]],
+             ["MFU", _pct(plan["mfu"]), f"{plan['mfu_source']} ({plan['mfu_from']})"]]
+    if plan["days"] is not None:
+        rows.append(["days = 6ND / (G x peak x MFU)", f"{plan['days']:.1f}",
+                     f"{plan['days_with_attention']:.1f} with attention scores"
+                     if plan["days_with_attention"] is not None else ""])
+    b = plan["budget"]
+    if b:
+        rows += [["budget", f"{b['days']:g} days", f"{b['flops']:.3e} FLOPs"],
+                 ["largest compute-optimal model", si(b["max_params_compute_optimal"]),
+                  f"on {si(b['tokens_compute_optimal'])} tokens (D = 20 N)"]]
+        if "fits_compute_optimal" in b:
+            fits = "fits" if b["fits_compute_optimal"] else "does NOT fit"
+            rows.append(["its static memory", gb(b["static_bytes_compute_optimal"]),
+                         f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])} at "
+                         f"{plan['bytes_per_param']:g} B/param"])
+        if "tokens_for_this_model" in b:
+            rows.append(["tokens this model gets in the budget",
+                         si(b["tokens_for_this_model"]), ""])
+    out.append(("Compute and time", ["", "value", "note"], rows))
+    rows = [[k, f"{v:g}", ""] for k, v in plan["bytes_per_param_itemized"].items()]
+    rows.append(["bytes per parameter", f"{plan['bytes_per_param']:g}", plan["policy"]])
+    if plan["static_bytes"] is not None:
+        fits = {True: "fits", False: "does NOT fit", None: "?"}[plan["fits"]]
+        rows.append(["static bytes (N x B)", gb(plan["static_bytes"]),
+                     f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])}"])
+    rows.append(["memory", f"{plan['gpus']} x {gb(plan['gpu_memory_bytes'])}",
+                 plan["gpu_memory_source"]])
+    rows.append(["most parameters that fit", si(plan["max_params_fit"]),
+                 "static state only: activations come on top"])
+    lm = (m or {}).get("largest_matrix")
+    if lm:
+        rows.append([f"largest matrix {lm['name']} {lm['shape']}", gb(lm["bytes_fp32"]),
+                     "in fp32"])
+    out.append((f"Memory ({plan['policy']})", ["", "value", "note"], rows))
+    if plan["gemms"]:
+        st = plan["step"]
+        rows = []
+        for g in plan["gemms"]:
+            meas = g["measured_shape"] if g["measured_shape"] and g["note"] != "exact" else ""
+            rows.append([g["name"], g["phase"], g["shape"], str(g["count"]),
+                         f"{g['flops']:.3g}", "-" if g["tflops"] is None else f"{g['tflops']:.4g}",
+                         _pct(g["mfu"]), "-" if g["ms"] is None else f"{g['ms']:.4g}",
+                         _pct(g["share"]), meas])
+        if st["ms"] is not None:
+            rows.append(["step (matmuls only)", "", f"{st['tokens']} tokens", "",
+                         f"{st['gemm_flops']:.3g}", f"{st['tflops']:.4g}", _pct(st["mfu"]),
+                         f"{st['ms']:.4g}", "100%", ""])
+        out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']})",
+                    ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
+                     "run shape"], rows))
+    return out
+
+
+def render_markdown(plan: dict[str, Any], png: str | None) -> str:
+    lines = ["# Training plan", ""]
+    for title, header, rows in sections(plan):
+        lines += [f"## {title}", "", "| " + " | ".join(h or " " for h in header) + " |",
+                  "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
+        lines.append("")
+    for w in plan["warnings"]:
+        lines.append(f"> warning: {w}")
+    if png:
+        lines += ["", f"![step GEMMs on the roofline]({png})", ""]
+    lines += ["Days use 6 N D; the attention scores are shown apart. MFU is "
+              f"{plan['mfu_source']} ({plan['mfu_from']}). Memory counts parameters, "
+              "gradients and optimizer state only.", ""]
+    return "\n".join(lines)
+
+
+def _looks_numeric(cell: str) -> bool:
+    return cell[:1].isdigit() or cell[:1] in "-+."
+
+
+def print_tables(plan: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    for title, header, rows in sections(plan):
+        t = Table(title=title, title_justify="left")
+        for i, h in enumerate(header):
+            numeric = i > 0 and all(_looks_numeric(r[i]) for r in rows if r[i])
+            t.add_column(h, justify="right" if numeric else "left")
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+    for w in plan["warnings"]:
+        # soft_wrap: a suggested command line must stay copyable, not folded by rich.
+        console.print(f"[yellow]warning[/yellow]: {w}", soft_wrap=True)
