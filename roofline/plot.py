@@ -26,20 +26,27 @@ import argparse
 import math
 import os
 import sys
-import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+from matplotlib.ticker import NullFormatter
 
-from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from roofline.devices import ROOF_CLASSES
+from roofline.plot_scaling import plot_scaling  # noqa: F401  (an entry point)
+from roofline.rows import (
+    DTYPE_ORDER,
+    KERNEL_ORDER,
+    PROVIDER_ORDER,
+    Ceiling,
+    _ordered,
+    _panel_classes,
+    clean_rows,
+    ok_rows,
+    run_ceilings,
+)
 from roofline.schema import (
     KEY,
     ROOFLINE_PNG,
@@ -48,295 +55,25 @@ from roofline.schema import (
     check_metrics,
     load_run,
 )
-
-KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul")
-DTYPE_ORDER: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8e5")
-PROVIDER_ORDER: tuple[str, ...] = ("torch", "triton")
-# Kernels compared against compute roofs as GEMMs; everything else is memory-bound by design.
-COMPUTE_KERNELS: frozenset[str] = frozenset({"matmul"})
-
-# Kernel colours avoid tab10 green/red/grey: green and red mean faster/slower on baseline
-# arrows, grey is the ceilings.
-_KERNEL_COLORS = {
-    "add": "#1f77b4", "mul": "#ff7f0e", "gelu": "#9467bd", "gelu_erf": "#8c564b",
-    "dot": "#e377c2", "matvec": "#17becf", "matmul": "#bcbd22",
-}
-_EXTRA_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
-# add/mul and gelu/gelu_erf have the same intensity by construction and usually the same
-# speed, so one would hide the other: the first of each pair (drawn first) is larger and
-# shows as a ring around the second.  x is never jittered: intensity is exact.
-_KERNEL_SIZES = {"add": 46, "mul": 18, "gelu": 46, "gelu_erf": 18}
-_POINT_SIZE = 28
-_DTYPE_COLORS = {
-    "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#ff7f0e", "bf16": "#d62728",
-    "fp8": "#2ca02c", "fp8e5": "#8c564b",
-}
-_PROVIDER_MARKERS = {"torch": "o", "triton": "^"}
-_EXTRA_MARKERS = ("s", "D", "v", "P", "X")
-_FASTER, _SLOWER = "#2ca02c", "#d62728"
-_ROOF_COLOR = {"datasheet": "0.15", "measured": "0.40"}
-_ROOF_STYLE = {"datasheet": "-", "measured": "--"}
-_L2_STYLE = ":"
-DPI = 140
-
-_NUMERIC = (
-    "flops", "bytes", "intensity", "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops",
-    "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "mfu", "pct_roof", "rel_err",
-    "meas_peak_tflops", "meas_peak_gbps", "meas_roof_tflops", "pct_meas_roof", "tolerance",
+from roofline.style import (  # noqa: F401  (re-exported)
+    _FASTER,
+    _KERNEL_SIZES,
+    _L2_STYLE,
+    _POINT_SIZE,
+    _ROOF_COLOR,
+    _ROOF_STYLE,
+    _SLOWER,
+    _grid,
+    _kernel_color,
+    _new_figure,
+    _provider_marker,
+    _tidy_grid,
+    _title,
+    fmt_gbps,
+    fmt_sig,
+    fmt_tflops,
+    save_figure,
 )
-
-
-# --------------------------------------------------------------------------- data helpers
-
-
-def clean_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy with numeric columns coerced (JSON nulls and stray strings become NaN),
-    intensity filled from flops/bytes where missing, and roof_class filled in for rows
-    written before that column existed."""
-    out = df.copy()
-    for col in _NUMERIC:
-        if col in out.columns:
-            out[col] = pd.to_numeric(out[col], errors="coerce")
-    for col in ("kernel", "provider", "dtype", "shape", "status", "reason"):
-        if col not in out.columns:
-            out[col] = None
-    if "flops" in out.columns and "bytes" in out.columns:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            derived = out["flops"] / out["bytes"].where(out["bytes"] > 0)
-        out["intensity"] = out["intensity"].fillna(derived) if "intensity" in out else derived
-    if "roof_class" not in out.columns:
-        out["roof_class"] = None
-    missing = out["roof_class"].isna()
-    if missing.any():
-        out.loc[missing, "roof_class"] = [
-            row_roof_class(k, d) for k, d in zip(out.loc[missing, "kernel"],
-                                                  out.loc[missing, "dtype"], strict=True)
-        ]
-    return out
-
-
-def row_roof_class(kernel: str, dtype: str) -> str:
-    """The roof a row is held against when the row does not say: GEMMs run on the
-    dtype's tensor cores, every other kernel on the fp32 vector units."""
-    if kernel in COMPUTE_KERNELS:
-        return ROOF_CLASS.get(dtype, dtype)
-    return "fp32"
-
-
-def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows that can be plotted: status ok with a positive, finite intensity and TFLOP/s.
-
-    Failed rows are excluded on purpose: a wrong kernel must never look fast."""
-    if df.empty or "status" not in df.columns:
-        return df.iloc[0:0]
-    d = df[df["status"] == "ok"]
-    for col in ("intensity", "tflops"):
-        if col not in d.columns:
-            return d.iloc[0:0]
-        d = d[np.isfinite(d[col].astype(float)) & (d[col].astype(float) > 0)]
-    return d
-
-
-def _ordered(values: Iterable[Any], order: Iterable[str]) -> list[str]:
-    """Known values in canonical order, then unknown ones sorted (new kernels/dtypes)."""
-    present = {str(v) for v in values if isinstance(v, str) and v}
-    known = [v for v in order if v in present]
-    return known + sorted(present - set(known))
-
-
-def _pos(x: Any) -> float | None:
-    """x as a positive finite float, else None (nulls, NaN, zero, junk)."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) and v > 0 else None
-
-
-@dataclass(frozen=True)
-class Ceiling:
-    """One set of ceilings (datasheet or measured) of a run."""
-
-    source: str  # "datasheet" or "measured"
-    tflops: dict[str, float] = field(default_factory=dict)  # roof class -> TFLOP/s
-    hbm_gbps: float | None = None
-    l2_gbps: float | None = None
-
-    def ridge(self, roof_class: str) -> float | None:
-        """FLOP/byte where the HBM slope meets this roof (TFLOP/s / GB/s x 1e3)."""
-        peak = self.tflops.get(roof_class)
-        if peak is None or not self.hbm_gbps:
-            return None
-        return peak * 1e3 / self.hbm_gbps
-
-
-def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
-    if not isinstance(doc, dict):
-        return None
-    raw = doc.get("tflops") or {}
-    tflops = {str(k): v for k, v in ((k, _pos(v)) for k, v in raw.items()) if v is not None} \
-        if isinstance(raw, dict) else {}
-    c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")))
-    return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
-
-
-def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
-    """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
-
-    Reads metadata["ceilings"] (format in roofline/ceilings.py).  A run written without
-    that key falls back on the device table for the datasheet and on the rows'
-    meas_peak_* columns for the measured values, so older runs still plot."""
-    out: dict[str, Ceiling] = {}
-    ceil = meta.get("ceilings")
-    if isinstance(ceil, dict):
-        for source in ("datasheet", "measured"):
-            c = _ceiling_from(source, ceil.get(source))
-            if c is not None:
-                out[source] = c
-        return out
-    dev = DEVICES.get(str(meta.get("device_key") or meta.get("device") or ""))
-    if dev is not None and dev.peaks_tflops:
-        out["datasheet"] = Ceiling("datasheet", dict(dev.peaks_tflops), dev.hbm_gbps)
-    if df is not None and not df.empty and "meas_peak_tflops" in df.columns:
-        d = clean_rows(df)
-        peaks = d.dropna(subset=["meas_peak_tflops"]).groupby("roof_class")["meas_peak_tflops"]
-        tflops = {str(k): float(v) for k, v in peaks.max().items() if _pos(v)}
-        gbps = _pos(d["meas_peak_gbps"].max()) if "meas_peak_gbps" in d.columns else None
-        if tflops or gbps:
-            out["measured"] = Ceiling("measured", tflops, gbps)
-    return out
-
-
-def l2_bytes(meta: dict[str, Any]) -> float | None:
-    """L2 size in bytes from metadata["l2_mb"], else the device table (MiB, as CUDA reports)."""
-    mb = _pos(meta.get("l2_mb"))
-    if mb is None:
-        dev = DEVICES.get(str(meta.get("device_key") or ""))
-        mb = _pos(dev.l2_mb) if dev is not None else None
-    return None if mb is None else mb * 2**20
-
-
-# ------------------------------------------------------------------------------ formatting
-
-
-def fmt_sig(x: float) -> str:
-    """3 significant digits without scientific notation: 295, 20, 148, 1977, 0.523."""
-    if x >= 1000:
-        return f"{x:.0f}"
-    return f"{x:.3g}"
-
-
-def fmt_tflops(x: float) -> str:
-    """Datasheet-style TFLOP/s: 989.4, 66.9, 1978.9; small (CPU) values keep 3 digits."""
-    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
-
-
-def fmt_gbps(x: float) -> str:
-    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def _fmt_bytes(x: float, _pos_: Any = None) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:g} {unit}"
-    return f"{x:g} B"
-
-
-class _PlainLogFormatter(LogFormatter):
-    """LogFormatter's choice of which ticks get a label (minor ones only on short axes),
-    written as plain numbers: 20, 0.6, 1000 rather than 2x10^1, 6e-01, 10^3."""
-
-    def __call__(self, x: float, pos: int | None = None) -> str:
-        return f"{x:g}" if super().__call__(x, pos) else ""
-
-
-def _title(meta: dict[str, Any], what: str) -> str:
-    name = meta.get("device_name") or meta.get("gpu_name") or meta.get("device_key") or "?"
-    key = meta.get("device_key")
-    head = f"{what}: {name}" + (f" ({key})" if key and key != name else "")
-    # Three short lines rather than one long one: a one-panel figure is narrow, and a
-    # long centred title would run into the legend on the right.
-    run = []
-    created = str(meta.get("created") or "")
-    if created:
-        run.append(created[:16].replace("T", " "))
-    if meta.get("run_id"):
-        run.append(f"run {meta['run_id']}")
-    if meta.get("git_commit"):
-        run.append(f"git {str(meta['git_commit'])[:10]}")
-    versions = [f"{k} {meta[k]}" for k in ("torch", "triton", "python") if meta.get(k)]
-    lines = [head] + ["  |  ".join(b) for b in (run, versions) if b]
-    return "\n".join(lines)
-
-
-def _kernel_color(kernel: str, kernels: list[str]) -> str:
-    if kernel in _KERNEL_COLORS:
-        return _KERNEL_COLORS[kernel]
-    unknown = [k for k in kernels if k not in _KERNEL_COLORS]
-    return _EXTRA_COLORS[unknown.index(kernel) % len(_EXTRA_COLORS)]
-
-
-def _provider_marker(provider: str, providers: list[str]) -> str:
-    if provider in _PROVIDER_MARKERS:
-        return _PROVIDER_MARKERS[provider]
-    unknown = [p for p in providers if p not in _PROVIDER_MARKERS]
-    return _EXTRA_MARKERS[unknown.index(provider) % len(_EXTRA_MARKERS)]
-
-
-def _dtype_color(dtype: str, dtypes: list[str]) -> str:
-    if dtype in _DTYPE_COLORS:
-        return _DTYPE_COLORS[dtype]
-    unknown = [d for d in dtypes if d not in _DTYPE_COLORS]
-    return _EXTRA_COLORS[unknown.index(dtype) % len(_EXTRA_COLORS)]
-
-
-def _new_figure(width: float, height: float) -> Figure:
-    # Constrained layout keeps the outside legend, suptitle and shared labels apart.
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _grid(n: int) -> tuple[int, int]:
-    ncols = {1: 1, 2: 2, 3: 3, 4: 2}.get(n, 3)
-    return math.ceil(n / ncols), ncols
-
-
-def _tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
-    """Drop the unused cells of a shared grid, and give x tick labels back to a panel that
-    now has no panel under it (sharex hid them)."""
-    nrows, ncols = axes.shape
-    flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.remove()
-    used = flat[:n]
-    for i, ax in enumerate(used):
-        if i + ncols >= n:  # nothing below it
-            ax.xaxis.set_tick_params(which="both", labelbottom=True)
-    return used
-
-
-def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
-    """Write the figure as PNG atomically (temp file + rename): a crash mid-write never
-    leaves a truncated image in place of a good one."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-# -------------------------------------------------------------------------------- roofline
-
-
-def _panel_classes(rows: pd.DataFrame) -> list[str]:
-    return _ordered(rows["roof_class"].dropna().unique(), ROOF_CLASSES)
 
 
 def _limits(points: list[pd.DataFrame], ceilings: dict[str, Ceiling],
@@ -593,159 +330,6 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     if out is not None:
         save_figure(fig, out)
     return fig
-
-
-# --------------------------------------------------------------------------------- scaling
-
-
-def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
-                 out: str | os.PathLike | None = None) -> Figure:
-    """How throughput grows with problem size: one panel per kernel, a line per
-    (provider, dtype).
-
-    Memory-bound kernels plot achieved GB/s against their footprint (compulsory bytes)
-    with the HBM ceilings as horizontal lines and the L2 size as a vertical one: tiny
-    sizes sit far below the roof (launch overhead), and the L2 knee shows where the
-    footprint stops fitting in cache.  matmul plots TFLOP/s against FLOPs with one
-    horizontal roof per roof class present."""
-    d = clean_rows(df)
-    ok = ok_rows(d)
-    ok = ok[np.isfinite(ok["bytes"]) & (ok["bytes"] > 0)] if "bytes" in ok.columns else ok
-    ceilings = run_ceilings(meta, df)
-    l2 = l2_bytes(meta)
-    kernels = _ordered(ok["kernel"].unique(), KERNEL_ORDER)
-    dtypes = _ordered(ok["dtype"].unique(), DTYPE_ORDER)
-    providers = _ordered(ok["provider"].unique(), PROVIDER_ORDER)
-
-    n = max(1, len(kernels))
-    ncols = min(n, 4)
-    nrows = math.ceil(n / ncols)
-    fig = _new_figure(max(4.2 * ncols + 1.5, 8.0), 3.6 * nrows + 0.9)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    used = _tidy_grid(fig, axes, n)
-    if not kernels:
-        ax = used[0]
-        ax.set_axis_off()
-        ax.text(0.5, 0.5, "no ok rows", transform=ax.transAxes, ha="center", va="center",
-                fontsize=12, color="0.35", gid="note:no-ok-rows")
-    for ax, kernel in zip(used, kernels, strict=False):
-        rows = ok[ok["kernel"] == kernel]
-        compute = kernel in COMPUTE_KERNELS
-        xcol, ycol = ("flops", "tflops") if compute else ("bytes", "gbps")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.grid(True, which="major", color="0.9", lw=0.6)
-        ax.set_axisbelow(True)
-        for dtype in dtypes:
-            for provider in providers:
-                sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)]
-                sel = sel[np.isfinite(sel[ycol]) & (sel[ycol] > 0)].sort_values(xcol)
-                if sel.empty:
-                    continue
-                ax.plot(sel[xcol], sel[ycol], marker=_provider_marker(provider, providers),
-                        ms=4, lw=1.2, color=_dtype_color(dtype, dtypes),
-                        ls="-" if provider == "torch" else "--", zorder=3,
-                        label=f"{dtype} {provider}", gid=f"scaling:{kernel}:{provider}:{dtype}")
-        if compute:
-            classes = _panel_classes(rows)
-            _scaling_roofs(ax, ceilings, {c: c for c in classes}, "TFLOP/s")
-            ax.set_xlabel("problem size (FLOPs)")
-            ax.set_ylabel("TFLOP/s")
-        else:
-            _scaling_roofs(ax, ceilings, {"HBM": "hbm_gbps", "L2": "l2_gbps"}, "GB/s")
-            ax.xaxis.set_major_formatter(FuncFormatter(_fmt_bytes))
-            ax.set_xlabel("footprint (compulsory bytes)")
-            ax.set_ylabel("GB/s")
-            if l2:
-                xs = rows["bytes"]
-                ax.axvline(l2, color="0.3", lw=1.0, ls="-.", zorder=2, gid="l2-size",
-                           label=f"L2 {l2 / 2**20:g} MiB")
-                # Label only when the line is inside the data's range, else it would
-                # stretch the axes to show an empty decade.
-                if xs.min() <= l2 <= xs.max():
-                    ax.text(l2, 0.03, f" L2 {l2 / 2**20:g} MiB", transform=ax.get_xaxis_transform(),
-                            fontsize=7, color="0.3", ha="left", va="bottom", gid="l2-label")
-                else:
-                    ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
-        # Plain numbers ("20", "0.6"), not "2 x 10^1": a CPU panel can span under a decade,
-        # where matplotlib labels minor ticks in scientific notation.
-        ax.yaxis.set_major_formatter(_PlainLogFormatter())
-        ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False,
-                                                        minor_thresholds=(1, 0.5)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(kernel, fontsize=10)
-        ax.tick_params(labelsize=8)
-    fig.suptitle(_title(meta, "Scaling"), fontsize=11)
-    handles: list[Any] = [Line2D([], [], color=_dtype_color(dt, dtypes), lw=2, label=dt)
-                          for dt in dtypes]
-    handles += [Line2D([], [], color="0.3", marker=_provider_marker(p, providers), ms=5,
-                       ls="-" if p == "torch" else "--", label=p) for p in providers]
-    handles += [Line2D([], [], color=_ROOF_COLOR[s], ls=_ROOF_STYLE[s], label=f"{s} ceiling")
-                for s in ("datasheet", "measured") if s in ceilings]
-    if l2:
-        handles.append(Line2D([], [], color="0.3", ls="-.", label="L2 size"))
-    if kernels:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
-    if out is not None:
-        save_figure(fig, out)
-    return fig
-
-
-def _scaling_roofs(ax: Any, ceilings: dict[str, Ceiling], what: dict[str, str],
-                   unit: str) -> None:
-    """Horizontal ceilings on a scaling panel: `what` maps a label to a roof class (for
-    TFLOP/s) or to a Ceiling attribute (for GB/s).  Equal values share one line.
-
-    A ceiling's datasheet and measured values are usually within 20% of each other, too
-    close for a label each, so they share one label above the higher line ("bf16 989.4 |
-    meas. 841.0"), at the left edge: small problems sit far below every ceiling there,
-    while at the right the curves run into the ceilings."""
-    fmt = fmt_tflops if unit == "TFLOP/s" else fmt_gbps
-    found: dict[str, dict[str, float]] = {}  # merged label -> source -> value
-    for source in ("datasheet", "measured"):
-        c = ceilings.get(source)
-        if c is None:
-            continue
-        values: dict[float, list[str]] = {}
-        for name, attr in what.items():
-            v = c.tflops.get(attr) if unit == "TFLOP/s" else getattr(c, attr)
-            if v:
-                values.setdefault(v, []).append(name)
-        for v, names in values.items():
-            label = "/".join(names)
-            ax.axhline(v, color=_ROOF_COLOR[source], ls=_ROOF_STYLE[source], lw=1.0, zorder=1,
-                       label=f"{label} {source} {fmt(v)} {unit}", gid=f"ceiling:{source}:{label}")
-            found.setdefault(label, {})[source] = v
-    # Distinct ceilings can still be close on screen (a CPU's fp16 1.46 and bf16 1.38
-    # TFLOP/s): labels nearer than a text line share one, "fp16 meas. 1.46 ; bf16 ...".
-    # The axis is final here (data and ceilings are drawn), so "near" is measured in
-    # screen terms: a fraction of the panel's decades.
-    y0, y1 = ax.get_ylim()
-    min_gap = 0.07 * math.log10(y1 / y0)
-    entries = sorted(found.items(), key=lambda kv: -max(kv[1].values()))
-    clusters: list[list[tuple[str, dict[str, float]]]] = []
-    for entry in entries:
-        top = max(entry[1].values())
-        if clusters and math.log10(max(clusters[-1][-1][1].values()) / top) < min_gap:
-            clusters[-1].append(entry)
-        else:
-            clusters.append([entry])
-    for cluster in clusters:
-        texts = []
-        for label, by_source in cluster:
-            parts = [fmt(by_source["datasheet"])] if "datasheet" in by_source else []
-            if "measured" in by_source:
-                parts.append(f"meas. {fmt(by_source['measured'])}")
-            texts.append(f"{label} " + " | ".join(parts))
-        top = max(max(b.values()) for _, b in cluster)
-        ax.annotate("; ".join(texts), xy=(0, top), xycoords=("axes fraction", "data"),
-                    xytext=(3, 2), textcoords="offset points", ha="left", va="bottom",
-                    fontsize=7, color="0.25", zorder=2,
-                    gid="ceiling-label:" + ";".join(label for label, _ in cluster),
-                    bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.7))
-
-
-# ------------------------------------------------------------------------------------- CLI
 
 
 class _ArgError(Exception):

@@ -16,18 +16,9 @@ from typing import Any
 import pandas as pd
 
 from roofline.devices import ROOF_CLASSES
-from roofline.plot import (
-    DTYPE_ORDER,
-    KERNEL_ORDER,
-    Ceiling,
-    clean_rows,
-    fmt_gbps,
-    fmt_sig,
-    fmt_tflops,
-    l2_bytes,
-    run_ceilings,
-)
+from roofline.rows import DTYPE_ORDER, KERNEL_ORDER, Ceiling, clean_rows, l2_bytes, run_ceilings
 from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text, parse_shape
+from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]

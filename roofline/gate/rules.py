@@ -26,21 +26,15 @@ from roofline.schema import (
 # full rule below (judge) called 0.2% of those pairs slower at 20%, 2.2% at 10%.
 DEFAULT_THRESHOLDS: dict[str, float] = {"cuda": 5.0, "cpu": 20.0}
 
-
 DEFAULT_THRESHOLD = DEFAULT_THRESHOLDS["cuda"]  # for a device whose kind is unknown
-
 
 DEFAULT_BASELINES_DIR = "results/baselines"
 
-
 HISTORY_DIR = "history"  # under the baselines folder: every baseline a promotion replaced
-
 
 COMPARE_MD = "compare.md"
 
-
 BENCHMARK_JSON = "benchmark.json"
-
 
 # Significance of the rank test.  A CI gate fails when ANY row is called slower, so what
 # a user feels is the chance that a run of identical code fails somewhere: FAMILY_ALPHA
@@ -50,15 +44,12 @@ BENCHMARK_JSON = "benchmark.json"
 # samples (the smallest possible one-sided p is 1/C(50, 25) = 8e-15).
 FAMILY_ALPHA = 0.01
 
-
 ROW_ALPHA_MAX = 0.001
-
 
 # A change this large (as a time ratio) may be a verdict without a rank test, when both
 # sides have too few samples for one: only if the sample sets do not overlap at all.
 # The floor rises with the threshold (1 + 2 x threshold) so a loose --threshold stays loose.
 GROSS_RATIO_FLOOR = 1.5
-
 
 # Allowed gate failures (--allow): each is reported either way, and fails the gate unless
 # named.  "incomplete" covers an interrupted, aborted or incomplete run.
@@ -72,12 +63,9 @@ ALLOWABLE: tuple[str, ...] = ("missing", "method-change", "incomplete", "newer-b
 # compute-bound at the suite's shapes; add/mul/gelu/dot/matvec are bandwidth-bound.
 TFLOPS_KERNELS: frozenset[str] = frozenset({"matmul"})
 
-
 FP8_DTYPES: frozenset[str] = frozenset({"fp8", "fp8e5"})
 
-
 REGRESSION_VERDICTS: tuple[str, ...] = ("slower", "failed", "now-skipped", "invalid")
-
 
 # Row verdicts that fail the gate unless the --allow name next to them is given.
 ALLOWABLE_VERDICTS: dict[str, str] = {"missing": "missing", "method-changed": "method-change",
@@ -91,18 +79,13 @@ VERDICT_ORDER: tuple[str, ...] = (
     "same",
 )
 
-
 _TIME_COLUMNS = ("ms_median", "ms_p20", "ms_p80")
-
 
 _NUMERIC = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps")
 
-
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
-
 Key = tuple[str, str, str, str]
-
 
 # run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
 Retime = Callable[[list[Key]], Mapping[Key, list[list[float]]]]

@@ -12,15 +12,11 @@ from roofline.plan.model import ModelShape
 
 SECONDS_PER_DAY = 86400.0
 
-
 CHINCHILLA_TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022: compute-optimal D ~ 20 N
-
 
 DEFAULT_MFU = 0.5  # the customary assumption this tool exists to replace
 
-
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
-
 
 # Memory per GPU in GB (1e9 bytes) as sold, keyed like roofline.devices.DEVICES.  The
 # worked examples use these nominal sizes (8 x 80 GB at 12 B/param ~ 53B parameters);
@@ -36,7 +32,6 @@ GPU_MEMORY_GB: dict[str, float] = {
     "l4": 24.0,
 }
 
-
 # Bytes per parameter of the static training state, itemized per precision policy.
 MEMORY_POLICIES: dict[str, dict[str, int]] = {
     # Everything in fp32: weights, gradients, AdamW's first and second moments.
@@ -50,7 +45,6 @@ MEMORY_POLICIES: dict[str, dict[str, int]] = {
     "bf16-master": {"weights bf16": 2, "gradients bf16": 2, "master weights fp32": 4,
                     "AdamW m fp32": 4, "AdamW v fp32": 4},
 }
-
 
 DEFAULT_POLICY = "bf16-master"
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 DEFAULT_VOCAB = 50257  # GPT-2's BPE vocabulary, the default for shape-only models
 
-
 DEFAULT_SEQ_LEN = 2048
 
 

@@ -11,13 +11,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from roofline.devices import ROOF_CLASS
-from roofline.plot import (
-    _draw_ceilings,
-    _new_figure,
-    fmt_tflops,
-    run_ceilings,
-    save_figure,
-)
+from roofline.plot import _draw_ceilings
+from roofline.rows import run_ceilings
+from roofline.style import _new_figure, fmt_tflops, save_figure
 
 _PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}
 _MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share

@@ -1,0 +1,162 @@
+"""A run's rows and ceilings as the figures and summary.md read them: clean numeric
+rows, the ok rows, each row's roof class, and the datasheet and measured ceilings
+(Ceiling) the run was held against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+
+KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul")
+
+DTYPE_ORDER: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8e5")
+
+PROVIDER_ORDER: tuple[str, ...] = ("torch", "triton")
+
+# Kernels compared against compute roofs as GEMMs; everything else is memory-bound by design.
+COMPUTE_KERNELS: frozenset[str] = frozenset({"matmul"})
+
+_NUMERIC = (
+    "flops", "bytes", "intensity", "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops",
+    "gbps", "peak_tflops", "peak_gbps", "roof_tflops", "mfu", "pct_roof", "rel_err",
+    "meas_peak_tflops", "meas_peak_gbps", "meas_roof_tflops", "pct_meas_roof", "tolerance",
+)
+
+
+def clean_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy with numeric columns coerced (JSON nulls and stray strings become NaN),
+    intensity filled from flops/bytes where missing, and roof_class filled in for rows
+    written before that column existed."""
+    out = df.copy()
+    for col in _NUMERIC:
+        if col in out.columns:
+            out[col] = pd.to_numeric(out[col], errors="coerce")
+    for col in ("kernel", "provider", "dtype", "shape", "status", "reason"):
+        if col not in out.columns:
+            out[col] = None
+    if "flops" in out.columns and "bytes" in out.columns:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            derived = out["flops"] / out["bytes"].where(out["bytes"] > 0)
+        out["intensity"] = out["intensity"].fillna(derived) if "intensity" in out else derived
+    if "roof_class" not in out.columns:
+        out["roof_class"] = None
+    missing = out["roof_class"].isna()
+    if missing.any():
+        out.loc[missing, "roof_class"] = [
+            row_roof_class(k, d) for k, d in zip(out.loc[missing, "kernel"],
+                                                  out.loc[missing, "dtype"], strict=True)
+        ]
+    return out
+
+
+def row_roof_class(kernel: str, dtype: str) -> str:
+    """The roof a row is held against when the row does not say: GEMMs run on the
+    dtype's tensor cores, every other kernel on the fp32 vector units."""
+    if kernel in COMPUTE_KERNELS:
+        return ROOF_CLASS.get(dtype, dtype)
+    return "fp32"
+
+
+def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that can be plotted: status ok with a positive, finite intensity and TFLOP/s.
+
+    Failed rows are excluded on purpose: a wrong kernel must never look fast."""
+    if df.empty or "status" not in df.columns:
+        return df.iloc[0:0]
+    d = df[df["status"] == "ok"]
+    for col in ("intensity", "tflops"):
+        if col not in d.columns:
+            return d.iloc[0:0]
+        d = d[np.isfinite(d[col].astype(float)) & (d[col].astype(float) > 0)]
+    return d
+
+
+def _ordered(values: Iterable[Any], order: Iterable[str]) -> list[str]:
+    """Known values in canonical order, then unknown ones sorted (new kernels/dtypes)."""
+    present = {str(v) for v in values if isinstance(v, str) and v}
+    known = [v for v in order if v in present]
+    return known + sorted(present - set(known))
+
+
+def _pos(x: Any) -> float | None:
+    """x as a positive finite float, else None (nulls, NaN, zero, junk)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One set of ceilings (datasheet or measured) of a run."""
+
+    source: str  # "datasheet" or "measured"
+    tflops: dict[str, float] = field(default_factory=dict)  # roof class -> TFLOP/s
+    hbm_gbps: float | None = None
+    l2_gbps: float | None = None
+
+    def ridge(self, roof_class: str) -> float | None:
+        """FLOP/byte where the HBM slope meets this roof (TFLOP/s / GB/s x 1e3)."""
+        peak = self.tflops.get(roof_class)
+        if peak is None or not self.hbm_gbps:
+            return None
+        return peak * 1e3 / self.hbm_gbps
+
+
+def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
+    if not isinstance(doc, dict):
+        return None
+    raw = doc.get("tflops") or {}
+    tflops = {str(k): v for k, v in ((k, _pos(v)) for k, v in raw.items()) if v is not None} \
+        if isinstance(raw, dict) else {}
+    c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")))
+    return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
+
+
+def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
+    """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
+
+    Reads metadata["ceilings"] (format in roofline/ceilings.py).  A run written without
+    that key falls back on the device table for the datasheet and on the rows'
+    meas_peak_* columns for the measured values, so older runs still plot."""
+    out: dict[str, Ceiling] = {}
+    ceil = meta.get("ceilings")
+    if isinstance(ceil, dict):
+        for source in ("datasheet", "measured"):
+            c = _ceiling_from(source, ceil.get(source))
+            if c is not None:
+                out[source] = c
+        return out
+    dev = DEVICES.get(str(meta.get("device_key") or meta.get("device") or ""))
+    if dev is not None and dev.peaks_tflops:
+        out["datasheet"] = Ceiling("datasheet", dict(dev.peaks_tflops), dev.hbm_gbps)
+    if df is not None and not df.empty and "meas_peak_tflops" in df.columns:
+        d = clean_rows(df)
+        peaks = d.dropna(subset=["meas_peak_tflops"]).groupby("roof_class")["meas_peak_tflops"]
+        tflops = {str(k): float(v) for k, v in peaks.max().items() if _pos(v)}
+        gbps = _pos(d["meas_peak_gbps"].max()) if "meas_peak_gbps" in d.columns else None
+        if tflops or gbps:
+            out["measured"] = Ceiling("measured", tflops, gbps)
+    return out
+
+
+def l2_bytes(meta: dict[str, Any]) -> float | None:
+    """L2 size in bytes from metadata["l2_mb"], else the device table (MiB, as CUDA reports)."""
+    mb = _pos(meta.get("l2_mb"))
+    if mb is None:
+        dev = DEVICES.get(str(meta.get("device_key") or ""))
+        mb = _pos(dev.l2_mb) if dev is not None else None
+    return None if mb is None else mb * 2**20
+
+
+def _panel_classes(rows: pd.DataFrame) -> list[str]:
+    return _ordered(rows["roof_class"].dropna().unique(), ROOF_CLASSES)

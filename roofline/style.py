@@ -1,0 +1,165 @@
+"""How the figures look and how their numbers read: colours per kernel, markers per
+provider, ceiling line styles, number formats shared with summary.md, and the
+headless Agg figure helpers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
+
+# Kernel colours avoid tab10 green/red/grey: green and red mean faster/slower on baseline
+# arrows, grey is the ceilings.
+_KERNEL_COLORS = {
+    "add": "#1f77b4", "mul": "#ff7f0e", "gelu": "#9467bd", "gelu_erf": "#8c564b",
+    "dot": "#e377c2", "matvec": "#17becf", "matmul": "#bcbd22",
+}
+
+_EXTRA_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+
+# add/mul and gelu/gelu_erf have the same intensity by construction and usually the same
+# speed, so one would hide the other: the first of each pair (drawn first) is larger and
+# shows as a ring around the second.  x is never jittered: intensity is exact.
+_KERNEL_SIZES = {"add": 46, "mul": 18, "gelu": 46, "gelu_erf": 18}
+
+_POINT_SIZE = 28
+
+_DTYPE_COLORS = {
+    "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#ff7f0e", "bf16": "#d62728",
+    "fp8": "#2ca02c", "fp8e5": "#8c564b",
+}
+
+_PROVIDER_MARKERS = {"torch": "o", "triton": "^"}
+
+_EXTRA_MARKERS = ("s", "D", "v", "P", "X")
+
+# Baseline arrows: this run faster or slower than the baseline.
+_FASTER, _SLOWER = "#2ca02c", "#d62728"
+_ROOF_COLOR = {"datasheet": "0.15", "measured": "0.40"}
+
+_ROOF_STYLE = {"datasheet": "-", "measured": "--"}
+
+_L2_STYLE = ":"
+
+DPI = 140
+
+
+def fmt_sig(x: float) -> str:
+    """3 significant digits without scientific notation: 295, 20, 148, 1977, 0.523."""
+    if x >= 1000:
+        return f"{x:.0f}"
+    return f"{x:.3g}"
+
+
+def fmt_tflops(x: float) -> str:
+    """Datasheet-style TFLOP/s: 989.4, 66.9, 1978.9; small (CPU) values keep 3 digits."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def fmt_gbps(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _fmt_bytes(x: float, _pos_: Any = None) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:g} {unit}"
+    return f"{x:g} B"
+
+
+class _PlainLogFormatter(LogFormatter):
+    """LogFormatter's choice of which ticks get a label (minor ones only on short axes),
+    written as plain numbers: 20, 0.6, 1000 rather than 2x10^1, 6e-01, 10^3."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _title(meta: dict[str, Any], what: str) -> str:
+    name = meta.get("device_name") or meta.get("gpu_name") or meta.get("device_key") or "?"
+    key = meta.get("device_key")
+    head = f"{what}: {name}" + (f" ({key})" if key and key != name else "")
+    # Three short lines rather than one long one: a one-panel figure is narrow, and a
+    # long centred title would run into the legend on the right.
+    run = []
+    created = str(meta.get("created") or "")
+    if created:
+        run.append(created[:16].replace("T", " "))
+    if meta.get("run_id"):
+        run.append(f"run {meta['run_id']}")
+    if meta.get("git_commit"):
+        run.append(f"git {str(meta['git_commit'])[:10]}")
+    versions = [f"{k} {meta[k]}" for k in ("torch", "triton", "python") if meta.get(k)]
+    lines = [head] + ["  |  ".join(b) for b in (run, versions) if b]
+    return "\n".join(lines)
+
+
+def _kernel_color(kernel: str, kernels: list[str]) -> str:
+    if kernel in _KERNEL_COLORS:
+        return _KERNEL_COLORS[kernel]
+    unknown = [k for k in kernels if k not in _KERNEL_COLORS]
+    return _EXTRA_COLORS[unknown.index(kernel) % len(_EXTRA_COLORS)]
+
+
+def _provider_marker(provider: str, providers: list[str]) -> str:
+    if provider in _PROVIDER_MARKERS:
+        return _PROVIDER_MARKERS[provider]
+    unknown = [p for p in providers if p not in _PROVIDER_MARKERS]
+    return _EXTRA_MARKERS[unknown.index(provider) % len(_EXTRA_MARKERS)]
+
+
+def _dtype_color(dtype: str, dtypes: list[str]) -> str:
+    if dtype in _DTYPE_COLORS:
+        return _DTYPE_COLORS[dtype]
+    unknown = [d for d in dtypes if d not in _DTYPE_COLORS]
+    return _EXTRA_COLORS[unknown.index(dtype) % len(_EXTRA_COLORS)]
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    # Constrained layout keeps the outside legend, suptitle and shared labels apart.
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _grid(n: int) -> tuple[int, int]:
+    ncols = {1: 1, 2: 2, 3: 3, 4: 2}.get(n, 3)
+    return math.ceil(n / ncols), ncols
+
+
+def _tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
+    """Drop the unused cells of a shared grid, and give x tick labels back to a panel that
+    now has no panel under it (sharex hid them)."""
+    nrows, ncols = axes.shape
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.remove()
+    used = flat[:n]
+    for i, ax in enumerate(used):
+        if i + ncols >= n:  # nothing below it
+            ax.xaxis.set_tick_params(which="both", labelbottom=True)
+    return used
+
+
+def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
+    """Write the figure as PNG atomically (temp file + rename): a crash mid-write never
+    leaves a truncated image in place of a good one."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
