@@ -28,17 +28,11 @@ from rich.progress import (
 from rich.table import Table
 
 from benches import runner
-from benches.gpu_monitor import ThrottleConfig, run_clock_facts
+from benches.cases import Case, RunConfig, build_cases
+from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
+from benches.results import ResultWriter, collect_metadata
 from benches.retime import case_id
-from benches.runner import (
-    Case,
-    ResultWriter,
-    RunConfig,
-    build_cases,
-    collect_metadata,
-    nvml_snapshot,
-)
 from benches.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY

@@ -17,7 +17,8 @@ def measure_gemms(gemms: list[Gemm], device: str, dtype: str, provider: str,
     (benches.runner), fill each Gemm's ms/tflops/mfu, and return what was used."""
     # The device first: a GPU asked for on a machine without one fails before any import.
     model, present, ceilings = _ceilings_for(device, log)
-    from benches.runner import RunConfig, build_cases, iterate
+    from benches.cases import RunConfig, build_cases
+    from benches.runner import iterate
     from benches.timing import TimingConfig
     from kernels.spec import Target, interpreter_enabled
 

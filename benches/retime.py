@@ -27,7 +27,8 @@ def case_id(key: tuple[str, str, str, str] | list[str]) -> str:
 
 
 def retime(spec: dict[str, Any]) -> dict[str, list[float]]:
-    from benches.runner import Case, RunConfig, _InputCache, run_case
+    from benches.cases import Case, RunConfig, _InputCache
+    from benches.runner import run_case
     from benches.timing import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum

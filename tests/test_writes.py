@@ -14,8 +14,8 @@ import json
 import pandas as pd
 import pytest
 
-from benches import runner
-from benches.runner import ResultWriter
+from benches import results
+from benches.results import ResultWriter
 from roofline import schema
 from roofline.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
 
@@ -34,8 +34,8 @@ def test_add_never_rewrites_a_whole_file(tmp_path, monkeypatch):
     w.flush()
     json_stat = (tmp_path / "run" / "results.json").stat()
     rewrites: list[str] = []
-    real = runner.atomic_write_text
-    monkeypatch.setattr(runner, "atomic_write_text",
+    real = results.atomic_write_text
+    monkeypatch.setattr(results, "atomic_write_text",
                         lambda p, t: (rewrites.append(str(p)), real(p, t)))
     sizes = []
     for _ in range(40):

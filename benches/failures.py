@@ -1,0 +1,114 @@
+"""A kernel that raised, as a row: out of memory and rejected shapes are skipped, compile
+errors, CUDA errors and everything else failed; an error that leaves the CUDA context
+unusable (a sticky fault, also as a CUDA library reports it) aborts the sweep.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from benches.cases import Case, RunConfig, _InputCache
+from kernels.matmul import UnsupportedShape
+
+
+class SweepAborted(Exception):
+    """A kernel error left the CUDA context unusable (illegal address, launch failure):
+    `row` is that case's failed row, `reason` the error; the sweep cannot go on."""
+
+    def __init__(self, row: dict[str, Any], reason: str) -> None:
+        super().__init__(reason)
+        self.row = row
+        self.reason = reason
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:300]}" if msg else type(e).__name__
+
+
+def _message(e: BaseException) -> str:
+    """Type and the telling part of an exception's message: its first line, plus its
+    last line when they differ (a Triton CompilationError starts with the source
+    location and ends with the error)."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    text = lines[0] if lines[-1] == lines[0] else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(e).__name__}: {text[:400]}"
+
+
+# Out of memory on either device: torch.OutOfMemoryError on a GPU; on a CPU the default
+# allocator raises RuntimeError "DefaultCPUAllocator: can't allocate memory: you tried to
+# allocate N bytes. Error code 12 (Cannot allocate memory)".
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def _is_oom(e: BaseException) -> bool:
+    msg = str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or any(m in msg for m in _OOM_MESSAGES)
+
+
+# CUDA errors that are sticky: after one, the context is unusable and every later CUDA
+# call fails with the same error (CUDA runtime docs).  Matched on the message, with "_"
+# read as " " so the driver API's names (CUDA_ERROR_ILLEGAL_ADDRESS) match too, since
+# torch raises them as RuntimeError / torch.AcceleratorError and Triton as RuntimeError.
+_STICKY_CUDA_ERRORS = (
+    "illegal memory access", "illegal address", "launch failure", "launch failed",
+    "misaligned address", "illegal instruction", "invalid program counter", "invalid pc",
+    "hardware stack error", "device-side assert", "device side assert", "error assert",
+    "launch timed out", "launch timeout", "uncorrectable ecc", "ecc uncorrectable",
+    "invalid address space", "not supported on global/shared address space",
+    # CUDA libraries' own names for a kernel of theirs that faulted on the device
+    # (CUBLAS_STATUS_EXECUTION_FAILED: "GPU program failed to execute"; the same status
+    # in cuDNN, cuSOLVER and cuSPARSE; CUFFT_EXEC_FAILED): the fault poisons the context
+    # like any other, and the next case's first call would take the blame.
+    "status execution failed", "cufft exec failed",
+)
+
+# Words that mark a message as coming from CUDA or one of its libraries.
+_CUDA_WORDS = ("cuda", "cublas", "cudnn", "cufft", "cusolver", "cusparse")
+
+
+def is_sticky_cuda_error(e: BaseException) -> bool:
+    """Whether `e` is a CUDA error that leaves the context unusable."""
+    msg = str(e).lower().replace("_", " ")
+    is_cuda = any(w in msg for w in _CUDA_WORDS) or type(e).__name__ == "AcceleratorError"
+    return is_cuda and any(p in msg for p in _STICKY_CUDA_ERRORS)
+
+
+def _compile_error_types() -> tuple[type[BaseException], ...]:
+    """Triton's compile-time failures: the kernel did not build (or does not fit)."""
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return ()
+    return (CompilationError, OutOfResources, PTXASError)
+
+
+def _error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
+               cache: _InputCache, stage: str) -> dict[str, Any]:
+    """The row of a case whose kernel raised.  Only a shape the library rejects and
+    out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
+    error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
+    msg = _message(e)
+    if is_sticky_cuda_error(e):
+        row.update(status="failed",
+                   reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
+        raise SweepAborted(row, f"{case.label}: {msg}") from e
+    if isinstance(e, UnsupportedShape):
+        row.update(status="skipped", reason=str(e))
+    elif _is_oom(e) and not isinstance(e, _compile_error_types()):
+        cache.clear()
+        if cfg.target.kind == "cuda":
+            torch.cuda.empty_cache()
+        row.update(status="skipped", reason=f"out of memory at this shape{stage} ({msg})")
+    elif isinstance(e, _compile_error_types()):
+        row.update(status="failed", reason=f"Triton compile error: {msg}")
+    elif "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
+        row.update(status="failed", reason=f"CUDA error{stage}: {msg}")
+    else:
+        row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
+    return row

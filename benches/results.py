@@ -1,0 +1,218 @@
+"""A run's files while it runs: the metadata that says where and how it was measured,
+and the writer that keeps results.csv, results.json and the row journal current at a
+cost per row that does not grow with the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from benches.cases import RunConfig
+from benches.gpu_monitor import (
+    nvml_snapshot,
+)
+from roofline.schema import (
+    ALL_COLUMNS,
+    RESULTS_CSV,
+    RESULTS_JSON,
+    ROWS_JOURNAL,
+    SAMPLES,
+    atomic_write_text,
+)
+
+
+def _git_commit() -> str | None:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=here, capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _llc_mb() -> float | None:
+    """Size of the CPU's last-level cache in MiB (Linux sysfs), or None."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    best: tuple[int, float] | None = None
+    for idx in base.glob("index*"):
+        try:
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        mult = {"K": 2**-10, "M": 1.0, "G": 2**10}.get(size[-1], 2**-20)
+        try:
+            mb = float(size.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, mb)
+    return best[1] if best else None
+
+
+def _fp8_accum() -> str | None:
+    from kernels import spec as kernel_spec
+
+    mode = getattr(kernel_spec, "fp8_accum", None)  # absent in older kernel modules
+    return mode() if callable(mode) else None
+
+
+def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, Any]:
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = None
+    p = cfg.present
+    t = cfg.timing
+    meta: dict[str, Any] = {
+        "run_id": run_id,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device_key": cfg.model.key,
+        "device_name": p.name,
+        "device_model": cfg.model.name,
+        "device_kind": p.kind,
+        "detected_key": p.key,
+        "capability": list(p.capability) if p.capability else None,
+        "sms": p.sms,
+        "l2_mb": p.l2_mb,
+        "llc_mb": _llc_mb() if p.kind == "cpu" else None,
+        "gpu_memory_gb": p.memory_gb,
+        "cpu_cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_v,
+        "triton_interpret": cfg.target.interpret,
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+        "command": " ".join([Path(sys.executable).name, *argv]),
+        "seed": cfg.seed,
+        "sizes": cfg.sizes if cfg.explicit_shapes is None else "explicit",
+        "kernels": cfg.kernels,
+        "dtypes": cfg.dtypes,
+        "providers": cfg.providers,
+        "check_only": cfg.check_only,
+        "fp8_accum": _fp8_accum(),
+        "timing": {
+            **t.as_dict(),
+            "gpu_method": (
+                "one method per (kernel, dtype, shape) for both providers, from its "
+                f"roofline bound: below {t.cudagraph_below_ms} ms, CUDA-graph replays "
+                "over rotated copies of inputs and outputs totalling more than twice the "
+                f"L2 (at least {t.graph_min_calls} calls per graph, time / calls); else "
+                "triton.testing.do_bench (CUDA events, L2 flushed between samples)"),
+            "cpu_method": "torch.utils.benchmark.Timer.blocked_autorange, topped up to "
+                          f"{t.min_samples} blocks, in {t.cpu_rounds} rounds on fresh copies "
+                          f"of the inputs, interleaved over chunks of ~{t.cpu_chunk_s:g} s "
+                          "of cases",
+        },
+        "ceilings": cfg.ceilings.to_json(),
+        "throttle_settings": cfg.throttle.as_dict(),
+        "interrupted": False,
+        "complete": False,
+    }
+    if p.kind == "cuda":
+        snap = nvml_snapshot()
+        meta["nvml_start"] = snap
+        meta["driver"] = (snap or {}).get("driver")
+    return meta
+
+
+class ResultWriter:
+    """Keeps the run folder's results current after every row, at a cost per row that
+    does not grow with the rows before it.
+
+    A row is appended to the journal (roofline.schema.ROWS_JOURNAL, one JSON row with its
+    raw samples per line) and to results.csv; results.json and results.csv are rewritten
+    whole (atomically) only by flush(): at the run's start, after its ceilings and at its
+    end, also after an interrupt or abort.  Rewriting them after every row cost time
+    quadratic in the rows (measured: 242 s of writing by row 700 of 900 samples each).
+    A process killed between flushes leaves every row it finished in the journal, which
+    readers (schema.read_doc, hence load_run and --resume) take over results.json's rows.
+
+    The folder itself is created (exclusively) by the caller; `rows` are those already in
+    the folder when a run is resumed, kept as read so nothing measured is rewritten.
+    """
+
+    def __init__(self, run_dir: Path, metadata: dict[str, Any],
+                 rows: list[dict[str, Any]] | None = None) -> None:
+        self.run_dir = run_dir
+        self.metadata = metadata
+        self.rows: list[dict[str, Any]] = list(rows or [])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = run_dir / ROWS_JOURNAL
+        # The journal holds every row of the run, so it alone can stand for results.json:
+        # a resumed run's earlier rows go in first (once, atomically).
+        atomic_write_text(self.journal, "".join(_journal_line(r) for r in self.rows))
+        self._csv_rows: int | None = None  # rows results.csv holds (None: unknown)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        # One write() per line and file: a kill mid-row leaves at most a partial last
+        # line, which readers drop.  Files are reopened each time because flush()
+        # replaces them (a handle kept open would append to the replaced file).
+        with open(self.journal, "a", encoding="utf-8") as f:
+            f.write(_journal_line(row))
+        if self._csv_rows != len(self.rows) - 1:  # no flush yet: written whole, once
+            self._write_csv()
+            return
+        with open(self.run_dir / RESULTS_CSV, "a", encoding="utf-8") as f:
+            f.write(pd.DataFrame([row], columns=ALL_COLUMNS).to_csv(index=False, header=False))
+        self._csv_rows += 1
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=ALL_COLUMNS)
+
+    def flush(self) -> None:
+        """Rewrite results.csv and results.json whole (metadata included), atomically."""
+        self._write_csv()
+        doc = {"metadata": self.metadata, "rows": [_jsonable(r) for r in self.rows]}
+        atomic_write_text(self.run_dir / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")
+
+    def _write_csv(self) -> None:
+        atomic_write_text(self.run_dir / RESULTS_CSV, self.frame().to_csv(index=False))
+        self._csv_rows = len(self.rows)
+
+    def close(self) -> None:
+        """Final flush; the journal goes once results.json holds every row."""
+        self.flush()
+        self.journal.unlink(missing_ok=True)
+
+
+def _journal_line(row: dict[str, Any]) -> str:
+    return json.dumps(_jsonable(row), separators=(",", ":")) + "\n"
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None  # JSON has no NaN/inf
+    return v
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: _finite_or_none(row.get(k)) for k in ALL_COLUMNS}
+    samples = row.get(SAMPLES)
+    if samples is not None:
+        out[SAMPLES] = [_finite_or_none(float(x)) for x in samples]
+    return out
