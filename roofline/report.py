@@ -16,23 +16,21 @@ from typing import Any
 import pandas as pd
 
 from roofline.devices import ROOF_CLASSES
-from roofline.rows import DTYPE_ORDER, KERNEL_ORDER, Ceiling, clean_rows, l2_bytes, run_ceilings
-from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text, parse_shape
+from roofline.findings import (
+    _dict,
+    _finite,
+    _order,
+    above_roof_cause,
+    above_roof_rows,
+    best_points,
+    launch_bound_rows,
+    provider_ratios,
+    ratio_summary,
+    throttled_rows,
+)
+from roofline.rows import Ceiling, clean_rows, run_ceilings
+from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text
 from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
-
-BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
-                "pct_meas_roof", "intensity", "ms_median", "roof"]
-
-
-# ------------------------------------------------------------------------------ formatting
-
-
-def _finite(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _num(x: Any) -> str:
@@ -72,180 +70,6 @@ def _table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
     return "\n".join(lines)
 
 
-def _order(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows in canonical kernel, then dtype order (unknown names after known ones)."""
-    k = {v: i for i, v in enumerate(KERNEL_ORDER)}
-    d = {v: i for i, v in enumerate(DTYPE_ORDER)}
-    keyed = df.assign(_k=df["kernel"].map(lambda x: k.get(x, len(k))),
-                      _d=df["dtype"].map(lambda x: d.get(x, len(d))))
-    return keyed.sort_values(["_k", "kernel", "_d", "dtype"]).drop(columns=["_k", "_d"])
-
-
-def _dict(x: Any) -> dict[str, Any]:
-    return x if isinstance(x, dict) else {}
-
-
-def _size(shape: Any) -> float:
-    """Problem size of a shape string (product of its dims) to find the largest shape."""
-    try:
-        return float(math.prod(parse_shape(str(shape)).values()))
-    except ValueError:
-        return 0.0
-
-
-# ------------------------------------------------------------------------------- analysis
-
-
-def _is_cpu(meta: dict[str, Any]) -> bool:
-    return meta.get("device_kind") == "cpu" or meta.get("device_key") == "cpu"
-
-
-def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
-    """(bytes, name) of the cache a footprint may sit in: the CPU's last-level cache
-    (metadata llc_mb), or the GPU's L2."""
-    if _is_cpu(meta):
-        mb = _finite(meta.get("llc_mb"))
-        return (mb * 2**20 if mb else None), "last-level cache"
-    return l2_bytes(meta), "L2"
-
-
-def _cache_gbps(meta: dict[str, Any]) -> float | None:
-    measured = _dict(_dict(meta.get("ceilings")).get("measured"))
-    v = _finite(measured.get("l2_gbps"))
-    return v if v and v > 0 else None
-
-
-def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Rows (cleaned) with `best_pct` and `roof` (which roof binds: compute, memory or
-    cache) as the best-point table holds them.
-
-    On a CPU no flush runs between samples, so a footprint that fits in the last-level
-    cache is served from it: such rows are held against the measured cache roof
-    (min(compute peak, intensity x cache bandwidth)) instead of the DRAM one, where they
-    would read as several hundred percent."""
-    meta = meta or {}
-    d = clean_rows(df)
-    if d.empty:
-        return d.assign(best_pct=pd.Series(dtype=float), roof=pd.Series(dtype=object))
-    for col in ("pct_roof", "pct_meas_roof", "roof_tflops", "peak_tflops", "meas_roof_tflops",
-                "meas_peak_tflops", "tflops", "bytes", "intensity"):
-        if col not in d.columns:
-            d[col] = float("nan")
-    pct = d["pct_roof"].fillna(d["pct_meas_roof"])
-    roof = d["roof_tflops"].fillna(d["meas_roof_tflops"])
-    peak = d["peak_tflops"].fillna(d["meas_peak_tflops"])
-    memory = "DRAM" if _is_cpu(meta) else "HBM"
-    kind = pd.Series([None] * len(d), index=d.index, dtype=object)
-    kind[roof.notna()] = memory
-    kind[roof.notna() & peak.notna() & (roof >= peak * (1 - 1e-9))] = "compute"
-    size, _ = cache_bytes(meta)
-    gbps = _cache_gbps(meta)
-    dram = _finite(_dict(_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
-    if gbps and dram:
-        gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
-    if _is_cpu(meta) and size and gbps:
-        fits = d["bytes"] <= size
-        cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
-                                                          (d["intensity"] * gbps / 1e3)
-                                                          .clip(upper=peak))
-        # Only rows that have a roof at all (fp8e5 matmul on a CPU has none).
-        use = fits & roof.notna() & cache_roof.notna() & (cache_roof > 0)
-        pct = pct.where(~use, 100.0 * d["tflops"] / cache_roof)
-        kind[use] = "cache"
-        kind[use & peak.notna() & (cache_roof >= peak * (1 - 1e-9))] = "compute"
-    return d.assign(best_pct=pct, roof=kind)
-
-
-def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """ok rows faster than their roof: flagged by the run (above_roof) or, for runs
-    written before that column, pct_roof (else pct_meas_roof) over 100."""
-    d = clean_rows(df)
-    if d.empty:
-        return d
-    pct = d["pct_roof"].fillna(d["pct_meas_roof"]) if "pct_meas_roof" in d else d["pct_roof"]
-    flag = pct > 100.0
-    if "above_roof" in d.columns:
-        flag = flag | d["above_roof"].map(lambda v: v is True or v == 1 or v == "True")
-    return d[(d["status"] == "ok") & flag]
-
-
-def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
-    """The likely reason a row beat its roof, most likely first."""
-    size, name = cache_bytes(meta)
-    nbytes = _finite(r.get("bytes"))
-    ms = _finite(r.get("ms_median"))
-    if size and nbytes is not None and nbytes <= size:
-        flushed = "" if _is_cpu(meta) else " despite the flush/rotation (check the timer)"
-        return (f"cache-resident footprint: {nbytes / 2**20:.3g} MiB fits in the "
-                f"{size / 2**20:.3g} MiB {name}, served faster than the memory roof{flushed}")
-    if ms is not None and ms < 0.005:
-        return (f"timer resolution: {ms * 1e3:.2g} us per call is close to what the timer "
-                "resolves")
-    if _finite(r.get("peak_tflops")) is None or not _dict(
-            _dict(meta.get("ceilings")).get("datasheet")):
-        return ("measured ceiling too low: the kernel beat what the ceiling measurement "
-                "reached (re-measure with --remeasure-ceilings)")
-    return ("wrong FLOP or byte count (more than the kernel really does), or a datasheet "
-            "peak below this device's clocks")
-
-
-def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
-    """The best ok row per (kernel, dtype): highest % of its roof, ties and rows without a
-    roof broken by TFLOP/s.  Rows above their roof are findings (listed apart), not best
-    points.  On a CPU, cache-resident rows are held against the cache roof
-    (effective_roofs): `pct_roof` here is the % of the roof named in `roof`.
-    Columns: BEST_COLUMNS."""
-    d = effective_roofs(df, meta)
-    ok = d[d["status"] == "ok"] if not d.empty else d
-    if not ok.empty:
-        ok = ok[~(ok["best_pct"] > 100.0)]
-    if ok.empty:
-        return pd.DataFrame(columns=BEST_COLUMNS)
-    for col in BEST_COLUMNS:
-        if col not in ok.columns:
-            ok = ok.assign(**{col: None})
-    ok = ok.assign(pct_roof=ok["best_pct"])
-    ranked = ok.sort_values(["pct_roof", "tflops"], ascending=False, na_position="last")
-    best = ranked.groupby(["kernel", "dtype"], sort=False).head(1)
-    return _order(best)[BEST_COLUMNS].reset_index(drop=True)
-
-
-def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (kernel, dtype, shape) where both providers have an ok row: torch and Triton
-    median times and ratio = torch_ms / triton_ms (Triton's speed-up; > 1 means Triton is
-    faster).  Same FLOPs on both sides, so it is also the TFLOP/s ratio."""
-    cols = ["kernel", "dtype", "shape", "torch_ms", "triton_ms", "ratio"]
-    d = clean_rows(df)
-    if d.empty:
-        return pd.DataFrame(columns=cols)
-    ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
-    key = ["kernel", "dtype", "shape"]
-    torch_ = ok[ok["provider"] == "torch"][key + ["ms_median"]].rename(
-        columns={"ms_median": "torch_ms"})
-    triton_ = ok[ok["provider"] == "triton"][key + ["ms_median"]].rename(
-        columns={"ms_median": "triton_ms"})
-    both = torch_.merge(triton_, on=key)
-    if both.empty:
-        return pd.DataFrame(columns=cols)
-    both["ratio"] = both["torch_ms"] / both["triton_ms"]
-    return _order(both)[cols].reset_index(drop=True)
-
-
-def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
-    """Per (kernel, dtype): shapes compared, median/min/max ratio, and the ratio at the
-    largest shape (where launch overhead matters least, the number targets are set on)."""
-    cols = ["kernel", "dtype", "n_shapes", "median", "min", "max", "largest_shape",
-            "ratio_at_largest"]
-    out = []
-    for (kernel, dtype), g in ratios.groupby(["kernel", "dtype"], sort=False):
-        largest = g.loc[g["shape"].map(_size).idxmax()]
-        out.append([kernel, dtype, len(g), g["ratio"].median(), g["ratio"].min(),
-                    g["ratio"].max(), largest["shape"], largest["ratio"]])
-    return pd.DataFrame(out, columns=cols)
-
-
-# ------------------------------------------------------------------------------- sections
-
 # What each fp8 accumulation mode means for the fp8 matmul rows and the fp8 ceiling.
 _FP8_ACCUM = {
     "fast": "fast (tensor-core accumulator over the whole K: Triton max_num_imprecise_acc "
@@ -255,7 +79,6 @@ _FP8_ACCUM = {
                "max_num_imprecise_acc = BLOCK_K, torch._scaled_mm use_fast_accum=False), "
                "for the Triton kernel, torch and the fp8 ceiling alike",
 }
-
 
 
 def _run_facts(meta: dict[str, Any]) -> str:
@@ -362,14 +185,6 @@ def _throttle_fact(t: dict[str, Any]) -> str | None:
 _CLOCK_FACTS = {"clocks": _clocks_fact, "power": _power_fact, "throttle": _throttle_fact}
 
 
-def throttled_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok rows timed while the GPU throttled, after their re-timing (column `throttled`)."""
-    if df.empty or "throttled" not in df.columns:
-        return df.iloc[0:0]
-    mark = df["throttled"].map(lambda v: v is True or str(v).strip().lower() == "true")
-    return df[mark & (df["status"] == "ok")]
-
-
 def _throttled_section(df: pd.DataFrame) -> str:
     rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
              _mhz(_finite(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
@@ -380,16 +195,6 @@ def _throttled_section(df: pd.DataFrame) -> str:
             "`throttled`.\n\n"
             + _table(["kernel", "provider", "dtype", "shape", "SM clock", "reason"], rows,
                      "llllrl"))
-
-
-def launch_bound_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok GPU rows whose host dispatch per call (`host_us`) is longer than their device
-    time: in a loop of such calls the GPU waits for Python, not the other way round."""
-    if df.empty or "host_us" not in df.columns:
-        return df.iloc[0:0]
-    host = pd.to_numeric(df["host_us"], errors="coerce")
-    device_us = pd.to_numeric(df["ms_median"], errors="coerce") * 1e3
-    return df[(df["status"] == "ok") & (host > device_us)]
 
 
 def _launch_bound_section(df: pd.DataFrame) -> str:
