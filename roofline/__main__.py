@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         # The one place roofline/ reaches into benches/: the command line wires the
         # harness's GEMM timing into the planner (DESIGN.md section 2).
         from benches.plan_gemms import measure_gemms
+        from benches.step import measure_step
         from roofline.plan import main as plan_main
 
-        return plan_main(rest, measure_gemms=measure_gemms)
+        return plan_main(rest, measure_gemms=measure_gemms, measure_step=measure_step)
     print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
     return 2
 

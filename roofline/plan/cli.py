@@ -33,7 +33,8 @@ from roofline.plan.arithmetic import (
 )
 from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
-from roofline.plan.sources import gemms_from_run, peak_of
+from roofline.plan.sources import _ceilings_for, gemms_from_run, peak_of
+from roofline.plan.step import step_report
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -127,8 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     ee.add_argument("--mfu", type=_mfu, help=f"assumed MFU (default {DEFAULT_MFU})")
     ee.add_argument("--from-run", metavar="RUN",
                     help="MFU of a saved run's matmul rows at or near the model's GEMMs")
-    ee.add_argument("--measure", action="store_true",
-                    help="time the model's GEMMs now on the device present")
+    ee.add_argument("--measure", nargs="?", const="gemms", choices=("gemms", "step"),
+                    help="measure on the device present: 'gemms' (the default) times the "
+                         "model's GEMMs; 'step' runs real training steps of the model "
+                         "(forward, backward, AdamW) and counts, times and profiles them")
+    e.add_argument("--measure-layers", type=_positive_int, metavar="K",
+                   help="--measure step on a slice of K blocks (with the embedding and "
+                        "head), extrapolated to all layers: for a model too big for the "
+                        "device")
+    e.add_argument("--steps", type=_positive_int, default=5,
+                   help="--measure step: timed steps after 2 warm-up steps (default 5)")
     e.add_argument("--dtype", default="bf16", choices=sorted(ROOF_CLASS),
                    help="GEMM dtype (peak and measurements; default bf16)")
     e.add_argument("--provider", default="torch", choices=("torch", "triton"),
@@ -189,6 +198,12 @@ def model_from_args(args: argparse.Namespace) -> ModelShape | None:
     return shape
 
 
+# (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
+# steps, log) -> the step's measurements (benches.step.measure_step).
+MeasureStep = Callable[[ModelShape, int, str, str, "int | None", "float | None", int, Any],
+                       dict[str, Any]]
+STEP_DTYPES = ("bf16", "fp16", "fp32")
+
 # (gemms, device key, dtype, provider, timing budget ms, log) -> what was measured; fills
 # each Gemm's ms, tflops and mfu (benches.plan_gemms.measure_gemms).
 MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
@@ -199,10 +214,12 @@ def _stderr(msg: str) -> None:
 
 
 def build_plan(args: argparse.Namespace, log: Any = _stderr,
-               measure_gemms: MeasureGemms | None = None) -> dict[str, Any]:
+               measure_gemms: MeasureGemms | None = None,
+               measure_step: MeasureStep | None = None) -> dict[str, Any]:
     """Everything the plan says, as a JSON-able dict (the --json document).
-    `measure_gemms` times GEMMs on the device present (benches.plan_gemms); without it
-    --measure is refused."""
+    `measure_gemms` times GEMMs on the device present (benches.plan_gemms) and
+    `measure_step` runs training steps (benches.step); without them --measure is
+    refused."""
     shape = model_from_args(args)
     params: float | None = float(shape.params) if shape else args.params
     gemms = step_gemms(shape, args.micro_batch) if shape else []
@@ -215,8 +232,47 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         raise PlanError("--measure and --from-run need the model's shape (--preset, or "
                         "--d-model and --layers), not just --params")
 
+    if args.measure_layers is not None and args.measure != "step":
+        raise PlanError("--measure-layers goes with --measure step")
+    step_measured: dict[str, Any] | None = None
+
     # Efficiency and the peak it is a fraction of.
-    if args.measure:
+    if args.measure == "step":
+        assert shape is not None
+        if measure_step is None:
+            raise PlanError("--measure step runs the model through the benchmark harness: "
+                            "run it as `python -m roofline plan ... --measure step`")
+        device = args.device or "auto"
+        if device == "auto":
+            from roofline.devices import detect
+
+            device = detect().key
+        on_gpu = DEVICES[device].kind == "cuda"
+        step_dtype = args.dtype if on_gpu else "fp32"
+        if step_dtype not in STEP_DTYPES:
+            raise PlanError(f"--measure step trains in {', '.join(STEP_DTYPES)} "
+                            f"(autocast), not {step_dtype}")
+        if not on_gpu and args.dtype != "fp32":
+            warnings.append(f"the step ran in fp32 on the CPU (--dtype {args.dtype} applies "
+                            "to GPU steps)")
+        result = measure_step(shape, args.micro_batch, "cuda" if on_gpu else "cpu",
+                              step_dtype, args.measure_layers,
+                              device_memory_bytes(device, args.gpu_memory_gb)[0],
+                              args.steps, log)
+        peak, peak_source = peak_of(device, step_dtype, log)
+        bpp_policy = args.bytes_per_param if args.bytes_per_param is not None else \
+            float(sum(MEMORY_POLICIES[args.policy].values()))
+        report = step_report(shape, result, peak, bpp_policy)
+        ceilings = None if DEVICES[device].peaks_tflops else \
+            _ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
+        step_measured = {"report": report, "measurement": result, "ceilings": ceilings}
+        args.dtype = step_dtype
+        mfu_source = "measured step"
+        mfu_from = (f"--measure step: {report['step_ms']:.4g} ms per step of "
+                    f"{int(report['tokens_per_step'])} tokens on {DEVICES[device].name}"
+                    + (f", extrapolated from {args.measure_layers} of {shape.n_layers} "
+                       "blocks" if report["slice"] else ""))
+    elif args.measure:
         if measure_gemms is None:
             raise PlanError("--measure times GEMMs through the benchmark harness: run it as "
                             "`python -m roofline plan ... --measure`")
@@ -258,6 +314,8 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
 
     step = summarize_step(gemms, peak)
     mfu = step["mfu"] if measured is not None else (args.mfu or DEFAULT_MFU)
+    if step_measured is not None:
+        mfu = step_measured["report"]["mfu"]
     if measured is not None and not mfu:
         raise PlanError("no measured MFU could be derived")
     if mfu > 1:
@@ -360,6 +418,9 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
     }
     if measured is not None:
         plan["measurement"] = {k: v for k, v in measured.items() if k != "rows"}
+    if step_measured is not None:
+        plan["step_measured"] = step_measured
+        warnings += step_measured["report"]["notes"]
     return plan
 
 
@@ -378,9 +439,10 @@ def out_dir(requested: str | None) -> Path:
     return p
 
 
-def main(argv: list[str], measure_gemms: MeasureGemms | None = None) -> int:
+def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
+         measure_step: MeasureStep | None = None) -> int:
     """`python -m roofline plan ...`; returns the exit code.  The entry point passes
-    benches.plan_gemms.measure_gemms for --measure."""
+    benches.plan_gemms.measure_gemms and benches.step.measure_step for --measure."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -398,7 +460,7 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None) -> int:
             # Made before any measurement, so an unwritable --out fails in a second, not
             # after minutes of timing.
             dest.mkdir(parents=True, exist_ok=True)
-        plan = build_plan(args, measure_gemms=measure_gemms)
+        plan = build_plan(args, measure_gemms=measure_gemms, measure_step=measure_step)
     except (PlanError, DeviceError, RunLoadError, OSError) as e:
         if dest is not None and dest.is_dir() and not any(dest.iterdir()):
             dest.rmdir()  # leave no empty plan folder behind
@@ -413,6 +475,10 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None) -> int:
 
                 plot_plan(plan, dest / "plan.png")
                 png = "plan.png"
+            if plan.get("step_measured"):
+                from roofline.plan.step_plot import plot_step
+
+                plot_step(plan, dest / "step.png")
             plan["out_dir"] = str(dest)
             atomic_write_text(dest / "plan.json", json.dumps(plan, indent=1) + "\n")
             atomic_write_text(dest / "plan.md", render_markdown(plan, png))

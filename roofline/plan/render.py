@@ -108,6 +108,10 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']})",
                     ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
                      "run shape"], rows))
+    if plan.get("step_measured"):
+        from roofline.plan.step import step_sections
+
+        out += step_sections(plan["step_measured"]["report"], si, gb)
     return out
 
 
@@ -122,6 +126,8 @@ def render_markdown(plan: dict[str, Any], png: str | None) -> str:
         lines.append(f"> warning: {w}")
     if png:
         lines += ["", f"![step GEMMs on the roofline]({png})", ""]
+    if plan.get("step_measured"):
+        lines += ["", "![the measured training step on the roofline](step.png)", ""]
     lines += ["Days use 6 N D; the attention scores are shown apart. MFU is "
               f"{plan['mfu_source']} ({plan['mfu_from']}). Memory counts parameters, "
               "gradients and optimizer state only.", ""]
