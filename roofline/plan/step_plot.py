@@ -56,7 +56,7 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
         text = "not on the roofline (no FLOP count):\n" + "\n".join(
             f"  {c['category']}: {c['share']:.1%}" for c in
             sorted(rest, key=lambda c: -c["share"]))
-        ax.text(0.02, 0.98, text, transform=ax.transAxes, fontsize=8, va="top", ha="left",
+        ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom", ha="left",
                 gid="step:unplaced",
                 bbox=dict(boxstyle="square,pad=0.3", fc="white", ec="0.8", alpha=0.9))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
