@@ -108,6 +108,26 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']})",
                     ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
                      "run shape"], rows))
+    c = plan.get("communication")
+    if c:
+        def row(name: str, sch: dict[str, Any], how: str) -> list[str]:
+            days = (f"{sch['days_overlap']:.1f} / {sch['days_serial']:.1f}"
+                    if sch.get("days_overlap") is not None else "-")
+            return [name, f"{sch['comm_s'] * 1e3:.4g} ms", "yes" if sch["hides"] else "no",
+                    f"{sch['step_s_overlap'] * 1e3:.4g} / {sch['step_s_serial'] * 1e3:.4g} ms",
+                    days, how]
+        out.append((
+            f"Communication per step: {c['gpus']} devices, busbw {c['busbw_gbps']:.4g} GB/s "
+            f"({c['busbw_source']}); compute {c['compute_s'] * 1e3:.4g} ms per step",
+            ["scheme", "comm", "hides", "step (overlap / serial)",
+             "days (overlap / serial)", "formula"],
+            [row("data parallel", c["data_parallel"],
+                 f"all_reduce 2(G-1)/G x N x {c['grad_bytes_per_param']:g} B / busbw; hides "
+                 "under the backward"),
+             row("fully sharded", c["fsdp"],
+                 f"2 x all_gather (G-1)/G x N x {c['weight_bytes_per_param']:g} B + "
+                 f"reduce_scatter (G-1)/G x N x {c['grad_bytes_per_param']:g} B; hides "
+                 "under the step")]))
     if plan.get("step_measured"):
         from roofline.plan.step import step_sections
 

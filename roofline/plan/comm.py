@@ -1,0 +1,108 @@
+"""Communication of a training step on G devices (DESIGN.md section 13), in nccl-tests'
+terms: a collective of S bytes takes t = S x f(G) / busbw, where busbw is the bus
+bandwidth nccl-tests (and this suite's collective rows) report and f the factor that
+turned algbw = S / t into busbw (docs/PERFORMANCE.md of NVIDIA/nccl-tests):
+
+- all_reduce f = 2 (G - 1) / G (a ring sends every byte out and back, less its own share);
+- all_gather and reduce_scatter f = (G - 1) / G, S the size of the whole gathered array;
+- broadcast f = 1.
+
+Per step, with the gradients in `grad_bytes` per parameter and the weights in
+`weight_bytes` per parameter:
+- data parallel: one all_reduce of the gradients, 2 (G-1)/G x N x grad_bytes / busbw
+  (8B parameters, bf16 gradients, 32 GPUs, 400 GB/s: 2 x 31/32 x 16 GB / 400 GB/s =
+  77.5 ms);
+- fully sharded (FSDP / ZeRO-3): the weights all-gathered for the forward and again for
+  the backward, 2 x (G-1)/G x N x weight_bytes / busbw, and the gradients
+  reduce-scattered, (G-1)/G x N x grad_bytes / busbw.
+
+Whether it hides: data-parallel gradients are reduced bucket by bucket while the
+backward runs, so they hide when the all-reduce takes no longer than the backward (4 of
+the step's 6 N FLOPs per token); FSDP prefetches each layer's weights under the previous
+layer's compute, so it hides when all of it takes no longer than the whole step's
+compute.  A step then takes max(compute, communication) with overlap and their sum
+without.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roofline.plan.arithmetic import SECONDS_PER_DAY
+from roofline.plan.model import PlanError
+
+BUSBW_FACTOR = {
+    "all_reduce": lambda g: 2 * (g - 1) / g,
+    "all_gather": lambda g: (g - 1) / g,
+    "reduce_scatter": lambda g: (g - 1) / g,
+    "all_to_all": lambda g: (g - 1) / g,
+    "broadcast": lambda g: 1.0,
+}
+
+
+def collective_seconds(op: str, size_bytes: float, gpus: int, busbw_gbps: float) -> float:
+    """Time of one collective of `size_bytes` (the whole array) at a bus bandwidth."""
+    if gpus < 1 or busbw_gbps <= 0:
+        raise PlanError("communication needs --gpus >= 1 and a positive busbw")
+    return size_bytes * BUSBW_FACTOR[op](gpus) / (busbw_gbps * 1e9)
+
+
+def step_communication(params: float, gpus: int, busbw_gbps: float, grad_bytes: float,
+                       weight_bytes: float, compute_s: float, steps: float | None,
+                       busbw_source: str) -> dict[str, Any]:
+    """Per-step communication of data parallelism and of fully sharded training, against
+    the step's compute, with the days each takes with and without overlap."""
+    dp = collective_seconds("all_reduce", params * grad_bytes, gpus, busbw_gbps)
+    fsdp_gather = 2 * collective_seconds("all_gather", params * weight_bytes, gpus,
+                                         busbw_gbps)
+    fsdp_scatter = collective_seconds("reduce_scatter", params * grad_bytes, gpus,
+                                      busbw_gbps)
+    backward_s = compute_s * 4 / 6
+
+    def scheme(comm_s: float, window_s: float) -> dict[str, Any]:
+        hides = comm_s <= window_s
+        out = {"comm_s": comm_s, "hides": hides,
+               "step_s_overlap": compute_s + max(0.0, comm_s - window_s),
+               "step_s_serial": compute_s + comm_s}
+        if steps is not None:
+            out["days_overlap"] = steps * out["step_s_overlap"] / SECONDS_PER_DAY
+            out["days_serial"] = steps * out["step_s_serial"] / SECONDS_PER_DAY
+        return out
+
+    return {
+        "gpus": gpus, "busbw_gbps": busbw_gbps, "busbw_source": busbw_source,
+        "grad_bytes_per_param": grad_bytes, "weight_bytes_per_param": weight_bytes,
+        "compute_s": compute_s, "backward_s": backward_s, "steps": steps,
+        "data_parallel": scheme(dp, backward_s),
+        "fsdp": {**scheme(fsdp_gather + fsdp_scatter, compute_s),
+                 "all_gather_s": fsdp_gather, "reduce_scatter_s": fsdp_scatter},
+    }
+
+
+def policy_bytes(items: dict[str, float]) -> tuple[float, float]:
+    """(gradient, weight) bytes per parameter of a memory policy's itemized bytes; 2 and
+    2 (bf16) when the policy does not say."""
+    grad = next((v for k, v in items.items() if k.startswith("gradients")), 2.0)
+    weight = next((v for k, v in items.items() if k.startswith("weights")), 2.0)
+    return float(grad), float(weight)
+
+
+def busbw_from_run(run: str, op: str = "all_reduce") -> tuple[float, str]:
+    """(busbw GB/s, source) of a saved run's largest ok `op` collective row."""
+    import pandas as pd
+
+    from roofline.schema import load_run, parse_shape
+
+    _, df = load_run(run)
+    if df.empty or "busbw_gbps" not in df.columns:
+        raise PlanError(f"{run} has no collective rows (run_bench.py under torchrun "
+                        "measures them: --kernels all_reduce)")
+    rows = df[(df["kernel"] == op) & (df["status"] == "ok")].copy()
+    rows["busbw_gbps"] = pd.to_numeric(rows["busbw_gbps"], errors="coerce")
+    rows = rows[rows["busbw_gbps"] > 0]
+    if rows.empty:
+        raise PlanError(f"{run} has no ok {op} rows with a busbw")
+    rows["size"] = [parse_shape(s).get("bytes", 0) for s in rows["shape"]]
+    best = rows.sort_values(["size", "busbw_gbps"]).iloc[-1]
+    return float(best["busbw_gbps"]), (f"{run}: {op} {best['dtype']} at "
+                                       f"{int(best['size']):,} bytes")
