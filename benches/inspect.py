@@ -413,3 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown kernel or dtype: {', '.join(bad)}", file=sys.stderr)
         return 2
     return run_inspect(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

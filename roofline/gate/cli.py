@@ -171,3 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: unexpected {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
