@@ -74,6 +74,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--throttle-recovery-delay", type=float, default=0.05, metavar="S",
                    help="GPU: seconds to wait before timing a throttled row again "
                         "(default 0.05, as nvbench)")
+    p.add_argument("--fleet-tolerance", type=float, default=None, metavar="PCT",
+                   help="under torchrun: a device more than PCT%% below the fleet median on "
+                        "a key figure is an outlier, exit 1 (default 5 on GPUs, 25 on CPUs)")
+    p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
+                   help="under torchrun: seconds a rank waits for its peers before it "
+                        "stops with an error (a rank that died or hangs; default 120)")
+    p.add_argument("--no-collectives", dest="collectives", action="store_false",
+                   help="under torchrun: skip timing the collectives")
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
     p.add_argument("--remeasure-ceilings", action="store_true",
@@ -96,6 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not 0 < args.throttle_threshold <= 100:  # NaN fails this too
         raise UsageError(f"--throttle-threshold must be in (0, 100], got "
                          f"{args.throttle_threshold:g}")
+    if args.fleet_tolerance is not None and not 0 <= args.fleet_tolerance < 100:
+        raise UsageError(f"--fleet-tolerance must be in [0, 100), got {args.fleet_tolerance:g}")
+    if not args.dist_timeout > 0:
+        raise UsageError(f"--dist-timeout must be positive, got {args.dist_timeout:g}")
     if not 0 <= args.throttle_recovery_delay <= 60:
         raise UsageError(f"--throttle-recovery-delay must be between 0 and 60 seconds, got "
                          f"{args.throttle_recovery_delay:g}")
@@ -133,6 +145,13 @@ def _main(argv: list[str]) -> int:
         if args.list_devices:
             job.print_devices()
             return 0
+        from benches.dist import launched
+
+        if launched() and not args.resume:
+            # torchrun started this process: one rank of a fleet run (benches/fleet.py).
+            from benches.fleet import run_fleet
+
+            return run_fleet(args, argv)
         return job.run(args, argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -344,6 +344,12 @@ def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
     return retime
 
 
+def _ceilings_dir(args: argparse.Namespace, out_root: Path) -> Path:
+    """The ceiling cache: <out>/.ceilings, or the fleet rank's own (args.ceilings_dir)."""
+    own = getattr(args, "ceilings_dir", None)
+    return Path(own) if own else out_root / ".ceilings"
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     # ---- everything the run needs is checked before any ceiling or kernel is measured
     allow = parse_allow(args.allow)
@@ -387,7 +393,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     out_root = Path(args.out)
     if old_meta is None:
         out_root = _writable_dir(out_root, "--out")
-        _writable_dir(out_root / ".ceilings", "ceiling cache")
+        _writable_dir(_ceilings_dir(args, out_root), "ceiling cache")
         run_dir = _new_run_dir(_writable_dir(out_root / model.key, "device folder"),
                                args.run_id)
         meta = collect_metadata(cfg, run_dir.name, ["run_bench.py", *argv])
@@ -417,7 +423,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             c = meta.get("ceilings") or {}
             cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
         else:
-            cfg.ceilings = get_ceilings(model, present, out_root / ".ceilings",
+            cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
                                         measure_ceilings=not args.no_measure_ceilings,
                                         force=args.remeasure_ceilings,
                                         log=lambda m: console.print(m))

@@ -38,6 +38,11 @@ EXTRA_COLUMNS: list[str] = [
     "host_us",  # GPU: host time to dispatch one call (Python + launch), apart from device
     # time; longer than the device time (ms_median) = launch-bound
     "config",  # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
+    "algbw_gbps",  # collectives: size of the whole array / time (nccl-tests' algbw)
+    "busbw_gbps",  # collectives: algbw x the collective's factor (nccl-tests' busbw)
+    "rank",  # fleet runs: the torch.distributed rank that measured the row
+    "host",  # fleet runs: its host name
+    "gpu_uuid",  # fleet runs: the UUID of its GPU (NVML), so a slow GPU can be found
 ]
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the

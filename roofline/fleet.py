@@ -1,0 +1,163 @@
+"""A fleet run's devices side by side: fleet.md and fleet.png, one line per device
+(rank) with its key figures as ratios to the fleet median, and the outliers: a device
+more than the tolerance below the median on any key figure (what DCGM diagnostics and
+per-GPU mamf-finder runs are used for: finding the slow GPU)."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from typing import Any
+
+import pandas as pd
+
+from roofline.schema import atomic_write_text
+from roofline.style import _new_figure, save_figure
+
+DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median
+# Key figures, higher is better: the measured copy bandwidth, the largest matmuls'
+# TFLOP/s in bf16 and fp8, the median SM clock (GPU), and the median TFLOP/s and GB/s of
+# the rank's rows (every device, the CPU too).
+FIGURES = ("copy_gbps", "bf16_matmul_tflops", "fp8_matmul_tflops", "sm_clock_mhz",
+           "rows_gbps")
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def _largest_matmul(rows: pd.DataFrame, dtype: str) -> float | None:
+    sel = rows[(rows["kernel"] == "matmul") & (rows["dtype"] == dtype)
+               & (rows["status"] == "ok")]
+    if sel.empty:
+        return None
+    sel = sel.assign(_f=pd.to_numeric(sel["flops"], errors="coerce"))
+    top = sel[sel["_f"] == sel["_f"].max()]
+    return _num(pd.to_numeric(top["tflops"], errors="coerce").max())
+
+
+def device_figures(rank: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
+    """One device's key figures from its rows and its measured ceilings."""
+    ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
+    clocks = [c for c in (pd.to_numeric(ok.get("sm_clock_mhz"), errors="coerce")
+                          if "sm_clock_mhz" in ok else []) if _num(c)]
+    gbps = [g for g in pd.to_numeric(ok.get("gbps"), errors="coerce") if _num(g)] \
+        if "gbps" in ok else []
+    throttled = int(sum(1 for v in ok.get("throttled", []) if v is True)) \
+        if "throttled" in ok else 0
+    return {
+        "rank": rank["rank"], "host": rank["host"], "device": rank.get("device_name"),
+        "gpu_uuid": rank.get("gpu_uuid"),
+        "copy_gbps": _num(rank.get("copy_gbps")),
+        "bf16_matmul_tflops": _largest_matmul(ok, "bf16") if not ok.empty else None,
+        "fp8_matmul_tflops": _largest_matmul(ok, "fp8") if not ok.empty else None,
+        "sm_clock_mhz": statistics.median(clocks) if clocks else None,
+        "rows_gbps": statistics.median(gbps) if gbps else None,
+        "throttled_rows": throttled, "exit_code": rank.get("exit_code"),
+    }
+
+
+def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
+                  ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """(outliers with their reasons, fleet medians): a device is an outlier when a key
+    figure is more than tolerance_pct below the fleet median of that figure."""
+    medians = {f: statistics.median(v) for f in FIGURES
+               if (v := [d[f] for d in devices if d.get(f)])}
+    out = []
+    for d in devices:
+        low = []
+        for f, med in medians.items():
+            if d.get(f) and d[f] < med * (1 - tolerance_pct / 100):
+                low.append(f"{f} {d[f]:.4g} = {d[f] / med:.2f}x the median {med:.4g}")
+            d[f"{f}_ratio"] = d[f] / med if d.get(f) else None
+        if low:
+            out.append({**d, "why": "; ".join(low)})
+    return out, medians
+
+
+def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]],
+                    medians: dict[str, float], tolerance_pct: float,
+                    collectives: pd.DataFrame) -> str:
+    head = ["rank", "host", "device", *FIGURES, "throttled rows", "exit"]
+    lines = ["# Fleet", "",
+             f"{len(devices)} device(s); each key figure as a ratio to the fleet median "
+             f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in devices:
+        cells = [str(d["rank"]), str(d["host"]), str(d.get("device") or "-")]
+        for f in FIGURES:
+            v, r = d.get(f), d.get(f"{f}_ratio")
+            cells.append(f"{v:.4g} ({r:.2f}x)" if v and r else "-")
+        cells += [str(d["throttled_rows"]), str(d.get("exit_code"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Fleet medians: " + ", ".join(f"{k} {v:.4g}" for k, v in medians.items()),
+              "", f"## Outliers ({len(outliers)})", ""]
+    lines += [f"- rank {o['rank']} on {o['host']} ({o.get('gpu_uuid') or o.get('device')}): "
+              f"{o['why']}" for o in outliers] or ["None."]
+    if not collectives.empty:
+        lines += ["", "## Collectives (slowest rank)", "",
+                  "| op | backend | dtype | bytes | ms | algbw GB/s | busbw GB/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in collectives.to_dict("records"):
+            if r["status"] != "ok":
+                continue
+            lines.append(f"| {r['kernel']} | {r['provider']} | {r['dtype']} | "
+                         f"{r['bytes']:,} | {r['ms_median']:.4g} | {r['algbw_gbps']:.4g} | "
+                         f"{r['busbw_gbps']:.4g} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
+               link_gbps: float | None, tolerance_pct: float,
+               out: str | os.PathLike) -> None:
+    """Left: each device's key figures as ratios to the fleet median, the tolerance band
+    shaded; right: busbw against message size per collective (the communication
+    roofline), with the link's roof where it is known."""
+    fig = _new_figure(13, 5.2)
+    ax = fig.add_subplot(1, 2, 1)
+    xs = list(range(len(devices)))
+    for i, f in enumerate(FIGURES):
+        ys = [d.get(f"{f}_ratio") for d in devices]
+        pts = [(x + (i - 2) * 0.08, y) for x, y in zip(xs, ys, strict=True) if y]
+        if pts:
+            ax.scatter(*zip(*pts, strict=True), label=f, s=30, zorder=3, gid=f"fleet:{f}")
+    ax.axhspan(1 - tolerance_pct / 100, 2, color="0.93", zorder=0)
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.set_xticks(xs, [f"rank {d['rank']}\n{d['host']}" for d in devices], fontsize=7)
+    ax.set_ylabel("ratio to the fleet median")
+    ax.set_ylim(0, 1.5)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(f"devices (outlier below {1 - tolerance_pct / 100:.2f}x)", fontsize=9)
+    bx = fig.add_subplot(1, 2, 2)
+    ok = collectives[collectives["status"] == "ok"] if not collectives.empty else collectives
+    for (op, dtype), g in (ok.groupby(["kernel", "dtype"]) if not ok.empty else []):
+        g = g.sort_values("bytes")
+        bx.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=f"{op} {dtype}",
+                gid=f"busbw:{op}:{dtype}")
+    if link_gbps:
+        bx.axhline(link_gbps, color="0.2", ls="--", lw=1, label=f"link {link_gbps:g} GB/s")
+    bx.set_xscale("log", base=2)
+    bx.set_yscale("log")
+    bx.set_xlabel("message size (bytes, whole array)")
+    bx.set_ylabel("busbw (GB/s)")
+    bx.set_title("collectives: latency-bound (small) to bandwidth-bound (large)", fontsize=9)
+    if not ok.empty:
+        bx.legend(fontsize=6, ncol=2)
+    save_figure(fig, out)
+
+
+def write_fleet(folder: str | os.PathLike, devices: list[dict[str, Any]],
+                collectives: pd.DataFrame, tolerance_pct: float,
+                link_gbps: float | None) -> list[dict[str, Any]]:
+    """fleet.md and fleet.png in `folder`; returns the outliers."""
+    outliers, medians = find_outliers(devices, tolerance_pct)
+    atomic_write_text(os.path.join(folder, "fleet.md"),
+                      render_fleet_md(devices, outliers, medians, tolerance_pct, collectives))
+    plot_fleet(devices, collectives, link_gbps, tolerance_pct,
+               os.path.join(folder, "fleet.png"))
+    return outliers
