@@ -13,7 +13,6 @@ CPU) and the slowest rank's time counts, sample by sample.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benches.timing import time_call_ms
 from roofline.plan.comm import BUSBW_FACTOR
 from roofline.schema import ALL_COLUMNS, SAMPLES
 
@@ -88,16 +88,7 @@ def _time(call: Callable[[], Any], on_gpu: bool, iters: int) -> list[float]:
         dist.barrier()
         if on_gpu:
             torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            call()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            call()
-            out.append((time.perf_counter() - t) * 1e3)
+        out.append(time_call_ms(call, on_gpu))
     return out
 
 

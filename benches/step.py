@@ -32,13 +32,13 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from benches.step_model import StepError, Transformer, check_shape, parameter_count
+from benches.timing import time_call_ms
 from roofline.plan import ModelShape
 
 CATEGORIES = ("gemm", "attention", "norms and elementwise", "loss", "optimizer", "other")
@@ -219,17 +219,7 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     # Time: whole steps, nothing else in the loop (events recorded on the stream).
     samples = []
     for _ in range(steps):
-        if on_gpu:
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            step()
-            t1.record()
-            torch.cuda.synchronize()
-            samples.append(t0.elapsed_time(t1))
-        else:
-            t = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - t) * 1e3)
+        samples.append(time_call_ms(step, on_gpu))
 
     # FLOPs, forward / backward / optimizer apart; activations saved by the forward.
     from torch.utils.flop_counter import FlopCounterMode

@@ -372,3 +372,21 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
         del graph
         live.clear()
     return summarize(samples, TIMER_GRAPH)
+
+
+def time_call_ms(call: Callable[[], object], on_gpu: bool) -> float:
+    """One call's time in ms: between CUDA events on the current stream on a GPU (the
+    call's device time, launch to completion), the wall clock on a CPU, where the call
+    is synchronous."""
+    if on_gpu:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+    t = time.perf_counter()
+    call()
+    return (time.perf_counter() - t) * 1e3
+

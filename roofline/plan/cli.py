@@ -216,6 +216,15 @@ STEP_DTYPES = ("bf16", "fp16", "fp32")
 MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
 
 
+def _measuring_device(args: argparse.Namespace) -> str:
+    """The device key a --measure runs on: --device, or the device present."""
+    if args.device and args.device != "auto":
+        return args.device
+    from roofline.devices import detect
+
+    return detect().key
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
@@ -249,11 +258,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         if measure_step is None:
             raise PlanError("--measure step runs the model through the benchmark harness: "
                             "run it as `python -m roofline plan ... --measure step`")
-        device = args.device or "auto"
-        if device == "auto":
-            from roofline.devices import detect
-
-            device = detect().key
+        device = _measuring_device(args)
         on_gpu = DEVICES[device].kind == "cuda"
         step_dtype = args.dtype if on_gpu else "fp32"
         if step_dtype not in STEP_DTYPES:
@@ -283,11 +288,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         if measure_gemms is None:
             raise PlanError("--measure times GEMMs through the benchmark harness: run it as "
                             "`python -m roofline plan ... --measure`")
-        device = args.device or "auto"
-        if device == "auto":
-            from roofline.devices import detect
-
-            device = detect().key
+        device = _measuring_device(args)
         measured = measure_gemms(gemms, device, args.dtype, args.provider, args.rep_ms, log)
         device = measured["device_key"]
         peak, peak_source = measured["peak_tflops"], measured["peak_source"]

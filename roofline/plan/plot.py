@@ -62,6 +62,21 @@ def _label_weights(ax: Any, df: pd.DataFrame, top: int = 6) -> None:
                                     shrinkA=0, shrinkB=3))
 
 
+def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
+                  ylim: tuple[float, float]) -> tuple[Figure, Any]:
+    """One log-log panel with the device's HBM slope and the roof of class `rc`."""
+    fig = _new_figure(8.5, 6.2)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    _draw_ceilings(ax, ceilings, [rc], xlim)
+    return fig, ax
+
+
 def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
     """One panel: the device's HBM slope and the dtype's roof (datasheet solid, measured
     dashed, from roofline/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
@@ -78,15 +93,7 @@ def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
         rows.append({**g, "intensity": g["flops"] / gemm_bytes(g, dtype)})
     df = pd.DataFrame(rows)
     xlim, ylim = _axis_limits(df, ceilings, rc)
-    fig = _new_figure(8.5, 6.2)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
-    ax.set_axisbelow(True)
-    _draw_ceilings(ax, ceilings, [rc], xlim)
+    fig, ax = roofline_axes(ceilings, rc, xlim, ylim)
     for phase, color in _PHASE_COLORS.items():
         sel = df[df["phase"] == phase] if not df.empty else df
         if sel.empty:

@@ -12,10 +12,9 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from roofline.devices import ROOF_CLASS
-from roofline.plan.plot import marker_area
-from roofline.plot import _draw_ceilings
+from roofline.plan.plot import marker_area, roofline_axes
 from roofline.rows import run_ceilings
-from roofline.style import _new_figure, save_figure
+from roofline.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
 
@@ -36,15 +35,7 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                 xs.append(c.ridge(rc))
     xlim = (min(xs) / 8, max(xs) * 8) if xs else (0.1, 1e4)
     ylim = (min(ys) / 8, max(ys) * 8) if ys else (1e-3, 1e4)
-    fig = _new_figure(8.5, 6.2)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(*xlim)
-    ax.set_ylim(*ylim)
-    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
-    ax.set_axisbelow(True)
-    _draw_ceilings(ax, ceilings, [rc], xlim)
+    fig, ax = roofline_axes(ceilings, rc, xlim, ylim)
     for c in points:
         ax.scatter([c["intensity"]], [c["tflops"]], s=[marker_area(c["share"])],
                    color=_COLORS.get(c["category"], "0.4"), alpha=0.6, edgecolors="black",
