@@ -31,7 +31,7 @@ from roofline.plan.arithmetic import (
     summarize_step,
     train_flops,
 )
-from roofline.plan.comm import busbw_from_run, policy_bytes, step_communication
+from roofline.plan.comm import plan_communication
 from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
 from roofline.plan.sources import _ceilings_for, gemms_from_run, peak_of
@@ -426,37 +426,12 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
     }
     if measured is not None:
         plan["measurement"] = {k: v for k, v in measured.items() if k != "rows"}
-    plan["communication"] = _communication(args, shape, params, peak, mfu, tokens, items,
+    plan["communication"] = plan_communication(args, shape, params, peak, mfu, tokens, items,
                                            warnings)
     if step_measured is not None:
         plan["step_measured"] = step_measured
         warnings += step_measured["report"]["notes"]
     return plan
-
-
-def _communication(args: argparse.Namespace, shape: ModelShape | None,
-                   params: float | None, peak: float, mfu: float, tokens: float | None,
-                   items: dict[str, float], warnings: list[str]) -> dict[str, Any] | None:
-    """The step's communication on --gpus G (roofline/plan/comm.py), when a busbw is
-    given; a step is --micro-batch sequences per device."""
-    if args.busbw is None and args.busbw_run is None:
-        if args.gpus > 1:
-            warnings.append("no communication in this plan: pass --busbw GB/s (or "
-                            "--busbw-run RUN) for the gradients' all-reduce and FSDP")
-        return None
-    if params is None:
-        raise PlanError("--busbw needs a model (--params, --preset or a shape)")
-    if args.busbw is not None:
-        busbw, source = args.busbw, "--busbw"
-    else:
-        busbw, source = busbw_from_run(args.busbw_run)
-    seq = shape.seq_len if shape else DEFAULT_SEQ_LEN
-    tokens_per_step = args.micro_batch * seq  # per device
-    compute_s = 6 * params * tokens_per_step / (peak * 1e12 * mfu)
-    steps = tokens / (args.gpus * tokens_per_step) if tokens else None
-    grad, weight = policy_bytes(items)
-    return step_communication(params, args.gpus, busbw, grad, weight, compute_s, steps,
-                              source)
 
 
 def out_dir(requested: str | None) -> Path:

@@ -26,10 +26,11 @@ without.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from roofline.plan.arithmetic import SECONDS_PER_DAY
-from roofline.plan.model import PlanError
+from roofline.plan.model import DEFAULT_SEQ_LEN, ModelShape, PlanError
 
 BUSBW_FACTOR = {
     "all_reduce": lambda g: 2 * (g - 1) / g,
@@ -106,3 +107,28 @@ def busbw_from_run(run: str, op: str = "all_reduce") -> tuple[float, str]:
     best = rows.sort_values(["size", "busbw_gbps"]).iloc[-1]
     return float(best["busbw_gbps"]), (f"{run}: {op} {best['dtype']} at "
                                        f"{int(best['size']):,} bytes")
+
+
+def plan_communication(args: argparse.Namespace, shape: ModelShape | None,
+                   params: float | None, peak: float, mfu: float, tokens: float | None,
+                   items: dict[str, float], warnings: list[str]) -> dict[str, Any] | None:
+    """The step's communication on --gpus G (roofline/plan/comm.py), when a busbw is
+    given; a step is --micro-batch sequences per device."""
+    if args.busbw is None and args.busbw_run is None:
+        if args.gpus > 1:
+            warnings.append("no communication in this plan: pass --busbw GB/s (or "
+                            "--busbw-run RUN) for the gradients' all-reduce and FSDP")
+        return None
+    if params is None:
+        raise PlanError("--busbw needs a model (--params, --preset or a shape)")
+    if args.busbw is not None:
+        busbw, source = args.busbw, "--busbw"
+    else:
+        busbw, source = busbw_from_run(args.busbw_run)
+    seq = shape.seq_len if shape else DEFAULT_SEQ_LEN
+    tokens_per_step = args.micro_batch * seq  # per device
+    compute_s = 6 * params * tokens_per_step / (peak * 1e12 * mfu)
+    steps = tokens / (args.gpus * tokens_per_step) if tokens else None
+    grad, weight = policy_bytes(items)
+    return step_communication(params, args.gpus, busbw, grad, weight, compute_s, steps,
+                              source)
