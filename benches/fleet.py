@@ -12,7 +12,7 @@ figure is an outlier, and the exit code is then 1.
 
 Test-only hooks (environment variables, read nowhere else; they exist so the outlier and
 failure paths can be tested on one machine): GPUBENCH_TEST_SLOW_RANK=r multiplies rank
-r's measured times by 2; GPUBENCH_TEST_EXIT_RANK=r makes rank r leave before the rows
+r's measured times by 10; GPUBENCH_TEST_EXIT_RANK=r makes rank r leave before the rows
 are gathered; GPUBENCH_TEST_CASES_RANK=r gives rank r a different case list.
 """
 
@@ -34,7 +34,7 @@ from benches.dist import FleetError, FleetRefused, Rank
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
 TEST_EXIT = "GPUBENCH_TEST_EXIT_RANK"
 TEST_CASES = "GPUBENCH_TEST_CASES_RANK"
-SLOW_FACTOR = 2.0
+SLOW_FACTOR = 10.0
 # NVLink bandwidth per direction per GPU (DESIGN.md section 6), the collectives' roof.
 LINK_GBPS = {"h100": 450.0, "h200": 450.0, "a100": 300.0}
 

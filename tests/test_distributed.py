@@ -17,8 +17,10 @@ import pytest
 from benches.collectives import busbw
 
 ROOT = Path(__file__).resolve().parent.parent
+# Two ranks share two busy cores: their rows and ceilings can differ by up to 2x by
+# contention alone, so the tests hold the fleet to 50% (the slow-rank hook is 10x).
 SWEEP = ["--device", "cpu", "--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
-         "--sizes", "n=4096;n=65536", "--no-plots"]
+         "--sizes", "n=4096;n=65536", "--no-plots", "--fleet-tolerance", "50"]
 
 
 def torchrun(out: Path, *extra: str, env: dict[str, str] | None = None,
@@ -101,7 +103,7 @@ def test_a_slow_rank_is_an_outlier(out, fleet):
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
     assert "OUTLIER rank 1" in p.stdout
     md = (out / "fleet" / "f2" / "fleet.md").read_text()
-    assert "## Outliers (1)" in md and "- rank 1 " in md
+    assert "- rank 1 " in md and "- rank 0 " not in md
 
 
 def test_different_case_lists_are_refused_before_measuring(out):
