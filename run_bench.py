@@ -79,7 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "a key figure is an outlier, exit 1 (default 5 on GPUs, 25 on CPUs)")
     p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
                    help="under torchrun: seconds a rank waits for its peers before it "
-                        "stops with an error (a rank that died or hangs; default 120)")
+                        "stops with an error naming them (a rank that died or hangs; after "
+                        "its own sweep a rank waits that sweep's duration longer; "
+                        "default 120)")
     p.add_argument("--no-collectives", dest="collectives", action="store_false",
                    help="under torchrun: skip timing the collectives")
     p.add_argument("--check-only", action="store_true",
@@ -147,8 +149,16 @@ def _main(argv: list[str]) -> int:
             return 0
         from benches.dist import launched
 
-        if launched() and not args.resume:
+        if launched():
             # torchrun started this process: one rank of a fleet run (benches/fleet.py).
+            if args.resume:
+                raise UsageError("--resume continues a single-process run; start a fleet "
+                                 "run again under torchrun (its rows are kept per rank)")
+            if args.compare:
+                raise UsageError("--compare gates a single-process run; gate a fleet's "
+                                 "rank folders afterwards (python -m roofline compare "
+                                 "BASELINE <out>/fleet/<run-id>/ranks/rank-<r>/<device>/"
+                                 "<run-id>)")
             from benches.fleet import run_fleet
 
             return run_fleet(args, argv)

@@ -4,11 +4,14 @@ and fp32, over message sizes, each checked for exact values before it is timed.
 
 Sizes and bandwidths follow nccl-tests (docs/PERFORMANCE.md), so the numbers can be held
 against nccl-tests on the same machine: S is the size of the whole array (all_gather:
-the gathered output; reduce_scatter: the full input; all_reduce, all_to_all, broadcast:
-the buffer), algbw = S / t and busbw = algbw x the factor of roofline/plan/comm.py
-(all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1).
-Every rank times each call after a barrier (CUDA events on a GPU, the wall clock on a
-CPU) and the slowest rank's time counts, sample by sample.
+the gathered output; reduce_scatter: the full input; all_to_all: one rank's send buffer;
+all_reduce and broadcast: the buffer), rounded down to whole elements per rank;
+algbw = S / t and busbw = algbw x the factor of roofline/plan/comm.py (all_reduce
+2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1).  all_reduce and
+broadcast run in place, the others out of place.  Every rank times each call after a
+barrier (CUDA events on a GPU, the wall clock on a CPU), and the slowest rank's time
+counts, sample by sample (an all_reduce MAX of the per-rank samples).  The rows count
+no FLOPs (a reduction's adds are not what bounds it) and are held against the link.
 """
 
 from __future__ import annotations
@@ -20,69 +23,91 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benches.timing import time_call_ms
+from benches.timing import summarize, time_call_ms
 from roofline.plan.comm import BUSBW_FACTOR
 from roofline.schema import ALL_COLUMNS, SAMPLES
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# Whole-array sizes in bytes: a few KB (latency-bound) to 1 GB (bandwidth-bound) on GPUs,
-# up to 4 MB on a CPU, where gloo moves data through the host's memory.
-GPU_SIZES = tuple(2**k for k in range(13, 31, 3))  # 8 KB .. 1 GB
-CPU_SIZES = (2**12, 2**16, 2**20, 2**22)
+# Whole-array sizes in bytes, x4 apart: 4 KB (latency-bound) to 1 GB (bandwidth-bound) on
+# GPUs; 4 KB to 4 MB on a CPU, where gloo moves data through the host's memory and TCP.
+GPU_SIZES = tuple(2**k for k in range(12, 31, 2))
+CPU_SIZES = tuple(2**k for k in range(12, 23, 2))
+ITERS = {"cuda": 20, "cpu": 10}  # timed calls per size, after WARMUP
+WARMUP = 2
 TIMER = {"nccl": "cuda events, slowest rank", "gloo": "wall clock, slowest rank"}
+# Integers a dtype holds exactly: 2^(significand bits).  Sums stay exact (in any order of
+# reduction) while every partial sum is at most this.
+EXACT_INT = {torch.float32: 2**24, torch.bfloat16: 2**8}
 
 
 def busbw(op: str, algbw_gbps: float, ranks: int) -> float:
+    """nccl-tests' bus bandwidth: algbw x the collective's factor for `ranks`."""
     return algbw_gbps * BUSBW_FACTOR[op](ranks)
 
 
-def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int
-             ) -> tuple[Callable[[], Any], Callable[[], bool]]:
-    """(call, check) for `op` on a whole array of n elements, filled with values whose
-    result is exact in any of the dtypes (small integers)."""
-    chunk = n // world
-    if op == "all_reduce":
-        buf = torch.full((n,), float(rank + 1), dtype=dtype, device=device)
-        want = world * (world + 1) / 2
+def fill_value(rank: int, world: int, dtype: torch.dtype) -> float:
+    """What rank `rank` contributes to a reduction: rank + 1 where every partial sum
+    (at most world (world + 1) / 2) is exact in `dtype` (bf16: up to 22 ranks), else
+    1 or 2 by the rank's parity (bf16: up to 128 ranks), else 1 (up to 256)."""
+    limit = EXACT_INT[dtype]
+    if world * (world + 1) // 2 <= limit:
+        return float(rank + 1)
+    return float(1 + rank % 2) if 2 * world <= limit else 1.0
 
-        def call() -> Any:
-            buf.fill_(float(rank + 1))
-            return dist.all_reduce(buf)
-        return call, lambda: bool((buf == want).all())
-    if op == "all_gather":
-        src = torch.full((chunk,), float(rank + 1), dtype=dtype, device=device)
-        out = torch.empty(chunk * world, dtype=dtype, device=device)
-        want = torch.arange(1, world + 1, dtype=dtype, device=device).repeat_interleave(chunk)
-        return (lambda: dist.all_gather_into_tensor(out, src),
-                lambda: bool((out == want).all()))
+
+def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int
+             ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], bool]]:
+    """(reset, call, check) for `op` on a whole array of n elements (n a multiple of
+    world): reset writes the known inputs, call runs the collective (what is timed), check
+    compares the result with the known one exactly.  Inputs are small integers whose
+    results every dtype holds exactly."""
+    chunk = n // world
+    mine = fill_value(rank, world, dtype)
+    total = sum(fill_value(r, world, dtype) for r in range(world))
+
+    def filler(x: torch.Tensor, v: float) -> Callable[[], Any]:
+        return lambda: x.fill_(v)
+
+    if op == "all_reduce":
+        buf = torch.empty(n, dtype=dtype, device=device)
+        return (filler(buf, mine), lambda: dist.all_reduce(buf),
+                lambda: bool((buf == total).all()))
     if op == "reduce_scatter":
-        src = torch.full((chunk * world,), float(rank + 1), dtype=dtype, device=device)
+        src = torch.empty(n, dtype=dtype, device=device)
         out = torch.empty(chunk, dtype=dtype, device=device)
-        want = world * (world + 1) / 2
-        return (lambda: dist.reduce_scatter_tensor(out, src),
-                lambda: bool((out == want).all()))
+        return (filler(src, mine), lambda: dist.reduce_scatter_tensor(out, src),
+                lambda: bool((out == total).all()))
+    per_rank = torch.arange(world, device=device)
+    if op == "all_gather":
+        src = torch.empty(chunk, dtype=dtype, device=device)
+        out = torch.empty(n, dtype=dtype, device=device)
+        # Chunk r of the gathered array comes from rank r (compared chunk by chunk, so no
+        # second whole array is made).
+        want = (per_rank % 256 + 1).to(dtype).view(world, 1)
+        return (filler(src, float(rank % 256 + 1)),
+                lambda: dist.all_gather_into_tensor(out, src),
+                lambda: bool((out.view(world, chunk) == want).all()))
     if op == "all_to_all":
-        # Chunk j of rank r holds r * world + j; after the exchange chunk i of rank r
-        # holds i * world + r.
-        src = (rank * world + torch.arange(world, device=device)).repeat_interleave(
-            chunk).to(dtype)
-        out = torch.empty_like(src)
-        want = (torch.arange(world, device=device) * world + rank).repeat_interleave(
-            chunk).to(dtype)
-        return (lambda: dist.all_to_all_single(out, src), lambda: bool((out == want).all()))
+        # Chunk j of rank r's send buffer holds r * world + j; after the exchange, chunk i
+        # of rank r's receive buffer holds i * world + r (mod 256, exact in bf16).
+        src = torch.empty(n, dtype=dtype, device=device)
+        out = torch.empty(n, dtype=dtype, device=device)
+        sent = ((rank * world + per_rank) % 256).to(dtype).view(world, 1)
+        want = ((per_rank * world + rank) % 256).to(dtype).view(world, 1)
+        return (lambda: src.view(world, chunk).copy_(sent.expand(world, chunk)),
+                lambda: dist.all_to_all_single(out, src),
+                lambda: bool((out.view(world, chunk) == want).all()))
     if op == "broadcast":
         buf = torch.empty(n, dtype=dtype, device=device)
-
-        def call() -> Any:
-            buf.fill_(7.0 if rank == 0 else 0.0)
-            return dist.broadcast(buf, 0)
-        return call, lambda: bool((buf == 7.0).all())
+        return (filler(buf, 7.0 if rank == 0 else 0.0), lambda: dist.broadcast(buf, 0),
+                lambda: bool((buf == 7.0).all()))
     raise ValueError(f"unknown collective {op}")
 
 
 def _time(call: Callable[[], Any], on_gpu: bool, iters: int) -> list[float]:
-    """Per-call ms on this rank, each call after a barrier."""
+    """Per-call ms on this rank, each call after a barrier (so every rank starts it
+    together, and a sample is one call, as nccl-tests' -n 1)."""
     out = []
     for _ in range(iters):
         dist.barrier()
@@ -92,23 +117,28 @@ def _time(call: Callable[[], Any], on_gpu: bool, iters: int) -> list[float]:
     return out
 
 
+def elements(size_bytes: int, itemsize: int, world: int) -> int:
+    """Elements of the whole array for a requested size: whole elements per rank, at
+    least one each (nccl-tests rounds the same way)."""
+    return max(world, size_bytes // itemsize // world * world)
+
+
 def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
-            warmup: int = 2) -> dict[str, Any]:
+            warmup: int = WARMUP) -> dict[str, Any]:
     """One collective at one size: a row (on every rank; the times are the slowest
     rank's, sample by sample)."""
-    import statistics
-
     rank, world = dist.get_rank(), dist.get_world_size()
-    backend = dist.get_backend()
+    backend = str(dist.get_backend())
     t = DTYPES[dtype]
     itemsize = torch.empty((), dtype=t).element_size()
-    n = max(world, size_bytes // itemsize // world * world)  # whole chunks per rank
+    n = elements(size_bytes, itemsize, world)
     size = n * itemsize
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMNS)
     row.update(kernel=op, provider=backend, dtype=dtype, shape=f"bytes={size},ranks={world}",
                flops=0, bytes=size, n_samples=0, timer=TIMER.get(backend, backend),
                roof_class="link")
-    call, check = _buffers(op, n, t, device, rank, world)
+    reset, call, check = _buffers(op, n, t, device, rank, world)
+    reset()
     call()
     ok = torch.tensor([1.0 if check() else 0.0], device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # correct only if correct on every rank
@@ -121,15 +151,12 @@ def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
     mine = torch.tensor(_time(call, device == "cuda", iters), dtype=torch.float64,
                         device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    samples = [float(x) for x in mine.cpu()]
-    s = sorted(samples)
-    med = statistics.median(s)
-    algbw = size / (med / 1e3) / 1e9
-    row.update(status="ok", reason="", rel_err=0.0, ms_median=med,
-               ms_p20=s[int(0.2 * (len(s) - 1))], ms_p80=s[int(0.8 * (len(s) - 1))],
-               n_samples=len(s), gbps=algbw, algbw_gbps=algbw,
-               busbw_gbps=busbw(op, algbw, world))
-    row[SAMPLES] = samples
+    timing = summarize([float(x) for x in mine.cpu()], row["timer"])
+    algbw = size / (timing.ms_median / 1e3) / 1e9
+    row.update(status="ok", reason="", rel_err=0.0, ms_median=timing.ms_median,
+               ms_p20=timing.ms_p20, ms_p80=timing.ms_p80, n_samples=timing.n_samples,
+               gbps=algbw, algbw_gbps=algbw, busbw_gbps=busbw(op, algbw, world))
+    row[SAMPLES] = list(timing.samples_ms)
     return row
 
 
@@ -147,6 +174,7 @@ def sweep(device: str, sizes: tuple[int, ...] | None = None,
         for dtype in dtypes:
             log(f"collective {op} {dtype}: {len(sizes)} sizes")
             for size in sizes:
-                rows.append(measure(op, dtype, size, device,
-                                    iters=20 if device == "cuda" else 10))
+                rows.append(measure(op, dtype, size, device, iters=ITERS[device]))
+                if device == "cuda":
+                    torch.cuda.empty_cache()  # 1 GB buffers, several per size
     return rows

@@ -125,6 +125,9 @@ class GpuMonitor:
                  keep: int = 100_000) -> None:
         self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
         self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
+        # The readings of the timing windows (see window): what the run's clocks, power
+        # and throttle facts describe, not the compile and reference work between them.
+        self.timed: deque[dict[str, Any]] = deque(maxlen=keep)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -161,11 +164,21 @@ class GpuMonitor:
     def window(self, t0: float, t1: float) -> dict[str, Any]:
         """Per-row columns over [t0, t1] plus one reading taken now (a row shorter than
         the sampling interval still gets one): the median SM clock, and whether any
-        reading showed a real throttle reason."""
+        reading showed a real throttle reason.  The window's readings are kept for the
+        run's summary."""
         now = self.sample()
+        rs: list[dict[str, Any]] = []
         with self._lock:
-            rs = [r for r in self.readings if t0 <= r["t"] <= t1]
-        rs.append(now)
+            # Newest first, stopping at the window's start: a row costs its own readings,
+            # not the run's (the deque holds up to `keep` readings).
+            for r in reversed(self.readings):
+                if r["t"] < t0:
+                    break
+                if r["t"] <= t1 and r is not now:
+                    rs.append(r)
+            rs.reverse()
+            rs.append(now)
+            self.timed.extend(rs)
         clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
         reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
         return {
@@ -176,15 +189,17 @@ class GpuMonitor:
         }
 
     def summary(self) -> dict[str, Any]:
-        """Over every reading so far: SM clock range, peak power, throttle share."""
+        """Over the readings of every timing window so far (window): SM clock range, peak
+        power, throttle share; `readings` counts them, `readings_all` every reading."""
         with self._lock:
-            rs = list(self.readings)
+            rs, n_all = list(self.timed), len(self.readings)
         clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
         power = [r["power_w"] for r in rs if isinstance(r.get("power_w"), int | float)]
         reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
         seen = sorted({n for x in reasons for n in throttle_names(x)})
         return {
             "readings": len(rs),
+            "readings_all": n_all,
             "interval_s": self.interval_s,
             "sm_clock_mhz_min": min(clocks) if clocks else None,
             "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -239,6 +239,7 @@ def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
                            "fp8_accum": kernel_spec.fp8_accum(),
                            "ceilings": cfg.ceilings.to_json(),
                            "cases": [list(k) for k in todo],
+                           "throttle": cfg.throttle.as_dict(),
                            "configs": {case_id(k): configs[case_id(k)] for k in todo
                                        if case_id(k) in configs}})
         started = 0.0
@@ -255,6 +256,10 @@ def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
                               f"{why}")
                 continue
             answer = json.loads(lines[-1])
+            if answer.get("throttled"):
+                console.print(f"[yellow]warning[/yellow]: re-timing round {r + 1}: the GPU "
+                              f"throttled in {len(answer['throttled'])} rows' timings "
+                              "(left out of the round)")
             for k in todo:
                 if case_id(k) in answer:
                     got[k].append(answer[case_id(k)])
@@ -269,7 +274,10 @@ def _ceilings_dir(args: argparse.Namespace, out_root: Path) -> Path:
     return Path(own) if own else out_root / ".ceilings"
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> int:
+def run(args: argparse.Namespace, argv: list[str],
+        on_cases: Callable[[list[Case]], None] | None = None) -> int:
+    """One run; `on_cases` sees the selected cases before any folder is made or anything
+    measured (a fleet's ranks agree on them there: benches/fleet.py)."""
     # ---- everything the run needs is checked before any ceiling or kernel is measured
     allow = parse_allow(args.allow)
     resume_rows: list[dict[str, Any]] = []
@@ -309,6 +317,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if not cases:
         raise RequestError("nothing to run: no selected kernel has a selected dtype and "
                            "shape (check --kernels, --dtypes and --sizes)")
+    if on_cases is not None:
+        on_cases(cases)
     out_root = Path(args.out)
     if old_meta is None:
         out_root = _writable_dir(out_root, "--out")

@@ -8,9 +8,11 @@ the process that saw the slowdown confirm it, while a new process gets a new dra
 
 The spec (JSON on stdin): device key, seed, fp8 accumulation mode, the run's ceilings (so
 the timing method per case is the run's own), the cases as [kernel, provider, dtype,
-shape] and the Triton rows' configs by case id (run as recorded, never tuned again).
+shape], the Triton rows' configs by case id (run as recorded, never tuned again) and
+the run's throttle settings (a GPU timing that stays throttled is no evidence of slower
+code, so it is left out).
 The answer (last line of stdout): {"kernel|provider|dtype|shape": [samples_ms]}
-for each case that ran ok.
+for each case that ran ok, and "throttled": [case ids left out as throttled].
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ def case_id(key: tuple[str, str, str, str] | list[str]) -> str:
     return SEP.join(key)
 
 
-def retime(spec: dict[str, Any]) -> dict[str, list[float]]:
+def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.cases import Case, RunConfig, _InputCache
+    from benches.gpu_monitor import ThrottleConfig
     from benches.runner import run_case
     from benches.timing import TimingConfig
     from kernels import REGISTRY
@@ -49,14 +52,20 @@ def retime(spec: dict[str, Any]) -> dict[str, list[float]]:
                                   present.name),
                     ceilings=Ceilings(c.get("datasheet"), c.get("measured")),
                     timing=TimingConfig(),
+                    throttle=ThrottleConfig(**(spec.get("throttle") or {})),
                     configs={tuple(k.split(SEP)): v  # type: ignore[misc]
                              for k, v in (spec.get("configs") or {}).items()})
-    out: dict[str, list[float]] = {}
+    out: dict[str, Any] = {}
+    throttled: list[str] = []
     for kernel, provider, dtype, shape in spec["cases"]:
         case = Case(REGISTRY[kernel], provider, dtype, parse_shape(shape))
         row = run_case(case, cfg, _InputCache())
-        if row["status"] == "ok" and row.get("samples_ms"):
+        if row.get("throttled") is True:
+            throttled.append(case_id((kernel, provider, dtype, shape)))
+        elif row["status"] == "ok" and row.get("samples_ms"):
             out[case_id((kernel, provider, dtype, shape))] = list(row["samples_ms"])
+    if throttled:
+        out["throttled"] = throttled
     return out
 
 

@@ -33,6 +33,7 @@ from benches.timing import (
     TIMER_CPU,
     TIMER_FLUSHED,
     TIMER_GRAPH_FALLBACK,
+    CaptureTooSlow,
     Timing,
     choose_method,
     count_launches,
@@ -235,6 +236,8 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Te
             held[:] = [ins, o]
             return make_call(ins, o)
 
+        # host_us stays None: on a CPU the call runs synchronously, so its dispatch
+        # cannot be told apart from its run time.
         return time_cpu_rounds(round_call, cfg.timing), ""
     host_us = host_dispatch_us(call, torch.cuda.synchronize)
     timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
@@ -250,27 +253,30 @@ def _time_gpu(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
     if copies is None:
         return _fallback(time_flushed(call, cfg.timing, host_us),
                          "L2 size unknown: no rotation can be shown to be cold")
-    launches = count_launches(call) or cfg.timing.assumed_launches
-    total, bound = graph_plan(copies, launches, host_us, cfg.timing)
-    if total is None:
-        return _fallback(time_flushed(call, cfg.timing, host_us), bound)
     calls: list[Callable[[], object]] = [call]
     try:
-        # Distinct copies of inputs and output, together more than twice the L2, so
-        # every replayed call starts from a cold cache (as do_bench's flush gives).
-        for _ in range(copies - 1):
-            ins, o = _clone_inputs(inputs), torch.empty_like(out)
-            calls.append(make_call(ins, o))
-        return time_cudagraph(calls, cfg.timing, total), bound
+        # The nodes one call adds to a graph, from a capture of it (a call that cannot be
+        # captured fails here, before thousands of copies are made).
+        counted = count_launches(call)
+        total, why = graph_plan(copies, counted or cfg.timing.assumed_launches, host_us,
+                                cfg.timing, counted=counted is not None)
+        if total is not None:
+            # Distinct copies of inputs and output, together more than twice the L2, so
+            # every replayed call starts from a cold cache (as do_bench's flush gives).
+            for _ in range(copies - 1):
+                ins, o = _clone_inputs(inputs), torch.empty_like(out)
+                calls.append(make_call(ins, o))
+            timing = time_cudagraph(calls, cfg.timing, total)
+            return timing, "; ".join(x for x in (why, timing.note) if x)
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise
-        why = _message(e)
-    del calls
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return _fallback(time_flushed(call, cfg.timing, host_us),
-                     f"CUDA-graph timing failed ({why})")
+        why = str(e) if isinstance(e, CaptureTooSlow) else \
+            f"CUDA-graph timing failed ({_message(e)})"
+        del calls  # the copies, freed before the flushed timing
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return _fallback(time_flushed(call, cfg.timing, host_us), why)
 
 
 def _fallback(t: Timing, why: str) -> tuple[Timing, str]:

@@ -9,7 +9,10 @@ This module only adds what those libraries lack:
   keeps its method from run to run;
 - a CUDA-graph timer that is cold and fair (`time_cudagraph`): the graph captures calls
   over N distinct copies of inputs and outputs that together exceed twice the L2, each
-  call's output stays alive, and the call count does not depend on the provider's speed.
+  call's output stays alive, and the call count does not depend on the provider's speed;
+  its capture bounded in nodes and time (`graph_plan`, `count_launches`);
+- each provider's host dispatch per call (`host_dispatch_us`), kept out of the flushed
+  timer's samples by keeping the GPU busy after each flush (`time_flushed`).
 """
 
 from __future__ import annotations
@@ -49,13 +52,16 @@ class TimingConfig:
     # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
     # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
     # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
-    # capture and gigabytes of graph.  Past these, a graph holds one round over the
-    # copies instead of graph_min_calls; past them even then, the row is timed by
-    # do_bench with L2 flushes, and its reason says so.
+    # capture and gigabytes of graph.  graph_plan predicts both from the nodes one call
+    # adds (count_launches) and its dispatch time (capture ~ 2x dispatch per call):
+    # past a bound, a graph holds one round over the copies instead of graph_min_calls;
+    # past it even then, the row is timed by do_bench with L2 flushes, and its reason
+    # says so.  time_cudagraph also stops a capture that runs past max_capture_s (at a
+    # round's end; within the first round: flushed timing, said in the reason).
     max_graph_nodes: int = 100_000
     max_capture_s: float = 10.0
-    # Launches per call assumed where they cannot be counted (no profiler): the most
-    # seen from one eager torch call in this suite.
+    # Graph nodes per call assumed where they cannot be counted (the driver cannot be
+    # asked): above the most seen from one eager torch call in this suite (14).
     assumed_launches: int = 16
     # torch.utils.benchmark blocked_autorange budget; then topped up to min_samples
     cpu_min_run_time_s: float = 0.05
@@ -86,6 +92,8 @@ class Timing:
     samples_ms: tuple[float, ...] = ()
     # Host time to dispatch one call (GPU): Python and launch overhead, measured apart.
     host_us: float | None = None
+    # What the timer did other than asked, for the row's reason (a capture cut short).
+    note: str = ""
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
@@ -160,16 +168,29 @@ def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
 
 
 def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
-                     reps: int = 20, repeats: int = 5) -> float:
+                     reps: int = 20, repeats: int = 5, budget_s: float = 0.25) -> float:
     """Host time to dispatch one call, in us: the wall time of `reps` back-to-back calls
     with no synchronization between them, divided by `reps`; the median of `repeats`
     such bursts, each after a sync.  On a GPU the calls only enqueue work, so this is the
     Python and launch overhead a provider pays per call, apart from its device time.
     (On a CPU the call runs synchronously: this would be its run time, so it is not
-    taken there.)"""
+    taken there.)
+
+    Every burst's calls also run on the device before the next burst starts, so a slow
+    call (one synchronous call, dispatch plus device, takes `once`) gets fewer: at most
+    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 100 ms matmul
+    costs 6 calls, not 100)."""
     sync()
     call()  # warm: lazy init, JIT cache lookups
     sync()
+    t0 = time.perf_counter()
+    call()
+    sync()
+    once = time.perf_counter() - t0
+    fit = int(budget_s / max(once, 1e-9))
+    if fit < reps * repeats:
+        repeats = min(repeats, 3)
+        reps = max(2, min(reps, fit // repeats))
     per_call = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -197,28 +218,33 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     """CUDA-event timing after warm-up with L2 flushed between samples.
 
     triton.testing.do_bench records its start event right after the flush: a provider
-    whose Python dispatch takes longer than the flush's device time (~85 us on an H100)
-    leaves the GPU idle between the start event and its kernel, so host time is counted
-    as device time (Triton's launch path pays more Python per call than torch's).  With
-    the provider's dispatch time known (`host_us`), this loop is do_bench's with one
-    addition: the GPU spins (torch.cuda._sleep) for flush_padding_us after the flush,
-    long enough for the host to enqueue the start event and the call first.  The flush
-    buffer is Triton's own, the samples are do_bench's (one CUDA-event pair around each
-    call)."""
+    whose Python dispatch takes longer than the flush's device time (~85 us on an H100,
+    ~55 us on an H200) leaves the GPU idle between the start event and its kernel, so
+    host time is counted as device time (Triton's launch path pays more Python per call
+    than torch's).  With the provider's dispatch time known (`host_us`), this loop is
+    do_bench's with one addition: the GPU spins (torch.cuda._sleep) for
+    flush_padding_us after each flush.  Each sample then takes the GPU longer than the
+    host needs to enqueue it (flush, sleep, start event, call, end event), so the host
+    runs ahead of the GPU and every call is already queued when the GPU reaches its start
+    event: the event pair spans the call's device time only.  The flush buffer is
+    Triton's own; the sample count follows do_bench (`rep` over the time of one sample,
+    flush and padding included), at least cfg.min_samples."""
     import triton.testing as tt
 
+    pad_us = flush_padding_us(host_us)
+    if pad_us:
+        # Its own estimate sizes it: rep_ms of samples (at most max_rep_ms), at least
+        # cfg.min_samples of them, as the do_bench branch below gets.
+        return summarize(padded_flushed_samples(fn, min(cfg.rep_ms, cfg.max_rep_ms),
+                                                cfg.warmup_ms, pad_us, cfg.min_samples),
+                         TIMER_FLUSHED)
     # A short first estimate sizes the measurement: at least cfg.min_samples samples.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
     rep = min(max(cfg.rep_ms, cfg.min_samples * est * 1.2), cfg.max_rep_ms)
-    pad_us = flush_padding_us(host_us)
-    if not pad_us:
-        samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
-        while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
-            samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
-        return summarize(samples, TIMER_FLUSHED)
-    # As do_bench: as many samples as fit in `rep` at the estimated time per sample.
-    n = max(cfg.min_samples, int(rep / max(est, 1e-4)))
-    return summarize(_padded_flushed_samples(fn, n, cfg.warmup_ms, pad_us), TIMER_FLUSHED)
+    samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
+    while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
+        samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
+    return summarize(samples, TIMER_FLUSHED)
 
 
 def _flush_buffer() -> torch.Tensor:
@@ -231,59 +257,95 @@ def _flush_buffer() -> torch.Tensor:
         return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
 
 
-def _padded_flushed_samples(fn: Callable[[], object], n: int, warmup_ms: float,
-                            pad_us: float) -> list[float]:
+def padded_flushed_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float,
+                           pad_us: float, min_samples: int) -> list[float]:
+    """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
+    after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
+    samples in ms.  See time_flushed."""
     flush = _flush_buffer()
     cycles = int(pad_us * PAD_CYCLES_PER_US)
-    t_end = time.perf_counter() + warmup_ms / 1e3
-    fn()
-    torch.cuda.synchronize()
-    while time.perf_counter() < t_end:
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for i in range(n):
+
+    def sample(start: torch.cuda.Event | None = None,
+               end: torch.cuda.Event | None = None) -> None:
         flush.zero_()
         torch.cuda._sleep(cycles)
-        starts[i].record()
+        if start is not None:
+            start.record()
         fn()
-        ends[i].record()
+        if end is not None:
+            end.record()
+
+    fn()
+    torch.cuda.synchronize()
+    # As do_bench: the time of one sample, flush included (and here the padding), from 5.
+    t0 = torch.cuda.Event(enable_timing=True)
+    t1 = torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(5):
+        sample()
+    t1.record()
+    torch.cuda.synchronize()
+    per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
+    for _ in range(max(1, int(warmup_ms / per_sample_ms))):
+        fn()
+    n = max(min_samples, int(rep_ms / per_sample_ms))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends, strict=True):
+        sample(s, e)
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
 def count_launches(call: Callable[[], object]) -> int | None:
     """GPU work items (kernels, memsets, copies) one call enqueues: the nodes it adds to
-    a CUDA graph.  From torch.profiler's CUDA activity; None if it cannot be counted."""
+    a CUDA graph, counted from a capture of one call (CUDAGraph(keep_graph=True), then
+    the driver's cuGraphGetNodes on the uninstantiated graph).  That is exactly what
+    time_cudagraph's capture holds per call, and needs no profiler: torch.profiler's
+    CUPTI session costs a set-up and teardown per case, and CUPTI may drop the first
+    kernels of a session (pytorch/pytorch#192021), which would undercount.  None when the
+    driver cannot be asked; a call that cannot be captured raises (it could not be timed
+    by CUDA graphs either)."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        call()
     try:
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            call()
-            torch.cuda.synchronize()
-        n = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-        return n or None
-    except Exception:
+        return graph_nodes(graph.raw_cuda_graph()) or None
+    except (OSError, AttributeError, RuntimeError):
         return None
 
 
+def graph_nodes(raw_graph: int) -> int:
+    """Nodes of a cudaGraph_t (the same handle as the driver's CUgraph)."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    n = ctypes.c_size_t(0)
+    # cuGraphGetNodes(graph, NULL, &n) returns the node count in n.
+    rc = lib.cuGraphGetNodes(ctypes.c_void_p(raw_graph), None, ctypes.byref(n))
+    if rc != 0:
+        raise RuntimeError(f"cuGraphGetNodes returned CUresult {rc}")
+    return int(n.value)
+
+
 def graph_plan(copies: int, launches: int, host_us: float | None,
-               cfg: TimingConfig) -> tuple[int | None, str]:
+               cfg: TimingConfig, counted: bool = True) -> tuple[int | None, str]:
     """(calls per captured graph, note): graph_calls(copies) when the capture stays under
     cfg.max_graph_nodes nodes (calls x launches per call) and cfg.max_capture_s of
     capture (about twice the host dispatch time per captured call); else one round over
     the copies; None when even that is past a bound (time with L2 flushes instead).
-    The note says which bound applied."""
+    The note says which bound applied (and when the launches per call were assumed,
+    `counted` False, rather than counted)."""
+    per_call = f"{launches} launches a call" + ("" if counted else ", assumed: not counted")
+
     def too_big(calls: int) -> str | None:
         nodes = calls * launches
         if nodes > cfg.max_graph_nodes:
-            return f"{nodes:,} graph nodes > {cfg.max_graph_nodes:,}"
+            return f"{calls:,} calls x {per_call} = {nodes:,} graph nodes > " \
+                   f"{cfg.max_graph_nodes:,}"
         if host_us and calls * 2 * host_us * 1e-6 > cfg.max_capture_s:
-            return (f"~{calls * 2 * host_us * 1e-6:.0f} s of capture > "
-                    f"{cfg.max_capture_s:g} s")
+            return (f"~{calls * 2 * host_us * 1e-6:.0f} s of capture for {calls:,} calls "
+                    f"> {cfg.max_capture_s:g} s")
         return None
 
     full = graph_calls(copies, cfg)
@@ -292,15 +354,18 @@ def graph_plan(copies: int, launches: int, host_us: float | None,
         return full, ""
     why_round = too_big(copies)
     if why_round is None:
-        return copies, (f"graph of one round over the {copies} copies instead of {full} "
-                        f"calls ({why}, {launches} launches a call)")
+        return copies, f"graph of one round over the {copies} copies instead of {full} " \
+                       f"calls ({why})"
     return None, f"CUDA graph too large even for one round ({why_round})"
 
 
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     """Device time of one callable with L2 flushed between samples (what the
-    pytest-benchmark suite reports beside its host timing)."""
-    return time_flushed(fn, cfg)
+    pytest-benchmark suite reports beside its host timing): its host dispatch measured
+    first, so that the GPU is kept busy after each flush for longer than the host takes
+    to dispatch (see time_flushed); Timing.host_us carries it."""
+    host_us = host_dispatch_us(fn, torch.cuda.synchronize)
+    return replace(time_flushed(fn, cfg, host_us), host_us=host_us)
 
 
 def rotation_copies(footprint_bytes: int, l2_bytes: int | None) -> int | None:
@@ -319,6 +384,10 @@ def graph_calls(copies: int, cfg: TimingConfig) -> int:
     return copies * max(1, math.ceil(cfg.graph_min_calls / copies))
 
 
+class CaptureTooSlow(RuntimeError):
+    """A CUDA-graph capture passed cfg.max_capture_s before one round over the copies."""
+
+
 def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
                    total: int | None = None) -> Timing:
     """Per-call time from CUDA-graph replays: the graph holds graph_calls(len(calls))
@@ -330,6 +399,12 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
     (F.gelu, torch._scaled_mm) writes as many distinct buffers as the rotation has
     copies, like a provider that writes into its copy's preallocated output; dropping
     them would let the graph pool hand one L2-resident block to every call.
+
+    The capture stops at the end of the first whole round after cfg.max_capture_s (the
+    graph then holds fewer calls, said in Timing.note); past it within the first round
+    it raises CaptureTooSlow (fewer calls than the copies would not be cold).  graph_plan
+    predicts the capture time from the dispatch time; this is the guard where capturing
+    costs more than dispatching (allocations during capture, a slow driver).
     """
     n = len(calls)
     total = graph_calls(n, cfg) if total is None else total
@@ -345,9 +420,25 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
 
     graph = torch.cuda.CUDAGraph()
     live: deque[object] = deque(maxlen=n)
+    captured = total
+    t_capture = time.perf_counter()
     with torch.cuda.graph(graph):
         for j in range(total):
             live.append(calls[j % n]())
+            done = j + 1
+            if done < total and (done < n or done % n == 0) \
+                    and time.perf_counter() - t_capture > cfg.max_capture_s:
+                captured = done
+                break
+    capture_s = time.perf_counter() - t_capture
+    if captured < n:
+        del graph
+        live.clear()
+        raise CaptureTooSlow(f"capture passed {cfg.max_capture_s:g} s after {captured:,} "
+                             f"of the {n:,} calls of one round over the copies")
+    note = "" if captured == total else (
+        f"capture stopped after {captured:,} of {total:,} calls ({capture_s:.1f} s > "
+        f"{cfg.max_capture_s:g} s)")
     try:
         graph.replay()  # the first replay uploads the graph
         torch.cuda.synchronize()
@@ -367,11 +458,11 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
             graph.replay()
             e.record()
         torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) / total for s, e in zip(starts, ends, strict=True)]
+        samples = [s.elapsed_time(e) / captured for s, e in zip(starts, ends, strict=True)]
     finally:
         del graph
         live.clear()
-    return summarize(samples, TIMER_GRAPH)
+    return replace(summarize(samples, TIMER_GRAPH), note=note)
 
 
 def time_call_ms(call: Callable[[], object], on_gpu: bool) -> float:

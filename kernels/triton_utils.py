@@ -84,6 +84,11 @@ def config_str(cfg: Any) -> str:
     ("BLOCK_M=128,BLOCK_N=256,BLOCK_K=64,GROUP_M=8,num_warps=8,num_stages=3")."""
     parts = [f"{k}={v}" for k, v in cfg.kwargs.items()]
     parts += [f"num_warps={cfg.num_warps}", f"num_stages={cfg.num_stages}"]
+    # Written only when set, so that two configs never share a text (none here sets them).
+    if getattr(cfg, "num_ctas", 1) != 1:
+        parts.append(f"num_ctas={cfg.num_ctas}")
+    if getattr(cfg, "maxnreg", None) is not None:
+        parts.append(f"maxnreg={cfg.maxnreg}")
     return ",".join(parts)
 
 

@@ -151,11 +151,12 @@ def host_cpu() -> Present:
 
 
 def detect() -> Present:
-    """Detect the device present: the first CUDA GPU's exact SKU, else the CPU."""
+    """Detect the device present: the CUDA GPU in use's exact SKU (cuda:0, or a fleet
+    rank's cuda:LOCAL_RANK), else the CPU."""
     import torch
 
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2 = getattr(props, "L2_cache_size", 0) or 0
         return Present(
             key=match_sku(props.name, props.multi_processor_count),

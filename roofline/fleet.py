@@ -82,9 +82,9 @@ def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
 
 def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]],
                     medians: dict[str, float], tolerance_pct: float,
-                    collectives: pd.DataFrame) -> str:
+                    collectives: pd.DataFrame, note: str | None = None) -> str:
     head = ["rank", "host", "device", *FIGURES, "throttled rows", "exit"]
-    lines = ["# Fleet", "",
+    lines = ["# Fleet", "", *([f"**{note}**", ""] if note else []),
              f"{len(devices)} device(s); each key figure as a ratio to the fleet median "
              f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -153,11 +153,15 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
 
 def write_fleet(folder: str | os.PathLike, devices: list[dict[str, Any]],
                 collectives: pd.DataFrame, tolerance_pct: float,
-                link_gbps: float | None) -> list[dict[str, Any]]:
-    """fleet.md and fleet.png in `folder`; returns the outliers."""
+                link_gbps: float | None, plot: bool = True,
+                note: str | None = None) -> list[dict[str, Any]]:
+    """fleet.md (with `note` on top: an incomplete fleet) and, with `plot`, fleet.png in
+    `folder`; returns the outliers."""
     outliers, medians = find_outliers(devices, tolerance_pct)
     atomic_write_text(os.path.join(folder, "fleet.md"),
-                      render_fleet_md(devices, outliers, medians, tolerance_pct, collectives))
-    plot_fleet(devices, collectives, link_gbps, tolerance_pct,
-               os.path.join(folder, "fleet.png"))
+                      render_fleet_md(devices, outliers, medians, tolerance_pct, collectives,
+                                      note))
+    if plot:
+        plot_fleet(devices, collectives, link_gbps, tolerance_pct,
+                   os.path.join(folder, "fleet.png"))
     return outliers

@@ -1,44 +1,163 @@
 """Fair and cheap GPU timing, checked on a CPU: host dispatch measured per call (host_us)
 and kept out of the device time, CUDA-graph captures bounded, launch-bound rows reported,
 each Triton row's config recorded and reused by re-timing, and the pytest-benchmark
-suite's rates taken from device time."""
+suite's rates taken from device time.  The GPU is played by fakes: a host/stream
+timeline for the flushed timer, a fake clock for captures, fake kernels for launches."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
+import triton
+import triton.testing
 
-from benches import runner, timing
+from benches import job, retime, runner, timing
 from benches.runner import Case, _InputCache, run_case
 from benches.test_bench_kernels import bench_metrics
 from benches.timing import TimingConfig, flush_padding_us, graph_plan, host_dispatch_us
-from kernels import REGISTRY
-from kernels.triton_utils import config_str, configs_text, parse_configs
+from kernels import REGISTRY, triton_utils
+from kernels.spec import TritonLaunch
+from kernels.triton_utils import (
+    config_str,
+    configs_text,
+    parse_configs,
+    prepared_call,
+    run_launch,
+)
 from roofline.ceilings import Ceilings
 from roofline.report import launch_bound_rows, render_summary
 from roofline.schema import ALL_COLUMNS
 from tests.test_measurement import cpu_cfg, gpu_cfg
 
+
+def _busy(us: float) -> None:
+    t = time.perf_counter()
+    while time.perf_counter() - t < us * 1e-6:
+        pass
+
+
 # ---- host dispatch ----------------------------------------------------------------------
 
 def test_host_dispatch_is_the_time_per_call_without_syncs():
-    syncs = []
+    log = []
 
-    def slow_dispatch():
-        t = time.perf_counter()
-        while time.perf_counter() - t < 200e-6:  # 200 us of "Python" per call
-            pass
+    def slow_dispatch():  # 200 us of "Python" per call
+        log.append("c")
+        _busy(200)
 
-    us = host_dispatch_us(slow_dispatch, lambda: syncs.append(1), reps=10, repeats=3)
-    assert 195 <= us < 2000
-    assert len(syncs) == 2 + 3  # before and after the warm call, then after each burst
+    us = host_dispatch_us(slow_dispatch, lambda: log.append("s"), reps=10, repeats=5)
+    assert 200 <= us < 400
+    # warm call and a timed single call, each synchronized; then bursts of 10 calls with
+    # no sync inside a burst, one after each
+    assert "".join(log) == "scscs" + ("c" * 10 + "s") * 5
+
+
+def test_host_dispatch_of_a_slow_call_costs_few_calls_and_no_device_time():
+    pending = []
+    log = []
+
+    def call():  # 50 us to dispatch, 10 ms on the "device"
+        log.append("c")
+        pending.append(1)
+        _busy(50)
+
+    def sync():
+        log.append("s")
+        time.sleep(0.01 * len(pending))
+        pending.clear()
+
+    us = host_dispatch_us(call, sync, reps=20, repeats=5, budget_s=0.05)
+    assert "".join(log) == "scscs" + "ccs" * 3  # 3 bursts of 2: 8 calls, not 102
+    assert 50 <= us < 1000  # the dispatch, not the 10 ms of device time
 
 
 def test_flush_padding_covers_the_dispatch():
     assert flush_padding_us(40.0) == 90.0  # 2 x dispatch + 10 us
     assert flush_padding_us(None) == 0.0
+
+
+class FakeGpu:
+    """One host thread and one GPU stream, in microseconds: an operation costs the host
+    its dispatch time, then runs on the GPU once the GPU is free and it is enqueued."""
+
+    def __init__(self) -> None:
+        self.host = 0.0
+        self.free = 0.0
+
+    def op(self, host_us: float, dev_us: float) -> float:
+        self.host += host_us
+        start = max(self.free, self.host)
+        self.free = start + dev_us
+        return start
+
+    def sync(self) -> None:
+        self.host = max(self.host, self.free)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, flush_us: float) -> None:
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = None
+
+            def record(self) -> None:
+                self.t = gpu.op(1.0, 0.0)
+
+            def elapsed_time(self, end: Event) -> float:
+                return (end.t - self.t) / 1e3
+
+        flush = SimpleNamespace(zero_=lambda: gpu.op(5.0, flush_us))
+        monkeypatch.setattr(timing, "_flush_buffer", lambda: flush)
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", gpu.sync)
+        monkeypatch.setattr(torch.cuda, "_sleep",
+                            lambda cycles: gpu.op(2.0, cycles / timing.PAD_CYCLES_PER_US))
+
+
+def test_flushed_samples_count_device_time_only_when_the_gpu_is_kept_busy(monkeypatch):
+    gpu = FakeGpu()
+    gpu.install(monkeypatch, flush_us=85.0)  # an H100's 256 MB flush
+
+    def triton_call():  # 300 us of Python before a 5 us kernel
+        gpu.op(300.0, 5.0)
+
+    # As do_bench does it: the start event runs when the flush ends (85 us after it was
+    # enqueued), the kernel is enqueued 303 us after the flush (event, call): every
+    # sample is 218 us of waiting for the host plus the 5 us kernel.
+    plain = timing.padded_flushed_samples(triton_call, 10.0, 1.0, 0.0, 3)
+    assert plain == [pytest.approx(0.223)] * len(plain)
+    # Kept busy for 2 x 300 + 10 us after each flush: the kernel's 5 us, every sample.
+    padded = timing.padded_flushed_samples(triton_call, 10.0, 1.0, flush_padding_us(300.0),
+                                           3)
+    assert padded == [pytest.approx(0.005)] * 14  # 10 ms over 700 us a sample
+
+
+def test_time_flushed_pads_by_the_dispatch_it_is_given(monkeypatch):
+    gpu = FakeGpu()
+    gpu.install(monkeypatch, flush_us=55.0)  # an H200
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("do_bench"))
+    t = timing.time_flushed(lambda: gpu.op(300.0, 5.0), TimingConfig(), host_us=300.0)
+    assert t.timer == timing.TIMER_FLUSHED and t.ms_median == pytest.approx(0.005)
+    assert t.n_samples == int(100.0 / ((55.0 + 610.0 + 5.0) / 1e3))  # rep over a sample
+
+
+def test_time_gpu_measures_the_dispatch_and_pads_by_it(monkeypatch):
+    got = {}
+
+    def flushed(fn, cfg, host_us=None):
+        got["host_us"] = host_us
+        return timing.summarize([0.01] * cfg.min_samples, timing.TIMER_FLUSHED)
+
+    monkeypatch.setattr(timing, "host_dispatch_us", lambda fn, sync: 42.0)
+    monkeypatch.setattr(timing, "time_flushed", flushed)
+    t = timing.time_gpu(lambda: None, TimingConfig())
+    assert got["host_us"] == 42.0 and t.host_us == 42.0 and t.ms_median == 0.01
 
 
 def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
@@ -69,29 +188,157 @@ def test_cpu_rows_have_no_host_us():
 @pytest.mark.parametrize("copies, launches, host_us, calls, needle", [
     (500, 14, 5.0, 500, ""),  # 7,000 nodes: the full graph
     (100, 600, 5.0, 100, "one round over the 100 copies instead of 200"),  # 120k nodes
-    (12_800, 14, 5.0, None, "179,200 graph nodes > 100,000"),  # fp8 dot at 2^12
-    (1000, 1, 6000.0, None, "12 s of capture"),
+    (12_800, 14, 5.0, None, "12,800 calls x 14 launches a call = 179,200 graph nodes > "
+                            "100,000"),  # fp8 dot at 2^12
+    (1000, 1, 6000.0, None, "~12 s of capture for 1,000 calls > 10 s"),
 ])
 def test_graph_plan_bounds_nodes_and_capture_time(copies, launches, host_us, calls, needle):
     got, note = graph_plan(copies, launches, host_us, TimingConfig())
     assert got == calls
     assert needle in note
+    assert bool(note) == (calls != 200 and calls != 500)
+
+
+def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
+    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(runner, "count_launches", lambda call: launches)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    spec = REGISTRY[kernel]
+    inputs = spec.make_inputs(shape, dtype, 0, "cpu")
+    return Case(spec, "torch", dtype, shape), inputs, spec.alloc_out(inputs, dtype)
+
+
+def _fake_flushed(seen):
+    def flushed(fn, cfg, host_us=None):
+        seen.append("flushed")
+        return timing.summarize([1.0] * 25, timing.TIMER_FLUSHED)
+    return flushed
 
 
 def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     seen = []
-    monkeypatch.setattr(runner, "time_flushed", lambda fn, cfg, host_us=None: (
-        seen.append("flushed"), timing.summarize([1.0] * 25, timing.TIMER_FLUSHED))[1])
+    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
     monkeypatch.setattr(runner, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(runner, "count_launches", lambda call: 14)
-    spec = REGISTRY["dot"]
-    shape = {"n": 1 << 12}
-    inputs = spec.make_inputs(shape, "fp8", 0, "cpu")
-    t, note = runner._time_case(Case(spec, "torch", "fp8", shape), gpu_cfg(), inputs,
-                                spec.alloc_out(inputs, "fp8"))
+    case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
+    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
-    assert "too large" in note and "graph nodes" in note
+    assert note.startswith("timed with L2 flushes instead of CUDA graphs: CUDA graph too "
+                           "large even for one round")
+    assert "x 14 launches a call = " in note
+
+
+def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
+    seen = []
+    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
+    case, inputs, out = _gpu_case(monkeypatch, "add", "fp8", {"n": 1 << 12}, None)
+    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    # 8,534 copies x 16 assumed nodes is past 100,000 even for one round
+    assert seen == ["flushed"] and "16 launches a call, assumed: not counted" in note
+
+
+def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypatch):
+    seen = []
+    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
+    case, inputs, out = _gpu_case(monkeypatch, "add", "fp32", {"n": 1 << 20}, 1)
+    cut = timing.replace(timing.summarize([1e-3] * 25, timing.TIMER_GRAPH),
+                         note="capture stopped after 8 of 12 calls")
+    monkeypatch.setattr(runner, "time_cudagraph", lambda calls, cfg, total: cut)
+    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    assert t.timer == timing.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
+
+    def too_slow(calls, cfg, total):
+        raise timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
+
+    monkeypatch.setattr(runner, "time_cudagraph", too_slow)
+    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
+    assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "
+                    "after 4 of the 10 calls")
+
+
+class FakeCapture:
+    """torch.cuda's stream, graph and event calls for time_cudagraph, on a fake clock
+    that each captured call advances by `call_s`; every replay takes 1 ms."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 0.0
+        self.captured = 0
+        capturing = [False]
+        stream = SimpleNamespace(wait_stream=lambda s: None)
+
+        @contextlib.contextmanager
+        def graph(g, *a, **k):
+            capturing[0] = True
+            yield
+            capturing[0] = False
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def elapsed_time(self, end):
+                return 1.0
+
+        self.capturing = capturing
+        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph",
+                            lambda *a, **k: SimpleNamespace(replay=lambda: None))
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    def calls(self, n: int, call_s: float) -> list:
+        def call():
+            if self.capturing[0]:
+                self.captured += 1
+                self.now += call_s
+        return [call] * n
+
+
+def test_a_capture_past_its_time_stops_at_a_round_and_says_so(monkeypatch):
+    fake = FakeCapture(monkeypatch)
+    cfg = TimingConfig(max_capture_s=0.045)
+    t = timing.time_cudagraph(fake.calls(4, 0.01), cfg, total=12)
+    # 40 ms after the first round (under 45), 80 ms after the second: stop there
+    assert fake.captured == 8
+    assert t.ms_median == pytest.approx(1.0 / 8)  # a replay over the calls it holds
+    assert t.note == "capture stopped after 8 of 12 calls (0.1 s > 0.045 s)"
+    fake.captured = 0
+    assert timing.time_cudagraph(fake.calls(4, 0.001), cfg, total=12).note == ""
+    assert fake.captured == 12
+
+
+def test_a_capture_past_its_time_within_one_round_raises(monkeypatch):
+    fake = FakeCapture(monkeypatch)
+    with pytest.raises(timing.CaptureTooSlow, match="after 4 of the 10 calls"):
+        timing.time_cudagraph(fake.calls(10, 0.01), TimingConfig(max_capture_s=0.035),
+                              total=20)
+
+
+def test_launches_are_counted_as_the_nodes_of_one_captured_call(monkeypatch):
+    fake = FakeCapture(monkeypatch)
+    made = []
+
+    def cuda_graph(keep_graph=False):
+        made.append(keep_graph)
+        return SimpleNamespace(raw_cuda_graph=lambda: 0xABC)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", cuda_graph)
+    monkeypatch.setattr(timing, "graph_nodes", lambda raw: 7 if raw == 0xABC else 0)
+    assert timing.count_launches(fake.calls(1, 0.0)[0]) == 7
+    assert made == [True] and fake.captured == 1  # one call, captured, graph kept
+
+    def no_driver(raw):
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(timing, "graph_nodes", no_driver)
+    assert timing.count_launches(fake.calls(1, 0.0)[0]) is None
 
 
 # ---- launch-bound rows in summary.md --------------------------------------------------
@@ -107,7 +354,12 @@ def test_summary_lists_launch_bound_rows():
     ]])
     assert list(launch_bound_rows(rows)["provider"]) == ["triton"]
     md = render_summary({"device_key": "h100"}, rows)
-    assert "## Launch-bound rows (1)" in md and "22.0" in md and "5.5x" in md
+    assert "## Launch-bound rows (1)" in md
+    section = md.split("## Launch-bound rows (1)")[1].split("\n## ")[0]
+    assert "| add | triton | bf16 | `n=4096` | 22.0 | 4.0 | 5.5x |" in section
+    assert "torch" not in section
+    rows["host_us"] = None  # CPU rows: no dispatch measured, no section
+    assert "Launch-bound" not in render_summary({"device_key": "h100"}, rows)
 
 
 # ---- Triton configs -------------------------------------------------------------------
@@ -118,27 +370,96 @@ def test_triton_rows_record_their_config():
     row = run_case(Case(REGISTRY["matmul"], "triton", "fp32", {"M": 33, "N": 17, "K": 65}),
                    cfg, _InputCache())
     assert row["status"] == "ok", row["reason"]
-    assert row["config"].startswith("matmul_kernel[BLOCK_M=")
-    assert "num_warps=" in row["config"] and row["config"].endswith("]")
+    # the interpreter's fixed config
+    assert row["config"] == ("matmul_kernel[BLOCK_M=32,BLOCK_N=32,BLOCK_K=32,GROUP_M=4,"
+                             "num_warps=4,num_stages=1]")
+    row = run_case(Case(REGISTRY["dot"], "triton", "fp32", {"n": 1000}), cfg, _InputCache())
+    assert row["config"] == ("dot_partial_kernel[num_warps=8,num_stages=3]; "
+                             "dot_final_kernel[num_warps=4,num_stages=3]")
 
 
 @pytest.mark.interpreter
 def test_a_forced_config_runs_instead_of_tuning(monkeypatch):
-    import triton
-
     spec = REGISTRY["matmul"]
     shape = {"M": 33, "N": 17, "K": 65}
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
     launches = spec.triton_launches(inputs, spec.alloc_out(inputs, "fp32"), 0)
     forced = configs_text(launches, [launches[0].configs[-1]])
     assert forced != configs_text(launches, [launches[0].interp_config])
-    monkeypatch.setattr(triton, "autotune", lambda *a, **k: pytest.fail("tuned again"))
+    ran = []
+    real = triton_utils._launch_with
+    monkeypatch.setattr(triton_utils, "_launch_with",
+                        lambda ln, c, on_gpu: (ran.append(c), real(ln, c, on_gpu)))
     key = ("matmul", "triton", "fp32", "M=33,N=17,K=65")
     cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True),
                   configs={key: forced})
     row = run_case(Case(spec, "triton", "fp32", shape), cfg, _InputCache())
-    assert row["status"] == "ok", row["reason"]
-    assert row["config"] == forced
+    assert row["status"] == "ok", row["reason"]  # correct with the forced tile too
+    assert row["config"] == forced and ran == [launches[0].configs[-1]]
+
+
+class FakeKernel:
+    """A @triton.jit function as the launch code sees it: kernel[grid](*args, **kw)."""
+
+    __name__ = "fake_kernel"
+
+    def __init__(self) -> None:
+        self.bound = 0
+        self.launched: list[tuple] = []
+
+    def __getitem__(self, grid):
+        self.bound += 1
+        return lambda *args, **kw: self.launched.append((grid, args, kw))
+
+
+def _fake_launch() -> TritonLaunch:
+    configs = (triton.Config({"BLOCK": 64}, num_warps=4),
+               triton.Config({"BLOCK": 128}, num_warps=8, num_stages=2))
+    return TritonLaunch(fn=FakeKernel(), args=(1000,), constexprs={"OP": 1}, configs=configs,
+                        grid=lambda meta: (triton.cdiv(1000, meta["BLOCK"]),),
+                        tune_key=("n",), tuner="fake")
+
+
+def test_run_launch_on_a_gpu_runs_a_forced_config_without_the_autotuner(monkeypatch):
+    monkeypatch.setattr(triton_utils, "_on_gpu", lambda launch: True)
+    monkeypatch.setattr(triton_utils, "_TUNERS", {})
+    monkeypatch.setattr(triton, "autotune", lambda *a, **k: pytest.fail("tuned again"))
+    launch = _fake_launch()
+    forced = launch.configs[1]
+    assert run_launch(launch, forced) is forced
+    assert launch.fn.launched == [((8,), (1000,), {"OP": 1, **forced.all_kwargs()})]
+
+
+def test_run_launch_on_a_gpu_autotunes_and_returns_the_tuned_config(monkeypatch):
+    launch = _fake_launch()
+    asked = []
+
+    class Tuner:
+        best_config = launch.configs[1]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: asked.append((args, kw))
+
+    def autotune(configs, key):
+        asked.append((configs, key))
+        return lambda fn: Tuner()
+
+    monkeypatch.setattr(triton_utils, "_on_gpu", lambda launch: True)
+    monkeypatch.setattr(triton_utils, "_TUNERS", {})
+    monkeypatch.setattr(triton, "autotune", autotune)
+    assert run_launch(launch) is launch.configs[1]
+    assert asked == [(list(launch.configs), ["n"]), ((1000,), {"OP": 1})]
+
+
+def test_a_prepared_call_binds_grid_and_config_once(monkeypatch):
+    monkeypatch.setattr(triton_utils, "_on_gpu", lambda launch: True)
+    launch = _fake_launch()
+    call = prepared_call([launch], [launch.configs[0]])
+    for _ in range(3):
+        call()
+    assert launch.fn.bound == 1  # kernel[grid] once, at preparation
+    assert launch.fn.launched == [((16,), (1000,), {"OP": 1, **launch.configs[0].all_kwargs()})
+                                  ] * 3
 
 
 def test_config_text_round_trips():
@@ -149,8 +470,40 @@ def test_config_text_round_trips():
         text = configs_text(launches, [cfg])
         assert parse_configs(launches, text) == [cfg]
         assert config_str(cfg) in text
+    assert config_str(launches[0].configs[0]) == \
+        "BLOCK_M=128,BLOCK_N=256,BLOCK_K=64,GROUP_M=8,num_warps=8,num_stages=3"
     with pytest.raises(ValueError, match="no config"):
         parse_configs(launches, "matmul_kernel[BLOCK_M=1]")
+
+
+def test_retiming_children_get_the_rows_configs(monkeypatch):
+    key = ("matmul", "triton", "bf16", "M=64,N=64,K=64")
+    text = "matmul_kernel[BLOCK_M=64,BLOCK_N=64,BLOCK_K=64,GROUP_M=8,num_warps=4,num_stages=4]"
+    sent = []
+    monkeypatch.setattr(job, "RETIME_ROUNDS", 1)
+    monkeypatch.setattr(job, "RETIME_SPACING_S", 0.0)
+    monkeypatch.setattr(job.subprocess, "run", lambda *a, input, **k: (
+        sent.append(json.loads(input)),
+        SimpleNamespace(returncode=0, stdout=json.dumps({retime.case_id(key): [1.0]}),
+                        stderr=""))[1])
+    spec = REGISTRY["matmul"]
+    case = Case(spec, "triton", "bf16", {"M": 64, "N": 64, "K": 64})
+    rows = [{"kernel": key[0], "provider": key[1], "dtype": key[2], "shape": key[3],
+             "config": text}]
+    got = job._retimer([case], cpu_cfg(), rows)([key])
+    assert got == {key: [[1.0]]}
+    assert sent[0]["configs"] == {retime.case_id(key): text}
+
+    # ... and the child runs them: its RunConfig carries them by case key
+    seen = {}
+
+    def fake_run_case(case, cfg, cache):
+        seen.update(cfg.configs)
+        return {"status": "ok", "samples_ms": [2.0]}
+
+    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    out = retime.retime({**sent[0], "device": "cpu"})
+    assert seen == {key: text} and out == {retime.case_id(key): [2.0]}
 
 
 # ---- pytest-benchmark rates from device time ------------------------------------------
@@ -163,3 +516,33 @@ def test_bench_rates_come_from_device_time_not_host_latency():
     assert m["tflops"] == pytest.approx(2 * 1024**3 / 4e-6 / 1e12)
     assert m["ms_device"] == 0.004 and m["host_latency_ms"] == 0.05
     assert m["mfu"] == pytest.approx(m["tflops"] / 989.4)
+    # a CPU has no device timer: the benchmark's own (synchronous) time
+    m = bench_metrics(spec, "bf16", shape, device_ms=None, host_ms=0.05, ceilings=ceil)
+    assert m["ms_device"] == 0.05 and m["tflops"] == pytest.approx(2 * 1024**3 / 5e-5 / 1e12)
+
+
+# ---- on a GPU --------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_flushed_timing_on_the_gpu_leaves_out_a_slow_dispatch():
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_call():  # 300 us of Python, then a kernel of a few us
+        _busy(300)
+        x.add_(1)
+
+    host_us = host_dispatch_us(slow_call, torch.cuda.synchronize)
+    assert 300 <= host_us < 1000
+    cfg = TimingConfig(rep_ms=20, warmup_ms=5, min_samples=10)
+    padded = timing.time_flushed(slow_call, cfg, host_us)
+    assert padded.ms_median < 0.05
+    # do_bench as is: the start event runs at the flush's end, ~200 us before the kernel
+    assert triton.testing.do_bench(slow_call, warmup=5, rep=20, return_mode="median") > 0.15
+
+
+@pytest.mark.gpu
+def test_launches_are_counted_on_the_gpu():
+    x = torch.randn(1024, device="cuda")
+    out = torch.empty_like(x)
+    assert timing.count_launches(lambda: torch.add(x, x, out=out)) == 1
+    assert timing.count_launches(lambda: (out.copy_(x), out.mul_(2), out.add_(1))) == 3

@@ -1,6 +1,7 @@
 """Fleet runs on torch.distributed, with real processes: two ranks launched through
-torchrun (torch.distributed.run) with gloo on this CPU.  The slow-rank, early-exit and
-other-case-list paths use the test-only hooks documented in benches/fleet.py."""
+torchrun (torch.distributed.run) with gloo on this CPU (CUDA hidden, so a GPU machine
+runs them the same way).  The slow-rank, early-exit, hang and other-case-list paths use
+the test-only hooks documented in benches/fleet.py."""
 
 from __future__ import annotations
 
@@ -13,20 +14,26 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from benches.collectives import busbw
+from benches.collectives import busbw, elements, fill_value
+from benches.dist import FleetRefused, cpu_threads
+from roofline.fleet import find_outliers
+from roofline.plan.comm import busbw_from_run
+from roofline.plan.model import PlanError
 
 ROOT = Path(__file__).resolve().parent.parent
+OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
 # Two ranks share two busy cores: their rows and ceilings can differ by up to 2x by
 # contention alone, so the tests hold the fleet to 50% (the slow-rank hook is 10x).
 SWEEP = ["--device", "cpu", "--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
-         "--sizes", "n=4096;n=65536", "--no-plots", "--fleet-tolerance", "50"]
+         "--sizes", "n=4096;n=65536", "--fleet-tolerance", "50"]
 
 
 def torchrun(out: Path, *extra: str, env: dict[str, str] | None = None,
-             timeout: float = 400) -> subprocess.CompletedProcess:
+             timeout: float = 300) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    e.update(env or {})
+    e.update(CUDA_VISIBLE_DEVICES="", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
          "run_bench.py", *SWEEP, "--out", str(out), *extra],
@@ -39,19 +46,35 @@ def ours_traceback(stderr: str) -> bool:
     return f'File "{ROOT}' in stderr or 'File "run_bench.py"' in stderr
 
 
+def rows_of(folder: Path) -> list[dict]:
+    return json.loads((folder / "results.json").read_text())["rows"]
+
+
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
-    """A results root whose per-rank ceiling caches start from the repo's CPU cache when
-    there is one (measuring them takes ~25 s per rank)."""
-    root = tmp_path_factory.mktemp("fleet")
-    cached = sorted((ROOT / "results" / ".ceilings").glob("ceilings-cpu-*.json"))
-    if cached:
-        import socket
+    """A results root whose per-rank ceiling caches are seeded from this machine's own
+    cached CPU measurement when there is one (measuring takes ~25 s per rank; no test
+    reads a ceiling's value).  The cache key of a rank is computed as the rank will: with
+    its share of the cores as torch's thread count."""
+    import socket
 
+    from roofline.ceilings import cache_key
+    from roofline.devices import host_cpu
+
+    root = tmp_path_factory.mktemp("fleet")
+    cached = sorted((ROOT / "results" / ".ceilings").glob("ceilings-cpu-*.json"),
+                    key=lambda p: p.stat().st_mtime)
+    if cached:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(cpu_threads(os.cpu_count() or 1, 2))
+        try:
+            key = cache_key(host_cpu())
+        finally:
+            torch.set_num_threads(threads)
         for r in (0, 1):
             d = root / ".ceilings" / f"{socket.gethostname()}-rank{r}"
             d.mkdir(parents=True)
-            shutil.copy(cached[-1], d)
+            shutil.copy(cached[-1], d / f"ceilings-{key}.json")
     return root
 
 
@@ -63,65 +86,216 @@ def fleet(out: Path) -> tuple[subprocess.CompletedProcess, Path]:
 def test_a_two_rank_fleet_gathers_every_row(fleet):
     p, folder = fleet
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    rows = json.loads((folder / "results.json").read_text())["rows"]
+    rows = rows_of(folder)
     kernels = [r for r in rows if r["kernel"] == "add"]
-    assert sorted({r["rank"] for r in kernels}) == [0, 1]
-    assert len(kernels) == 4 and all(r["host"] for r in kernels)
-    assert (folder / "fleet.md").exists() and (folder / "fleet.png").exists()
-    assert (folder / "summary.md").exists()
+    assert sorted((r["rank"], r["shape"]) for r in kernels) == [
+        (0, "n=4096"), (0, "n=65536"), (1, "n=4096"), (1, "n=65536")]
+    assert all(r["host"] and r["gpu_uuid"] is None for r in kernels)  # a CPU has no UUID
+    meta = json.loads((folder / "results.json").read_text())["metadata"]
+    assert meta["complete"] and meta["fleet"]["world"] == 2
+    assert [i["rank"] for i in meta["fleet"]["ranks"]] == [0, 1]
+    for f in ("fleet.md", "fleet.png", "summary.md", "roofline.png"):
+        assert (folder / f).exists(), f
+    md = (folder / "fleet.md").read_text()
+    assert "| 0 | " in md and "| 1 | " in md and "## Outliers (0)" in md
     for r in (0, 1):  # each rank's own run folder is kept too
         assert (folder / "ranks" / f"rank-{r}" / "cpu" / "f1" / "results.json").exists()
+    assert f"fleet of 2: {len(rows)} rows in" in p.stdout
 
 
 def test_collectives_are_correct_and_in_nccl_tests_terms(fleet):
     _, folder = fleet
-    rows = json.loads((folder / "results.json").read_text())["rows"]
-    coll = [r for r in rows if r["kernel"] in ("all_reduce", "all_gather", "reduce_scatter",
-                                               "all_to_all", "broadcast")]
-    assert {r["kernel"] for r in coll} == {"all_reduce", "all_gather", "reduce_scatter",
-                                           "all_to_all", "broadcast"}
+    coll = [r for r in rows_of(folder) if r["kernel"] in OPS]
+    # 5 ops x 2 dtypes x 6 sizes (4 KB .. 4 MB, x4 apart)
+    assert len(coll) == 60 and {r["kernel"] for r in coll} == OPS
     assert all(r["status"] == "ok" and r["correct"] for r in coll)
+    assert {r["bytes"] for r in coll} == {2**k for k in range(12, 23, 2)}
     for r in coll:
-        assert r["provider"] == "gloo" and r["shape"].endswith(",ranks=2")
+        assert r["provider"] == "gloo" and r["shape"] == f"bytes={r['bytes']},ranks=2"
+        assert r["rank"] is None and r["host"] == "fleet"
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["ms_median"] / 1e3) / 1e9)
         factor = {"all_reduce": 1.0, "broadcast": 1.0}.get(r["kernel"], 0.5)  # n = 2
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
-    md = (folder / "fleet.md").read_text()
-    assert "## Collectives (slowest rank)" in md
+        assert r["n_samples"] == 10 and r["ms_p20"] <= r["ms_median"] <= r["ms_p80"]
+    assert "## Collectives (slowest rank)" in (folder / "fleet.md").read_text()
 
 
-@pytest.mark.parametrize("n, op, factor", [(2, "all_reduce", 1.0), (4, "all_reduce", 1.5),
-                                           (8, "all_reduce", 1.75), (8, "all_gather", 0.875),
-                                           (4, "reduce_scatter", 0.75), (8, "broadcast", 1)])
+def test_busbw_from_a_saved_run(fleet):
+    _, folder = fleet
+    at = [r["busbw_gbps"] for r in rows_of(folder) if r["kernel"] == "all_reduce"
+          and r["bytes"] == 2**16]
+    bw, source = busbw_from_run(str(folder), "all_reduce", 2**16)
+    assert len(at) == 2 and bw == max(at) and "65,536 bytes" in source  # bf16 and fp32
+    largest, _ = busbw_from_run(str(folder), "reduce_scatter")
+    assert largest == max(r["busbw_gbps"] for r in rows_of(folder)
+                          if r["kernel"] == "reduce_scatter" and r["bytes"] == 2**22)
+    with pytest.raises(PlanError, match="no ok all_reduce row of 1,000 bytes"):
+        busbw_from_run(str(folder), "all_reduce", 1000)
+
+
+@pytest.mark.parametrize("n, op, factor", [
+    (2, "all_reduce", 1.0), (4, "all_reduce", 1.5), (8, "all_reduce", 1.75),
+    (2, "all_gather", 0.5), (4, "all_gather", 0.75), (8, "all_gather", 0.875),
+    (2, "reduce_scatter", 0.5), (4, "reduce_scatter", 0.75), (8, "reduce_scatter", 0.875),
+    (2, "all_to_all", 0.5), (4, "all_to_all", 0.75), (8, "all_to_all", 0.875),
+    (2, "broadcast", 1.0), (4, "broadcast", 1.0), (8, "broadcast", 1.0)])
 def test_busbw_factors(n, op, factor):
     assert busbw(op, 100.0, n) == pytest.approx(100.0 * factor)
 
 
+def test_sizes_are_whole_elements_per_rank():
+    assert elements(2**20, 2, 8) == 2**19  # 1 MiB of bf16 on 8 ranks
+    assert elements(1000, 4, 3) == 249  # 250 fp32 rounded down to 83 per rank
+    assert elements(4, 4, 8) == 8  # at least one element per rank
+
+
+@pytest.mark.parametrize("world, fills", [(8, [1, 2, 3, 4, 5, 6, 7, 8]),
+                                          (23, [1, 2] * 11 + [1]), (200, [1] * 200)])
+def test_reduction_fills_stay_exact_in_bf16(world, fills):
+    got = [fill_value(r, world, torch.bfloat16) for r in range(world)]
+    assert got == fills
+    # Every partial sum, in bf16, in either order, is the exact integer.
+    for order in (got, got[::-1]):
+        acc = torch.zeros((), dtype=torch.bfloat16)
+        for v in order:
+            acc = acc + torch.tensor(v, dtype=torch.bfloat16)
+        assert float(acc) == sum(got)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_collective_check_catches_a_wrong_value(op, dtype, tmp_path):
+    """One process (a world of 1): the check passes on the collective's result and fails
+    once one element of the output is wrong."""
+    import torch.distributed as dist
+
+    from benches.collectives import _buffers
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        reset, call, check = _buffers(op, 64, dtype, "cpu", 0, 1)
+        reset()
+        call()
+        assert check()
+        # The buffer the check reads: `out`, or `buf` for the in-place collectives.
+        held = dict(zip(check.__code__.co_freevars,
+                        (c.cell_contents for c in check.__closure__), strict=True))
+        (held.get("out") if "out" in held else held["buf"])[-1] += 1
+        assert not check()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
+    import argparse
+
+    from benches import dist as fdist
+    from benches.fleet import _versions
+
+    mine = _versions(argparse.Namespace(kernels=["add"], dtypes=["fp32"], providers=["torch"],
+                                        sizes="n=4096", seed=0, device="cpu",
+                                        check_only=False))
+    assert {"suite commit", "suite package", "torch", "triton", "kernels"} <= mine.keys()
+    other = {**mine, "torch": "2.11.0+cu128"}
+    monkeypatch.setattr(fdist, "all_gather_object", lambda doing, obj: [
+        obj, {"fp": fdist.fingerprint(other), "parts": other}, obj])
+    with pytest.raises(FleetRefused) as e:
+        fdist.agree("versions and request", mine)
+    assert (f"rank(s) [1] differ from rank 0 in torch ({torch.__version__} vs 2.11.0+cu128);"
+            in str(e.value))
+    monkeypatch.setattr(fdist, "all_gather_object", lambda doing, obj: [obj, obj])
+    fdist.agree("versions and request", mine)  # the same everywhere: no error
+
+
+def test_each_rank_gets_its_share_of_the_cores():
+    assert [cpu_threads(2, 2), cpu_threads(16, 4), cpu_threads(2, 4)] == [1, 4, 1]
+
+
+def test_more_processes_than_gpus_is_refused(monkeypatch):
+    from benches import dist as fdist
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for k, v in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3",
+                 "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(FleetRefused, match="4 processes per node but 2 GPU"):
+        fdist.start(5)
+
+
+def test_outliers_are_below_the_median_by_more_than_the_tolerance():
+    devices = [{"rank": r, "host": "h", "copy_gbps": bw, "bf16_matmul_tflops": tf}
+               for r, bw, tf in [(0, 100.0, 500.0), (1, 100.0, 470.0), (2, 94.0, 500.0),
+                                 (3, 96.0, 500.0)]]
+    out, medians = find_outliers(devices, 5.0)
+    assert medians == {"copy_gbps": 98.0, "bf16_matmul_tflops": 500.0}
+    # 94 / 98 = 0.959 (4.1% below: inside), 470 / 500 = 0.94 (6% below: outside)
+    assert [o["rank"] for o in out] == [1]
+    assert "bf16_matmul_tflops 470 = 0.94x the median 500" in out[0]["why"]
+    assert devices[2]["copy_gbps_ratio"] == pytest.approx(94 / 98)
+
+
+def test_resume_and_compare_are_refused_under_torchrun(monkeypatch, capsys, tmp_path):
+    import run_bench
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_bench.main(["--device", "cpu", "--resume", str(tmp_path)]) == 2
+    assert run_bench.main(["--device", "cpu", "--compare", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--resume continues a single-process run" in err[0]
+    assert "--compare gates a single-process run" in err[1]
+
+
 def test_a_slow_rank_is_an_outlier(out, fleet):
-    p = torchrun(out, "--run-id", "f2", "--no-collectives",
+    p = torchrun(out, "--run-id", "f2", "--no-collectives", "--no-plots",
                  env={"GPUBENCH_TEST_SLOW_RANK": "1"})
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
-    assert "OUTLIER rank 1" in p.stdout
+    assert "OUTLIER rank 1" in p.stdout and "OUTLIER rank 0" not in p.stdout
     md = (out / "fleet" / "f2" / "fleet.md").read_text()
-    assert "- rank 1 " in md and "- rank 0 " not in md
+    assert "## Outliers (1)" in md and "- rank 0 " not in md
+    line = next(x for x in md.splitlines() if x.startswith("- rank 1 "))
+    assert "copy_gbps" in line and "rows_gbps" in line  # both its times 10x longer
+    assert not (out / "fleet" / "f2" / "fleet.png").exists()  # --no-plots
 
 
 def test_different_case_lists_are_refused_before_measuring(out):
-    p = torchrun(out, "--run-id", "f3", env={"GPUBENCH_TEST_CASES_RANK": "1"})
-    assert p.returncode != 0
-    assert "ranks disagree on the versions and cases: rank(s) [1]" in p.stderr
-    assert "kernels" in p.stderr and not ours_traceback(p.stderr)
-    assert not (out / "fleet" / "f3").exists()
+    p = torchrun(out, "--run-id", "f3", "--no-plots", env={"GPUBENCH_TEST_CASES_RANK": "1"})
+    # Each rank exits 2; torchrun itself exits 1 whenever a worker fails.
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "exitcode  : 2" in p.stderr
+    assert ("ranks disagree on the case list: rank(s) [1] differ from rank 0 in cases, "
+            "number of cases (2 vs 1)") in p.stderr
+    assert not ours_traceback(p.stderr)
+    assert not (out / "fleet" / "f3").exists()  # no folder, nothing measured
 
 
-def test_a_rank_that_leaves_stops_the_other_within_the_timeout(out, fleet):
-    t = time.monotonic()
-    p = torchrun(out, "--run-id", "f4", "--dist-timeout", "20",
+def test_a_rank_that_leaves_stops_the_other_keeping_its_rows(out, fleet):
+    p = torchrun(out, "--run-id", "f4", "--dist-timeout", "20", "--no-plots",
                  env={"GPUBENCH_TEST_EXIT_RANK": "1"})
+    assert p.returncode == 1
+    # Named by gloo's monitored barrier, or by the arrival marks in the rendezvous store
+    # when the barrier fails on the closed connection first (which happens first varies).
+    assert ("error: rank 0 on" in p.stderr and "waiting for every rank's sweep: rank(s) 1 "
+            "did not arrive" in p.stderr), p.stderr[-3000:]
+    assert not ours_traceback(p.stderr)
+    folder = out / "fleet" / "f4"
+    doc = json.loads((folder / "results.json").read_text())
+    assert not doc["metadata"]["complete"] and doc["metadata"]["fleet"]["missing_ranks"] == [1]
+    assert sorted((r["rank"], r["shape"]) for r in doc["rows"]) == [(0, "n=4096"),
+                                                                    (0, "n=65536")]
+    assert "**Incomplete:" in (folder / "fleet.md").read_text()
+
+
+def test_a_rank_that_hangs_stops_the_other_within_the_timeout(out, fleet):
+    t = time.monotonic()
+    p = torchrun(out, "--run-id", "f5", "--dist-timeout", "4", "--no-plots",
+                 "--no-collectives", env={"GPUBENCH_TEST_HANG_RANK": "1"})
     took = time.monotonic() - t
     assert p.returncode != 0
-    assert "rank 0" in p.stderr and "a peer died or did not answer" in p.stderr
-    assert not ours_traceback(p.stderr)
-    assert took < 200
-    # Rank 0 keeps what it measured.
-    assert (out / "fleet" / "f4" / "ranks" / "rank-0" / "cpu" / "f4" / "results.json").exists()
+    assert "rank(s) 1 did not arrive within" in p.stderr, p.stderr[-3000:]
+    # Rank 0 waits its own sweep's duration (seconds here) plus the 4 s; torchrun then
+    # ends the hung rank.  Nothing waits anywhere near the default 120 s.
+    assert took < 60
+    assert (out / "fleet" / "f5" / "results.json").exists()

@@ -128,6 +128,71 @@ def test_the_window_covers_the_timing_only(monkeypatch):
     assert marks["inputs"] < marks["reference"] <= t0 <= marks["timing"] <= t1
 
 
+def _reading(t: float, clock: int, reasons: int = 0, power: float = 300.0) -> dict:
+    return {"t": t, "sm_clock_mhz": clock, "power_w": power, "temperature_c": 60,
+            "clock_reasons": reasons}
+
+
+def test_the_monitor_leaves_out_readings_before_and_between_timings():
+    """Readings of the reference and compile (idle clock, a power-cap event) sit before
+    the window: neither the row's columns nor the run's facts may include them."""
+    from tests.test_measurement import FakeNVML
+
+    nv = FakeNVML()  # device 1 reads 1755 MHz, no reasons, 650 W
+    mon = gpu_monitor.GpuMonitor(nv, nv.devs[1])
+    t0 = time.monotonic()
+    mon.readings.extend([_reading(t0 - 2.0, 345, power=90.0),  # compiling: idle clock
+                         _reading(t0 - 1.0, 1200, 0x4, power=700.0)])  # reference: capped
+    mon.readings.append(_reading(t0 + 0.001, 1740))  # the sampler, while timing
+    w = mon.window(t0, t0 + 0.002)
+    assert w == {"sm_clock_mhz": (1740 + 1755) / 2, "throttled": False,
+                 "throttle_reasons": []}
+    mon.readings.append(_reading(time.monotonic() + 1.0, 500, 0x20))  # between rows
+    s = mon.summary()
+    assert (s["sm_clock_mhz_min"], s["sm_clock_mhz_max"], s["power_w_max"]) == \
+        (1740, 1755, 650.0)
+    assert s["throttle_reasons_seen"] == [] and s["throttled_fraction"] == 0.0
+    assert (s["readings"], s["readings_all"]) == (2, 5)
+
+
+def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
+    """The gate's confirmation rounds run under the run's throttle settings, and a round
+    that stayed throttled cannot confirm a row slower."""
+    import json
+    from types import SimpleNamespace
+
+    from benches import job, retime
+    from benches.cases import Case
+    from kernels import REGISTRY
+    from tests.test_measurement import cpu_cfg
+
+    keys = [("add", "torch", "fp32", "n=4096"), ("add", "torch", "fp32", "n=8192")]
+    seen: list[ThrottleConfig] = []
+
+    def fake_run_case(c, cfg, cache):
+        seen.append(cfg.throttle)
+        hot = c.shape["n"] == 8192
+        return {"status": "ok", "samples_ms": [2.0], "throttled": hot}
+    monkeypatch.setattr(runner, "run_case", fake_run_case)
+    cfg = dataclasses.replace(cpu_cfg(), throttle=ThrottleConfig(90.0, 0.5))
+    sent: list[dict] = []
+
+    def child(*a, input, **k):
+        sent.append(json.loads(input))
+        answer = retime.retime({**sent[-1], "device": "cpu"})
+        return SimpleNamespace(returncode=0, stdout=json.dumps(answer), stderr="")
+    monkeypatch.setattr(job, "RETIME_ROUNDS", 2)
+    monkeypatch.setattr(job, "RETIME_SPACING_S", 0.0)
+    monkeypatch.setattr(job.subprocess, "run", child)
+    cases = [Case(REGISTRY["add"], "torch", "fp32", {"n": n}) for n in (4096, 8192)]
+    got = job._retimer(cases, cfg, [])(keys)
+    assert sent[0]["throttle"] == {"threshold_pct": 90.0, "recovery_delay_s": 0.5,
+                                   "retries": 3}
+    assert seen == [ThrottleConfig(90.0, 0.5)] * 4
+    assert got == {keys[0]: [[2.0], [2.0]], keys[1]: []}
+    assert "throttled in 1 rows' timings" in capsys.readouterr().out
+
+
 def test_run_clock_facts_count_throttled_rows():
     during = {"readings": 50, "sm_clock_mhz_min": 1400, "sm_clock_mhz_median": 1980,
               "sm_clock_mhz_max": 1980, "power_w_max": 690.0, "throttled_fraction": 0.1,
@@ -222,3 +287,23 @@ def test_gpu_monitor_reads_the_maximum_sm_clock():
 
     nv = FakeNVML()
     assert gpu_monitor.GpuMonitor(nv, nv.devs[1]).max_sm_clock_mhz == 1980.0
+
+
+def test_promotion_refuses_throttled_rows_and_pooling_keeps_the_mark(tmp_path):
+    """A baseline's throttled row makes every later comparison of it `throttled`: promote
+    refuses it unless forced, and a pool of runs is throttled where any run's row was."""
+    import json
+
+    from tests.test_compare import write_run
+
+    clean = write_run(tmp_path / "clean", _frame(1.0, False).to_dict("records"))
+    hot = write_run(tmp_path / "hot", _frame(1.0, True).to_dict("records"))
+    bl = tmp_path / "bl"
+    with pytest.raises(compare.CompareError, match="1 row.s. timed while the GPU throttled"):
+        compare.promote(hot, baselines_dir=bl)
+    with pytest.raises(compare.CompareError, match="hot has 1 row"):
+        compare.promote([hot, clean], baselines_dir=bl)
+    path, _ = compare.promote([hot, clean], baselines_dir=bl, force=True)
+    rows = {r["shape"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["n=8192"]["throttled"] is True and rows["n=8192"]["pooled_runs"] == 2
+    assert rows["n=4096"]["throttled"] is False

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from roofline.devices import DeviceError, get_device_model
 from roofline.gate.render import _write
@@ -25,7 +26,7 @@ from roofline.gate.rules import (
     time_problem,
 )
 from roofline.gate.runs import _read_run, incomplete_reasons, run_device_key
-from roofline.gate.verdicts import _key
+from roofline.gate.verdicts import _key, _throttled
 from roofline.schema import (
     SAMPLES,
     RunLoadError,
@@ -97,6 +98,10 @@ def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                          row.get("peak_gbps"), row.get("meas_peak_tflops"),
                                          row.get("meas_peak_gbps")))
             pooled["pooled_runs"] = len(same)
+            # Samples of a throttled GPU are in the pool: the baseline row says so (the
+            # gate gives it the verdict `throttled`), not only when the last run's was.
+            if any(_throttled(r.get("throttled")) for r in same):
+                pooled["throttled"] = True
         out.append(pooled)
     return out
 
@@ -109,10 +114,20 @@ def _pool_refusals(run: str | Path, device_key: str | None) -> list[str]:
         if problem:
             raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
     out = [f"{run} is {', '.join(r)}" for r in [incomplete_reasons(meta)] if r]
+    if _throttled_count(df):
+        out.append(f"{run} has {_throttled_count(df)} row(s) timed while the GPU throttled")
     other = run_device_key(meta, df)
     if other and device_key and other != device_key:
         out.append(f"{run} was measured on '{other}', not '{device_key}'")
     return out
+
+
+def _throttled_count(df: pd.DataFrame) -> int:
+    """Ok rows timed while the GPU throttled: as a baseline, each would make every later
+    comparison of its row `throttled`."""
+    if "throttled" not in df.columns:
+        return 0
+    return sum(_throttled(v) for v in df.loc[_status(df) == "ok", "throttled"])
 
 
 def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
@@ -123,11 +138,12 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
 
     The device key is `device` (validated against roofline.devices), else the run's
     device_key.  Refused (CompareError) unless `force`: a run that was interrupted,
-    aborted or is incomplete, a run with no ok row, a run of another device than `device`
-    or than the baseline it replaces.  Always refused: an ok row with unusable times
-    (such a baseline could never be compared with).  The replaced baseline is copied to
-    <baselines_dir>/history/ first, then the new one is written atomically, with
-    device_key set to the key and `promoted_from`.
+    aborted or is incomplete, a run with no ok row, a run with rows timed while the GPU
+    throttled, a run of another device than `device` or than the baseline it replaces.
+    Always refused: an ok row with unusable times (such a baseline could never be
+    compared with).  The replaced baseline is copied to <baselines_dir>/history/ first,
+    then the new one is written atomically, with device_key set to the key and
+    `promoted_from`.
     """
     runs = [run] if isinstance(run, (str, Path)) else list(run)
     if not runs:
@@ -147,6 +163,9 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
         refusals.append(f"the run is {', '.join(reasons)}")
     if not len(ok):
         refusals.append("the run has no ok rows (every row skipped or failed)")
+    if _throttled_count(df):
+        refusals.append(f"the run has {_throttled_count(df)} row(s) timed while the GPU "
+                        "throttled")
     if device is not None:
         try:
             device = get_device_model(device).key

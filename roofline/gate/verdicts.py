@@ -368,8 +368,8 @@ class CompareResult:
         return {v: int(vc[v]) for v in VERDICT_ORDER if v in vc}
 
     def failing_verdicts(self) -> tuple[str, ...]:
-        """Verdicts that fail the gate: regressions, plus missing / method-changed rows
-        unless allowed."""
+        """Verdicts that fail the gate: regressions, plus missing / method-changed /
+        throttled rows unless allowed."""
         extra = tuple(v for v, name in ALLOWABLE_VERDICTS.items() if name not in self.allow)
         return REGRESSION_VERDICTS + extra
 

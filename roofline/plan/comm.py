@@ -88,8 +88,11 @@ def policy_bytes(items: dict[str, float]) -> tuple[float, float]:
     return float(grad), float(weight)
 
 
-def busbw_from_run(run: str, op: str = "all_reduce") -> tuple[float, str]:
-    """(busbw GB/s, source) of a saved run's largest ok `op` collective row."""
+def busbw_from_run(run: str, op: str = "all_reduce", size: int | None = None
+                   ) -> tuple[float, str]:
+    """(busbw GB/s, source) of a saved run's ok `op` collective row at `size` bytes (the
+    whole array, as the rows' shape says), else at its largest size; the higher of its
+    dtypes' rows there."""
     import pandas as pd
 
     from roofline.schema import load_run, parse_shape
@@ -104,6 +107,11 @@ def busbw_from_run(run: str, op: str = "all_reduce") -> tuple[float, str]:
     if rows.empty:
         raise PlanError(f"{run} has no ok {op} rows with a busbw")
     rows["size"] = [parse_shape(s).get("bytes", 0) for s in rows["shape"]]
+    if size is not None:
+        if not (rows["size"] == size).any():
+            raise PlanError(f"{run} has no ok {op} row of {size:,} bytes (it has "
+                            f"{', '.join(f'{s:,}' for s in sorted(set(rows['size'])))})")
+        rows = rows[rows["size"] == size]
     best = rows.sort_values(["size", "busbw_gbps"]).iloc[-1]
     return float(best["busbw_gbps"]), (f"{run}: {op} {best['dtype']} at "
                                        f"{int(best['size']):,} bytes")
