@@ -74,6 +74,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--throttle-recovery-delay", type=float, default=0.05, metavar="S",
                    help="GPU: seconds to wait before timing a throttled row again "
                         "(default 0.05, as nvbench)")
+    p.add_argument("--row-budget", type=float, default=None, metavar="S",
+                   help="seconds one row's timing may take: it then takes fewer samples, "
+                        "never fewer than the regression gate needs (10), and a row that "
+                        "cannot fit even those is skipped with the reason (default 2)")
+    p.add_argument("--run-budget", type=float, default=None, metavar="S",
+                   help="seconds the sweep's timing may take in all, shared among the cases "
+                        "left: rows then take fewer samples, none is dropped for it "
+                        "(default 90 on a CPU, none on a GPU; 'inf' for none)")
     p.add_argument("--fleet-tolerance", type=float, default=None, metavar="PCT",
                    help="under torchrun: a device more than PCT%% below the fleet median on "
                         "a key figure is an outlier, exit 1 (default 5 on GPUs, 25 on CPUs)")
@@ -108,6 +116,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          f"{args.throttle_threshold:g}")
     if args.fleet_tolerance is not None and not 0 <= args.fleet_tolerance < 100:
         raise UsageError(f"--fleet-tolerance must be in [0, 100), got {args.fleet_tolerance:g}")
+    for flag, v in (("--row-budget", args.row_budget), ("--run-budget", args.run_budget)):
+        if v is not None and not v > 0:  # NaN fails this too
+            raise UsageError(f"{flag} must be a positive number of seconds, got {v:g}")
     if not args.dist_timeout > 0:
         raise UsageError(f"--dist-timeout must be positive, got {args.dist_timeout:g}")
     if not 0 <= args.throttle_recovery_delay <= 60:

@@ -60,6 +60,9 @@ class RunConfig:
     ceilings: Ceilings
     timing: TimingConfig = field(default_factory=TimingConfig)
     throttle: ThrottleConfig = field(default_factory=lambda: ThrottleConfig())
+    # Seconds the sweep's timing may take in all (None: no run budget; rows keep theirs,
+    # timing.row_budget_s).  See benches/budget.py.
+    run_budget_s: float | None = None
     # Triton configs to run instead of autotuning, by (kernel, provider, dtype, shape):
     # re-timing children get the confirmed row's own (its `config` column).
     configs: dict[tuple[str, str, str, str], str] = field(default_factory=dict)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -25,6 +26,7 @@ from rich.progress import (
 )
 
 from benches import runner
+from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.cases import Case, RunConfig, build_cases
 from benches.console import console, print_summary
 from benches.console import print_devices as print_devices
@@ -274,6 +276,20 @@ def _ceilings_dir(args: argparse.Namespace, out_root: Path) -> Path:
     return Path(own) if own else out_root / ".ceilings"
 
 
+def _timing_config(args: argparse.Namespace) -> TimingConfig:
+    row = getattr(args, "row_budget", None)
+    return TimingConfig() if row is None else TimingConfig(row_budget_s=row)
+
+
+def _run_budget(args: argparse.Namespace, present: Present) -> float | None:
+    """--run-budget: seconds, None for none ('inf'); by default the CPU's (a GPU's sweep
+    is bounded by its rows' budgets alone)."""
+    v = getattr(args, "run_budget", None)
+    if v is None:
+        return DEFAULT_CPU_RUN_BUDGET_S if present.kind != "cuda" else None
+    return None if math.isinf(v) else float(v)
+
+
 def run(args: argparse.Namespace, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None) -> int:
     """One run; `on_cases` sees the selected cases before any folder is made or anything
@@ -309,7 +325,7 @@ def run(args: argparse.Namespace, argv: list[str],
         sizes=args.sizes if args.explicit_shapes is None else "explicit",
         explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
         model=model, present=present, target=target, ceilings=Ceilings(None, None),
-        timing=TimingConfig(),
+        timing=_timing_config(args), run_budget_s=_run_budget(args, present),
         throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
                                 recovery_delay_s=args.throttle_recovery_delay),
     )

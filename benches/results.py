@@ -122,11 +122,17 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
                 "over rotated copies of inputs and outputs totalling more than twice the "
                 f"L2 (at least {t.graph_min_calls} calls per graph, time / calls); else "
                 "triton.testing.do_bench (CUDA events, L2 flushed between samples)"),
-            "cpu_method": "torch.utils.benchmark.Timer.blocked_autorange, topped up to "
-                          f"{t.min_samples} blocks, in {t.cpu_rounds} rounds on fresh copies "
-                          f"of the inputs, interleaved over chunks of ~{t.cpu_chunk_s:g} s "
-                          "of cases",
+            "cpu_method": f"blocks of calls lasting >= {t.cpu_block_s * 1e3:g} ms (timeit), "
+                          f"{t.min_samples} blocks or more, in {t.cpu_rounds} rounds on "
+                          "fresh copies of the inputs, interleaved over chunks of "
+                          f"~{t.cpu_chunk_s:g} s of cases",
+            "budget": (f"each row's timing within {t.row_budget_s:g} s (never fewer than "
+                       f"{t.gate_min_samples} samples; a row that cannot fit them is "
+                       "skipped)" + (f"; the sweep's timing within {cfg.run_budget_s:g} s, "
+                                     "shared among the cases left"
+                                     if cfg.run_budget_s is not None else "")),
         },
+        "run_budget_s": cfg.run_budget_s,
         "ceilings": cfg.ceilings.to_json(),
         "throttle_settings": cfg.throttle.as_dict(),
         "interrupted": False,

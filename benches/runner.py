@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from benches.budget import RowBudget, RunBudget
 from benches.cases import Case, RunConfig, _clone_inputs, _InputCache, _roofs, base_row
 from benches.cases import build_cases as build_cases
 from benches.failures import SweepAborted, _error_row, _message, is_sticky_cuda_error
@@ -34,12 +35,15 @@ from benches.timing import (
     TIMER_FLUSHED,
     TIMER_GRAPH_FALLBACK,
     CaptureTooSlow,
+    CpuPlan,
+    OverBudget,
     Timing,
     choose_method,
     count_launches,
     cpu_round_config,
     graph_plan,
     host_dispatch_us,
+    plan_cpu,
     rotation_copies,
     summarize,
     time_cpu_rounds,
@@ -51,6 +55,7 @@ from kernels import Target as Target
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline import metrics
+from roofline.ceilings import NO_ROOF_BELOW_FP32
 from roofline.schema import SAMPLES
 
 
@@ -81,9 +86,15 @@ def _sync(target: Target) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
+def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
+             budget: RowBudget | None = None) -> dict[str, Any]:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
-    timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error."""
+    timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error.
+
+    On a CPU the checked call is timed: it sizes the row's samples within its budget
+    (`budget`: the run's share; its call_s and plan are filled in), and a row whose
+    minimum samples cannot fit the row budget is skipped after its check."""
+    budget = budget if budget is not None else RowBudget()
     row = base_row(case, cfg)
     reason = case.spec.skip_reason(case.provider, case.dtype, cfg.target)
     if reason is None and case.provider == "triton" and cfg.target.kind != "cuda" \
@@ -119,9 +130,11 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
                 call = make_call(inputs, out)
         _sync(cfg.target)
         out.fill_(float("nan"))
+        t0 = time.perf_counter()
         result = call()
         result = out if result is None else result
         _sync(cfg.target)
+        budget.call_s = time.perf_counter() - t0
         rel_err = spec.check(result, inputs, dtype, ref=cache.reference(case))
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, "")
@@ -136,6 +149,16 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     if cfg.check_only:
         row.update(status="ok", reason="check-only: not timed")
         return row
+    if cfg.target.kind != "cuda":
+        try:
+            # The plan is per round (a one-round config when the sweep interleaves).
+            round_cfg = cpu_round_config(cfg.timing)
+            share = None if budget.share_s is None \
+                else budget.share_s / round_cfg.cpu_rounds_of_row
+            budget.plan = plan_cpu(budget.call_s, round_cfg, share)
+        except OverBudget as e:
+            row.update(status="skipped", reason=str(e))
+            return row
     # On a GPU the NVML window covers the timing only: not the inputs, the float64
     # reference, compilation or autotuning above, whose idle clocks and power events say
     # nothing about the samples.
@@ -143,9 +166,7 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache) -> dict[str, Any]:
     clocks: dict[str, Any] = {}
     try:
         def timed() -> tuple[Timing, str]:
-            if make_call is None:
-                return _time_case(case, cfg, inputs, out)
-            return _time_case(case, cfg, inputs, out, make_call)
+            return _time_case(case, cfg, inputs, out, make_call, budget.plan)
 
         if monitor is None:
             timing, note = timed()
@@ -181,6 +202,13 @@ def _case_key(case: Case) -> tuple[str, str, str, str]:
 
 def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                 note: str) -> dict[str, Any]:
+    rc = case.spec.roof_class(case.dtype)
+    if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
+        # Said in the row, where its MFU would be (roofline.ceilings.no_roofs).
+        no_roof = (f"no {rc} compute roof here (measured under {NO_ROOF_BELOW_FP32:g}x "
+                   "fp32's): no MFU")
+        if no_roof not in note:
+            note = "; ".join(x for x in (note, no_roof) if x)
     row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
                n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note,
                host_us=timing.host_us)
@@ -216,11 +244,13 @@ def _plain_call(case: Case) -> MakeCall:
 
 
 def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
-               make_call: MakeCall | None = None) -> tuple[Timing, str]:
+               make_call: MakeCall | None = None, plan: CpuPlan | None = None
+               ) -> tuple[Timing, str]:
     """(timing, note): the note says why a CUDA-graph case fell back to do_bench or
-    what bound its graph.  `make_call(inputs, out)` gives the provider's call on those
-    buffers (a Triton row's is bound once to its chosen configs); on a GPU the timing
-    carries the call's host dispatch time."""
+    what bound its graph, or that a CPU row's budget cut its samples (`plan`: how each
+    CPU round samples, see benches.timing.plan_cpu).  `make_call(inputs, out)` gives
+    the provider's call on those buffers (a Triton row's is bound once to its chosen
+    configs); on a GPU the timing carries the call's host dispatch time."""
     make_call = make_call or _plain_call(case)
     call = make_call(inputs, out)
     method = timing_method(case, cfg)
@@ -238,7 +268,7 @@ def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Te
 
         # host_us stays None: on a CPU the call runs synchronously, so its dispatch
         # cannot be told apart from its run time.
-        return time_cpu_rounds(round_call, cfg.timing), ""
+        return time_cpu_rounds(round_call, cfg.timing, plan), plan.note if plan else ""
     host_us = host_dispatch_us(call, torch.cuda.synchronize)
     timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
     return replace(timing, host_us=host_us), note
@@ -294,18 +324,20 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     further round of the chunk is timed in turn, and the chunk's rows are yielded
     together.  An interrupt (or any exception) yields the chunk's rows timed so far,
     over the rounds they completed (n_samples says how many), before it propagates."""
+    budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
     if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
-        yield from _iterate_serial(cases, cfg)
+        yield from _iterate_serial(cases, cfg, budget)
         return
     cache = _InputCache()
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
-    # [case, row, inputs, rounds timed]; a row is replaced if a later round fails
+    # [case, row, inputs, rounds timed, plan of its rounds]; a row is replaced if a
+    # later round fails
     chunk: list[list[Any]] = []
     try:
         start = time.monotonic()
-        for case in cases:
+        for i, case in enumerate(cases):
             try:
-                row = run_case(case, one_round, cache)
+                row, plan = _budgeted(case, one_round, cache, budget, len(cases) - i)
             except SweepAborted as e:
                 yield from _emit(chunk, cfg, "the sweep's abort")
                 yield case, e.row
@@ -313,7 +345,7 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
             # The case's checked inputs, kept for its later rounds (copied per round:
             # ~1 ms, where making them again takes ~100 ms at 2^22 elements).
             key = (case.spec.name, case.dtype, case.shape_str)
-            chunk.append([case, row, cache.inputs if cache.key == key else None, 1])
+            chunk.append([case, row, cache.inputs if cache.key == key else None, 1, plan])
             if time.monotonic() - start >= cfg.timing.cpu_chunk_s:
                 _later_rounds(chunk, cfg, one_round, cache)
                 yield from _emit(chunk, cfg)
@@ -329,13 +361,29 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
         cache.clear()
 
 
-def _iterate_serial(cases: list[Case], cfg: RunConfig
+def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
+              cases_left: int) -> tuple[dict[str, Any], CpuPlan | None]:
+    """run_case within the run's budget (benches/budget.py): on a CPU a case whose path
+    cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
+    if cfg.target.kind != "cuda" and not cfg.check_only:
+        why = budget.skip_reason(case)
+        if why is not None:
+            row = base_row(case, cfg)
+            row.update(status="skipped", reason=why)
+            return row, None
+    granted = budget.row(cases_left)
+    row = run_case(case, cfg, cache, granted)
+    budget.record(case, row, granted)
+    return row, granted.plan
+
+
+def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
     cache = _InputCache()
     try:
-        for case in cases:
+        for i, case in enumerate(cases):
             try:
-                row = run_case(case, cfg, cache)
+                row, _ = _budgeted(case, cfg, cache, budget, len(cases) - i)
             except SweepAborted as e:
                 yield case, e.row
                 raise
@@ -352,13 +400,13 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
     cache.clear()
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
-            case, row, inputs, _ = item
+            case, row, inputs, _, plan = item
             if row["status"] != "ok" or row.get("timer") != TIMER_CPU or inputs is None:
                 continue
             try:
                 ins = _clone_inputs(inputs)
                 out = case.spec.alloc_out(ins, case.dtype)
-                timing, _ = _time_case(case, one_round, ins, out)
+                timing, _ = _time_case(case, one_round, ins, out, plan=plan)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
@@ -384,7 +432,7 @@ def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
     samples; a row cut short (by `stopped_by`) says so in its reason.  A row leaves the
     chunk only as it is yielded, so an interrupt while one is summarised loses none."""
     while chunk:
-        case, row, _, rounds = chunk[0]
+        case, row, _, rounds, _ = chunk[0]
         if row["status"] == "ok" and row.get("timer") == TIMER_CPU:
             reason = row["reason"]
             if rounds < cfg.timing.cpu_rounds:

@@ -1,5 +1,5 @@
 """Timing: triton.testing.do_bench on a GPU (L2 flushed between samples), CUDA-graph
-replays of rotated copies for kernels too short for that, torch.utils.benchmark on a CPU.
+replays of rotated copies for kernels too short for that, timed blocks of calls on a CPU.
 
 This module only adds what those libraries lack:
 - the 20th/80th percentiles, sample count and raw samples of one measurement;
@@ -32,7 +32,7 @@ import torch
 TIMER_FLUSHED = "do_bench"
 TIMER_GRAPH = "cudagraph"
 TIMER_GRAPH_FALLBACK = "do_bench (cudagraph not possible)"
-TIMER_CPU = "torch.utils.benchmark"
+TIMER_CPU = "timeit blocks"
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ class TimingConfig:
     warmup_ms: float = 25.0  # do_bench warm-up
     rep_ms: float = 100.0  # measuring time per kernel (do_bench and graph replays)
     min_samples: int = 25  # every method returns at least this many samples
-    max_rep_ms: float = 2000.0
     # Cases whose roofline bound (the fastest the device could possibly run them) is
     # below this are timed as CUDA-graph replays, where launch overhead no longer
     # dominates; the rest by do_bench with the L2 flushed between samples.
@@ -48,7 +47,9 @@ class TimingConfig:
     # Calls per captured graph at least (whole rounds over the rotated copies), so the
     # graph launch itself is < 1% of a replay of microsecond kernels.
     graph_min_calls: int = 200
-    max_graph_samples: int = 1000
+    # Samples of one GPU timing at most (a 5 us kernel would otherwise take ~1,100 per
+    # 100 ms): more than the regression gate can use, and results.json keeps them all.
+    max_samples: int = 1000
     # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
     # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
     # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
@@ -63,8 +64,20 @@ class TimingConfig:
     # Graph nodes per call assumed where they cannot be counted (the driver cannot be
     # asked): above the most seen from one eager torch call in this suite (14).
     assumed_launches: int = 16
-    # torch.utils.benchmark blocked_autorange budget; then topped up to min_samples
+    # CPU: one sample is a block of calls lasting at least cpu_block_s (the timer's own
+    # overhead, about 1 us a block, is then under 0.1% of it); a row's samples together
+    # last at least cpu_min_run_time_s, and at least min_samples of them are taken.
+    cpu_block_s: float = 1e-3
     cpu_min_run_time_s: float = 0.05
+    # Every row's timing has a budget, as nvbench's --timeout and minimum-time rules: a
+    # row samples until min_samples or row_budget_s, whichever comes first, and never
+    # takes fewer than gate_min_samples (the row then says the budget applied).  A row
+    # whose gate_min_samples cannot fit in row_budget_s is not timed: skipped, with the
+    # time of one call in its reason.  10 is what the regression gate's rank test needs
+    # to call a change at the per-row significance of a 1,000-row comparison (10 vs 10
+    # samples reach p = 1/C(20, 10) = 5.4e-6 < 1e-5; tests/test_budget.py pins it).
+    row_budget_s: float = 2.0
+    gate_min_samples: int = 10
     # CPU samples come in this many rounds, each on freshly allocated inputs and output,
     # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
     # of every case in a chunk of about cpu_chunk_s seconds, then round r + 1.  On a
@@ -77,6 +90,9 @@ class TimingConfig:
     # batches of 6 and 8 runs, against 1.98x with the rounds back to back).
     cpu_rounds: int = 5
     cpu_chunk_s: float = 3.0
+    # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
+    # budget's messages speak of the whole row).
+    cpu_rounds_of_row: int = 1
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -128,42 +144,106 @@ def choose_method(flops: float, nbytes: float, peak_tflops: float | None,
     return TIMER_GRAPH if b < cfg.cudagraph_below_ms else TIMER_FLUSHED
 
 
-def time_cpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
-    """torch.utils.benchmark: warms up, picks a per-block repeat count, and returns one
-    per-call time per block; the thread count is the process's.  Topped up with more
-    blocks of the same size until there are cfg.min_samples of them (a slow kernel fills
-    the time budget with a handful of blocks)."""
-    from torch.utils import benchmark
+class OverBudget(Exception):
+    """A row whose minimum samples cannot fit in its time budget (the message says why)."""
 
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn},
-                            num_threads=torch.get_num_threads())
-    m = timer.blocked_autorange(min_run_time=cfg.cpu_min_run_time_s)
-    times = list(m.times)
-    missing = cfg.min_samples - len(times)
-    if missing > 0:
-        # More blocks of the same size.  The stdlib timer, not Timer.timeit, which adds
-        # two warm-up calls per block: 3x the cost for a kernel that takes a second.
-        extra = timeit.Timer(fn).repeat(repeat=missing, number=m.number_per_run)
-        times += [t / m.number_per_run for t in extra]
-    return summarize([t * 1e3 for t in times], TIMER_CPU)
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """How one round of a CPU row is sampled: `samples` blocks of `number` calls each
+    (number None: sized to cfg.cpu_block_s when the round starts); `note` says when the
+    budget cut the samples."""
+
+    samples: int
+    number: int | None = None
+    note: str = ""
+
+
+def plan_cpu(call_s: float, cfg: TimingConfig, budget_s: float | None = None) -> CpuPlan:
+    """The samples of one CPU round (cfg is a round's config: cpu_round_config) from the
+    time of one call, `call_s` (the checked call: on a CPU the call is synchronous).
+
+    Wanted: cfg.min_samples, more while they last less than cfg.cpu_min_run_time_s
+    together; at most what fits in the budget (cfg.row_budget_s, or the run's smaller
+    share `budget_s`); never fewer than cfg.gate_min_samples.  Raises OverBudget when
+    even those would take longer than cfg.row_budget_s."""
+    floor = min(cfg.gate_min_samples, cfg.min_samples)
+    per_sample = max(call_s, cfg.cpu_block_s)
+    if call_s * floor > cfg.row_budget_s:
+        rounds = cfg.cpu_rounds_of_row
+        raise OverBudget(
+            f"over the row budget: one call takes {call_s:.3g} s here, so the "
+            f"{floor * rounds} samples the regression gate needs would take "
+            f"{call_s * floor * rounds:.3g} s, past the row budget of "
+            f"{cfg.row_budget_s * rounds:.3g} s (--row-budget)")
+    want = max(cfg.min_samples, math.ceil(cfg.cpu_min_run_time_s / per_sample))
+    budget = cfg.row_budget_s if budget_s is None else max(0.0, min(budget_s,
+                                                                    cfg.row_budget_s))
+    fit = int(budget / per_sample)
+    samples = max(floor, min(want, fit))
+    number = 1 if call_s >= cfg.cpu_block_s else None
+    note = ""
+    if samples < want:
+        rounds = cfg.cpu_rounds_of_row
+        note = (f"row budget applied: {samples * rounds} of {want * rounds} "
+                f"samples (one call {call_s:.3g} s, budget "
+                f"{budget * rounds:.3g} s)")
+    return CpuPlan(samples, number, note)
+
+
+def block_number(fn: Callable[[], object], block_s: float) -> int:
+    """Calls per sample so that one block lasts at least block_s: from the time of one
+    call, then of the block that should last block_s, corrected until it does."""
+    number = 1
+    t = timeit.Timer(fn).timeit(1)  # also the warm call
+    while t < block_s and number < 10**7:
+        number = min(10**7, max(2 * number, math.ceil(number * 1.2 * block_s / max(t, 1e-9))))
+        t = timeit.Timer(fn).timeit(number)
+    return number
+
+
+def time_cpu(fn: Callable[[], object], cfg: TimingConfig, plan: CpuPlan | None = None
+             ) -> Timing:
+    """Samples of `fn` on a CPU: plan.samples blocks of calls (the stdlib's timeit; the
+    thread count is the process's), each block's time divided by its calls.
+
+    Not torch.utils.benchmark's blocked_autorange: it sizes every block to 10,000x its
+    timer's overhead (about 10 ms, whatever the kernel) and estimates that size by
+    running blocks of 1, 10, 100... calls, so a 5 us kernel cost about 0.3 s a round,
+    and it has no time budget; on a 2-core machine that was most of the default run.
+    Here a block lasts cfg.cpu_block_s (the overhead stays under 0.1% of it) and the
+    sample count comes from plan_cpu."""
+    if plan is None:
+        t0 = time.perf_counter()
+        fn()
+        plan = plan_cpu(time.perf_counter() - t0, cfg)
+    number = plan.number or block_number(fn, cfg.cpu_block_s)
+    times = timeit.Timer(fn).repeat(repeat=plan.samples, number=number)
+    return summarize([t / number * 1e3 for t in times], TIMER_CPU)
 
 
 def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
-    """The budget of one of cfg.cpu_rounds rounds: its share of the samples and run time
-    (so that the rounds together give cfg.min_samples samples)."""
-    rounds = max(1, cfg.cpu_rounds)
-    return replace(cfg, cpu_rounds=1, min_samples=math.ceil(cfg.min_samples / rounds),
-                   cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds)
+    """The budget of one of cfg.cpu_rounds rounds: its share of the samples, run time and
+    row budget (so that the rounds together give what the row asks).  A config of one
+    round is its own."""
+    rounds = cfg.cpu_rounds
+    if rounds <= 1:
+        return cfg
+    return replace(cfg, cpu_rounds=1, cpu_rounds_of_row=rounds,
+                   min_samples=math.ceil(cfg.min_samples / rounds),
+                   gate_min_samples=math.ceil(cfg.gate_min_samples / rounds),
+                   cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds,
+                   row_budget_s=cfg.row_budget_s / rounds)
 
 
 def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
-                    cfg: TimingConfig) -> Timing:
+                    cfg: TimingConfig, plan: CpuPlan | None = None) -> Timing:
     """time_cpu over cfg.cpu_rounds rounds taken back to back; `make_call(r)` gives round
     r's callable (on its own buffers), and the samples of all rounds are pooled."""
     per_round = cpu_round_config(cfg)
     samples: list[float] = []
     for r in range(max(1, cfg.cpu_rounds)):
-        samples += time_cpu(make_call(r), per_round).samples_ms
+        samples += time_cpu(make_call(r), per_round, plan).samples_ms
     return summarize(samples, TIMER_CPU)
 
 
@@ -233,18 +313,27 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
 
     pad_us = flush_padding_us(host_us)
     if pad_us:
-        # Its own estimate sizes it: rep_ms of samples (at most max_rep_ms), at least
-        # cfg.min_samples of them, as the do_bench branch below gets.
-        return summarize(padded_flushed_samples(fn, min(cfg.rep_ms, cfg.max_rep_ms),
-                                                cfg.warmup_ms, pad_us, cfg.min_samples),
-                         TIMER_FLUSHED)
-    # A short first estimate sizes the measurement: at least cfg.min_samples samples.
+        return summarize(padded_flushed_samples(fn, cfg, pad_us), TIMER_FLUSHED)
+    # A short first estimate (flush included, as do_bench's own) sizes the measurement.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
-    rep = min(max(cfg.rep_ms, cfg.min_samples * est * 1.2), cfg.max_rep_ms)
-    samples = list(tt.do_bench(fn, warmup=cfg.warmup_ms, rep=rep, return_mode="all"))
-    while len(samples) < cfg.min_samples:  # do_bench counts its flush in the estimate
-        samples += tt.do_bench(fn, warmup=0, rep=rep, return_mode="all")
+    n = sample_count(est, cfg)
+    samples: list[float] = []
+    while len(samples) < n:  # do_bench counts its flush in its estimate: top up
+        # Warm-up as do_bench sizes it (from its own estimate), on the first call only.
+        samples += tt.do_bench(fn, warmup=0 if samples else cfg.warmup_ms,
+                               rep=max(1e-3, (n - len(samples)) * est), return_mode="all")
     return summarize(samples, TIMER_FLUSHED)
+
+
+def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
+    """Samples of a GPU timing whose samples each take `per_sample_ms` of device time
+    (flush, padding or graph replay included): as do_bench, cfg.rep_ms of them, at least
+    cfg.min_samples and at most cfg.max_samples, within cfg.row_budget_s unless that
+    leaves fewer than cfg.gate_min_samples."""
+    per = max(per_sample_ms, 1e-4)
+    want = max(cfg.min_samples, int(cfg.rep_ms / per))
+    fit = int(cfg.row_budget_s * 1e3 / per)
+    return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
 
 
 def _flush_buffer() -> torch.Tensor:
@@ -257,8 +346,8 @@ def _flush_buffer() -> torch.Tensor:
         return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
 
 
-def padded_flushed_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: float,
-                           pad_us: float, min_samples: int) -> list[float]:
+def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
+                           pad_us: float) -> list[float]:
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
     samples in ms.  See time_flushed."""
@@ -286,9 +375,9 @@ def padded_flushed_samples(fn: Callable[[], object], rep_ms: float, warmup_ms: f
     t1.record()
     torch.cuda.synchronize()
     per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
-    for _ in range(max(1, int(warmup_ms / per_sample_ms))):
+    for _ in range(max(1, int(cfg.warmup_ms / per_sample_ms))):
         fn()
-    n = max(min_samples, int(rep_ms / per_sample_ms))
+    n = sample_count(per_sample_ms, cfg)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends, strict=True):
@@ -449,8 +538,7 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
         t1.record()
         torch.cuda.synchronize()
         replay_ms = max(t0.elapsed_time(t1), 1e-3)
-        reps = int(min(max(cfg.min_samples, math.ceil(cfg.rep_ms / replay_ms)),
-                       cfg.max_graph_samples))
+        reps = sample_count(replay_ms, cfg)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for s, e in zip(starts, ends, strict=True):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,6 +32,11 @@ from roofline.devices import ROOF_CLASSES, DeviceModel, Present
 from roofline.schema import atomic_write_text
 
 CACHE_VERSION = 1
+# When set, the one folder every command keeps its ceiling cache in, in place of the one
+# it would use (run_bench's <out>/.ceilings, a fleet rank's own, the planner's and
+# `pytest benches/`'s results/.ceilings).  The test suite points it at a temporary cache
+# per session (tests/conftest.py), so running the tests never replaces measured peaks.
+CACHE_DIR_ENV = "GPUBENCH_CEILINGS_DIR"
 
 
 @dataclass
@@ -42,7 +48,14 @@ class Ceilings:
         return {"datasheet": self.datasheet, "measured": self.measured}
 
     def _pick(self, section: dict[str, Any] | None, roof_class: str) -> float | None:
-        return (section or {}).get("tflops", {}).get(roof_class)
+        tflops = (section or {}).get("tflops", {})
+        if section is self.measured and roof_class in no_roofs(tflops):
+            return None
+        return tflops.get(roof_class)
+
+    def no_roofs(self) -> dict[str, str]:
+        """The measured classes that are no roof (see no_roofs), with why."""
+        return no_roofs((self.measured or {}).get("tflops") or {})
 
     def peak_tflops(self, roof_class: str) -> float | None:
         """The peak a row is held against: datasheet where there is one, else measured."""
@@ -116,6 +129,48 @@ def _time_ms(fn, device: str, l2_flush: bool = True) -> float:
     m = benchmark.Timer(stmt="fn()", globals={"fn": fn},
                         num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=0.3)
     return float(min(m.times) * 1e3)
+
+
+# Seconds one call of a ceiling's matmul may take: a slower call is timed once (the
+# call after its warm-up) instead of for _time_ms's 0.3 s and more.
+CEILING_CALL_BUDGET_S = 0.5
+
+
+def _budgeted_ms(fn, device: str) -> float:
+    """_time_ms(fn), or for a call slower than CEILING_CALL_BUDGET_S on a CPU the time of
+    the one call after the warm-up one."""
+    t0 = time.perf_counter()
+    fn()  # warm-up, and whether it runs at all
+    once = time.perf_counter() - t0
+    if device != "cuda" and once > CEILING_CALL_BUDGET_S:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return _time_ms(fn, device)
+
+
+# A reduced-precision class measured below this fraction of fp32's rate is no roof.
+# 10x leaves room for a loaded host's noise (seen: 2-3x between two measurements) and
+# for converting paths that still run near fp32 (this suite's 2-core VM: fp8
+# torch._scaled_mm at half fp32's rate), while a software path is far below it (fp16
+# matmul on the same VM: 66x slower than fp32; a CPU without fp8 support: 7,000x).
+NO_ROOF_BELOW_FP32 = 0.1
+
+
+def no_roofs(tflops: dict[str, float]) -> dict[str, str]:
+    """Measured compute ceilings that are no roof, each with why: a reduced-precision
+    class (tf32, fp16, bf16, fp8) measured more than 10x slower than fp32 has no unit of
+    its own on this device (the library emulates it in software), so its rate says how
+    slow that path is, not what the hardware can do; MFU against it would call a
+    crawling kernel efficient (fp8 matmul at 40% "MFU" of a 3.8e-5 TFLOP/s ceiling).
+    Rows of such a class get no compute roof (no MFU), and it is not plotted."""
+    fp32 = tflops.get("fp32")
+    if not fp32:
+        return {}
+    return {rc: (f"measured {v:.3g} TFLOP/s, under {NO_ROOF_BELOW_FP32:g}x fp32's "
+                 f"{fp32:.3g}: no {rc} unit on this device (an emulated path), so no MFU "
+                 "against it")
+            for rc, v in tflops.items() if rc != "fp32" and v < NO_ROOF_BELOW_FP32 * fp32}
 
 
 def _copy_fn(nbytes: int, device: str, reps: int = 1):
@@ -193,15 +248,22 @@ def measure(present: Present, log=print) -> dict[str, Any]:
         for n in sizes:
             try:
                 fn, flops = _gemm_fn(rc, n, device)
-                fn()
-                ms = _time_ms(fn, device)
+                ms = _budgeted_ms(fn, device)
             except Exception as e:  # a dtype the device/library cannot multiply
                 out["method"][f"{rc}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 break
             best = max(best, flops / (ms * 1e-3) / 1e12)
+            # The next size does 8x the work: not where one call would pass the budget
+            # (a CPU without the dtype's unit: fp8 torch._scaled_mm at 14 MFLOP/s takes
+            # 150 s a call at 1024^3).
+            if ms * 8 > CEILING_CALL_BUDGET_S * 1e3:
+                out["method"][f"{rc}_sizes"] = f"stopped at {n}^3: {ms:.4g} ms a call"
+                break
         if best:
             out["tflops"][rc] = best
             log(f"  {rc} matmul {best:.3f} TFLOP/s")
+    for rc, why in no_roofs(out["tflops"]).items():
+        log(f"  {rc}: not a roof: {why}")
     out["method"]["compute"] = (f"best of square matmuls {sizes}: torch.matmul, "
                                 "torch._scaled_mm for fp8")
     out["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -261,13 +323,15 @@ def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
                  measure_ceilings: bool = True, force: bool = False, log=print) -> Ceilings:
     """Datasheet ceilings of `model` beside ceilings measured on the device present.
 
-    Measurements are cached per device and software versions in cache_dir; `force`
-    re-measures.  A device without a datasheet is always measured.
+    Measurements are cached per device and software versions in cache_dir (in
+    $GPUBENCH_CEILINGS_DIR where that is set); `force` re-measures.  A device without a
+    datasheet is always measured.
     """
     datasheet = datasheet_of(model)
     if not measure_ceilings and datasheet is not None:
         return Ceilings(datasheet, None)
-    path = Path(cache_dir) / f"ceilings-{cache_key(present)}.json"
+    cache_dir = Path(os.environ.get(CACHE_DIR_ENV) or cache_dir)
+    path = cache_dir / f"ceilings-{cache_key(present)}.json"
     if path.exists() and not force:
         try:
             cached = json.loads(path.read_text())

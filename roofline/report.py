@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from roofline.ceilings import no_roofs
 from roofline.devices import ROOF_CLASSES
 from roofline.findings import (
     _dict,
@@ -189,10 +190,10 @@ def _throttled_section(df: pd.DataFrame) -> str:
     rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
              _mhz(_finite(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
             for _, r in _order(throttled_rows(df)).iterrows()]
-    return ("Timed while the GPU slowed itself down (power cap, thermal, hardware slowdown, "
-            "or an SM clock below the threshold), still so after re-timing: their times "
-            "describe a throttled GPU, and the regression gate gives them the verdict "
-            "`throttled`.\n\n"
+    return ("Timed while the GPU's SM clock sat below the throttle threshold (the clock-"
+            "event reasons NVML gave are in the reason), still so after re-timing: their "
+            "times describe a throttled GPU, and the regression gate gives them the "
+            "verdict `throttled`.\n\n"
             + _table(["kernel", "provider", "dtype", "shape", "SM clock", "reason"], rows,
                      "llllrl"))
 
@@ -237,7 +238,12 @@ def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -
                          f"{fmt_gbps(b)} GB/s" if b else "-", frac(a, b)])
     note = "" if ds else ("\n\nNo datasheet for this device: rows are held against the "
                           "measured ceilings.")
-    method = ((meta_ceilings or {}).get("measured") or {}).get("method")
+    measured = (meta_ceilings or {}).get("measured") or {}
+    raw = measured.get("tflops") if isinstance(measured.get("tflops"), dict) else {}
+    for rc, why in no_roofs({k: v for k, v in raw.items()
+                             if isinstance(v, int | float)}).items():
+        note += f"\n\nNo {rc} roof: {why}."
+    method = measured.get("method")
     if isinstance(method, dict) and method:
         note += "\n\nMeasured by: " + "; ".join(f"{k}: {_cell(m)}" for k, m in method.items())
     return _table(["ceiling", "datasheet", "measured", "measured / datasheet"], rows,

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from roofline.ceilings import no_roofs
 from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul")
@@ -118,6 +119,9 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
     raw = doc.get("tflops") or {}
     tflops = {str(k): v for k, v in ((k, _pos(v)) for k, v in raw.items()) if v is not None} \
         if isinstance(raw, dict) else {}
+    if source == "measured":  # a class slower than fp32 is no roof (ceilings.no_roofs)
+        for rc in no_roofs(tflops):
+            tflops.pop(rc)
     c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")))
     return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
 

@@ -130,11 +130,11 @@ def test_flushed_samples_count_device_time_only_when_the_gpu_is_kept_busy(monkey
     # As do_bench does it: the start event runs when the flush ends (85 us after it was
     # enqueued), the kernel is enqueued 303 us after the flush (event, call): every
     # sample is 218 us of waiting for the host plus the 5 us kernel.
-    plain = timing.padded_flushed_samples(triton_call, 10.0, 1.0, 0.0, 3)
+    cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3)
+    plain = timing.padded_flushed_samples(triton_call, cfg, 0.0)
     assert plain == [pytest.approx(0.223)] * len(plain)
     # Kept busy for 2 x 300 + 10 us after each flush: the kernel's 5 us, every sample.
-    padded = timing.padded_flushed_samples(triton_call, 10.0, 1.0, flush_padding_us(300.0),
-                                           3)
+    padded = timing.padded_flushed_samples(triton_call, cfg, flush_padding_us(300.0))
     assert padded == [pytest.approx(0.005)] * 14  # 10 ms over 700 us a sample
 
 

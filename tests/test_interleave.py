@@ -95,7 +95,7 @@ def test_a_kernel_raising_in_a_later_round_fails_its_row_only() -> None:
 
 def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
     # One call and exactly per-round samples per round, so counts say how many rounds.
-    def one_call(fn: Any, cfg: timing.TimingConfig) -> timing.Timing:
+    def one_call(fn: Any, cfg: timing.TimingConfig, plan: Any = None) -> timing.Timing:
         fn()
         return timing.summarize([0.01] * cfg.min_samples, timing.TIMER_CPU)
 

@@ -149,11 +149,11 @@ def test_interrupt_keeps_finished_rows(tmp_path, monkeypatch):
     real = runner.run_case
     calls = {"n": 0}
 
-    def flaky(case, cfg, cache):
+    def flaky(case, cfg, cache, *rest):
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt
-        return real(case, cfg, cache)
+        return real(case, cfg, cache, *rest)
 
     monkeypatch.setattr(runner, "run_case", flaky)
     code = run_bench.main(["--device", "cpu", "--sizes", "n=2048", "--kernels", "add,mul",
