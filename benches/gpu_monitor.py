@@ -1,7 +1,7 @@
 """The GPU's clocks, power and throttling through NVML (nvidia-ml-py), read from the NVML
 device that is the CUDA device in use, and nvbench-style throttle handling of a timing:
-a timing during which the GPU throttled is taken again after a pause, and marked if it
-stays throttled.
+a timing whose SM clock sat below a share of the maximum is taken again after a pause,
+and marked if it stays throttled.
 
 Light on imports (torch only) and free of the sweep: benches.runner calls
 `time_unthrottled` around each GPU row's timing.
@@ -28,19 +28,32 @@ def _message(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
 
 
-# Clock-event ("throttle") reason bits that mean the GPU slowed itself down (nvml.h):
-# SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake
-# 0x80.  Not counted: GPU idle 0x1, application clocks setting 0x2, sync boost 0x10,
-# display clock 0x100 (none of them lowers a busy kernel's clock below what was asked).
-REAL_THROTTLE_REASONS: dict[str, int] = {
+# Clock-event ("throttle") reason bits that name a power or thermal limit on the clock
+# (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power
+# brake 0x80.  They are reported beside the SM clock, and never decide on their own
+# whether a timing was throttled: the clock does (throttle_state).  Not reported:
+# application clocks setting 0x2, sync boost 0x10, display clock 0x100.
+SLOWDOWN_REASONS: dict[str, int] = {
     "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40,
     "hw_power_brake": 0x80,
 }
-REAL_THROTTLE_MASK = sum(REAL_THROTTLE_REASONS.values())
+SLOWDOWN_MASK = sum(SLOWDOWN_REASONS.values())
+# "Nothing is running on the GPU and the clocks are dropping to Idle state" (nvml.h).
+GPU_IDLE_REASON = 0x1
 
 
 def throttle_names(reasons: int) -> list[str]:
-    return [n for n, bit in REAL_THROTTLE_REASONS.items() if reasons & bit]
+    return [n for n, bit in SLOWDOWN_REASONS.items() if reasons & bit]
+
+
+def is_idle(reading: dict[str, Any]) -> bool:
+    """A reading of an idle GPU: flagged GPU-idle by NVML, or no kernel ran during
+    NVML's last utilization period (1/6 s to 1 s).  A timing's window also spans host
+    work with the GPU waiting (a CUDA graph's dispatch bursts, input copies and capture):
+    the clock read then is an idle or falling clock, not the one the kernels ran at."""
+    reasons, util = reading.get("clock_reasons"), reading.get("gpu_util_pct")
+    return (isinstance(reasons, int) and bool(reasons & GPU_IDLE_REASON)) or \
+        (isinstance(util, int | float) and util == 0)
 
 
 def _nvml() -> Any | None:
@@ -99,13 +112,15 @@ def _clock_reasons(pynvml: Any, h: Any) -> int:
 
 
 def nvml_reading(pynvml: Any, h: Any) -> dict[str, Any]:
-    """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons."""
+    """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons,
+    GPU utilization (%)."""
     readers = {
         "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
         "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
         "temperature_c": lambda: pynvml.nvmlDeviceGetTemperature(
             h, pynvml.NVML_TEMPERATURE_GPU),
         "clock_reasons": lambda: _clock_reasons(pynvml, h),
+        "gpu_util_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
     }
     out: dict[str, Any] = {"t": time.monotonic()}
     for key, read in readers.items():
@@ -125,9 +140,11 @@ class GpuMonitor:
                  keep: int = 100_000) -> None:
         self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
         self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
-        # The readings of the timing windows (see window): what the run's clocks, power
-        # and throttle facts describe, not the compile and reference work between them.
+        # The busy readings of the timing windows (see window): what the run's clocks,
+        # power and throttle facts describe, not the compile and reference work between
+        # them nor the idle spells inside a window (counted in idle_in_windows).
         self.timed: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.idle_in_windows = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,10 +179,11 @@ class GpuMonitor:
             self._thread = None
 
     def window(self, t0: float, t1: float) -> dict[str, Any]:
-        """Per-row columns over [t0, t1] plus one reading taken now (a row shorter than
-        the sampling interval still gets one): the median SM clock, and whether any
-        reading showed a real throttle reason.  The window's readings are kept for the
-        run's summary."""
+        """A timing's clock over [t0, t1] plus one reading taken now (a row shorter than
+        the sampling interval still gets one), from the readings of a busy GPU (is_idle):
+        the median SM clock (None when every reading was idle or unreadable), the
+        power/thermal clock-event reasons seen, and how many idle readings were left out.
+        The busy readings are kept for the run's summary."""
         now = self.sample()
         rs: list[dict[str, Any]] = []
         with self._lock:
@@ -178,34 +196,40 @@ class GpuMonitor:
                     rs.append(r)
             rs.reverse()
             rs.append(now)
-            self.timed.extend(rs)
-        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
-        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
+            busy = [r for r in rs if not is_idle(r)]
+            self.timed.extend(busy)
+            self.idle_in_windows += len(rs) - len(busy)
+        clocks = [r["sm_clock_mhz"] for r in busy
+                  if isinstance(r.get("sm_clock_mhz"), int | float)]
+        reasons = [r["clock_reasons"] for r in busy if isinstance(r.get("clock_reasons"), int)]
         return {
             "sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
-            "throttled": any(bool(x & REAL_THROTTLE_MASK) for x in reasons)
-            if reasons else None,
             "throttle_reasons": sorted({n for x in reasons for n in throttle_names(x)}),
+            "idle_readings": len(rs) - len(busy),
         }
 
     def summary(self) -> dict[str, Any]:
-        """Over the readings of every timing window so far (window): SM clock range, peak
-        power, throttle share; `readings` counts them, `readings_all` every reading."""
+        """Over the busy readings of every timing window so far (window): SM clock range,
+        peak power, and the share of readings that carried a power/thermal clock-event
+        reason (`throttled_fraction`: reported, not a throttle verdict); `readings`
+        counts them, `readings_idle` the idle ones left out, `readings_all` every
+        reading."""
         with self._lock:
-            rs, n_all = list(self.timed), len(self.readings)
+            rs, n_all, n_idle = list(self.timed), len(self.readings), self.idle_in_windows
         clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
         power = [r["power_w"] for r in rs if isinstance(r.get("power_w"), int | float)]
         reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
         seen = sorted({n for x in reasons for n in throttle_names(x)})
         return {
             "readings": len(rs),
+            "readings_idle": n_idle,
             "readings_all": n_all,
             "interval_s": self.interval_s,
             "sm_clock_mhz_min": min(clocks) if clocks else None,
             "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
             "sm_clock_mhz_max": max(clocks) if clocks else None,
             "power_w_max": max(power) if power else None,
-            "throttled_fraction": (sum(bool(x & REAL_THROTTLE_MASK) for x in reasons)
+            "throttled_fraction": (sum(bool(x & SLOWDOWN_MASK) for x in reasons)
                                    / len(reasons)) if reasons else None,
             "throttle_reasons_seen": seen,
         }
@@ -281,8 +305,9 @@ def nvml_snapshot() -> dict[str, Any] | None:
                 snap[key] = read()
             except Exception:
                 snap[key] = None
+        # Reasons only: a reading at the run's (idle) ends cannot say whether a timing
+        # was throttled; that is judged per row, by its clock (throttle_state).
         tr = snap.get("clock_reasons")
-        snap["throttled"] = bool(tr & REAL_THROTTLE_MASK) if isinstance(tr, int) else None
         snap["throttle_reasons"] = throttle_names(tr) if isinstance(tr, int) else None
         if _MONITOR is not None:
             snap["during_run"] = _MONITOR.summary()
@@ -293,6 +318,24 @@ def nvml_snapshot() -> dict[str, Any] | None:
 
 
 # ---- throttle handling (nvbench's --throttle-threshold / --throttle-recovery-delay) ----
+#
+# The rule, as nvbench's: a timing is throttled when the SM clock it ran at sat below
+# threshold_pct of the GPU's maximum SM clock, and only then.  nvbench times the clock
+# over each trial (nvbench/detail/gpu_frequency.cxx, has_throttled: the measured rate
+# below threshold x cudaDevAttrClockRate, default 75%) and reads no clock-event reasons.
+# Here the clock is NVML's SM clock, the median over the busy readings of the timing's
+# window (GpuMonitor.window).  The reasons NVML gives are reported beside the clock (the
+# row's reason, the run's summary), never judged alone:
+# - sw_power_cap is the GPU holding its power limit, the normal state of a sustained
+#   GEMM at TDP (an H100 SXM at 700 W reports it routinely): what it costs shows in the
+#   clock, and above the threshold it is the speed the GPU has, not a throttled timing
+#   (counting the bit alone re-timed and marked the big bf16/fp8 matmuls, failing the
+#   gate).
+# - hw_slowdown, hw_thermal and hw_power_brake cut the clock "by a factor of 2 or more"
+#   (nvml.h), so a sustained one puts the clock under any threshold above 50%; NVML also
+#   reports hw_slowdown "during PState or clock change", which a window opening on a GPU
+#   coming out of idle contains.  With the clock above the threshold they are reported,
+#   not counted.  sw_thermal lowers the clock in steps: the same rule holds.
 
 @dataclass(frozen=True)
 class ThrottleConfig:
@@ -300,11 +343,11 @@ class ThrottleConfig:
 
     As nvbench does (its --throttle-threshold, default 75%, and
     --throttle-recovery-delay, default 0.05 s): a timing during which the median SM clock
-    sat below `threshold_pct` of the GPU's maximum SM clock, or a real throttle reason
-    (power cap, thermal, hardware slowdown) was seen, is taken again after
-    `recovery_delay_s`, up to `retries` times; if the last one is throttled too, the row
-    keeps it and is marked (`throttled`), so the regression gate can tell a hot or
-    power-capped GPU from slower code."""
+    of the busy GPU sat below `threshold_pct` of the GPU's maximum SM clock is taken
+    again after `recovery_delay_s`, up to `retries` times; if the last one is throttled
+    too, the row keeps it and is marked (`throttled`), so the regression gate can tell a
+    hot or power-starved GPU from slower code.  Clock-event reasons are reported, not
+    judged (see the rule above)."""
 
     threshold_pct: float = 75.0
     recovery_delay_s: float = 0.05
@@ -314,17 +357,33 @@ class ThrottleConfig:
         return asdict(self)
 
 
+def _reasons_text(window: dict[str, Any]) -> str:
+    names = window.get("throttle_reasons") or []
+    return f"clock-event reasons {', '.join(names)}" if names else ""
+
+
 def throttle_state(window: dict[str, Any], max_sm_clock_mhz: float | None,
                    cfg: ThrottleConfig) -> str | None:
-    """Why a timing window counts as throttled, or None when it does not."""
-    reasons = window.get("throttle_reasons") or []
-    if reasons or window.get("throttled"):
-        return "clock-event reasons: " + (", ".join(reasons) or "power/thermal")
+    """Why a timing window counts as throttled (its SM clock below the threshold, with
+    the reasons NVML gave), or None when it does not or cannot be told (no busy reading,
+    no known maximum)."""
     clock = window.get("sm_clock_mhz")
-    if isinstance(clock, int | float) and max_sm_clock_mhz and \
-            clock < cfg.threshold_pct / 100.0 * max_sm_clock_mhz:
-        return (f"SM clock {clock:.0f} MHz, below {cfg.threshold_pct:g}% of its "
-                f"{max_sm_clock_mhz:.0f} MHz maximum")
+    if not (isinstance(clock, int | float) and max_sm_clock_mhz and
+            clock < cfg.threshold_pct / 100.0 * max_sm_clock_mhz):
+        return None
+    why = (f"SM clock {clock:.0f} MHz, below {cfg.threshold_pct:g}% of its "
+           f"{max_sm_clock_mhz:.0f} MHz maximum")
+    reasons = _reasons_text(window)
+    return f"{why}; {reasons}" if reasons else why
+
+
+def _span(timing: Any) -> tuple[float, float] | None:
+    """The time.monotonic() span a timer reports for its samples (`span`: the start of
+    its first sample, the end of its last), where it reports one."""
+    span = getattr(timing, "span", None)
+    if isinstance(span, tuple) and len(span) == 2 and \
+            all(isinstance(x, int | float) for x in span) and span[0] <= span[1]:
+        return float(span[0]), float(span[1])
     return None
 
 
@@ -332,14 +391,17 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
                      cfg: ThrottleConfig, sleep: Callable[[float], None] = time.sleep
                      ) -> tuple[T, str, dict[str, Any]]:
     """(timing, note, row columns) of `time_fn` under the monitor's NVML window, taken
-    again after a pause while throttled (ThrottleConfig).  The columns are the last
-    timing's median SM clock and whether it was throttled; the note says what was done."""
+    again after a pause while throttled (ThrottleConfig).  The window is the timing's
+    own samples where the timer reports their span (a CUDA graph's capture and the
+    copies made for it then stay out), else the whole call.  The columns are the last
+    timing's median SM clock and whether it was throttled; the note says what was done,
+    and which clock-event reasons NVML gave while it ran."""
     max_clock = getattr(monitor, "max_sm_clock_mhz", None)
     attempt = 0
     while True:
         t0 = time.monotonic()
         timing, note = time_fn()
-        window = monitor.window(t0, time.monotonic())
+        window = monitor.window(*(_span(timing) or (t0, time.monotonic())))
         why = throttle_state(window, max_clock, cfg)
         if why is None or attempt >= cfg.retries:
             break
@@ -351,11 +413,18 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
         said = f"timed again {attempt}x after the GPU throttled"
     else:
         said = ""
+    reasons = _reasons_text(window)
+    clock = window.get("sm_clock_mhz")
+    if reasons and why is None and isinstance(clock, int | float):
+        # Reported beside the clock, as the row's verdict rests on the clock alone.
+        above = (f", above {cfg.threshold_pct:g}% of {max_clock:.0f} MHz: not throttled"
+                 if max_clock else "")
+        said = "; ".join(x for x in (said, f"{reasons} at SM clock {clock:.0f} MHz{above}")
+                         if x)
     if said:
         note = f"{note}; {said}" if note else said
     return timing, note, {"sm_clock_mhz": window.get("sm_clock_mhz"),
                           "throttled": why is not None}
-
 
 
 def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,
@@ -378,6 +447,7 @@ def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,
         "throttle": {
             **cfg.as_dict(),
             "readings": during.get("readings"),
+            "readings_idle_left_out": during.get("readings_idle"),
             "throttled_fraction_of_readings": during.get("throttled_fraction"),
             "reasons_seen": during.get("throttle_reasons_seen") or [],
             "throttled_rows": len(throttled),

@@ -76,7 +76,9 @@ class TimingConfig:
     # time of one call in its reason.  10 is what the regression gate's rank test needs
     # to call a change at the per-row significance of a 1,000-row comparison (10 vs 10
     # samples reach p = 1/C(20, 10) = 5.4e-6 < 1e-5; tests/test_budget.py pins it).
-    row_budget_s: float = 2.0
+    # 5 s: a matmul of 0.5 s a call still gets the gate's 10 samples (fp16 512^3 on the
+    # 2-core VM takes 0.1 s quiet, 0.2 s beside another job).
+    row_budget_s: float = 5.0
     gate_min_samples: int = 10
     # CPU samples come in this many rounds, each on freshly allocated inputs and output,
     # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
@@ -110,6 +112,9 @@ class Timing:
     host_us: float | None = None
     # What the timer did other than asked, for the row's reason (a capture cut short).
     note: str = ""
+    # time.monotonic() at the start and end of the samples on the GPU (the NVML window of
+    # the row: a CUDA graph's capture and copies, with the GPU idle, stay out of it).
+    span: tuple[float, float] | None = None
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
@@ -311,9 +316,11 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     flush and padding included), at least cfg.min_samples."""
     import triton.testing as tt
 
+    t_start = time.monotonic()
     pad_us = flush_padding_us(host_us)
     if pad_us:
-        return summarize(padded_flushed_samples(fn, cfg, pad_us), TIMER_FLUSHED)
+        return replace(summarize(padded_flushed_samples(fn, cfg, pad_us), TIMER_FLUSHED),
+                       span=(t_start, time.monotonic()))
     # A short first estimate (flush included, as do_bench's own) sizes the measurement.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
     n = sample_count(est, cfg)
@@ -322,7 +329,7 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
         # Warm-up as do_bench sizes it (from its own estimate), on the first call only.
         samples += tt.do_bench(fn, warmup=0 if samples else cfg.warmup_ms,
                                rep=max(1e-3, (n - len(samples)) * est), return_mode="all")
-    return summarize(samples, TIMER_FLUSHED)
+    return replace(summarize(samples, TIMER_FLUSHED), span=(t_start, time.monotonic()))
 
 
 def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
@@ -539,6 +546,7 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
         torch.cuda.synchronize()
         replay_ms = max(t0.elapsed_time(t1), 1e-3)
         reps = sample_count(replay_ms, cfg)
+        t_start = time.monotonic()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for s, e in zip(starts, ends, strict=True):
@@ -546,11 +554,12 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
             graph.replay()
             e.record()
         torch.cuda.synchronize()
+        span = (t_start, time.monotonic())
         samples = [s.elapsed_time(e) / captured for s, e in zip(starts, ends, strict=True)]
     finally:
         del graph
         live.clear()
-    return replace(summarize(samples, TIMER_GRAPH), note=note)
+    return replace(summarize(samples, TIMER_GRAPH), note=note, span=span)
 
 
 def time_call_ms(call: Callable[[], object], on_gpu: bool) -> float:

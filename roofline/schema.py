@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pandas as pd
 
@@ -33,8 +34,8 @@ EXTRA_COLUMNS: list[str] = [
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
     "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
     "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
-    "throttled",  # GPU: timed while throttled (reason or SM clock below the threshold),
-    # still so after re-timing
+    "throttled",  # GPU: timed with the SM clock below the throttle threshold, still so
+    # after re-timing (clock-event reasons are reported in `reason`, not judged)
     "host_us",  # GPU: host time to dispatch one call (Python + launch), apart from device
     # time; longer than the device time (ms_median) = launch-bound
     "config",  # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
@@ -68,33 +69,43 @@ class RunLoadError(ValueError):
     """A run folder or results file that cannot be read (one-line message)."""
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it: put it straight back
-    os.umask(mask)
-    return mask
+def _create_beside(path: Path) -> tuple[int, Path]:
+    """A new, exclusively created temp file in path's folder, (fd, its path).  Created
+    with mode 0666 so the kernel applies the process's umask (and a folder's default
+    ACL) at this moment, as open() does: 0644 under the usual 022.  mkstemp's files are
+    0600 whatever the umask, and a mode computed from the umask at import goes stale when
+    the umask changes later."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
-# Mode of files this suite creates: what open() would give under the process's umask
-# (0644 under the usual 022), not mkstemp's private 0600.
-FILE_MODE = 0o666 & ~_umask()
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so a crash never leaves a
-    half-written file in place of a good one."""
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """Write a file through `write(f)` on a temp file in the same folder, then rename it
+    into place, so a crash never leaves a half-written file in place of a good one.  The
+    file gets the mode open() would give it (see _create_beside)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = _create_beside(path)
     try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """atomic_write of UTF-8 text."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def parse_shape(shape: str) -> dict[str, int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
+
+from roofline.schema import atomic_write
 
 # Kernel colours avoid tab10 green/red/grey: green and red mean faster/slower on baseline
 # arrows, grey is the ceilings.
@@ -150,16 +151,7 @@ def _tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
 
 
 def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
-    """Write the figure as PNG atomically (temp file + rename): a crash mid-write never
-    leaves a truncated image in place of a good one."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the figure as PNG atomically (temp file + rename, roofline.schema.atomic_write):
+    a crash mid-write never leaves a truncated image in place of a good one, and the PNG
+    gets the same mode as the run's other files."""
+    return atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=DPI))

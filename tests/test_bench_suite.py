@@ -6,14 +6,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# A hang guard only.  The child measures the CPU's ceilings unless this session's cache
+# (GPUBENCH_CEILINGS_DIR, inherited) already holds them, which takes minutes on a busy
+# 2-core machine: the test waits for the child to finish, however long that takes.
+HANG_GUARD_S = 1800
 
 
 def test_bench_suite_records_metrics_and_machine(tmp_path):
     out = tmp_path / "bench.json"
+    # fp32 rows: fp32 is a roof on every device, while a CPU may have no bf16 unit (a
+    # measured bf16 ceiling below fp32's is no roof, so no MFU: roofline.ceilings.no_roofs).
     p = subprocess.run(
         [sys.executable, "-m", "pytest", "benches/", "-q", "-p", "no:cacheprovider",
-         "-k", "add-torch-fp32 or matmul-torch-bf16", f"--benchmark-json={out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "-k", "add-torch-fp32 or matmul-torch-fp32", f"--benchmark-json={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["machine_info"]["gpu_name"]

@@ -283,7 +283,8 @@ class FakeCapture:
                 return 1.0
 
         self.capturing = capturing
-        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: self.now,
+                                                           monotonic=lambda: self.now))
         monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
         monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
@@ -546,3 +547,29 @@ def test_launches_are_counted_on_the_gpu():
     out = torch.empty_like(x)
     assert timing.count_launches(lambda: torch.add(x, x, out=out)) == 1
     assert timing.count_launches(lambda: (out.copy_(x), out.mul_(2), out.add_(1))) == 3
+
+
+# ---- the NVML window is the timer's own samples -------------------------------------------
+
+def test_the_graph_timers_span_leaves_the_capture_out(monkeypatch):
+    from tests.test_measurement import _fake_cuda
+
+    _fake_cuda(monkeypatch)
+    captured_at: list[float] = []
+
+    def call():
+        captured_at.append(time.monotonic())
+        return torch.empty(1)
+
+    before = time.monotonic()
+    t = timing.time_cudagraph([call] * 3, TimingConfig(graph_min_calls=30, min_samples=5))
+    assert t.span is not None and before <= t.span[0] <= t.span[1] <= time.monotonic()
+    assert t.span[0] >= max(captured_at)  # every captured call came before the window
+
+
+def test_the_flushed_timers_span_covers_its_samples(monkeypatch):
+    gpu = FakeGpu()
+    gpu.install(monkeypatch, flush_us=85.0)
+    before = time.monotonic()
+    t = timing.time_flushed(lambda: gpu.op(30.0, 5.0), TimingConfig(), host_us=30.0)
+    assert t.span is not None and before <= t.span[0] <= t.span[1] <= time.monotonic()

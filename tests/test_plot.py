@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,8 @@ def cpu_meta() -> dict[str, Any]:
         "run_id": "cpu-run", "created": "2025-01-02T08:00:00", "device_key": "cpu",
         "device_name": "AMD EPYC 7B13", "python": "3.11.9", "torch": "2.5.1", "triton": None,
         "ceilings": {"datasheet": None,
-                     "measured": {"tflops": {"fp32": 1.2, "bf16": 0.6}, "hbm_gbps": 20.0,
+                     # bf16 above fp32 (a CPU with bf16 units): a roof of its own
+                     "measured": {"tflops": {"fp32": 1.2, "bf16": 2.4}, "hbm_gbps": 20.0,
                                   "l2_gbps": None}},
     }
 
@@ -263,7 +265,7 @@ def test_cpu_metadata_measured_only():
     assert all(ln.get_linestyle() == "--" for ln in lines)
     texts = {t.get_gid(): t.get_text() for t in gids(fig, "ridge:", "texts")}
     assert number(texts["ridge:measured:fp32"], "ridge") == pytest.approx(1.2e3 / 20, rel=0.01)
-    assert number(texts["ridge:measured:bf16"], "ridge") == pytest.approx(0.6e3 / 20, rel=0.01)
+    assert number(texts["ridge:measured:bf16"], "ridge") == pytest.approx(2.4e3 / 20, rel=0.01)
     assert n_points(fig) == (df["status"] == "ok").sum()
 
 
@@ -362,6 +364,24 @@ def test_cli_replots_from_folder(tmp_path, capsys):
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in run.iterdir()) == ["results.json", "roofline.png",
                                                      "scaling.png"]  # no temp files left
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)],
+                         ids=["umask022", "umask027"])
+def test_figures_get_the_umask_mode_like_other_files(tmp_path, capsys, umask, mode):
+    """PNGs were written through mkstemp (0600 whatever the umask) while results.json and
+    summary.md were 0644: figures get the mode open() gives, read at the write."""
+    from roofline.schema import atomic_write_text
+
+    run = write_run(tmp_path / "run", h100_meta(), small_run(h100_meta()))
+    old = os.umask(umask)
+    try:
+        assert plot.main([str(run)]) == 0
+        atomic_write_text(run / "summary.md", "x\n")
+    finally:
+        os.umask(old)
+    for name in ("roofline.png", "scaling.png", "summary.md"):
+        assert oct((run / name).stat().st_mode & 0o777) == oct(mode), name
 
 
 def test_cli_replots_from_json_with_out_and_baseline(tmp_path, capsys):

@@ -1,9 +1,11 @@
 """Clocks and throttling that describe the timing, and that the gate sees.
 
-The NVML window of a row covers its timing only; a throttled timing is taken again after
-a pause (nvbench's --throttle-threshold / --throttle-recovery-delay) and the row marked if
-it stays throttled; summary.md shows the run's clocks, power and throttled rows; the
-comparison gives such rows the verdict `throttled`, which fails the gate unless allowed.
+The NVML window of a row covers its timing only, and its clock the readings of a busy
+GPU; a timing whose SM clock sat below the threshold is taken again after a pause
+(nvbench's --throttle-threshold / --throttle-recovery-delay) and the row marked if it
+stays throttled, with NVML's clock-event reasons reported beside the clock, never judged
+alone; summary.md shows the run's clocks, power and throttled rows; the comparison gives
+such rows the verdict `throttled`, which fails the gate unless allowed.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ class WindowMonitor:
         return self.windows.pop(0) if len(self.windows) > 1 else self.windows[0]
 
 
-CLEAN = {"sm_clock_mhz": 1980.0, "throttled": False, "throttle_reasons": []}
-CAPPED = {"sm_clock_mhz": 1400.0, "throttled": True, "throttle_reasons": ["sw_power_cap"]}
+CLEAN = {"sm_clock_mhz": 1980.0, "throttle_reasons": []}
+CAPPED = {"sm_clock_mhz": 1400.0, "throttle_reasons": ["sw_power_cap"]}
 
 
 def _timer():
@@ -54,17 +56,25 @@ def _timer():
 @pytest.mark.parametrize("clock, throttled", [(1480.0, True), (1499.0, True),
                                               (1500.0, False), (1520.0, False)])
 def test_threshold_is_a_share_of_the_maximum_sm_clock(clock, throttled):
-    w = {"sm_clock_mhz": clock, "throttled": False, "throttle_reasons": []}
+    w = {"sm_clock_mhz": clock, "throttle_reasons": []}
     why = throttle_state(w, 2000.0, ThrottleConfig(threshold_pct=75.0))
     assert (why is not None) is throttled
     if throttled:
         assert f"{clock:.0f} MHz" in why and "75%" in why
 
 
-def test_a_throttle_reason_counts_whatever_the_clock():
-    assert "sw_power_cap" in throttle_state(CAPPED | {"sm_clock_mhz": 1980.0}, 2000.0,
-                                            ThrottleConfig())
+@pytest.mark.parametrize("reason", ["sw_power_cap", "hw_slowdown", "sw_thermal",
+                                    "hw_thermal", "hw_power_brake"])
+def test_a_clock_event_reason_above_the_threshold_is_not_throttling(reason):
+    """nvbench's rule: the clock against the threshold, nothing else.  An H100 SXM holds
+    its 700 W cap (sw_power_cap) through every long GEMM at a clock near its maximum."""
+    w = {"sm_clock_mhz": 1755.0, "throttle_reasons": [reason]}
+    assert throttle_state(w, 1980.0, ThrottleConfig()) is None
+    why = throttle_state(w | {"sm_clock_mhz": 1400.0}, 1980.0, ThrottleConfig())
+    assert "1400 MHz" in why and reason in why  # below it: throttled, reasons beside
     assert throttle_state(CLEAN, None, ThrottleConfig()) is None  # no maximum known
+    assert throttle_state({"sm_clock_mhz": None, "throttle_reasons": [reason]}, 1980.0,
+                          ThrottleConfig()) is None  # no busy reading: cannot be told
 
 
 # ---- re-timing after a pause -----------------------------------------------------------
@@ -105,7 +115,7 @@ def test_the_window_covers_the_timing_only(monkeypatch):
     monkeypatch.setattr(runner, "gpu_monitor", lambda: mon)
     monkeypatch.setattr(runner, "_sync", lambda target: None)
 
-    def fake_time_case(c, cfg, inputs, out):
+    def fake_time_case(c, cfg, inputs, out, *rest):
         marks["timing"] = time.monotonic()
         return timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""
     monkeypatch.setattr(runner, "_time_case", fake_time_case)
@@ -145,8 +155,8 @@ def test_the_monitor_leaves_out_readings_before_and_between_timings():
                          _reading(t0 - 1.0, 1200, 0x4, power=700.0)])  # reference: capped
     mon.readings.append(_reading(t0 + 0.001, 1740))  # the sampler, while timing
     w = mon.window(t0, t0 + 0.002)
-    assert w == {"sm_clock_mhz": (1740 + 1755) / 2, "throttled": False,
-                 "throttle_reasons": []}
+    assert w == {"sm_clock_mhz": (1740 + 1755) / 2, "throttle_reasons": [],
+                 "idle_readings": 0}
     mon.readings.append(_reading(time.monotonic() + 1.0, 500, 0x20))  # between rows
     s = mon.summary()
     assert (s["sm_clock_mhz_min"], s["sm_clock_mhz_max"], s["power_w_max"]) == \
@@ -194,7 +204,8 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
 
 
 def test_run_clock_facts_count_throttled_rows():
-    during = {"readings": 50, "sm_clock_mhz_min": 1400, "sm_clock_mhz_median": 1980,
+    during = {"readings": 50, "readings_idle": 4, "sm_clock_mhz_min": 1400,
+              "sm_clock_mhz_median": 1980,
               "sm_clock_mhz_max": 1980, "power_w_max": 690.0, "throttled_fraction": 0.1,
               "throttle_reasons_seen": ["sw_power_cap"]}
     start = {"max_sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": 700.0}
@@ -203,6 +214,7 @@ def test_run_clock_facts_count_throttled_rows():
     assert facts["throttle"]["throttled_rows"] == 1
     assert facts["clocks"]["sm_mhz_median"] == 1980 and facts["power"]["limit_w"] == 700.0
     assert facts["throttle"]["threshold_pct"] == 75.0
+    assert facts["throttle"]["readings_idle_left_out"] == 4
 
 
 # ---- summary.md -------------------------------------------------------------------------
@@ -307,3 +319,83 @@ def test_promotion_refuses_throttled_rows_and_pooling_keeps_the_mark(tmp_path):
     rows = {r["shape"]: r for r in json.loads(path.read_text())["rows"]}
     assert rows["n=8192"]["throttled"] is True and rows["n=8192"]["pooled_runs"] == 2
     assert rows["n=4096"]["throttled"] is False
+
+
+# ---- the clock judges, at the NVML boundary ----------------------------------------------
+
+def _nvml_monitor():
+    from tests.test_measurement import FakeNVML
+
+    nv = FakeNVML()  # device 1: 1755 MHz of a 1980 MHz maximum, no reasons, 97% busy
+    return nv, gpu_monitor.GpuMonitor(nv, nv.devs[1])
+
+
+def test_a_power_capped_timing_at_full_clock_is_timed_once_and_not_marked():
+    """sw_power_cap at 1755 of 1980 MHz (89%, above the 75% threshold): the row is timed
+    once, not marked throttled (the gate passes it), and the reason is reported beside
+    its clock in the row's note."""
+    nv, mon = _nvml_monitor()
+    nv.devs[1]["reasons"] = 0x4
+    time_fn, calls = _timer()
+    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(),
+                                     sleep=lambda s: pytest.fail("re-timed at full clock"))
+    assert len(calls) == 1 and cols == {"sm_clock_mhz": 1755.0, "throttled": False}
+    assert note == "clock-event reasons sw_power_cap at SM clock 1755 MHz, above 75% of " \
+                   "1980 MHz: not throttled"
+    assert mon.summary()["throttle_reasons_seen"] == ["sw_power_cap"]
+
+
+def test_a_power_capped_timing_below_the_threshold_is_throttled():
+    nv, mon = _nvml_monitor()
+    nv.devs[1]["clock"], nv.devs[1]["reasons"] = 1300, 0x4 | 0x8
+    time_fn, calls = _timer()
+    slept: list[float] = []
+    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(), sleep=slept.append)
+    assert len(calls) == 4 and cols == {"sm_clock_mhz": 1300.0, "throttled": True}
+    assert "SM clock 1300 MHz, below 75% of its 1980 MHz maximum" in note
+    assert "hw_slowdown, sw_power_cap" in note
+
+
+@pytest.mark.parametrize("idle", [{"reasons": 0x1}, {"util": 0}],
+                         ids=["gpu-idle-reason", "utilization-0"])
+def test_idle_readings_inside_a_window_do_not_read_as_throttling(idle):
+    """A CUDA-graph row's window spans its dispatch bursts, copies and capture with the
+    GPU waiting: readings of the idle GPU (NVML's GPU-idle reason, or no kernel in the
+    last utilization period) at a falling clock are left out of the row's clock."""
+    nv, mon = _nvml_monitor()
+    t0 = time.monotonic()
+    dev = nv.devs[1]
+    for state in ({"clock": 1755}, {"clock": 345, **idle}, {"clock": 345, **idle},
+                  {"clock": 600, **idle}, {"clock": 1740}):
+        dev.update({"reasons": 0, "util": 97} | state)
+        mon.sample()
+    dev.update(clock=1755, reasons=0, util=97)
+    w = mon.window(t0, time.monotonic())
+    assert w == {"sm_clock_mhz": 1755.0, "throttle_reasons": [], "idle_readings": 3}
+    assert throttle_state(w, mon.max_sm_clock_mhz, ThrottleConfig()) is None
+    s = mon.summary()
+    assert (s["sm_clock_mhz_min"], s["readings"], s["readings_idle"]) == (1740, 3, 3)
+
+
+def test_a_window_of_an_idle_gpu_only_cannot_be_throttled():
+    nv, mon = _nvml_monitor()
+    nv.devs[1].update(clock=210, reasons=0x1 | 0x4)
+    time_fn, calls = _timer()
+    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(),
+                                     sleep=lambda s: pytest.fail("an idle clock re-timed"))
+    assert cols == {"sm_clock_mhz": None, "throttled": False} and note == ""
+
+
+def test_the_window_is_the_timers_own_span_when_it_reports_one():
+    """A timer that reports when its samples ran (`span`: time.monotonic() at the first
+    sample's start and the last one's end) gets that span as the window: a CUDA graph's
+    capture and the copies made for it stay out."""
+    from types import SimpleNamespace
+
+    mon = WindowMonitor([CLEAN])
+    time_unthrottled(lambda: (SimpleNamespace(span=(10.0, 10.5)), ""), mon, ThrottleConfig())
+    assert mon.calls == [(10.0, 10.5)]
+    t0 = time.monotonic()
+    time_unthrottled(lambda: (timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""), mon,
+                     ThrottleConfig())
+    assert mon.calls[1][0] >= t0  # no span: the whole call

@@ -10,6 +10,7 @@ close() leaves results.json whole and the journal gone.
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -123,10 +124,14 @@ def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
 
 def test_journal_files_get_the_usual_mode(tmp_path):
     run = tmp_path / "run"
-    w = ResultWriter(run, {"run_id": "x"})
-    w.add(_row(0))
-    assert (run / ROWS_JOURNAL).stat().st_mode & 0o777 == schema.FILE_MODE
-    assert (run / "results.csv").stat().st_mode & 0o777 == schema.FILE_MODE
+    old = os.umask(0o022)
+    try:
+        w = ResultWriter(run, {"run_id": "x"})
+        w.add(_row(0))
+    finally:
+        os.umask(old)
+    assert (run / ROWS_JOURNAL).stat().st_mode & 0o777 == 0o644
+    assert (run / "results.csv").stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]\n", "{\"a\": 1}"])
