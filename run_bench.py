@@ -77,7 +77,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--row-budget", type=float, default=None, metavar="S",
                    help="seconds one row's timing may take: it then takes fewer samples, "
                         "never fewer than the regression gate needs (10), and a row that "
-                        "cannot fit even those is skipped with the reason (default 2)")
+                        "cannot fit even those is skipped with the reason (default 5)")
     p.add_argument("--run-budget", type=float, default=None, metavar="S",
                    help="seconds the sweep's timing may take in all, shared among the cases "
                         "left: rows then take fewer samples, none is dropped for it "

@@ -25,7 +25,8 @@ from roofline.report import render_summary
 from roofline.rows import run_ceilings
 from tests.test_measurement import case, cpu_cfg
 
-ROUND = timing.cpu_round_config(TimingConfig())  # one of the 5 rounds of a CPU row
+TWO_S = TimingConfig(row_budget_s=2.0)
+ROUND = timing.cpu_round_config(TWO_S)  # one of the 5 rounds of a CPU row, 2 s a row
 
 
 # ---- the numbers ------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def test_the_gates_minimum_is_what_a_1000_row_rank_test_needs():
     n = TimingConfig().gate_min_samples
     assert min_p_value(n, n) < row_alpha(1000)  # 10 vs 10 can reach p = 5.4e-6 < 1e-5
     assert min_p_value(n - 1, n - 1) > row_alpha(1000)  # 9 vs 9 cannot
-    assert TimingConfig().row_budget_s == 2.0
+    assert TimingConfig().row_budget_s == 5.0
 
 
 # ---- one row's plan ----------------------------------------------------------------------
@@ -76,7 +77,7 @@ def _sleeper(seconds: float, calls: list):
 
 def test_a_row_over_its_budget_is_checked_then_skipped_with_its_call_time():
     calls: list = []
-    cfg = cpu_cfg(timing=dataclasses.replace(TimingConfig(), cpu_rounds=1))
+    cfg = cpu_cfg(timing=dataclasses.replace(TWO_S, cpu_rounds=1))
     budget = RowBudget()
     row = run_case(case(fn=_sleeper(0.3, calls)), cfg, _InputCache(), budget)
     assert row["status"] == "skipped" and row["correct"] is True
@@ -89,7 +90,7 @@ def test_a_path_over_budget_skips_its_larger_shapes_without_a_call():
     calls: list = []
     fn = _sleeper(0.3, calls)
     cases = [case(fn=fn, shape={"n": n}) for n in (1000, 2000, 4000)]
-    rows = [r for _, r in iterate(cases, cpu_cfg(timing=TimingConfig()))]
+    rows = [r for _, r in iterate(cases, cpu_cfg(timing=TWO_S))]
     assert [r["status"] for r in rows] == ["skipped"] * 3
     assert calls == [1000, 1000]  # the smallest shape's two calls, nothing more
     assert rows[1]["reason"].startswith("over the row budget: the smaller n=1000 of this "
