@@ -11,14 +11,26 @@ What is measured, and with what (each a library made for it):
   the optimizer apart.  An op it does not count on this device (the CPU's fused SDPA
   kernel counts 0) is counted with the counter's own formula for that op
   (sdpa_flop_count / sdpa_backward_flop_count: the full T x T square, the backward
-  recomputing the scores as FlashAttention does), and the result says so;
+  recomputing the scores as FlashAttention does), and the result says so.  When SDPA
+  runs on its math backend (no fused kernel accepts the inputs, e.g. a head dim that is
+  no multiple of 8 in bf16 on a GPU), the counter sees its batched matmuls instead:
+  those are the attention's FLOPs, filed as attention, and no formula is added on top;
 - memory: parameters, gradients and optimizer state from the tensors themselves (exact);
-  activations as the distinct storages autograd saves during the forward
-  (torch.autograd.graph.saved_tensors_hooks), parameters excluded; on a GPU also
+  the distinct storages autograd saves during the forward
+  (torch.autograd.graph.saved_tensors_hooks), parameters excluded, split into
+  activations (what the forward computes) and weight casts (autocast's 16-bit copies of
+  the weights, which the matmuls' backward keeps); on a GPU also
   torch.cuda.max_memory_allocated over a step;
-- time by kind of work: torch.profiler over one step, each op's self time (device time on
-  a GPU, CPU time on a CPU) put in one category (GEMMs, attention, norms and elementwise,
-  loss, optimizer, other).
+- time by kind of work: torch.profiler over one step, each kernel (on a GPU) or each
+  op's self CPU time (on a CPU) counted once and put in one category (GEMMs, attention,
+  norms and elementwise, loss, optimizer, other) by the op that launched it
+  (benches/step_profile.py).
+
+Before anything is built, the step's memory estimate (roofline.plan.step:
+training state, activations by Korthikanti et al.'s estimate, logits, weight casts) is
+held against the device's memory and what it has free now; a step that does not fit is
+refused with the largest slice, micro-batch and sequence length that would, and an
+allocation failure while measuring is one error line too.
 
 A model too big for the device is measured on a slice (`measure_layers` = k blocks with
 the embedding and head) and on the embedding and head alone; each figure F of the whole
@@ -31,39 +43,21 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from benches.step_model import StepError, Transformer, check_shape, parameter_count
+from benches.step_profile import CATEGORIES, category, profile_step
 from benches.timing import time_call_ms
 from roofline.plan import ModelShape
+from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
 
-CATEGORIES = ("gemm", "attention", "norms and elementwise", "loss", "optimizer", "other")
+__all__ = ["CATEGORIES", "AUTOCAST", "category", "free_memory_bytes", "measure_model",
+           "measure_step"]
+
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def category(op: str) -> str:
-    """The kind of work an aten op (or kernel name) is."""
-    name = op.lower()
-    if any(k in name for k in ("attention", "flash", "sdpa", "fmha", "efficient_attn")):
-        return "attention"
-    if any(k in name for k in ("adam", "_foreach", "optim", "lerp", "addcdiv", "addcmul")):
-        return "optimizer"
-    if any(k in name for k in ("cross_entropy", "nll_loss", "softmax", "logsumexp")):
-        return "loss"
-    if any(k in name for k in ("::mm", "addmm", "bmm", "matmul", "gemm", "cutlass",
-                               "scaled_mm", "sm90_xmma", "ampere_", "cublas")) \
-            or name in ("mm", "aten.mm", "aten.addmm", "aten.bmm"):
-        return "gemm"
-    if any(k in name for k in ("norm", "gelu", "silu", "mul", "add", "sub", "div", "tanh",
-                               "exp", "pow", "sqrt", "mean", "sum", "copy", "cat", "split", "index",
-                               "embedding", "to_copy", "fill", "zero", "elementwise",
-                               "vectorized", "reduce", "where", "masked", "neg")):
-        return "norms and elementwise"
-    return "other"
 
 
 def _percentiles(samples: list[float]) -> dict[str, Any]:
@@ -95,20 +89,39 @@ def _attention_formula(shape: ModelShape, n_blocks: int, batch: int) -> tuple[in
     return n_blocks * int(fwd), n_blocks * int(bwd)
 
 
-def _saved_bytes(run_forward: Callable[[], torch.Tensor], params: set[int],
-                 blocks: list[torch.nn.Module]) -> tuple[torch.Tensor, int, int]:
+def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
+    """Whether `t` is (a view of) a dtype copy of a parameter: the 16-bit weights autocast
+    makes for a matmul and caches for the step, which the matmul's backward then saves.
+    Such a copy is a ToCopyBackward node straight over the parameter's AccumulateGrad;
+    an activation cast (a norm's fp32 output going into a bf16 matmul) sits over the op
+    that computed it instead."""
+    base = t._base if t._base is not None else t
+    fn = base.grad_fn
+    if fn is None or not type(fn).__name__.startswith("ToCopyBackward"):
+        return False
+    nexts = [f for f, _ in fn.next_functions if f is not None]
+    return len(nexts) == 1 and id(getattr(nexts[0], "variable", None)) in params
+
+
+def _saved_bytes(run_forward: Callable[[], torch.Tensor], params: list[torch.Tensor],
+                 blocks: list[torch.nn.Module]) -> tuple[torch.Tensor, dict[str, int]]:
     """Run a forward; (loss, bytes of the distinct storages autograd saved for the
-    backward, of which saved while inside a block), parameters left out (they are
-    counted as parameters)."""
-    seen: dict[int, tuple[int, bool]] = {}
+    backward): `activations`, what the forward computed, `activations_in_blocks`, those
+    of them saved while inside a block, and `weight_casts`, autocast's copies of the
+    parameters.  The parameters themselves are left out (counted as parameters)."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    param_ids = {id(p) for p in params}
+    seen: dict[int, tuple[int, str]] = {}
     inside = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         try:
             st = t.untyped_storage()
             ptr = st.data_ptr()
-            if ptr not in params and ptr not in seen:
-                seen[ptr] = (st.nbytes(), inside[0] > 0)
+            if ptr not in param_ptrs and ptr not in seen:
+                kind = ("weight_casts" if _is_weight_cast(t, param_ids)
+                        else "activations_in_blocks" if inside[0] > 0 else "activations")
+                seen[ptr] = (st.nbytes(), kind)
         except (RuntimeError, NotImplementedError):  # a tensor without storage
             pass
         return t
@@ -127,59 +140,10 @@ def _saved_bytes(run_forward: Callable[[], torch.Tensor], params: set[int],
     finally:
         for h in hooks:
             h.remove()
-    return (loss, sum(n for n, _ in seen.values()),
-            sum(n for n, in_block in seen.values() if in_block))
-
-
-@contextlib.contextmanager
-def _native_stderr_to_null() -> Iterator[None]:
-    """The profiler's C++ side logs a line to file descriptor 2 at every start and stop
-    (libkineto's "profiler_start"/"profiler_stop"), which no setting silences: point the
-    descriptor at /dev/null while it runs.  Python exceptions still propagate."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-
-
-def _profile(run: Callable[[], None], on_gpu: bool, only: str | None = None
-             ) -> dict[str, float]:
-    """ms of self time per category over one call of `run`; all of it in category
-    `only` when given."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with _native_stderr_to_null(), profile(activities=acts) as prof:
-        run()
-        if on_gpu:
-            torch.cuda.synchronize()
-    out = dict.fromkeys(CATEGORIES, 0.0)
-    for ev in prof.key_averages():
-        if on_gpu:
-            us = getattr(ev, "self_device_time_total", None)
-            if us is None:
-                us = getattr(ev, "self_cuda_time_total", 0.0)
-        else:
-            us = ev.self_cpu_time_total
-        if us:
-            out[only or category(ev.key)] += us / 1e3
-    return out
-
-
-def _profile_step(forward_backward: Callable[[], None], optimizer_step: Callable[[], None],
-                  zero_grad: Callable[[], None], on_gpu: bool) -> dict[str, float]:
-    """One step profiled in two parts: forward and backward op by op, and the optimizer
-    step as a whole (its ops, sqrt, mul, lerp..., are named like any elementwise op)."""
-    zero_grad()
-    parts = _profile(forward_backward, on_gpu)
-    opt = _profile(optimizer_step, on_gpu, only="optimizer")
-    return {k: parts[k] + opt[k] for k in CATEGORIES}
+    total = {k: sum(n for n, kind in seen.values() if kind == k)
+             for k in ("activations", "activations_in_blocks", "weight_casts")}
+    total["activations"] += total["activations_in_blocks"]
+    return loss, total
 
 
 def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: str,
@@ -224,12 +188,11 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     # FLOPs, forward / backward / optimizer apart; activations saved by the forward.
     from torch.utils.flop_counter import FlopCounterMode
 
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     opt.zero_grad(set_to_none=True)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     with FlopCounterMode(display=False) as fwd_count:
-        loss, activations, block_acts = _saved_bytes(forward, params, list(model.blocks))
+        loss, saved = _saved_bytes(forward, list(model.parameters()), list(model.blocks))
     with FlopCounterMode(display=False) as bwd_count:
         loss.backward()
     with FlopCounterMode(display=False) as opt_count:
@@ -238,6 +201,8 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     peak = torch.cuda.max_memory_allocated() if on_gpu else None
     fwd, bwd = _flops_by_category(fwd_count), _flops_by_category(bwd_count)
     notes = []
+    math_backend = any("bmm" in str(op) for op in
+                       fwd_count.get_flop_counts().get("Global", {}))
     if n_blocks and not fwd.get("attention"):
         af, ab = _attention_formula(shape, n_blocks, micro_batch)
         fwd["attention"], bwd["attention"] = af, ab
@@ -245,6 +210,14 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
                      f"this device ({device}): counted by its formula instead "
                      "(torch.utils.flop_counter.sdpa_flop_count and "
                      "sdpa_backward_flop_count, full T x T square, backward with recompute)")
+    elif math_backend:
+        # SDPA's math backend is a composite of bmm, softmax...: the flop counter sees its
+        # batched matmuls, which category() files under attention (no formula on top).
+        notes.append("scaled_dot_product_attention ran on its math backend (no fused "
+                     f"kernel was chosen for head dim {shape.head_dim}, {dtype}, {device}): its "
+                     "FLOPs are the batched matmuls FlopCounterMode counted, filed as "
+                     "attention; its backward keeps the scores, so it is 2x the forward, "
+                     "not 2.5x")
 
     memory = {
         "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
@@ -258,12 +231,11 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
                                        for s in opt.state.values()
                                        for k, v in s.items()
                                        if torch.is_tensor(v) and k == "step"),
-        "activations": activations,
-        "activations_in_blocks": block_acts,
+        **saved,
         "peak_allocated": peak,
     }
-    profile_ms = _profile_step(lambda: forward().backward(), opt.step,
-                               lambda: opt.zero_grad(set_to_none=True), on_gpu)
+    profile_ms = profile_step(lambda: forward().backward(), opt.step,
+                              lambda: opt.zero_grad(set_to_none=True), on_gpu)
     return {"n_blocks": n_blocks, "params": parameter_count(model),
             "time_ms": _percentiles(samples), "flops_forward": fwd, "flops_backward": bwd,
             "flops_optimizer": _flops_by_category(opt_count), "memory": memory,
@@ -281,16 +253,125 @@ def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
     return base + blocks * (part - base) / k
 
 
-def slice_bytes_estimate(shape: ModelShape, n_blocks: int, micro_batch: int) -> float:
-    """What a slice needs at least, checked before it is built: 16 bytes per parameter
-    (fp32 weights, gradients, AdamW m and v) plus the logits in fp32, twice (values and
-    their gradient), the largest single activation of a step."""
-    per_block = (shape.params - shape.vocab * shape.d_model * (1 if shape.tied else 2)
-                 - (shape.seq_len * shape.d_model if shape.learned_pos else 0)
-                 - shape.d_model * shape.norm_params) / shape.n_layers
-    params = shape.params - shape.n_layers * per_block + n_blocks * per_block
-    logits = micro_batch * shape.seq_len * shape.vocab * 4 * 2
-    return 16 * params + logits
+MEMINFO = "/proc/meminfo"
+
+
+def free_memory_bytes(device: str) -> tuple[float | None, str]:
+    """(bytes the device can give a step now, where the number comes from): free GPU
+    memory on a GPU; on a CPU the host's available memory (the kernel's MemAvailable:
+    free plus what it can reclaim), None when it cannot be read."""
+    if device == "cuda":
+        free, _total = torch.cuda.mem_get_info()
+        return float(free), "free on the GPU (torch.cuda.mem_get_info)"
+    try:
+        with open(MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024, f"available ({MEMINFO} MemAvailable)"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return (float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")),
+                "free host memory (sysconf)")
+    except (ValueError, OSError, AttributeError):
+        return None, "unknown"
+
+
+def _does_not_fit(shape: ModelShape, k: int, micro_batch: int, dtype: str,
+                  need: dict[str, float], limit: float, where: str) -> str:
+    """The one-line refusal: what the step needs, what the device has, what would fit."""
+    items = ", ".join(f"{name} {v / 1e9:.3g}" for name, v in need.items() if v)
+    fits = what_fits(shape, k, micro_batch, dtype, ADVICE_HEADROOM * limit)
+    ways = []
+    if fits["measure_layers"]:
+        ways.append(f"--measure-layers {fits['measure_layers']}")
+    at_one = "" if k == 1 else " with --measure-layers 1"
+    if fits["micro_batch"]:
+        ways.append(f"--micro-batch {fits['micro_batch']}{at_one}")
+    if fits["seq_len"]:
+        ways.append(f"--seq-len {fits['seq_len']}{at_one}")
+    if ways:
+        advice = (f"what fits in {ADVICE_HEADROOM:.0%} of it (the rest for temporaries): "
+                  + ", or ".join(ways))
+    else:
+        advice = ("even one block at micro-batch 1 does not fit (the training state of "
+                  "16 B per parameter and the logits alone): pass a smaller model")
+    return (f"a step of {k} of {shape.n_layers} block(s) at micro-batch {micro_batch} x "
+            f"{shape.seq_len} tokens ({dtype}) needs at least {sum(need.values()) / 1e9:.3g}"
+            f" GB ({items} GB; activations by the 34 h bytes per token and layer "
+            f"estimate), the device has {limit / 1e9:.3g} GB {where}: {advice}")
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    if isinstance(e, (oom, MemoryError)):
+        return True
+    text = str(e)
+    # The CPU allocator's RuntimeError: "DefaultCPUAllocator: not enough memory: you
+    # tried to allocate ..." (or "can't allocate memory").
+    return isinstance(e, RuntimeError) and ("DefaultCPUAllocator" in text
+                                            or "out of memory" in text.lower())
+
+
+def _address_space_cap(available: float | None) -> tuple[int, int, int] | None:
+    """(cap, soft, hard): the address space this process maps now plus the memory
+    available, and its RLIMIT_AS as it is; None where there is nothing to lower (no
+    reading, not Linux, or a lower limit already set)."""
+    if available is None:
+        return None
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, IndexError, AttributeError):
+        return None
+    cap = int(mapped + available)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        return None
+    return cap, soft, hard
+
+
+@contextlib.contextmanager
+def _address_space_limit(available: float | None) -> Iterator[None]:
+    """On a CPU, cap the process's address space at what it maps now plus the memory
+    available while the step runs: an allocation past it fails in the allocator (one
+    error line) instead of the kernel's OOM killer ending the process unannounced."""
+    limits = _address_space_cap(available)
+    if limits is None:
+        yield
+        return
+    import resource
+
+    cap, soft, hard = limits
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _measure(shape: ModelShape, n_blocks: int, micro_batch: int, device: str, dtype: str,
+             steps: int, warmup: int, available: float | None) -> dict[str, Any]:
+    """measure_model, an allocation failure turned into a StepError (one line)."""
+    try:
+        with (_address_space_limit(available) if device == "cpu"
+              else contextlib.nullcontext()):
+            return measure_model(shape, n_blocks, micro_batch, device, dtype, steps, warmup)
+    except (RuntimeError, MemoryError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        smaller = "--micro-batch or --seq-len" + (" or --measure-layers" if n_blocks > 1
+                                                   else "")
+        raise StepError(f"the step of {n_blocks} block(s) at micro-batch {micro_batch} x "
+                        f"{shape.seq_len} tokens ran out of memory on {device} ({first}); "
+                        "the memory check's estimate is a lower bound (allocator and "
+                        f"backward temporaries come on top): try a smaller {smaller}"
+                        ) from None
 
 
 def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
@@ -298,27 +379,31 @@ def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
                  steps: int = 5, log: Callable[[str], None] = lambda m: None,
                  warmup: int = 2) -> dict[str, Any]:
     """The step's measurements for the whole model (measured, or extrapolated from a
-    slice of `measure_layers` blocks), as a JSON-able dict."""
+    slice of `measure_layers` blocks), as a JSON-able dict.  Refused (StepError) before
+    anything is built when the step's memory estimate exceeds the device's memory
+    (`device_bytes`, the plan's per device) or what it has free now."""
     check_shape(shape, micro_batch, measure_layers)
     if measure_layers == 0:
         raise StepError("--measure-layers must be at least 1")
     L = shape.n_layers
     k = L if measure_layers is None else measure_layers
-    need = slice_bytes_estimate(shape, k, micro_batch)
-    if device_bytes and need > device_bytes:
-        raise StepError(f"a slice of {k} block(s) needs at least {need / 1e9:.3g} GB "
-                        f"(16 B per parameter and the logits), the device has "
-                        f"{device_bytes / 1e9:.3g} GB: use a smaller --measure-layers")
+    need = step_memory_estimate(shape, k, micro_batch, dtype)
+    free, where = free_memory_bytes(device)
+    limit = free
+    if device_bytes and (free is None or device_bytes < free):
+        limit, where = device_bytes, "(the plan's memory per device)"
+    if limit and sum(need.values()) > limit:
+        raise StepError(_does_not_fit(shape, k, micro_batch, dtype, need, limit, where))
     log(f"measuring a training step of {k} of {L} blocks on {device} ({dtype}, "
         f"micro-batch {micro_batch} x {shape.seq_len} tokens)")
-    part = measure_model(shape, k, micro_batch, device, dtype, steps, warmup)
+    part = _measure(shape, k, micro_batch, device, dtype, steps, warmup, free)
     result: dict[str, Any] = {"device": device, "dtype": dtype, "micro_batch": micro_batch,
                               "tokens": micro_batch * shape.seq_len, "layers": L,
                               "measured_layers": k, "steps": steps, "warmup": warmup}
     if k == L:
         return {**result, **part, "slice": None}
     log("measuring the embedding and head alone, to extrapolate the slice to all blocks")
-    base = measure_model(shape, 0, micro_batch, device, dtype, steps, warmup)
+    base = _measure(shape, 0, micro_batch, device, dtype, steps, warmup, free)
     whole = {key: _line(base[key], part[key], L, k) for key in
              ("time_ms", "flops_forward", "flops_backward", "flops_optimizer", "memory",
               "profile_ms")}

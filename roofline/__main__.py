@@ -1,16 +1,18 @@
-"""`python -m roofline plot RUN [--out PNG]` and `python -m roofline compare BASELINE RUN`."""
+"""`python -m roofline plot RUN [--out PNG]`, `python -m roofline compare BASELINE RUN`,
+promote, plan and targets."""
 
 from __future__ import annotations
 
 import sys
 
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote,plan} ...\n"
+    "usage: python -m roofline {plot,compare,promote,plan,targets} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
     "  promote RUN [--device KEY]    make RUN the stored baseline for its device\n"
     "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"
-    "                                model size, tokens, days and memory (plan --help)"
+    "                                model size, tokens, days and memory (plan --help)\n"
+    "  targets RUN [RUN ...]         DESIGN.md section 7's ratios: met, missed, not measured"
 )
 
 
@@ -28,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from roofline.gate import main as compare_main
 
         return compare_main([cmd, *rest])
+    if cmd == "targets":
+        from roofline.targets import main as targets_main
+
+        return targets_main(rest)
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
         # harness's GEMM timing into the planner (DESIGN.md section 2).

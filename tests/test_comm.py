@@ -9,6 +9,7 @@ import pytest
 
 from roofline.plan import main as plan_main
 from roofline.plan.comm import BUSBW_FACTOR, collective_seconds, step_communication
+from roofline.schema import ALL_COLUMNS
 
 
 @pytest.mark.parametrize("n, all_reduce, gather", [(2, 1.0, 0.5), (4, 1.5, 0.75),
@@ -59,3 +60,79 @@ def test_busbw_run_without_collective_rows_is_one_line(tmp_path, capsys):
                       "--no-save"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no collective rows" in err[0]
+    # What produces them: a fleet run under torchrun (run_bench.py rejects --kernels
+    # all_reduce, the collectives being no kernel family of a single run).
+    assert "torchrun" in err[0] and "--kernels" not in err[0]
+
+
+def fleet_run(tmp_path, device: str, backend: str, ranks: int = 2,
+              busbw: float = 1.6) -> str:
+    """A fleet run's results.json with all_reduce rows as benches/fleet.py writes them."""
+    rows = []
+    for size in (2**20, 2**22):
+        r = dict.fromkeys(ALL_COLUMNS)
+        r.update(kernel="all_reduce", provider=backend, dtype="fp32", status="ok",
+                 shape=f"bytes={size},ranks={ranks}", bytes=size, flops=0, device=device,
+                 busbw_gbps=busbw * size / 2**22, algbw_gbps=busbw, ms_median=1.0,
+                 rank=None, host="fleet")
+        rows.append(r)
+    d = tmp_path / f"fleet-{device}-{backend}"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(
+        {"metadata": {"device_key": device, "fleet": {"world": ranks, "backend": backend}},
+         "rows": rows}))
+    return str(d)
+
+
+PLAN_32_H100 = ["--params", "8e9", "--gpus", "32", "--device", "h100", "--tokens", "1e12",
+                "--no-save"]
+
+
+def test_a_busbw_from_another_kind_of_device_is_refused(tmp_path, capsys):
+    run = fleet_run(tmp_path, "cpu", "gloo")
+    assert plan_main([*PLAN_32_H100, "--busbw-run", run]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert "cpu, gloo, 2 ranks" in err[0] and "--force-busbw-run" in err[0]
+
+
+def test_forced_it_is_used_with_warnings(tmp_path, capsys):
+    run = fleet_run(tmp_path, "cpu", "gloo")
+    assert plan_main([*PLAN_32_H100, "--busbw-run", run, "--force-busbw-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["communication"]["busbw_gbps"] == pytest.approx(1.6)
+    w = " | ".join(plan["warnings"])
+    assert "--force-busbw-run" in w and "over gloo" in w and "over nccl" in w
+    assert "on 2 ranks" in w
+
+
+def test_the_plans_device_but_another_backend_is_a_warning(tmp_path, capsys):
+    run = fleet_run(tmp_path, "h100", "gloo", ranks=32)
+    assert plan_main([*PLAN_32_H100, "--busbw-run", run, "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["warnings"]
+    assert any("over gloo" in x for x in w) and not any("ranks" in x for x in w)
+    run = fleet_run(tmp_path, "h100", "nccl", ranks=32)
+    assert plan_main([*PLAN_32_H100, "--busbw-run", run, "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["warnings"]
+    assert not any("busbw" in x for x in w)
+
+
+def test_communication_days_are_the_compute_tables_with_attention(capsys):
+    argv = ["--preset", "llama3-8b", "--gpus", "32", "--days", "14", "--busbw", "400"]
+    assert plan_main([*argv, "--json", "--no-save"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    c = plan["communication"]
+    assert c["data_parallel"]["hides"] and c["compute_basis"] == "6 N + attention"
+    # Hidden communication adds nothing: the days are the compute table's, on its basis.
+    assert c["data_parallel"]["days_overlap"] == pytest.approx(plan["days_with_attention"])
+    assert plan["days_with_attention"] > 1.2 * plan["days"]  # 17.7 vs 14.0
+    assert plan_main([*argv, "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "6 N + attention FLOPs per token; days on the same basis" in out
+    # With --params alone there is no attention term: 6 N, said so.
+    assert plan_main(["--params", "8e9", "--gpus", "32", "--days", "14", "--busbw", "400",
+                      "--json", "--no-save"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    c = plan["communication"]
+    assert c["compute_basis"] == "6 N"
+    assert c["data_parallel"]["days_overlap"] == pytest.approx(plan["days"])

@@ -250,10 +250,12 @@ def test_from_run_without_matmul_rows_or_unreadable(capsys, tmp_path):
 
 def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, monkeypatch):
     # The ceilings cache lives in results/.ceilings of the working directory, shared with
-    # run_bench; the repo root keeps it warm between test runs.
+    # run_bench; the repo root keeps it warm between test runs.  fp32: a CPU without a
+    # bf16 unit measures bf16 below fp32, which is then no roof to take an MFU against.
     monkeypatch.chdir(ROOT)
     code = roofline_main(["plan", "--d-model", "256", "--layers", "2", "--seq-len", "128",
-                          "--measure", "--device", "cpu", "--json", "--rep-ms", "10",
+                          "--measure", "--device", "cpu", "--dtype", "fp32", "--json",
+                          "--rep-ms", "10",
                           "--out", str(tmp_path / "p")])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -295,6 +297,15 @@ def test_outputs_are_never_overwritten(capsys, tmp_path, monkeypatch):
     assert "plan.png" not in md  # nothing measured: no figure
     assert P.main([*args, "--out", str(plans[0])]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_a_failed_plan_leaves_no_folder_behind(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_err(capsys, "--preset", "gpt2-small", "--from-run", str(tmp_path / "missing"))
+    assert not (tmp_path / "results").exists()  # nor results/plans/ it would have made
+    (tmp_path / "results").mkdir()
+    run_err(capsys, "--preset", "gpt2-small", "--from-run", str(tmp_path / "missing"))
+    assert list((tmp_path / "results").iterdir()) == []  # the user's folder stays
 
 
 def test_plan_png_sizes_markers_by_share_of_step_time():

@@ -64,6 +64,7 @@ def test_memory_categories_add_up(tiny):
     assert mem["parameters"] == 4 * n and mem["gradients"] == 4 * n
     assert mem["optimizer_state"] == 8 * n  # AdamW m and v in fp32
     assert 0 < mem["activations_in_blocks"] <= mem["activations"]
+    assert mem["weight_casts"] == 0  # fp32: no autocast, no copies
     n_tensors = sum(1 for _ in Transformer(TINY).parameters())
     assert mem["optimizer_step_counters"] <= 8 * n_tensors  # one scalar per tensor
 
@@ -80,8 +81,11 @@ def test_the_missing_sdpa_count_is_said(tiny):
 
 
 @pytest.mark.parametrize("op, cat", [
-    ("aten::addmm", "gemm"), ("aten::mm", "gemm"), ("aten::bmm", "gemm"),
+    ("aten::addmm", "gemm"), ("aten::mm", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
+    ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN", "gemm"),  # Hopper's cuBLAS
+    # In this model batched matmuls and plain softmax are SDPA's math backend's.
+    ("aten::bmm", "attention"), ("aten::_softmax", "attention"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
     ("aten::_fused_adamw_", "optimizer"), ("aten::_foreach_mul_", "optimizer"),
     ("aten::nll_loss_forward", "loss"), ("aten::_log_softmax", "loss"),

@@ -89,14 +89,14 @@ def test_device_detection_snippet_is_valid_python(job: dict[str, Any]) -> None:
     compile(code.group(1), "<workflow>", "exec")
 
 
-def test_bench_step_compares_and_gates(job: dict[str, Any]) -> None:
-    steps = _steps(job, r"run_bench\.py")
+def test_bench_step_runs_the_gpu_script(job: dict[str, Any]) -> None:
+    """The job is .ci/gpu, which compares with the baseline (tests/test_gpu_ci.py)."""
+    steps = _steps(job, r"\.ci/gpu ")
     assert len(steps) == 1
     step = steps[0]
     run = step["run"]
-    assert "--compare" in run and "results/baselines/" in run
-    assert "--sizes" in run and "--out results/ci" in run
-    # The job fails on a regression only if run_bench's exit code reaches the runner.
+    assert ".ci/gpu results/ci" in run and "rm -rf results/ci" in run
+    # The job fails on a regression only if the script's exit code reaches the runner.
     assert not step.get("continue-on-error")
     assert "|| true" not in run and "set +e" not in run
 
@@ -111,5 +111,5 @@ def test_uploads_artifacts_always(job: dict[str, Any]) -> None:
         assert wanted in path, f"artifact path lacks {wanted}"
     assert "results/ci/" in path
     # Upload comes after the benchmark step, so it sees its output.
-    order = [i for i, s in enumerate(job["steps"]) if "run_bench.py" in str(s.get("run", ""))]
+    order = [i for i, s in enumerate(job["steps"]) if ".ci/gpu " in str(s.get("run", ""))]
     assert job["steps"].index(step) > order[0]

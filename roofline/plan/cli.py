@@ -1,23 +1,23 @@
-"""`python -m roofline plan`: the flags, the model they describe, the plan document and
-its files.  Measuring is passed in by the entry point (roofline/__main__.py), since
+"""`python -m roofline plan`: the plan document from the flags (roofline/plan/flags.py)
+and its files.  Measuring is passed in by the entry point (roofline/__main__.py), since
 roofline/ never imports benches/."""
 
 
 import argparse
+import errno
 import json
-import math
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from roofline.devices import DEVICES, ROOF_CLASS, DeviceError
+from roofline.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
-    DEFAULT_POLICY,
     MEMORY_POLICIES,
     Gemm,
     attention_score_flops,
@@ -32,178 +32,16 @@ from roofline.plan.arithmetic import (
     train_flops,
 )
 from roofline.plan.comm import plan_communication
-from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
+from roofline.plan.flags import _ArgError, build_parser, model_from_args, parse_count
+from roofline.plan.model import ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
 from roofline.plan.sources import _ceilings_for, gemms_from_run, peak_of
 from roofline.plan.step import step_report
 
-_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def parse_count(text: str) -> float:
-    """'70e9', '70B', '15T', '124M' -> a positive number."""
-    s = text.strip().replace("_", "").replace(",", "")
-    mult = 1.0
-    if s and s[-1].lower() in _SUFFIX:
-        mult, s = _SUFFIX[s[-1].lower()], s[:-1]
-    try:
-        v = float(s) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number (e.g. 70e9 or 70B)") \
-            from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be positive")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    v = parse_count(text)
-    if v != int(v):
-        raise argparse.ArgumentTypeError(f"'{text}' must be a whole number")
-    return int(v)
-
-
-def _positive_float(text: str) -> float:
-    return parse_count(text)
-
-
-def _mfu(text: str) -> float:
-    v = parse_count(text)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a fraction in (0, 1] (0.5 = 50%)")
-    return v
-
-
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints a usage block and exits 2; the contract is one line.
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m roofline plan",
-                description="How big a model, on how many tokens, in how many days, in how "
-                            "much memory; MFU assumed or measured (DESIGN.md section 11).")
-    m = p.add_argument_group("model (--params, or a shape, or a preset; shape flags "
-                             "override a preset's)")
-    m.add_argument("--preset", help=f"published shape: {', '.join(PRESETS)}")
-    m.add_argument("--params", type=_positive_float, metavar="N",
-                   help="parameter count, e.g. 70e9 or 70B (no shape: no GEMMs)")
-    m.add_argument("--d-model", type=_positive_int)
-    m.add_argument("--layers", type=_positive_int)
-    m.add_argument("--d-ff", type=_positive_int, help="MLP width (default 4 d_model)")
-    m.add_argument("--vocab", type=_positive_int, help=f"default {DEFAULT_VOCAB}")
-    m.add_argument("--seq-len", type=_positive_int, help=f"default {DEFAULT_SEQ_LEN}")
-    m.add_argument("--heads", type=_positive_int, help="default d_model / 64")
-    m.add_argument("--kv-heads", type=_positive_int,
-                   help="key/value heads (grouped-query attention; default = heads)")
-    m.add_argument("--gated", action=argparse.BooleanOptionalAction, default=None,
-                   help="SwiGLU MLP with 3 d x d_ff matrices (default: not gated)")
-    tie = m.add_mutually_exclusive_group()
-    tie.add_argument("--tied", dest="tied", action="store_true", default=None,
-                     help="LM head shares the token embedding")
-    tie.add_argument("--untied", dest="tied", action="store_false",
-                     help="separate LM head (default for shape-only models)")
-    m.add_argument("--micro-batch", type=_positive_int, default=1,
-                   help="sequences per GPU per step: GEMM M = micro-batch x seq-len "
-                        "(default 1)")
-    d = p.add_argument_group("data")
-    dd = d.add_mutually_exclusive_group()
-    dd.add_argument("--tokens", type=_positive_float, metavar="D", help="e.g. 15e12 or 15T")
-    dd.add_argument("--chinchilla", action="store_true", help="D = 20 N")
-    h = p.add_argument_group("hardware")
-    h.add_argument("--device", help="device key (roofline.devices): default h100, or the "
-                                    "device present with --measure, or the run's with "
-                                    "--from-run")
-    h.add_argument("--gpus", type=_positive_int, default=1, metavar="G")
-    bw = h.add_mutually_exclusive_group()
-    bw.add_argument("--busbw", type=_positive_float, metavar="GB/s",
-                    help="collective bus bandwidth (nccl-tests' busbw) for the step's "
-                         "communication on --gpus G: data-parallel all-reduce and FSDP")
-    bw.add_argument("--busbw-run", metavar="RUN",
-                    help="take the busbw from a saved run's largest all_reduce row")
-    h.add_argument("--days", type=_positive_float, metavar="T",
-                   help="time budget: the largest compute-optimal model it trains")
-    h.add_argument("--gpu-memory-gb", type=_positive_float,
-                   help="memory per device in GB (default: table in roofline/plan/arithmetic.py)")
-    e = p.add_argument_group("efficiency (one of)")
-    ee = e.add_mutually_exclusive_group()
-    ee.add_argument("--mfu", type=_mfu, help=f"assumed MFU (default {DEFAULT_MFU})")
-    ee.add_argument("--from-run", metavar="RUN",
-                    help="MFU of a saved run's matmul rows at or near the model's GEMMs")
-    ee.add_argument("--measure", nargs="?", const="gemms", choices=("gemms", "step"),
-                    help="measure on the device present: 'gemms' (the default) times the "
-                         "model's GEMMs; 'step' runs real training steps of the model "
-                         "(forward, backward, AdamW) and counts, times and profiles them")
-    e.add_argument("--measure-layers", type=_positive_int, metavar="K",
-                   help="--measure step on a slice of K blocks (with the embedding and "
-                        "head), extrapolated to all layers: for a model too big for the "
-                        "device")
-    e.add_argument("--steps", type=_positive_int, default=5,
-                   help="--measure step: timed steps after 2 warm-up steps (default 5)")
-    e.add_argument("--dtype", default="bf16", choices=sorted(ROOF_CLASS),
-                   help="GEMM dtype (peak and measurements; default bf16)")
-    e.add_argument("--provider", default="torch", choices=("torch", "triton"),
-                   help="GEMM implementation measured (default torch)")
-    e.add_argument("--rep-ms", type=_positive_float,
-                   help="timing budget per GEMM in ms (default: the suite's TimingConfig)")
-    mem = p.add_argument_group("memory")
-    mm = mem.add_mutually_exclusive_group()
-    mm.add_argument("--policy", choices=tuple(MEMORY_POLICIES), default=DEFAULT_POLICY,
-                    help=f"precision policy (default {DEFAULT_POLICY})")
-    mm.add_argument("--bytes-per-param", type=_positive_float, metavar="B")
-    o = p.add_argument_group("output")
-    o.add_argument("--out", metavar="DIR",
-                   help="folder for plan.md, plan.json, plan.png (default "
-                        "results/plans/<timestamp>/; never overwritten)")
-    o.add_argument("--no-save", action="store_true", help="write no files")
-    o.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
-    return p
-
-
-_SHAPE_FLAGS = ("d_model", "layers", "d_ff", "vocab", "seq_len", "heads", "kv_heads",
-                "gated", "tied")
-
-
-def model_from_args(args: argparse.Namespace) -> ModelShape | None:
-    given = [f for f in _SHAPE_FLAGS if getattr(args, f) is not None]
-    if args.params is not None and (given or args.preset):
-        raise PlanError("give --params or a shape (--preset, --d-model/--layers), not both")
-    if args.preset:
-        if args.preset not in PRESETS:
-            raise PlanError(f"unknown preset '{args.preset}' (choose from "
-                            f"{', '.join(PRESETS)})")
-        base = PRESETS[args.preset]
-    elif given:
-        if args.d_model is None or args.layers is None:
-            raise PlanError("a model shape needs --d-model and --layers")
-        d = args.d_model
-        heads = args.heads or (d // 64 if d % 64 == 0 else 1)
-        base = ModelShape("custom", d, args.layers, 4 * d, DEFAULT_VOCAB, DEFAULT_SEQ_LEN,
-                          heads, heads, tied=False)
-    else:
-        return None
-    over = {"d_model": args.d_model, "n_layers": args.layers, "d_ff": args.d_ff,
-            "vocab": args.vocab, "seq_len": args.seq_len, "heads": args.heads,
-            "kv_heads": args.kv_heads, "gated": args.gated, "tied": args.tied}
-    over = {k: v for k, v in over.items() if v is not None}
-    if "d_model" in over and "d_ff" not in over and not args.preset:
-        over["d_ff"] = 4 * over["d_model"]
-    if "heads" in over and "kv_heads" not in over:
-        over["kv_heads"] = over["heads"]
-    shape = replace(base, **over)
-    if args.preset and over:
-        shape = replace(shape, name=f"{args.preset} (modified)")
-    if shape.d_model % shape.heads:
-        raise PlanError(f"--heads {shape.heads} does not divide d_model {shape.d_model}")
-    if shape.heads % shape.kv_heads:
-        raise PlanError(f"--kv-heads {shape.kv_heads} does not divide heads {shape.heads}")
-    return shape
-
+# parse_count and model_from_args are the flags' (roofline/plan/flags.py), kept here too for
+# those who import them from the planner's command.
+__all__ = ["MeasureGemms", "MeasureStep", "build_parser", "build_plan", "check_writable",
+           "main", "model_from_args", "out_dir", "parse_count"]
 
 # (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
 # steps, log) -> the step's measurements (benches.step.measure_step).
@@ -216,13 +54,17 @@ STEP_DTYPES = ("bf16", "fp16", "fp32")
 MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
 
 
-def _measuring_device(args: argparse.Namespace) -> str:
-    """The device key a --measure runs on: --device, or the device present."""
-    if args.device and args.device != "auto":
-        return args.device
-    from roofline.devices import detect
+def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(device key, warnings) of a --measure, either kind: --device, or the device
+    present.  DeviceError (one line, exit 2) before anything is measured when --device
+    names a GPU and none is present."""
+    from roofline.devices import detect, host_cpu, resolve
 
-    return detect().key
+    if args.device and args.device != "auto":
+        present = host_cpu() if args.device == "cpu" else detect()
+        model, warnings = resolve(args.device, present)
+        return model.key, warnings
+    return detect().key, []
 
 
 def _stderr(msg: str) -> None:
@@ -258,7 +100,8 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         if measure_step is None:
             raise PlanError("--measure step runs the model through the benchmark harness: "
                             "run it as `python -m roofline plan ... --measure step`")
-        device = _measuring_device(args)
+        device, device_warnings = _measuring_device(args)
+        warnings += device_warnings
         on_gpu = DEVICES[device].kind == "cuda"
         step_dtype = args.dtype if on_gpu else "fp32"
         if step_dtype not in STEP_DTYPES:
@@ -288,7 +131,8 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         if measure_gemms is None:
             raise PlanError("--measure times GEMMs through the benchmark harness: run it as "
                             "`python -m roofline plan ... --measure`")
-        device = _measuring_device(args)
+        # The GEMM timer resolves the device again and logs its warnings.
+        device, _ = _measuring_device(args)
         measured = measure_gemms(gemms, device, args.dtype, args.provider, args.rep_ms, log)
         device = measured["device_key"]
         peak, peak_source = measured["peak_tflops"], measured["peak_source"]
@@ -427,7 +271,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
     if measured is not None:
         plan["measurement"] = {k: v for k, v in measured.items() if k != "rows"}
     plan["communication"] = plan_communication(args, shape, params, peak, mfu, tokens, items,
-                                           warnings)
+                                               warnings, device)
     if step_measured is not None:
         plan["step_measured"] = step_measured
         warnings += step_measured["report"]["notes"]
@@ -449,6 +293,18 @@ def out_dir(requested: str | None) -> Path:
     return p
 
 
+def check_writable(dest: Path) -> None:
+    """OSError unless `dest` can be created: its nearest existing ancestor must be a
+    folder this process may write into.  Nothing is created."""
+    p = dest
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if not p.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(p))
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "not writable", str(p))
+
+
 def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
          measure_step: MeasureStep | None = None) -> int:
     """`python -m roofline plan ...`; returns the exit code.  The entry point passes
@@ -467,19 +323,19 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
     try:
         if not args.no_save:
             dest = out_dir(args.out)
-            # Made before any measurement, so an unwritable --out fails in a second, not
-            # after minutes of timing.
-            dest.mkdir(parents=True, exist_ok=True)
+            # Checked before any measurement, so an unwritable --out fails in a second,
+            # not after minutes of timing; made only once there is a plan to write, so a
+            # plan refused for its input leaves nothing behind.
+            check_writable(dest)
         plan = build_plan(args, measure_gemms=measure_gemms, measure_step=measure_step)
     except (PlanError, DeviceError, RunLoadError, OSError) as e:
-        if dest is not None and dest.is_dir() and not any(dest.iterdir()):
-            dest.rmdir()  # leave no empty plan folder behind
         what = f"cannot create {dest}: " if isinstance(e, OSError) else ""
         print(f"error: {what}{e}", file=sys.stderr)
         return 2
     png = None
     if dest is not None:
         try:
+            dest.mkdir(parents=True, exist_ok=True)
             if plan["step"]["ms"] is not None:
                 from roofline.plan.plot import plot_plan
 

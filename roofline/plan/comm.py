@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from roofline.plan.arithmetic import SECONDS_PER_DAY
+from roofline.plan.arithmetic import SECONDS_PER_DAY, attention_score_flops
 from roofline.plan.model import DEFAULT_SEQ_LEN, ModelShape, PlanError
 
 BUSBW_FACTOR = {
@@ -88,40 +88,95 @@ def policy_bytes(items: dict[str, float]) -> tuple[float, float]:
     return float(grad), float(weight)
 
 
-def busbw_from_run(run: str, op: str = "all_reduce", size: int | None = None
-                   ) -> tuple[float, str]:
-    """(busbw GB/s, source) of a saved run's ok `op` collective row at `size` bytes (the
-    whole array, as the rows' shape says), else at its largest size; the higher of its
-    dtypes' rows there."""
+# Where collective rows come from: run_bench.py under torchrun times them whenever a
+# fleet has more than one rank (README, "Beyond one GPU"); --kernels does not select them.
+FLEET_HINT = ("collectives are timed by a fleet run: `torchrun --nproc-per-node=G "
+              "run_bench.py`, whose fleet/<run-id> folder holds the all_reduce rows")
+
+# The torch.distributed backend a device kind's fleet runs on (benches/dist.py).
+BACKEND = {"cuda": "nccl", "cpu": "gloo"}
+
+
+def busbw_row(run: str, op: str = "all_reduce", size: int | None = None) -> dict[str, Any]:
+    """The saved run's ok `op` collective row at `size` bytes (the whole array, as the
+    rows' shape says), else at its largest size, the higher of its dtypes' rows there:
+    its busbw (GB/s), a source line, and where it was measured (device key, backend,
+    ranks)."""
     import pandas as pd
 
     from roofline.schema import load_run, parse_shape
 
     _, df = load_run(run)
     if df.empty or "busbw_gbps" not in df.columns:
-        raise PlanError(f"{run} has no collective rows (run_bench.py under torchrun "
-                        "measures them: --kernels all_reduce)")
+        raise PlanError(f"{run} has no collective rows ({FLEET_HINT})")
     rows = df[(df["kernel"] == op) & (df["status"] == "ok")].copy()
     rows["busbw_gbps"] = pd.to_numeric(rows["busbw_gbps"], errors="coerce")
     rows = rows[rows["busbw_gbps"] > 0]
     if rows.empty:
-        raise PlanError(f"{run} has no ok {op} rows with a busbw")
-    rows["size"] = [parse_shape(s).get("bytes", 0) for s in rows["shape"]]
+        raise PlanError(f"{run} has no ok {op} rows with a busbw ({FLEET_HINT})")
+    shapes = [parse_shape(s) for s in rows["shape"]]
+    rows["size"] = [sh.get("bytes", 0) for sh in shapes]
+    rows["ranks"] = [sh.get("ranks") for sh in shapes]
     if size is not None:
         if not (rows["size"] == size).any():
             raise PlanError(f"{run} has no ok {op} row of {size:,} bytes (it has "
                             f"{', '.join(f'{s:,}' for s in sorted(set(rows['size'])))})")
         rows = rows[rows["size"] == size]
     best = rows.sort_values(["size", "busbw_gbps"]).iloc[-1]
-    return float(best["busbw_gbps"]), (f"{run}: {op} {best['dtype']} at "
-                                       f"{int(best['size']):,} bytes")
+
+    def text(v: Any) -> str | None:
+        return None if v is None or (isinstance(v, float) and v != v) else str(v)
+
+    ranks = best["ranks"]
+    return {"busbw_gbps": float(best["busbw_gbps"]),
+            "source": f"{run}: {op} {best['dtype']} at {int(best['size']):,} bytes",
+            "device": text(best.get("device")), "backend": text(best.get("provider")),
+            "ranks": int(ranks) if ranks is not None and ranks == ranks else None}
+
+
+def busbw_from_run(run: str, op: str = "all_reduce", size: int | None = None
+                   ) -> tuple[float, str]:
+    """(busbw GB/s, source) of busbw_row."""
+    row = busbw_row(run, op, size)
+    return row["busbw_gbps"], row["source"]
+
+
+def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: bool,
+                  warnings: list[str]) -> None:
+    """Refuse a busbw measured on another kind of device than the plan's (unless
+    forced); warn when its backend or rank count is not what the plan's would be."""
+    from roofline.devices import DEVICES
+
+    where = (f"{row['device'] or 'an unnamed device'}"
+             + (f", {row['backend']}" if row["backend"] else "")
+             + (f", {row['ranks']} ranks" if row["ranks"] else ""))
+    if row["device"] != device:
+        if not force:
+            raise PlanError(f"{run} measured its collectives on {where}; the plan is for "
+                            f"{gpus} x {device}: that busbw says nothing about {device} "
+                            "(pass --busbw GB/s, a run from the plan's device, or "
+                            "--force-busbw-run to use it anyway)")
+        warnings.append(f"--force-busbw-run: the busbw of {run} ({where}) applied to "
+                        f"{gpus} x {device}")
+    kind = DEVICES[device].kind if device in DEVICES else None
+    want = BACKEND.get(kind or "")
+    if want and row["backend"] and row["backend"] != want:
+        warnings.append(f"the busbw of {run} was measured over {row['backend']}; "
+                        f"{device} trains over {want}")
+    if row["ranks"] and row["ranks"] < gpus:
+        warnings.append(f"the busbw of {run} was measured on {row['ranks']} ranks, the "
+                        f"plan has {gpus} devices: past one node the collectives cross "
+                        "the network, usually slower than within it")
 
 
 def plan_communication(args: argparse.Namespace, shape: ModelShape | None,
-                   params: float | None, peak: float, mfu: float, tokens: float | None,
-                   items: dict[str, float], warnings: list[str]) -> dict[str, Any] | None:
+                       params: float | None, peak: float, mfu: float, tokens: float | None,
+                       items: dict[str, float], warnings: list[str], device: str
+                       ) -> dict[str, Any] | None:
     """The step's communication on --gpus G (roofline/plan/comm.py), when a busbw is
-    given; a step is --micro-batch sequences per device."""
+    given; a step is --micro-batch sequences per device.  Its compute is on the basis the
+    plan's days with attention use: 6 N + the attention scores per token when the shape
+    is known (6 N with --params alone)."""
     if args.busbw is None and args.busbw_run is None:
         if args.gpus > 1:
             warnings.append("no communication in this plan: pass --busbw GB/s (or "
@@ -132,11 +187,17 @@ def plan_communication(args: argparse.Namespace, shape: ModelShape | None,
     if args.busbw is not None:
         busbw, source = args.busbw, "--busbw"
     else:
-        busbw, source = busbw_from_run(args.busbw_run)
+        row = busbw_row(args.busbw_run)
+        _check_origin(row, args.busbw_run, device, args.gpus,
+                      getattr(args, "force_busbw_run", False), warnings)
+        busbw, source = row["busbw_gbps"], row["source"]
     seq = shape.seq_len if shape else DEFAULT_SEQ_LEN
     tokens_per_step = args.micro_batch * seq  # per device
-    compute_s = 6 * params * tokens_per_step / (peak * 1e12 * mfu)
+    per_token = 6 * params + (attention_score_flops(shape, 1.0) if shape else 0.0)
+    compute_s = per_token * tokens_per_step / (peak * 1e12 * mfu)
     steps = tokens / (args.gpus * tokens_per_step) if tokens else None
     grad, weight = policy_bytes(items)
-    return step_communication(params, args.gpus, busbw, grad, weight, compute_s, steps,
-                              source)
+    out = step_communication(params, args.gpus, busbw, grad, weight, compute_s, steps,
+                             source)
+    out["compute_basis"] = "6 N + attention" if shape else "6 N"
+    return out

@@ -116,9 +116,11 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
             return [name, f"{sch['comm_s'] * 1e3:.4g} ms", "yes" if sch["hides"] else "no",
                     f"{sch['step_s_overlap'] * 1e3:.4g} / {sch['step_s_serial'] * 1e3:.4g} ms",
                     days, how]
+        basis = c.get("compute_basis", "6 N")
         out.append((
             f"Communication per step: {c['gpus']} devices, busbw {c['busbw_gbps']:.4g} GB/s "
-            f"({c['busbw_source']}); compute {c['compute_s'] * 1e3:.4g} ms per step",
+            f"({c['busbw_source']}); compute {c['compute_s'] * 1e3:.4g} ms per step "
+            f"({basis} FLOPs per token; days on the same basis)",
             ["scheme", "comm", "hides", "step (overlap / serial)",
              "days (overlap / serial)", "formula"],
             [row("data parallel", c["data_parallel"],
@@ -148,7 +150,10 @@ def render_markdown(plan: dict[str, Any], png: str | None) -> str:
         lines += ["", f"![step GEMMs on the roofline]({png})", ""]
     if plan.get("step_measured"):
         lines += ["", "![the measured training step on the roofline](step.png)", ""]
-    lines += ["Days use 6 N D; the attention scores are shown apart. MFU is "
+    comm = plan.get("communication")
+    basis = (f" The communication table's steps and days count {comm['compute_basis']} "
+             "FLOPs per token." if comm else "")
+    lines += [f"Days use 6 N D; the attention scores are shown apart.{basis} MFU is "
               f"{plan['mfu_source']} ({plan['mfu_from']}). Memory counts parameters, "
               "gradients and optimizer state only.", ""]
     return "\n".join(lines)

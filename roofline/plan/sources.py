@@ -40,7 +40,10 @@ def peak_of(key: str, dtype: str, log: Any) -> tuple[float, str]:
     _, _, ceilings = _ceilings_for(key, log)
     peak = ceilings.peak_tflops(rc)
     if peak is None:
-        raise PlanError(f"no {rc} ceiling could be measured on {model.name}")
+        # A class measured slower than fp32 is no roof (roofline.ceilings.no_roofs).
+        why = getattr(ceilings, "no_roofs", dict)().get(rc)
+        raise PlanError(f"no {rc} roof on {model.name}: {why}; use --dtype fp32" if why
+                        else f"no {rc} ceiling could be measured on {model.name}")
     return peak, "measured (no datasheet)"
 
 

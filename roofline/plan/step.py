@@ -18,11 +18,13 @@ Conventions, stated once:
   (q, k, v, o, dO in, dq, dk, dv out) per layer;
 - activations, estimated: Korthikanti et al. 2022 (table 2, no parallelism, no
   recomputation) store 34 s b h + 5 a s^2 b bytes per layer in 16-bit; SDPA keeps no
-  score matrix, so 34 h bytes per token and layer, times (activation bytes / 2).
+  score matrix, so 34 h bytes per token and layer, times (activation bytes / 2); the same
+  estimate sizes the memory check before a step is measured (step_memory_estimate).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from roofline.plan.arithmetic import attention_score_flops, step_gemms
@@ -30,6 +32,74 @@ from roofline.plan.model import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SIX_N_TOLERANCE = 0.05  # "6 N D holds" when counted/6N is within 5%
+# Bytes per parameter of the step's training state: fp32 weights, gradients and AdamW's
+# m and v (autocast keeps the parameters in fp32 and casts them for the matmuls).
+STATE_BYTES_PER_PARAM = 16
+# The sizes suggested for a step that does not fit keep their estimate within this share
+# of the memory: the estimate is a lower bound, and the peak of the steps measured on a
+# 2-core CPU ran 1.2x it (d 2048, 16k tokens) to 2x (small models, where the runtime's
+# own allocations weigh most): allocator caching and the backward's temporaries.
+ADVICE_HEADROOM = 0.75
+
+
+def activation_bytes_per_token_layer(shape: ModelShape, dtype: str) -> float:
+    """Korthikanti et al. 2022 (table 2, no parallelism, no recomputation): 34 s b h bytes
+    per layer in 16-bit, plus 5 a s^2 b for the score matrix that SDPA does not keep: 34 h
+    bytes per token and layer, times (activation bytes / 2)."""
+    return 34 * shape.d_model * DTYPE_BYTES.get(dtype, 4) / 2
+
+
+def step_memory_estimate(shape: ModelShape, n_blocks: int, micro_batch: int,
+                         dtype: str) -> dict[str, float]:
+    """What a training step of a slice of `n_blocks` blocks (with the embedding and head)
+    needs at least, itemized: its training state, the activations by the estimate above,
+    the logits in fp32 twice (values and gradient: the largest single tensors) and, under
+    16-bit autocast, the 16-bit copies of the matmul weights the backward keeps."""
+    per_block = (shape.params - shape.vocab * shape.d_model * (1 if shape.tied else 2)
+                 - (shape.seq_len * shape.d_model if shape.learned_pos else 0)
+                 - shape.d_model * shape.norm_params) / shape.n_layers
+    params = shape.params - shape.n_layers * per_block + n_blocks * per_block
+    block_matmul = (shape.matmul_params - shape.d_model * shape.vocab) / shape.n_layers
+    tokens = micro_batch * shape.seq_len
+    return {
+        "training state": STATE_BYTES_PER_PARAM * params,
+        "activations": activation_bytes_per_token_layer(shape, dtype) * tokens * n_blocks,
+        "logits": tokens * shape.vocab * 4 * 2,
+        "weight casts": (DTYPE_BYTES[dtype] * (shape.d_model * shape.vocab
+                                               + n_blocks * block_matmul)
+                         if DTYPE_BYTES.get(dtype, 4) < 4 else 0.0),
+    }
+
+
+def _fits(shape: ModelShape, n_blocks: int, micro_batch: int, dtype: str,
+          limit: float) -> bool:
+    return sum(step_memory_estimate(shape, n_blocks, micro_batch, dtype).values()) <= limit
+
+
+def _largest(lo: int, hi: int, fits: Any) -> int | None:
+    """The largest n in [lo, hi] with fits(n), for a fits that holds up to some n and
+    not after (memory grows with each of the step's sizes); None when none does."""
+    if hi < lo or not fits(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def what_fits(shape: ModelShape, n_blocks: int, micro_batch: int, dtype: str,
+              limit: float) -> dict[str, int | None]:
+    """For a step that does not fit in `limit` bytes, the largest size that brings it
+    under, the others kept: the slice (blocks); when not even one block fits, the
+    micro-batch and the sequence length at one block.  None where nothing does."""
+    blocks = _largest(1, n_blocks - 1,
+                      lambda k: _fits(shape, k, micro_batch, dtype, limit))
+    if blocks is not None:
+        return {"measure_layers": blocks, "micro_batch": None, "seq_len": None}
+    batch = _largest(1, micro_batch - 1, lambda b: _fits(shape, 1, b, dtype, limit))
+    seq = _largest(1, shape.seq_len - 1, lambda s: _fits(replace(shape, seq_len=s), 1,
+                                                         micro_batch, dtype, limit))
+    return {"measure_layers": None, "micro_batch": batch, "seq_len": seq}
 
 
 def _total(d: dict[str, float] | None) -> float:
@@ -61,7 +131,7 @@ def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
     mem = m["memory"]
     state = mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
     act_blocks = mem.get("activations_in_blocks") or 0.0
-    act_est = 34 * shape.d_model * b / 2
+    act_est = activation_bytes_per_token_layer(shape, m["dtype"])
     ratio_6n = (fwd + bwd) / tokens / (6 * n)
     categories = []
     for cat, ms in prof.items():
@@ -136,7 +206,11 @@ def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[s
         ["optimizer state (AdamW m, v)", gb(mem["optimizer_state"]),
          f"{r['optimizer_bytes_per_param']:.3g} B per parameter"],
         ["activations saved for backward", gb(mem["activations"]),
-         f"{gb(mem.get('activations_in_blocks'))} in the blocks"],
+         f"{gb(mem.get('activations_in_blocks'))} in the blocks; what the forward "
+         "computes"],
+        ["weight casts saved for backward", gb(mem.get("weight_casts") or 0),
+         "autocast's 16-bit copies of the matmul weights" if mem.get("weight_casts")
+         else "none (no autocast)"],
         ["bytes per parameter (params + grads + optimizer)",
          f"{r['bytes_per_param_measured']:.3g}",
          f"the plan's policy: {r['bytes_per_param_policy']:g}"],

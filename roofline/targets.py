@@ -1,0 +1,418 @@
+"""DESIGN.md section 7's performance targets, read from saved runs' rows: `python -m
+roofline targets [RUN ...] [--steps TSV] [--same-rows PLAIN FLEET] [--md PATH]`.
+
+Pure analysis (nothing is measured): the copy bandwidth each run measured (its
+ceilings' hbm_gbps), cuBLAS bf16 and fp8 TFLOP/s at 8192^3, and each section 7 ratio the
+rows allow, marked met, missed (by how much) or not measured (with why).  Every ratio
+comes from one run: a row against its own run's copy bandwidth, Triton against torch
+rows of the same run.  Where several runs hold a qualifying row, the largest footprint
+counts, then the run given last.  `.ci/gpu` writes its summary.md with this, its steps'
+pass/fail (--steps) and whether its one-rank fleet run has a plain run's rows
+(--same-rows) beside them.  A missed target is a finding, not an error: the exit code is
+0 then, 1 only when --same-rows finds the fleet's rows differ, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roofline.devices import ROOF_CLASS
+from roofline.gate.cli import check_outputs
+from roofline.gate.rules import CompareError
+from roofline.report import _table
+from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
+from roofline.schema import KEY, RunLoadError, atomic_write_text, load_run, parse_shape
+
+# ---- The targets: DESIGN.md section 7 ("on an H100 SXM, large sizes, in one run"). -----
+# "Large" for the vector kernels: a footprint (the row's compulsory bytes) of at least
+# 256 MiB, five times the H100's 50 MB L2, so the row streams from HBM.
+LARGE_BYTES = 256 * 2**20
+ELEMENTWISE = ("add", "mul", "gelu")  # "Triton add/mul/GELU"
+ELEMENTWISE_OF_COPY = 0.92  # of the measured copy bandwidth, and ...
+NOT_SLOWER_THAN_EAGER = 1.0  # ... never slower than torch eager (torch ms / Triton ms)
+FP8_ELEMENTWISE_OF_COPY = 0.85  # fp8 elementwise (e4m3 and e5m2)
+DOT_OF_COPY = 0.90
+MATVEC_OF_COPY = 0.85
+MATVEC_MIN_DIM = 8192  # "matvec (N, K >= 8192)": the matrix's rows (M here) and K
+MATMUL_OF_TORCH = 0.95  # Triton TFLOP/s over torch's on the same shape and run
+BF16_MATMUL_SIZES = (4096, 8192)  # M = N = K; against torch.matmul (cuBLAS)
+FP8_MATMUL_SIZES = (8192,)  # against torch._scaled_mm
+HEADLINE_SIZE = 8192  # cuBLAS bf16 and fp8 TFLOP/s are reported at 8192^3
+# The vector kernels' dtypes: every benchmark dtype but tf32, a matmul-only mode.
+VECTOR_DTYPES = tuple(d for d in DTYPE_ORDER if d != "tf32")
+
+MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
+# .ci/gpu's steps file: a header line, then one tab-separated line per step.
+STEP_FIELDS = ("step", "status", "seconds", "log", "note")
+STEP_STATUSES = ("pass", "fail", "timeout", "skipped")
+
+
+class TargetsError(ValueError):
+    """Input that cannot be read (one-line message, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str
+    meta: dict[str, Any]
+    rows: list[dict[str, Any]]
+    copy_gbps: float | None  # measured ceilings' hbm_gbps (a large device copy)
+    datasheet_gbps: float | None
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("run_id") or Path(self.path).name)
+
+
+def load(path: str) -> Run:
+    meta, df = load_run(path)
+    d = clean_rows(df)
+    ceil = run_ceilings(meta, d)
+    measured, sheet = ceil.get("measured"), ceil.get("datasheet")
+    return Run(path, meta, d.to_dict("records"), measured.hbm_gbps if measured else None,
+               sheet.hbm_gbps if sheet else None)
+
+
+def _num(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def _dims(row: dict[str, Any]) -> dict[str, int]:
+    try:
+        return parse_shape(str(row.get("shape")))
+    except ValueError:
+        return {}
+
+
+def _size(b: float | None) -> str:
+    if b is None:
+        return "? bytes"
+    return f"{b / 2**30:.3g} GiB" if b >= 2**30 else f"{b / 2**20:.3g} MiB"
+
+
+def _reason(row: dict[str, Any]) -> str:
+    """'failed (first line of its reason)', for a row that is not ok."""
+    reason = row.get("reason")
+    lines = reason.strip().splitlines() if isinstance(reason, str) else []
+    text = lines[0] if lines else "no reason given"
+    return f"{row.get('status')} ({text[:80]})"
+
+
+Found = tuple[int, Run, dict[str, Any]]  # (run index, run, row)
+
+
+def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
+          dims: dict[str, int] | None = None) -> list[Found]:
+    return [(i, run, r) for i, run in enumerate(runs) for r in run.rows
+            if r.get("kernel") == kernel and r.get("provider") == provider
+            and r.get("dtype") == dtype and (dims is None or _dims(r) == dims)]
+
+
+def _ok(r: dict[str, Any], col: str) -> bool:
+    return r.get("status") == "ok" and _num(r.get(col)) is not None
+
+
+def _throttled(*rows: dict[str, Any]) -> str:
+    """', throttled' when a row was timed while the GPU throttled: its ratio is low for
+    that reason, said beside it."""
+    return ", throttled" if any(str(r.get("throttled")) == "True" for r in rows) else ""
+
+
+@dataclass
+class Part:
+    """One condition of a target: value against need (None: not measured, with why)."""
+
+    need: float
+    unit: str
+    value: float | None = None
+    why: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return NOT_MEASURED
+        return MET if self.value >= self.need else MISSED
+
+
+@dataclass
+class Check:
+    target: str
+    case: str = "-"
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = [p.verdict for p in self.parts]
+        return next((v for v in (MISSED, NOT_MEASURED) if v in verdicts), MET)
+
+    def cells(self) -> list[str]:
+        measured = "; ".join("-" if p.value is None else f"{p.value:.3f}{p.unit}"
+                             for p in self.parts)
+        needs = "; ".join(f">= {p.need:.2f}{p.unit}" for p in self.parts)
+        notes = [f"{p.unit.strip()}: {(p.need - p.value) / p.need:.1%} short"
+                 if p.verdict == MISSED else p.why
+                 for p in self.parts if p.verdict != MET]
+        notes = list(dict.fromkeys(notes))  # parts not measured for one reason: said once
+        verdict = self.verdict + (f": {'; '.join(notes)}" if notes else "")
+        return [self.target, self.case, measured, needs, verdict]
+
+
+def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: float,
+               qualifies: Callable[[dict[str, Any]], bool], large: str,
+               vs_eager: bool) -> Check:
+    """A Triton row's GB/s over its run's copy bandwidth (and its speed over torch
+    eager's on the same shape and run): the largest qualifying ok row."""
+    check = Check(target)
+    copy = Part(need, " of copy")
+    check.parts.append(copy)
+    eager = Part(NOT_SLOWER_THAN_EAGER, "x eager")
+    if vs_eager:
+        check.parts.append(eager)
+    found = _find(runs, kernel, "triton", dtype)
+    big = [f for f in found if qualifies(f[2])]
+    ok = [f for f in big if _ok(f[2], "gbps")]
+    timed = [f for f in ok if f[1].copy_gbps]
+
+    def by_size(f: Found) -> tuple[float, int]:
+        return (_num(f[2].get("bytes")) or 0.0, f[0])
+
+    if not found:
+        why = "no Triton row"
+    elif not big:
+        top = max(found, key=by_size)[2]
+        why = f"no row {large} (largest: {top.get('shape')}, {_size(_num(top.get('bytes')))})"
+    elif not ok:
+        why = f"Triton row {_reason(max(big, key=by_size)[2])}"
+    elif not timed:
+        why = f"run {ok[-1][1].name} has no measured copy bandwidth"
+    else:
+        _, run, row = max(timed, key=by_size)
+        check.case = f"{row['shape']}, {_size(_num(row.get('bytes')))} ({run.name}" \
+                     f"{_throttled(row)})"
+        copy.value = float(row["gbps"]) / run.copy_gbps
+        torch_rows = _find([run], kernel, "torch", dtype, _dims(row))
+        if torch_rows and _ok(torch_rows[0][2], "ms_median"):
+            eager.value = float(torch_rows[0][2]["ms_median"]) / float(row["ms_median"])
+        else:
+            eager.why = (f"torch row {_reason(torch_rows[0][2])}" if torch_rows
+                         else "no torch row at that shape")
+        return check
+    for p in check.parts:
+        p.why = why
+    return check
+
+
+def _square(s: int) -> dict[str, int]:
+    return {"M": s, "N": s, "K": s}
+
+
+def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Check:
+    """Triton matmul TFLOP/s over torch's at size^3, both ok in the same run (the last
+    such run given)."""
+    part = Part(MATMUL_OF_TORCH, f"x {torch_name}")
+    check = Check(f"matmul {dtype} {size}^3", parts=[part])
+    dims = _square(size)
+    triton_rows = _find(runs, "matmul", "triton", dtype, dims)
+    torch_rows = _find(runs, "matmul", "torch", dtype, dims)
+    for i in reversed(range(len(runs))):
+        t = [r for j, _, r in triton_rows if j == i and _ok(r, "tflops")]
+        c = [r for j, _, r in torch_rows if j == i and _ok(r, "tflops")]
+        if t and c:
+            part.value = float(t[0]["tflops"]) / float(c[0]["tflops"])
+            check.case = f"{t[0]['shape']} ({runs[i].name}{_throttled(t[0], c[0])})"
+            return check
+    whys = []
+    for provider, found in (("Triton", triton_rows), ("torch", torch_rows)):
+        if not found:
+            whys.append(f"no {provider} row")
+        elif not any(_ok(r, "tflops") for _, _, r in found):
+            whys.append(f"{provider} row {_reason(found[-1][2])}")
+    part.why = ", ".join(whys) or "the Triton and torch rows come from different runs"
+    return check
+
+
+def checks(runs: Sequence[Run]) -> list[Check]:
+    """Every section 7 ratio a set of runs can hold, in DESIGN.md's order."""
+    def large(r: dict[str, Any]) -> bool:
+        return (_num(r.get("bytes")) or 0) >= LARGE_BYTES
+
+    def big_matrix(r: dict[str, Any]) -> bool:
+        d = _dims(r)
+        return min(d.get("M", 0), d.get("K", 0)) >= MATVEC_MIN_DIM
+
+    at_large = f"at >= {_size(LARGE_BYTES)}"
+    out = []
+    for kernel in ELEMENTWISE:
+        for dtype in VECTOR_DTYPES:
+            fp8 = ROOF_CLASS.get(dtype) == "fp8"
+            need = FP8_ELEMENTWISE_OF_COPY if fp8 else ELEMENTWISE_OF_COPY
+            out.append(_bandwidth(runs, f"{kernel} {dtype}", kernel, dtype, need, large,
+                                  at_large, vs_eager=True))
+    for kernel, need, qualifies, text in (
+            ("dot", DOT_OF_COPY, large, at_large),
+            ("matvec", MATVEC_OF_COPY, big_matrix, f"with M, K >= {MATVEC_MIN_DIM}")):
+        for dtype in VECTOR_DTYPES:
+            out.append(_bandwidth(runs, f"{kernel} {dtype}", kernel, dtype, need, qualifies,
+                                  text, vs_eager=False))
+    out += [_matmul(runs, "bf16", s, "cuBLAS") for s in BF16_MATMUL_SIZES]
+    out += [_matmul(runs, "fp8", s, "_scaled_mm") for s in FP8_MATMUL_SIZES]
+    return out
+
+
+def headline(runs: Sequence[Run]) -> list[list[str]]:
+    """[figure, value, run] rows: copy bandwidth, cuBLAS bf16 and fp8 at 8192^3."""
+    out = []
+    copies = [r for r in runs if r.copy_gbps]
+    distinct = {r.copy_gbps for r in copies}
+    # Runs sharing one ceiling cache report the same copy: one line for all of them.
+    for run in copies if len(distinct) > 1 else copies[:1]:
+        gbps = run.copy_gbps
+        sheet = f" ({gbps / run.datasheet_gbps:.2f} of the datasheet's " \
+                f"{run.datasheet_gbps:.0f})" if run.datasheet_gbps else ""
+        where = run.name if len(distinct) > 1 or len(copies) == 1 \
+            else f"all {len(copies)} runs that measured it"
+        out.append(["copy bandwidth (measured)", f"{gbps:.0f} GB/s{sheet}", where])
+    if not copies:
+        out.append(["copy bandwidth (measured)", NOT_MEASURED,
+                    "no run measured its ceilings"])
+    size = f"{HEADLINE_SIZE}^3"
+    for dtype, what in (("bf16", "cuBLAS bf16 (torch.matmul)"),
+                        ("fp8", "cuBLAS fp8 (torch._scaled_mm)")):
+        rows = _find(runs, "matmul", "torch", dtype, _square(HEADLINE_SIZE))
+        by_mode: dict[str, Found] = {}
+        for f in rows:
+            if _ok(f[2], "tflops"):
+                mode = f[1].meta.get("fp8_accum") if dtype == "fp8" else None
+                by_mode[f"{mode} accumulation" if mode else ""] = f  # the last run wins
+        for mode, (_, run, r) in by_mode.items():
+            label = f"{what} {size}" + (f", {mode}" if mode else "")
+            out.append([label, f"{float(r['tflops']):.0f} TFLOP/s", run.name])
+        if not by_mode:
+            why = _reason(rows[-1][2]) if rows else "no row"
+            out.append([f"{what} {size}", NOT_MEASURED, why])
+    return out
+
+
+def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
+    """Whether a fleet run has the plain run's rows (same keys, same statuses)."""
+    def keyed(run: Run) -> dict[tuple, str]:
+        return {tuple(str(r.get(k)) for k in KEY): str(r.get("status")) for r in run.rows}
+
+    a, b = keyed(plain), keyed(fleet)
+    only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
+    status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
+    if not (only_a or only_b or status):
+        return True, f"same {len(a)} rows, same statuses"
+    parts = [f"{len(keys)} {what} (first: {' '.join(keys[0])})" for keys, what in (
+        (only_a, "only in the plain run"), (only_b, "only in the fleet run"),
+        (status, "with another status")) if keys]
+    return False, "; ".join(parts)
+
+
+def read_steps(path: str) -> list[list[str]]:
+    """.ci/gpu's steps file as [step, status, seconds, log, note] rows."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise TargetsError(f"cannot read the steps file {path}: {e}") from None
+    if not lines or lines[0].split("\t") != list(STEP_FIELDS):
+        raise TargetsError(f"{path}: not a steps file (header {' '.join(STEP_FIELDS)})")
+    rows = []
+    for n, line in enumerate(lines[1:], 2):
+        cells = line.split("\t")
+        if len(cells) != len(STEP_FIELDS) or cells[1] not in STEP_STATUSES:
+            raise TargetsError(f"{path}:{n}: expected {len(STEP_FIELDS)} tab-separated "
+                               f"fields with a status of {', '.join(STEP_STATUSES)}")
+        rows.append(cells)
+    return rows
+
+
+def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
+           fleet: tuple[bool, str] | None = None) -> str:
+    found = checks(runs)
+    counts = {v: sum(c.verdict == v for c in found) for v in (MET, MISSED, NOT_MEASURED)}
+    devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
+    lines = ["# DESIGN.md section 7 targets", ""]
+    lines += [f"- `{r.path}`: {r.name}, {r.meta.get('device_name') or '?'}"
+              + (f", fp8 accumulation {r.meta['fp8_accum']}" if r.meta.get("fp8_accum")
+                 else "") for r in runs]
+    if not runs:
+        lines.append("- No run to read: see the steps below.")
+    elif devices != ["h100"]:
+        lines.append(f"- The targets are set for an H100 SXM; these runs are on "
+                     f"{', '.join(devices)}.")
+    lines += ["", "## Headline figures", "",
+              _table(["figure", "value", "run"], headline(runs)), "",
+              f"## Targets: {counts[MET]} met, {counts[MISSED]} missed, "
+              f"{counts[NOT_MEASURED]} not measured", "",
+              _table(["Triton", "row", "measured", "needs", "verdict"],
+                     [c.cells() for c in found])]
+    if fleet is not None:
+        lines += ["", "## One-rank fleet run against the plain run", "",
+                  f"{'same rows' if fleet[0] else 'ROWS DIFFER'}: {fleet[1]}"]
+    if steps is not None:
+        failed = sum(s[1] in ("fail", "timeout") for s in steps)
+        lines += ["", f"## Steps: {len(steps) - failed} of {len(steps)} passed or skipped", "",
+                  _table(list(STEP_FIELDS), steps, align="llr")]
+    return "\n".join(lines) + "\n"
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ArgError(message)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m roofline targets ...`; returns the exit code."""
+    p = _Parser(prog="python -m roofline targets",
+                description="DESIGN.md section 7's ratios from saved runs: met, missed or "
+                            "not measured (exit 0 either way).")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run folder or results.json")
+    p.add_argument("--steps", metavar="TSV", help=".ci/gpu's steps file: each step's status")
+    p.add_argument("--same-rows", nargs=2, metavar=("PLAIN", "FLEET"),
+                   help="check that a fleet run has a plain run's rows (exit 1 if not)")
+    p.add_argument("--md", metavar="PATH", help="also write the summary here")
+    try:
+        args = p.parse_args(argv)
+    except _ArgError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    if not args.runs and not args.steps:
+        print("error: give at least one RUN (or --steps)", file=sys.stderr)
+        return 2
+    try:
+        inputs = [*args.runs, *(args.same_rows or [])]
+        check_outputs({"--md": args.md}, inputs)
+        folders = {(Path(i) if Path(i).is_dir() else Path(i).parent).resolve()
+                   for i in inputs}
+        if args.md and Path(args.md).resolve().parent in folders:
+            raise TargetsError(f"--md {args.md} would write into a run folder: choose "
+                               "another path")
+        runs = [load(r) for r in args.runs]
+        steps = read_steps(args.steps) if args.steps else None
+        fleet = same_rows(load(args.same_rows[0]), load(args.same_rows[1])) \
+            if args.same_rows else None
+        text = render(runs, steps, fleet)
+        if args.md:
+            atomic_write_text(args.md, text)
+    except (TargetsError, RunLoadError, CompareError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    return 1 if fleet is not None and not fleet[0] else 0

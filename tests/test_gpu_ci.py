@@ -1,0 +1,265 @@
+""".ci/gpu (the GPU runner's job) as far as a CPU can test it: its refusals without a GPU
+and on bad input, and its summary (`python -m roofline targets`) of saved synthetic runs:
+section 7's ratios, verdicts, "not measured" with why, the steps file and the fleet
+check."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from roofline import targets
+from roofline.__main__ import main as roofline_main
+from roofline.schema import COLUMNS
+from roofline.targets import MET, MISSED, NOT_MEASURED
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / ".ci" / "gpu"
+COPY_GBPS = 3000.0  # the synthetic runs' measured copy bandwidth
+MiB = 2**20
+
+
+def _script(*args: str, cuda: bool = False) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable)
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, also on a GPU machine
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=ROOT)
+
+
+def test_script_is_executable_bash() -> None:
+    assert os.access(SCRIPT, os.X_OK)
+    p = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck_clean() -> None:
+    p = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+
+
+def test_refuses_without_a_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    p = _script(str(out))
+    assert p.returncode == 2
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "torch.cuda.is_available() is False" in lines[0]
+    assert p.stdout == ""
+    assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("args, says", [
+    ((), "usage: .ci/gpu OUT_DIR"),
+    (("{tmp}/out", "no-such-step"), "unknown step 'no-such-step'"),
+    (("{tmp}/full",), "is not an empty folder"),
+])
+def test_usage_errors_are_one_line(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "results.json").write_text("{}")  # measured: never overwritten
+    p = _script(*(a.format(tmp=tmp_path) for a in args), cuda=True)
+    assert p.returncode == 2
+    assert len(p.stderr.splitlines()) == 1 and says in p.stderr
+    assert (tmp_path / "full" / "results.json").read_text() == "{}"
+
+
+def test_script_writes_the_steps_file_the_summary_reads() -> None:
+    text = SCRIPT.read_text()
+    assert "printf '" + "\\t".join(targets.STEP_FIELDS) + "\\n'" in text
+    assert "results/baselines/$DEVICE.json" in text and "-m roofline compare" in text
+
+
+# ---- the summary of saved runs ------------------------------------------------------------
+
+def _row(kernel: str, provider: str, dtype: str, shape: str, nbytes: float, *,
+         gbps: float | None = None, tflops: float | None = None, flops: float = 1.0,
+         status: str = "ok", reason: str = "") -> dict[str, Any]:
+    """A row in results.json's format; its time follows from gbps or tflops."""
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(kernel=kernel, provider=provider, dtype=dtype, shape=shape, bytes=nbytes,
+               flops=flops, intensity=flops / nbytes, status=status, reason=reason)
+    if status == "ok":
+        ms = nbytes / (gbps * 1e9) * 1e3 if gbps else flops / (tflops * 1e12) * 1e3
+        row.update(ms_median=ms, ms_p20=ms, ms_p80=ms, n_samples=10, correct=True,
+                   gbps=nbytes / (ms * 1e-3) / 1e9, tflops=flops / (ms * 1e-3) / 1e12)
+    return row
+
+
+def _mm(provider: str, dtype: str, s: int, tflops: float, **kw: Any) -> dict[str, Any]:
+    return _row("matmul", provider, dtype, f"M={s},N={s},K={s}", 3.0 * s * s * 2,
+                tflops=tflops, flops=2.0 * s**3, **kw)
+
+
+def _write(folder: Path, rows: list[dict[str, Any]], *, measured: bool = True,
+           fp8_accum: str = "fast") -> Path:
+    ceilings = {"datasheet": {"tflops": {"bf16": 989.4, "fp8": 1978.9}, "hbm_gbps": 3350.0,
+                              "l2_gbps": None},
+                "measured": {"tflops": {"fp32": 60.0, "bf16": 800.0, "fp8": 1300.0},
+                             "hbm_gbps": COPY_GBPS, "l2_gbps": None} if measured else None}
+    meta = {"run_id": folder.name, "device_key": "h100", "device_name": "NVIDIA H100 80GB HBM3",
+            "fp8_accum": fp8_accum, "ceilings": ceilings}
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"metadata": meta, "rows": rows}))
+    return folder
+
+
+N26 = 1 << 26
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    quick = _write(tmp_path / "quick", [
+        # add bf16, 384 MiB: 0.95 of copy and 1.056x torch eager: met
+        _row("add", "triton", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2850),
+        _row("add", "torch", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2700),
+        # add fp16 without a torch row at that shape: half measured
+        _row("add", "triton", "fp16", f"n={N26}", 3 * 2 * N26, gbps=2850),
+        # mul fp32: 0.90 of copy, under 0.92: missed
+        _row("mul", "triton", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2700),
+        _row("mul", "torch", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2600),
+        # gelu bf16 at 4 MiB only: not large enough
+        _row("gelu", "triton", "bf16", "n=1048576", 2 * 2 * 2**20, gbps=2000),
+        # dot fp32 at a large size, but failed
+        _row("dot", "triton", "fp32", f"n={N26}", 2 * 4 * N26 + 4, status="failed",
+             reason="rel_err 0.9 > tolerance\ntraceback"),
+        # matvec bf16 8192 x 8192 at 0.8667 of copy (>= 0.85); 4096 x 4096 ignored
+        _row("matvec", "triton", "bf16", "M=8192,K=8192", 2.0 * (8192 * 8192 + 2 * 8192),
+             gbps=2600),
+        _row("matvec", "triton", "bf16", "M=4096,K=4096", 2.0 * (4096 * 4096 + 2 * 4096),
+             gbps=100),
+        _mm("triton", "bf16", 4096, 700),  # 0.933 of torch: missed (timed throttled)
+        {**_mm("torch", "bf16", 4096, 750), "throttled": True},
+        _mm("torch", "bf16", 8192, 800),  # no Triton row at 8192
+    ])
+    big = _write(tmp_path / "matmul-8192", [
+        _mm("triton", "fp8", 8192, 1250), _mm("torch", "fp8", 8192, 1300),  # 0.96: met
+        _mm("torch", "bf16", 8192, 790),  # given later: the headline's cuBLAS bf16
+    ])
+    precise = _write(tmp_path / "fp8-precise", [_mm("torch", "fp8", 8192, 1100)],
+                     measured=False, fp8_accum="precise")
+    return [quick, big, precise]
+
+
+def _checks(paths: list[Path]) -> dict[str, targets.Check]:
+    return {c.target: c for c in targets.checks([targets.load(str(p)) for p in paths])}
+
+
+def test_ratios_and_verdicts(runs: list[Path]) -> None:
+    c = _checks(runs)
+    add = c["add bf16"]
+    assert add.verdict == MET
+    assert [p.value for p in add.parts] == pytest.approx([0.95, 2850 / 2700])
+    assert add.case == "n=67108864, 384 MiB (quick)"
+    mul = c["mul fp32"]
+    assert mul.verdict == MISSED and mul.parts[0].value == pytest.approx(0.90)
+    assert "missed: of copy: 2.2% short" in mul.cells()[-1]
+    assert c["matvec bf16"].verdict == MET
+    assert c["matvec bf16"].parts[0].value == pytest.approx(2600 / COPY_GBPS)
+    mm = c["matmul bf16 4096^3"]
+    assert mm.verdict == MISSED and mm.parts[0].value == pytest.approx(700 / 750)
+    assert mm.case == "M=4096,N=4096,K=4096 (quick, throttled)"
+    fp8 = c["matmul fp8 8192^3"]
+    assert fp8.verdict == MET and fp8.parts[0].value == pytest.approx(1250 / 1300)
+    assert fp8.case == "M=8192,N=8192,K=8192 (matmul-8192)"
+
+
+def test_not_measured_says_why(runs: list[Path]) -> None:
+    c = _checks(runs)
+    why = {t: c[t].cells()[-1] for t in ("gelu bf16", "dot fp32", "add fp8", "add fp16",
+                                          "matmul bf16 8192^3", "matvec fp32")}
+    assert all(w.startswith(NOT_MEASURED) for w in why.values()), why
+    assert "no row at >= 256 MiB (largest: n=1048576, 4 MiB)" in why["gelu bf16"]
+    assert "Triton row failed (rel_err 0.9 > tolerance)" in why["dot fp32"]
+    assert "no Triton row" in why["add fp8"]
+    # vs copy measured (met), vs eager not: the target as a whole is not measured
+    assert c["add fp16"].parts[0].verdict == MET
+    assert "no torch row at that shape" in why["add fp16"]
+    assert why["matmul bf16 8192^3"] == "not measured: no Triton row"
+
+
+def test_a_row_needs_its_own_runs_copy_bandwidth(tmp_path: Path) -> None:
+    run = _write(tmp_path / "r", [_row("add", "triton", "bf16", f"n={N26}", 6 * N26,
+                                       gbps=2850)], measured=False)
+    check = _checks([run])["add bf16"]
+    assert check.verdict == NOT_MEASURED
+    assert "run r has no measured copy bandwidth" in check.cells()[-1]
+
+
+def test_the_largest_footprint_counts(tmp_path: Path) -> None:
+    n27, n = 1 << 27, 3 << 25  # 384 MiB and 288 MiB of fp8 add: both large
+    a = _write(tmp_path / "a", [_row("add", "triton", "fp8", f"n={n27}", 3 * n27, gbps=2700),
+                                _row("add", "torch", "fp8", f"n={n27}", 3 * n27, gbps=900)])
+    b = _write(tmp_path / "b", [_row("add", "triton", "fp8", f"n={n}", 3 * n, gbps=100)])
+    check = _checks([a, b])["add fp8"]  # a's row is the larger, though b is given later
+    assert check.verdict == MET and check.case == "n=134217728, 384 MiB (a)"
+    assert [p.value for p in check.parts] == pytest.approx([0.90, 3.0])
+
+
+def test_headline_figures(runs: list[Path]) -> None:
+    rows = {r[0]: r[1:] for r in targets.headline([targets.load(str(p)) for p in runs])}
+    assert rows["copy bandwidth (measured)"] == [
+        "3000 GB/s (0.90 of the datasheet's 3350)", "all 2 runs that measured it"]
+    assert rows["cuBLAS bf16 (torch.matmul) 8192^3"] == ["790 TFLOP/s", "matmul-8192"]
+    fp8 = "cuBLAS fp8 (torch._scaled_mm) 8192^3"
+    assert rows[f"{fp8}, fast accumulation"] == ["1300 TFLOP/s", "matmul-8192"]
+    assert rows[f"{fp8}, precise accumulation"] == ["1100 TFLOP/s", "fp8-precise"]
+
+
+def _steps(path: Path) -> Path:
+    # As .ci/gpu's record() writes it: header, then step, status, seconds, log, note.
+    path.write_text("step\tstatus\tseconds\tlog\tnote\n"
+                    "sweep\tpass\t61\tlogs/sweep.log\t\n"
+                    "compare\tskipped\t0\t-\tno baseline results/baselines/h100.json\n"
+                    "pytest\tfail\t200\tlogs/pytest.log\texit 1: 2 failed, 700 passed\n")
+    return path
+
+
+def test_cli_writes_the_summary(runs: list[Path], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    md = tmp_path / "summary.md"
+    code = roofline_main(["targets", *map(str, runs), "--steps", str(_steps(tmp_path / "s")),
+                          "--md", str(md)])
+    out = capsys.readouterr().out
+    assert code == 0  # missed targets are findings, not errors
+    assert md.read_text() == out
+    assert "## Targets: 3 met, 2 missed, 23 not measured" in out
+    assert "## Steps: 2 of 3 passed or skipped" in out
+    assert "| pytest | fail | 200 | logs/pytest.log | exit 1: 2 failed, 700 passed |" in out
+    assert "these runs are on" not in out  # an H100: no device caveat
+
+
+def test_cli_fleet_rows(runs: list[Path], tmp_path: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    quick = runs[0]
+    rows = json.loads((quick / "results.json").read_text())["rows"]
+    same = _write(tmp_path / "fleet-same", rows)
+    assert roofline_main(["targets", str(quick), "--same-rows", str(quick), str(same)]) == 0
+    assert "same rows: same 12 rows, same statuses" in capsys.readouterr().out
+    fewer = _write(tmp_path / "fleet-fewer", rows[1:])
+    assert roofline_main(["targets", str(quick), "--same-rows", str(quick), str(fewer)]) == 1
+    assert "ROWS DIFFER: 1 only in the plain run (first: add triton bf16 n=67108864)" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    ([], "give at least one RUN"),
+    (["{run}", "--md", "{run}/summary.md"], "would write into a run folder"),
+    (["{run}", "--md", "{run}/results.json"], "would overwrite measured results"),
+    (["{run}", "--steps", "{tmp}/bad.tsv"], "not a steps file"),
+    (["{tmp}/none"], "no results found"),
+])
+def test_cli_errors_are_one_line(runs: list[Path], tmp_path: Path, args: list[str], says: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.tsv").write_text("sweep pass\n")
+    code = roofline_main(["targets", *(a.format(run=runs[0], tmp=tmp_path) for a in args)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and says in err
+    assert not (runs[0] / "summary.md").exists()
