@@ -2,20 +2,30 @@
 all_to_all and broadcast through torch.distributed (NCCL on GPUs, gloo on CPUs), in bf16
 and fp32, over message sizes, each checked for exact values before it is timed.
 
-Sizes and bandwidths follow nccl-tests (docs/PERFORMANCE.md), so the numbers can be held
+Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md), so the numbers can be held
 against nccl-tests on the same machine: S is the size of the whole array (all_gather:
 the gathered output; reduce_scatter: the full input; all_to_all: one rank's send buffer;
 all_reduce and broadcast: the buffer), rounded down to whole elements per rank;
 algbw = S / t and busbw = algbw x the factor of roofline/plan/comm.py (all_reduce
 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1).  all_reduce and
-broadcast run in place, the others out of place.  Every rank times each call after a
-barrier (CUDA events on a GPU, the wall clock on a CPU), and the slowest rank's time
-counts, sample by sample (an all_reduce MAX of the per-rank samples).  The rows count
-no FLOPs (a reduction's adds are not what bounds it) and are held against the link.
+broadcast run in place, the others out of place.
+
+A sample is a batch of back-to-back calls after a barrier, timed together and divided
+by the batch's length (CUDA events on a GPU, the wall clock on a CPU), as nccl-tests
+times its -n iterations between barriers: ranks leave a barrier at different moments,
+and the first call after it absorbs that skew while it waits for the last rank, which
+one call per sample would count in full (at 4 KB, where a call takes microseconds, it
+can be most of the sample).  The batch is sized from the warm-up so that a sample lasts
+at least MIN_SAMPLE_MS, the same length on every rank (the slowest rank's warm-up
+decides it), and is recorded in the row's `config`.  The slowest rank's time counts,
+sample by sample (an all_reduce MAX of the per-rank samples: a collective is as fast as
+its slowest rank; nccl-tests averages the ranks' times instead).  The rows count no
+FLOPs (a reduction's adds are not what bounds it) and are held against the link.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +43,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # GPUs; 4 KB to 4 MB on a CPU, where gloo moves data through the host's memory and TCP.
 GPU_SIZES = tuple(2**k for k in range(12, 31, 2))
 CPU_SIZES = tuple(2**k for k in range(12, 23, 2))
-ITERS = {"cuda": 20, "cpu": 10}  # timed calls per size, after WARMUP
+ITERS = {"cuda": 20, "cpu": 10}  # samples per size, after WARMUP calls
 WARMUP = 2
+# A sample's shortest duration: the barrier's exit skew (tens of microseconds between
+# GPUs' hosts, up to a scheduling slice between CPU processes) is then a few percent of
+# it at most.  MAX_BATCH bounds the calls of one sample.
+MIN_SAMPLE_MS = {"cuda": 1.0, "cpu": 10.0}
+MAX_BATCH = 1000
 TIMER = {"nccl": "cuda events, slowest rank", "gloo": "wall clock, slowest rank"}
 # Integers a dtype holds exactly: 2^(significand bits).  Sums stay exact (in any order of
 # reduction) while every partial sum is at most this.
@@ -105,15 +120,51 @@ def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world:
     raise ValueError(f"unknown collective {op}")
 
 
-def _time(call: Callable[[], Any], on_gpu: bool, iters: int) -> list[float]:
-    """Per-call ms on this rank, each call after a barrier (so every rank starts it
-    together, and a sample is one call, as nccl-tests' -n 1)."""
+def batch_size(call_ms: float, min_sample_ms: float, cap: int = MAX_BATCH) -> int:
+    """Calls per sample so that a sample of calls of `call_ms` each lasts at least
+    `min_sample_ms` (1 to `cap`)."""
+    if not call_ms > 0:  # a call too short for the clock
+        return cap
+    return max(1, min(cap, math.ceil(min_sample_ms / call_ms)))
+
+
+def _sized_batch(call: Callable[[], Any], on_gpu: bool, device: str, first: int) -> int:
+    """Calls per sample, from timed warm-up batches (the first of `first` calls), grown
+    until one lasts MIN_SAMPLE_MS: a batch that long dilutes the barrier's skew that
+    the first call absorbs, so the per-call estimate is the call's own time.  Every rank
+    must make the same number of calls: the slowest rank's batch time decides."""
+    n, least = first, MIN_SAMPLE_MS[device]
+    while True:
+        dist.barrier()
+        if on_gpu:
+            torch.cuda.synchronize()
+        took = torch.tensor([time_call_ms(_repeat(call, n), on_gpu)], dtype=torch.float64,
+                            device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        ms = float(took.item())
+        if ms >= least or n >= MAX_BATCH:
+            return min(n, batch_size(ms / n, least))
+        n = min(MAX_BATCH, max(2 * n, batch_size(ms / n, least)))
+
+
+def _repeat(call: Callable[[], Any], n: int) -> Callable[[], None]:
+    def calls() -> None:
+        for _ in range(n):
+            call()
+    return calls
+
+
+def _time(call: Callable[[], Any], on_gpu: bool, iters: int, batch: int = 1
+          ) -> list[float]:
+    """Per-call ms on this rank: `iters` samples, each `batch` back-to-back calls after a
+    barrier (so every rank starts the sample together), timed together and divided."""
     out = []
+    calls = _repeat(call, batch)
     for _ in range(iters):
         dist.barrier()
         if on_gpu:
             torch.cuda.synchronize()
-        out.append(time_call_ms(call, on_gpu))
+        out.append(time_call_ms(calls, on_gpu) / batch)
     return out
 
 
@@ -146,35 +197,53 @@ def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
     if not row["correct"]:
         row.update(status="failed", reason="a rank received wrong values")
         return row
-    for _ in range(warmup):
-        call()
-    mine = torch.tensor(_time(call, device == "cuda", iters), dtype=torch.float64,
+    on_gpu = device == "cuda"
+    batch = _sized_batch(call, on_gpu, device, max(1, warmup))
+    mine = torch.tensor(_time(call, on_gpu, iters, batch), dtype=torch.float64,
                         device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     timing = summarize([float(x) for x in mine.cpu()], row["timer"])
     algbw = size / (timing.ms_median / 1e3) / 1e9
     row.update(status="ok", reason="", rel_err=0.0, ms_median=timing.ms_median,
                ms_p20=timing.ms_p20, ms_p80=timing.ms_p80, n_samples=timing.n_samples,
-               gbps=algbw, algbw_gbps=algbw, busbw_gbps=busbw(op, algbw, world))
+               config=f"{batch} calls per sample", gbps=algbw, algbw_gbps=algbw,
+               busbw_gbps=busbw(op, algbw, world))
     row[SAMPLES] = list(timing.samples_ms)
     return row
 
 
+def stop_agreed(stop: Callable[[], int], device: str) -> int:
+    """The largest stop code of every rank's `stop` (0: go on), by an all_reduce MAX:
+    every rank then ends at the same row, none left waiting in a collective for a peer
+    that left."""
+    flag = torch.tensor([float(stop())], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
 def sweep(device: str, sizes: tuple[int, ...] | None = None,
           dtypes: tuple[str, ...] = ("bf16", "fp32"), ops: tuple[str, ...] = OPS,
-          log: Callable[[str], None] = lambda m: None) -> list[dict[str, Any]]:
-    """Every op x dtype x size, in the same order on every rank."""
+          log: Callable[[str], None] = lambda m: None,
+          stop: Callable[[], int] = lambda: 0,
+          rows: list[dict[str, Any]] | None = None) -> int:
+    """Every op x dtype x size, in the same order on every rank, appended to `rows`.
+    Before each row the ranks agree on whether to go on: a rank whose `stop` gives a
+    non-zero code (an interrupt's exit code) ends the sweep on every rank, with the rows
+    measured so far.  Returns the code agreed on (0: the sweep ran to its end)."""
     sizes = sizes or (GPU_SIZES if device == "cuda" else CPU_SIZES)
     # torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor (to *_single) with
     # a FutureWarning per call; the GPU machines' torch 2.11 has only the old names.
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use .*_single",
                             category=FutureWarning)
-    rows = []
+    rows = [] if rows is None else rows
     for op in ops:
         for dtype in dtypes:
             log(f"collective {op} {dtype}: {len(sizes)} sizes")
             for size in sizes:
+                code = stop_agreed(stop, device)
+                if code:
+                    return code
                 rows.append(measure(op, dtype, size, device, iters=ITERS[device]))
                 if device == "cuda":
                     torch.cuda.empty_cache()  # 1 GB buffers, several per size
-    return rows
+    return 0

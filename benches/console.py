@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernels import REGISTRY
-from roofline.devices import DEVICES, ROOF_CLASSES
+from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default,
 # so tables do not fold.
@@ -35,22 +35,72 @@ def print_kernels() -> None:
         for n, p in spec.providers.items():
             notes.add_row(spec.name, n, p.note)
     console.print(notes)
+    print_collectives()
+
+
+def _size(n: int) -> str:
+    return f"{n >> 30} GB" if n >= 2**30 else f"{n >> 20} MB" if n >= 2**20 else f"{n >> 10} KB"
+
+
+def print_collectives() -> None:
+    """The collectives: not a --kernels family, they run in every fleet run (torchrun)."""
+    from benches.collectives import CPU_SIZES, DTYPES, GPU_SIZES, OPS
+    from roofline.plan.comm import BUSBW_FACTOR
+
+    t = Table(title="Collectives: timed by every fleet run with more than one rank "
+                    "(torchrun --nproc-per-node=G run_bench.py ...; --no-collectives skips "
+                    "them); not chosen with --kernels")
+    for col in ("collective", "dtypes", "sizes (whole array)", "busbw = algbw x"):
+        t.add_column(col)
+    sizes = (f"GPUs (NCCL): {_size(GPU_SIZES[0])}..{_size(GPU_SIZES[-1])}; "
+             f"CPUs (gloo): {_size(CPU_SIZES[0])}..{_size(CPU_SIZES[-1])}; x4 apart")
+    # The factor's formula, recognised from its value at 4 ranks (roofline/plan/comm.py
+    # holds the factors).
+    formula = {1.5: "2(n-1)/n", 0.75: "(n-1)/n", 1.0: "1"}
+    for op in OPS:
+        t.add_row(op, ",".join(DTYPES), sizes, formula.get(BUSBW_FACTOR[op](4), "?"))
+    console.print(t)
 
 
 def print_devices() -> None:
-    t = Table(title="Device models: dense peaks (TFLOP/s), bandwidth, ridge points "
-                    "(FLOP/byte = peak / bandwidth)")
-    for col in ("key", "name", *ROOF_CLASSES, "HBM TB/s", "L2 MB", "SMs", "ridge FLOP/B"):
+    t = Table(title="Device models: dense peaks (TFLOP/s), bandwidth, cache, SMs, NVLink",
+              caption=_roof_caption())
+    for col in ("key", "name", *ROOF_CLASSES, "HBM TB/s", "L2 MB", "SMs", "NVLink GB/s"):
         t.add_column(col, overflow="fold")
+    # The ridges get a table of their own: beside the peaks they would fold mid-entry.
+    r = Table(title="Ridge points (FLOP/byte = dense peak / HBM bandwidth)")
+    r.add_column("key")
+    r.add_column("ridge FLOP/B", no_wrap=True)
     for d in DEVICES.values():
         if d.kind == "cpu" or not d.peaks_tflops:
-            t.add_row(d.key, d.name, *["measured"] * len(ROOF_CLASSES), "measured", "", "",
-                      d.notes)
+            t.add_row(d.key, d.name, *["measured"] * len(ROOF_CLASSES), "measured", "", "", "")
+            r.add_row(d.key, d.notes)
             continue
         peaks = [f"{d.peaks_tflops[c]:g}" if c in d.peaks_tflops else "-" for c in ROOF_CLASSES]
-        ridges = ", ".join(f"{c} {d.ridge(c):.0f}" for c in ROOF_CLASSES if d.ridge(c))
-        t.add_row(d.key, d.name, *peaks, f"{d.hbm_tbps:g}", f"{d.l2_mb:g}", str(d.sms), ridges)
+        link = f"{d.nvlink_gbps:g} per direction" if d.nvlink_gbps else "-"
+        t.add_row(d.key, d.name, *peaks, f"{d.hbm_tbps:g}", f"{d.l2_mb:g}", str(d.sms), link)
+        # fp16 and bf16 share one roof on every listed part: one ridge, named by both.
+        ridges: dict[int, list[str]] = {}
+        for c in ROOF_CLASSES:
+            x = d.ridge(c)
+            if x:
+                ridges.setdefault(round(x), []).append(c)
+        r.add_row(d.key, ", ".join(f"{'/'.join(cs)} {x}" for x, cs in ridges.items()))
     console.print(t)
+    console.print(r)
+
+
+def _roof_caption() -> str:
+    """Which dtypes each roof holds, from kernels/spec.py's mapping (so block-scaled
+    formats show under the roof they are held against), and where a '-' comes from."""
+    by_roof: dict[str, list[str]] = {}
+    for dtype, roof in ROOF_CLASS.items():
+        by_roof.setdefault(roof, []).append(dtype)
+    shared = [f"{roof}: {', '.join(dts)}" for roof, dts in by_roof.items()
+              if dts != [roof]]
+    return ("'-': no such unit (fp4 tensor cores: Blackwell only); NVLink '-': no NVLink "
+            "switch (PCIe cards, NVL bridges: measure)"
+            + ("; roofs shared by dtypes: " + "; ".join(shared) if shared else ""))
 
 
 def _fmt(v: Any, spec: str) -> str:

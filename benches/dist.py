@@ -5,13 +5,22 @@ one process per device; no process management, rendezvous or sockets of our own.
     srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=8 \\
          --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 run_bench.py ...
 
-The process group uses NCCL on GPUs (each rank on cuda:LOCAL_RANK) and gloo on CPUs
-(each rank a process with its share of the cores).  The fleet's own exchanges (versions,
-case lists, rows) go through a gloo group, the default one on CPUs and a second one
-beside NCCL on GPUs: gloo honours the timeout by raising an error this module turns into
-one line, and its monitored barrier names the ranks that did not arrive, where NCCL's
-watchdog would abort the process.  A rank that dies or hangs thus makes the others stop
-within the timeout, with a message that says which, never a hang.
+The request decides the device and so the backend: `--device cpu` is gloo with each rank a
+CPU process with its share of the cores, on any machine; a GPU model is NCCL with each
+rank on cuda:LOCAL_RANK; `auto` is a GPU where CUDA is present, else the CPU.  The
+fleet's agreement at the start (versions, case list, run id) goes through a gloo group,
+the default one on CPUs and a second one beside NCCL on GPUs: gloo honours the timeout by
+raising an error this module turns into one line, where NCCL's watchdog would abort the
+process.
+
+Everything after the start goes through the rendezvous store that torchrun set up,
+polled from Python, so a signal or a lost peer is acted on within a poll, never after a
+blocking call's timeout: every rank beats a heartbeat there from a background thread
+(Liveness), rank 0 watches every rank's and the others watch rank 0's; a rank that stops
+beating for --dist-timeout seconds (killed, frozen, its host gone) is lost, and the
+first rank that learns of a loss or is interrupted posts why under one key, which every
+rank watches.  A rank that leaves on an error posts it as it goes, so the others learn
+at once.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import socket
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,16 +39,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benches.liveness import PREFIX, FleetError, Liveness, first_line
+
 DEFAULT_TIMEOUT_S = 120.0
-
-
-class FleetError(RuntimeError):
-    """A peer that died or hung (one-line message, exit 1)."""
+# torchrun's environment: RANK and WORLD_SIZE mark a launched process (launched()); the
+# rendezvous needs the master's address and port too.
+LAUNCH_ENV = ("RANK", "WORLD_SIZE")
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT")
 
 
 class FleetRefused(FleetError):
     """A fleet that cannot run as asked, found before measuring (one-line message,
-    exit 2): more ranks per node than GPUs, ranks that disagree."""
+    exit 2): half a torchrun environment, more ranks per node than GPUs, ranks that
+    disagree."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 2)
 
 
 @dataclass(frozen=True)
@@ -49,15 +66,18 @@ class Rank:
     host: str
     backend: str
     timeout_s: float
+    device: str = "cpu"  # "cuda" (cuda:LOCAL_RANK) or "cpu": where this rank measures
 
 
 # The gloo group of the fleet's own exchanges (None: the default group, itself gloo).
 _control: Any = None
+# This rank's heartbeat and watcher (started with the process group).
+_live: Liveness | None = None
 
 
 def launched() -> bool:
     """Whether torchrun (or an equivalent launcher) started this process."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return all(k in os.environ for k in LAUNCH_ENV)
 
 
 def cpu_threads(cores: int, local_world: int) -> int:
@@ -65,14 +85,60 @@ def cpu_threads(cores: int, local_world: int) -> int:
     return max(1, cores // max(1, local_world))
 
 
-def start(timeout_s: float = DEFAULT_TIMEOUT_S) -> Rank:
-    """Join the process group torchrun set up; refuse more ranks per node than GPUs
-    before anything is initialized."""
-    global _control
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    gpu = torch.cuda.is_available()
+def _environment() -> tuple[int, int, int, int]:
+    """(rank, world, local rank, local world) from torchrun's variables, or FleetRefused
+    naming what is missing or wrong (half a torchrun environment: RANK and WORLD_SIZE
+    left over from something else)."""
+    missing = [k for k in (*LAUNCH_ENV, *RENDEZVOUS_ENV) if not os.environ.get(k)]
+    if missing:
+        raise FleetRefused(
+            f"RANK and WORLD_SIZE are set but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not: start fleet runs with torchrun "
+            "(it sets them all), or unset RANK and WORLD_SIZE for a single run")
+    values = {}
+    for k, default in (("RANK", None), ("WORLD_SIZE", None), ("LOCAL_RANK", "RANK"),
+                       ("LOCAL_WORLD_SIZE", "WORLD_SIZE"), ("MASTER_PORT", None)):
+        text = os.environ.get(k) or os.environ[default or k]
+        try:
+            values[k] = int(text)
+        except ValueError:
+            raise FleetRefused(f"{k}={text!r} is not an integer (torchrun's environment is "
+                               "incomplete or overwritten)") from None
+    rank, world = values["RANK"], values["WORLD_SIZE"]
+    local_rank, local_world = values["LOCAL_RANK"], values["LOCAL_WORLD_SIZE"]
+    if not (0 <= rank < world and 0 <= local_rank < local_world):
+        raise FleetRefused(f"RANK={rank} of WORLD_SIZE={world} (LOCAL_RANK={local_rank} of "
+                           f"LOCAL_WORLD_SIZE={local_world}) is not a rank of the world")
+    return rank, world, local_rank, local_world
+
+
+def wants_gpu(requested: str) -> bool:
+    """Whether `--device requested` measures on GPUs: cpu never, auto where CUDA is
+    present, a GPU model always (FleetRefused without CUDA).  Decided from the request
+    alone, so a CPU fleet on a GPU machine neither binds its ranks to GPUs nor joins
+    NCCL (nor is refused for having more ranks than GPUs)."""
+    if requested == "cpu":
+        return False
+    if requested == "auto":
+        return torch.cuda.is_available()
+    from roofline.devices import DEVICES
+
+    model = DEVICES.get(requested)
+    if model is not None and model.kind == "cpu":
+        return False
+    if not torch.cuda.is_available():
+        raise FleetRefused(f"--device {requested} needs a CUDA GPU, but none is present "
+                           "(use --device cpu or auto)")
+    return True
+
+
+def start(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto") -> Rank:
+    """Join the process group torchrun set up, for the device the request names; refuse
+    half a torchrun environment and more GPU ranks per node than GPUs before anything is
+    initialized.  Starts this rank's heartbeat."""
+    global _control, _live
+    rank, world, local_rank, local_world = _environment()
+    gpu = wants_gpu(device)
     if gpu:
         n = torch.cuda.device_count()
         if local_world > n:
@@ -91,17 +157,30 @@ def start(timeout_s: float = DEFAULT_TIMEOUT_S) -> Rank:
     except TypeError:  # a torch without device_id
         kw.pop("device_id", None)
         collective("joining the process group", dist.init_process_group, **kw)
+    except ValueError as e:  # the env:// rendezvous's complaints about its variables
+        raise FleetRefused(f"joining the process group: {first_line(e)}") from None
     _control = (collective("making the gloo group", dist.new_group, backend="gloo",
                            timeout=timeout) if gpu else None)
+    store = _store()
+    if store is not None:
+        _live = Liveness(store, rank, world, timeout_s)
+        _live.start()
     return Rank(rank, world, local_rank, local_world, socket.gethostname(), backend,
-                timeout_s)
+                timeout_s, "cuda" if gpu else "cpu")
 
 
 def stop() -> None:
-    global _control
+    global _control, _live
+    if _live is not None:
+        _live.close()
+        _live = None
     if dist.is_initialized():
         dist.destroy_process_group()
     _control = None
+
+
+def liveness() -> Liveness | None:
+    return _live
 
 
 def fingerprint(parts: dict[str, Any]) -> str:
@@ -120,13 +199,6 @@ def broadcast_object(doing: str, obj: Any) -> Any:
     box = [obj]
     collective(doing, dist.broadcast_object_list, box, src=0, group=_control)
     return box[0]
-
-
-def gather_object(doing: str, obj: Any) -> list[Any] | None:
-    """Every rank's `obj`, in rank order, on rank 0 (None elsewhere)."""
-    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    collective(doing, dist.gather_object, obj, out, dst=0, group=_control)
-    return out
 
 
 def agree(what: str, parts: dict[str, Any]) -> None:
@@ -149,8 +221,8 @@ def agree(what: str, parts: dict[str, Any]) -> None:
 
 
 def _store() -> Any | None:
-    """The store torchrun's rendezvous gave the process group (where ranks can leave a
-    mark that outlives them), or None where torch does not expose it."""
+    """The store torchrun's rendezvous gave the process group, or None where torch does
+    not expose it."""
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
@@ -159,48 +231,64 @@ def _store() -> Any | None:
         return None
 
 
-def wait_for_peers(doing: str, timeout_s: float, tag: str) -> None:
-    """Wait up to timeout_s for every rank to reach this point (gloo's monitored barrier:
-    rank 0 waits for each other rank, and names every one that did not come).  Each rank
-    also marks its arrival in the rendezvous store under `tag`, so that rank 0 can name
-    the ranks that never came when the barrier fails on a closed connection instead."""
-    store, rank = _store(), dist.get_rank()
-
-    def mark(r: int) -> str:
-        return f"gpubench/{tag}/{r}"
-
-    if store is not None:
-        collective(doing, store.set, mark(rank), "1")
-    try:
-        dist.monitored_barrier(group=_control, timeout=timedelta(seconds=timeout_s),
-                               wait_all_ranks=True)
-        return
-    except RuntimeError as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if "failed to pass monitoredBarrier" in msg:
-        # "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 4000 ms"
-        ranks = msg.split("Ranks", 1)[1].split("failed", 1)[0].strip()
-        raise FleetError(f"{doing}: rank(s) {ranks} did not arrive within {timeout_s:.0f} s "
-                         "(died or hung)")
-    absent: list[int] = []
-    if store is not None and rank == 0:
-        try:
-            absent = [r for r in range(dist.get_world_size()) if not store.check([mark(r)])]
-        except RuntimeError:
-            absent = []
-    if absent:
-        raise FleetError(f"{doing}: rank(s) {', '.join(map(str, absent))} did not arrive "
-                         "(died: its connection closed)")
-    raise FleetError(f"{doing}: a peer died or hung (waited up to {timeout_s:.0f} s; "
-                     f"{msg[:160]})")
-
-
 def collective(doing: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     """A torch.distributed call whose failure (a peer that died, or the timeout) becomes
     a one-line FleetError saying what the fleet was doing."""
     try:
         return fn(*args, **kw)
     except RuntimeError as e:  # torch.distributed's errors (DistBackendError...) are these
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise FleetError(f"{doing}: a peer died or did not answer within the timeout "
-                         f"({first})") from None
+                         f"({first_line(e)})") from None
+
+
+# ---- the store: objects under keys, the fleet's stop --------------------------------
+
+def _live_store() -> Liveness:
+    if _live is None:
+        raise FleetError("the fleet's store is not started")
+    return _live
+
+
+def post(key: str, obj: Any) -> None:
+    """`obj` under `key` in the rendezvous store (compressed: rows repeat their keys)."""
+    live = _live_store()
+    live.store_call("posting " + key, live.store.set, PREFIX + key,
+                    zlib.compress(pickle.dumps(obj)))
+
+
+def posted(key: str) -> bool:
+    live = _live_store()
+    return bool(live.store_call("reading the store", live.store.check, [PREFIX + key]))
+
+
+def peek(key: str) -> Any:
+    """The object posted under `key` (which must be there)."""
+    live = _live_store()
+    return pickle.loads(zlib.decompress(live.store_call("reading " + key, live.store.get,
+                                                        PREFIX + key)))
+
+
+def decide(key: str, value: str) -> str:
+    """The value that stands for `key`: the first any rank proposed (this one, if none
+    had).  Ranks that may race to settle one question (rank 0 choosing the collectives,
+    a rank stopping) agree on its answer this way."""
+    live = _live_store()
+    stands = live.store_call("deciding " + key, live.store.compare_set, PREFIX + key, "",
+                             value)
+    return stands.decode() if isinstance(stands, bytes) else str(stands)
+
+
+def decided(key: str) -> str | None:
+    """The value decided for `key`, or None while no rank has decided it."""
+    live = _live_store()
+    if not live.store_call("reading the store", live.store.check, [PREFIX + key]):
+        return None
+    return live.store_call("reading " + key, live.store.get, PREFIX + key).decode()
+
+
+def take(key: str) -> Any:
+    """The object posted under `key` (which must be there), removed from the store."""
+    obj = peek(key)
+    live = _live_store()
+    live.store_call("clearing " + key, live.store.delete_key, PREFIX + key)
+    return obj

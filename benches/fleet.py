@@ -6,26 +6,36 @@ cached per host and local rank, into its own run folder
 (<out>/fleet/<run-id>/ranks/rank-<r>/<device>/<run-id>/).  Before measuring, the ranks
 agree on the suite's version, torch, triton and the request, then on the case list each
 built (a fingerprint of it, so ranks that would select different cases are refused, not
-compared).  After the sweep every rank waits for the others, rank 0 gathers every row
-(torch.distributed object collectives) into <out>/fleet/<run-id>/: results.csv/json with
-`rank`, `host` and `gpu_uuid` on every row; with more than one rank they then time the
-collectives together (benches/collectives.py) and rank 0 adds those rows, summary.md,
-fleet.md and fleet.png.  A device more than --fleet-tolerance below the fleet median on a
-key figure is an outlier, and the exit code is then 1.
+compared).  After its sweep every rank posts its rows in the rendezvous store, and rank 0
+gathers them into <out>/fleet/<run-id>/: results.csv/json with `rank`, `host` and
+`gpu_uuid` on every row; with more than one rank they then time the collectives
+together (benches/collectives.py) and rank 0 adds those rows, summary.md, fleet.md and
+fleet.png.  A device more than --fleet-tolerance below the fleet median on a key figure
+is an outlier, and the exit code is then 1.  Rank 0 speaks; every other rank's console
+goes to console.log in its rank folder (benches/rank_io.py), with one line on stderr if
+it fails.
 
-Peers that die or hang: after its own sweep a rank waits for the others up to that
-sweep's duration plus --dist-timeout (so a peer up to twice as slow on the same cases is
-waited for), every other exchange up to --dist-timeout; then it stops with a one-line
-error naming the ranks that did not come (exit 1).  Rank 0 keeps what it has: the
-fleet folder holds every row gathered so far (its own rows when the gather did not
-happen), marked incomplete, and every rank's own run folder is whole.
+Stops.  A rank whose heartbeat stops for --dist-timeout seconds (killed, frozen, its
+host gone) is lost (benches/liveness.py); a rank interrupted by SIGINT or SIGTERM (torchrun
+forwards Ctrl-C to every rank of its node) stops measuring and asks every rank to stop.
+Either way the fleet stops at once, also mid-sweep (the sweep unwinds as an interrupt
+does: its finished rows are kept, marked interrupted), without the collectives; rank 0
+gathers the rows every rank still posts within min(--dist-timeout, STOP_GRACE_S), writes
+the fleet folder marked incomplete, and says so in one line.  Rank 0 exits 130 or 143
+when the fleet was interrupted, 1 when a rank was lost.  A rank whose process lives but
+whose sweep never ends (a hung kernel) is given up after the waiting rank's own sweep
+time plus --dist-timeout.  The collectives stop too: before each row the ranks agree
+on whether one of them was interrupted (benches/collectives.py), so none is left
+waiting in a collective for a rank that left.
 
 Test-only hooks (environment variables, read nowhere else; they exist so the outlier and
 failure paths can be tested on one machine, and must not be set otherwise):
 GPUBENCH_TEST_SLOW_RANK=r makes rank r's measured times (rows and copy ceiling) 10x
-longer; GPUBENCH_TEST_EXIT_RANK=r makes rank r leave after its sweep, before the rows are
-gathered; GPUBENCH_TEST_HANG_RANK=r makes rank r hang there instead;
-GPUBENCH_TEST_CASES_RANK=r drops the first case from rank r's case list.
+longer; GPUBENCH_TEST_EXIT_RANK=r makes rank r leave after its sweep, before posting its
+rows; GPUBENCH_TEST_HANG_RANK=r freezes rank r (its heartbeat stops, as a stopped
+process's would) as its sweep starts; GPUBENCH_TEST_KILL_RANK=r makes rank r SIGKILL
+itself once every rank's run folder exists (all ranks sweeping: the tests run on one
+machine); GPUBENCH_TEST_CASES_RANK=r drops the first case from rank r's case list.
 """
 
 from __future__ import annotations
@@ -33,165 +43,136 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benches import dist as fdist
 from benches.dist import FleetError, FleetRefused, Rank
+from benches.fleet_folder import own_rows, versions, write_folder
+from benches.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
+from benches.liveness import Liveness
+from benches.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
 TEST_EXIT = "GPUBENCH_TEST_EXIT_RANK"
 TEST_HANG = "GPUBENCH_TEST_HANG_RANK"
+TEST_KILL = "GPUBENCH_TEST_KILL_RANK"
 TEST_CASES = "GPUBENCH_TEST_CASES_RANK"
-SLOW_FACTOR = 10.0
-# NVLink bandwidth per direction per GPU (DESIGN.md section 6), the collectives' roof.
-LINK_GBPS = {"h100": 450.0, "h200": 450.0, "a100": 300.0}
+POLL_S = 0.1  # how often a waiting rank looks at the store
+# After a stop, how long rank 0 waits for the rows of ranks still alive (they were
+# stopped too and only need to post what they have); well within torchrun's 30 s
+# between forwarding a signal and killing its workers.
+STOP_GRACE_S = 10.0
+SIGNAL_CODES = {"SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
 
 
 def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
+    from benches.job import USER_ERRORS
+
     try:
-        me = fdist.start(args.dist_timeout)
+        me = fdist.start(args.dist_timeout, args.device)
     except FleetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, FleetRefused) else 1
+        fdist.stop()
+        print(f"error: {e}", file=sys.stderr)  # every rank: nothing else has been said
+        return e.code
+    out = RankOutput(me.rank)
+    fleet: _Fleet | None = None
     try:
-        return _fleet(me, args, argv)
+        fleet = _Fleet(me, args, argv, out)
+        return fleet.main()
     except FleetError as e:
-        print(f"error: rank {me.rank} on {me.host}: {e}", file=sys.stderr)
-        return 2 if isinstance(e, FleetRefused) else 1
+        if fleet is not None:
+            fleet.retire(f"rank {me.rank} on {me.host}: {e}")
+        out.say(f"error: rank {me.rank} on {me.host}: {e}"
+                f"{fleet.where() if fleet is not None else ''}")
+        return e.code
+    except BaseException as e:
+        if fleet is not None:
+            fleet.retire(f"rank {me.rank} on {me.host} "
+                         + ("was interrupted before measuring"
+                            if isinstance(e, (KeyboardInterrupt, Terminated))
+                            else f"failed: {type(e).__name__}: {e}"))
+        # A request error is said by run_bench (on the terminal: the console is restored
+        # by then), an interrupt too; anything else is a bug: its traceback goes to the
+        # terminal from rank 0, to console.log from the others (with one line).
+        if me.rank and not isinstance(e, (KeyboardInterrupt, Terminated, *USER_ERRORS)):
+            traceback.print_exc()
+            out.say(f"error: rank {me.rank} on {me.host}: {type(e).__name__}: {e}"
+                    f"{fleet.where() if fleet is not None else ''}")
+            return 1
+        raise
     finally:
         fdist.stop()
+        out.close()
 
 
 def _test_rank(var: str, me: Rank) -> bool:
     return os.environ.get(var) == str(me.rank)
 
 
-def _versions(args: argparse.Namespace) -> dict[str, Any]:
-    """What every rank must share: the suite (git commit, package version), torch,
-    triton and the request."""
-    import importlib.metadata
+class _Fleet:
+    """One rank's part of a fleet run, from the agreement to its exit code."""
 
-    import torch
+    def __init__(self, me: Rank, args: argparse.Namespace, argv: list[str],
+                 out: RankOutput) -> None:
+        self.me, self.args, self.argv, self.out = me, args, argv, out
+        live = fdist.liveness()
+        if live is None:
+            raise FleetError("torch does not expose the rendezvous store the fleet needs")
+        self.live: Liveness = live
+        self.run_id = ""
+        self.fleet_dir = self.rank_dir = Path(args.out)
 
-    from benches.results import _git_commit
+    def where(self) -> str:
+        """Where a rank other than 0 left its console (for its one line on stderr)."""
+        return f" (log: {self.out.log})" if self.me.rank and self.out.log else ""
 
-    try:
-        import triton
+    def retire(self, word: str) -> None:
+        self.live.retire(word)
 
-        triton_v: str | None = triton.__version__
-    except ImportError:
-        triton_v = None
-    try:
-        package: str | None = importlib.metadata.version("gpubench")
-    except importlib.metadata.PackageNotFoundError:
-        package = None
-    return {"suite commit": _git_commit(), "suite package": package,
-            "torch": torch.__version__, "triton": triton_v,
-            "kernels": list(args.kernels), "dtypes": list(args.dtypes),
-            "providers": list(args.providers), "sizes": args.sizes, "seed": args.seed,
-            "device": args.device, "check only": bool(args.check_only)}
+    def key(self, what: str) -> str:
+        return f"{self.run_id}/{what}"
 
+    # ---- agreement and the sweep ----------------------------------------------------
 
-def _slow_down(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
-    """Test-only: this rank's timings SLOW_FACTOR times longer (GPUBENCH_TEST_SLOW_RANK)."""
-    for r in rows:
-        if r.get("status") != "ok" or r.get("ms_median") is None:
-            continue
-        for k in ("ms_median", "ms_p20", "ms_p80"):
-            r[k] = r[k] * SLOW_FACTOR
-        for k in ("tflops", "gbps"):
-            if r.get(k):
-                r[k] = r[k] / SLOW_FACTOR
-        r["samples_ms"] = [x * SLOW_FACTOR for x in r.get("samples_ms") or []]
-    if info.get("copy_gbps"):
-        info["copy_gbps"] /= SLOW_FACTOR
+    def main(self) -> int:
+        from benches import job
 
+        me, args = self.me, self.args
+        fdist.agree("versions and request", versions(args))
+        self.run_id = fdist.broadcast_object("sharing the run id", args.run_id
+                                             or datetime.now().strftime("%Y%m%d-%H%M%S"))
+        self.fleet_dir = Path(args.out) / "fleet" / self.run_id
+        self.rank_dir = self.fleet_dir / "ranks" / f"rank-{me.rank}"
+        mine = copy.copy(args)
+        mine.out = str(self.rank_dir)
+        mine.run_id, mine.compare, mine.no_plots = self.run_id, None, True
+        mine.ceilings_dir = str(Path(args.out) / ".ceilings" / f"{me.host}-rank{me.local_rank}")
+        t0 = time.monotonic()
+        try:
+            with self.live.armed():
+                code = job.run(mine, self.argv, on_cases=self._agree_on_cases)
+        except PeerStopped as e:  # before the sweep's own handling: nothing measured
+            raise FleetError(f"stopped before measuring: {e.why}",
+                             self.live.problem_code) from None
+        sweep_s = time.monotonic() - t0
+        with deferred_signals() as noted:
+            rows, meta, info = own_rows(me, self.rank_dir, self.run_id, code,
+                                        slow=_test_rank(TEST_SLOW, me))
+            if _test_rank(TEST_EXIT, me):
+                os._exit(0)  # test-only: a rank that leaves without a word
+            return self._after_sweep(code, sweep_s, rows, meta, info, noted)
 
-def _gpu_uuid(meta: dict[str, Any]) -> str | None:
-    """NVML's UUID of this rank's GPU, else torch's (None on a CPU)."""
-    uuid = (meta.get("nvml_start") or {}).get("nvml_uuid")
-    if uuid:
-        return str(uuid)
-    import torch
+    def _agree_on_cases(self, cases: list[Any]) -> None:
+        from benches import job
 
-    if not torch.cuda.is_available():
-        return None
-    u = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
-    return f"GPU-{u}" if u else None
-
-
-def _own_rows(me: Rank, run_root: Path, run_id: str, code: int
-              ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """(rows, metadata, device info) of this rank's own run folder."""
-    from roofline.schema import read_doc
-
-    found = sorted(run_root.glob(f"*/{run_id}/results.json"))
-    doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
-    rows, meta = doc["rows"], doc["metadata"]
-    uuid = _gpu_uuid(meta)
-    measured = (meta.get("ceilings") or {}).get("measured") or {}
-    info = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
-            "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
-            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code}
-    if _test_rank(TEST_SLOW, me):
-        _slow_down(rows, info)
-    for r in rows:
-        r.update(rank=me.rank, host=me.host, gpu_uuid=uuid)
-    return rows, meta, info
-
-
-def _write(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list[str],
-           meta: dict[str, Any], gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]],
-           coll_rows: list[dict[str, Any]], *, final: bool, problem: str | None = None
-           ) -> list[dict[str, Any]]:
-    """The fleet folder from the rows gathered so far: results.csv/json always; with
-    `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
-    import pandas as pd
-
-    from benches.job import _finish
-    from benches.results import ResultWriter
-    from roofline.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
-
-    infos = [g[0] for g in gathered]
-    rows = [r for g in gathered for r in g[1]] + coll_rows
-    missing = sorted(set(range(me.world)) - {i["rank"] for i in infos})
-    complete = problem is None and all(i["exit_code"] in (0, 1) for i in infos)
-    fleet_meta = {**meta, "run_id": fleet_dir.name, "complete": complete and final,
-                  "fleet": {"world": me.world, "backend": me.backend, "ranks": infos,
-                            "missing_ranks": missing, "problem": problem,
-                            "command": " ".join(["run_bench.py", *argv])}}
-    writer = ResultWriter(fleet_dir, fleet_meta, rows)
-    writer.close()
-    if not final:
-        return []
-    _finish(writer, fleet_dir, plots=not args.no_plots)
-    frame = writer.frame()
-    tol = args.fleet_tolerance if args.fleet_tolerance is not None \
-        else DEFAULT_TOLERANCE["cuda" if me.backend == "nccl" else "cpu"]
-    devices = [device_figures(i, frame[frame["rank"] == i["rank"]]) for i in infos]
-    coll = pd.DataFrame(coll_rows) if coll_rows else pd.DataFrame(columns=["status"])
-    note = None
-    if problem or missing:
-        note = (f"Incomplete: {problem or 'rows missing'}"
-                + (f"; no rows from rank(s) {missing}" if missing else ""))
-    link = LINK_GBPS.get(str(infos[0].get("device_key"))) if infos else None
-    return write_fleet(fleet_dir, devices, coll, tol, link, plot=not args.no_plots,
-                       note=note)
-
-
-def _fleet(me: Rank, args: argparse.Namespace, argv: list[str]) -> int:
-    from benches import collectives, job
-
-    fdist.agree("versions and request", _versions(args))
-    run_id = fdist.broadcast_object("sharing the run id", args.run_id
-                                    or datetime.now().strftime("%Y%m%d-%H%M%S"))
-    fleet_dir = Path(args.out) / "fleet" / run_id
-
-    def agree_on_cases(cases: list[Any]) -> None:
+        me = self.me
         keys = [list(job._case_key(c)) for c in cases]
         if _test_rank(TEST_CASES, me):
             keys = keys[1:]
@@ -199,66 +180,204 @@ def _fleet(me: Rank, args: argparse.Namespace, argv: list[str]) -> int:
         problem = None
         if me.rank == 0:
             try:
-                fleet_dir.mkdir(parents=True)
+                self.fleet_dir.mkdir(parents=True)
             except FileExistsError:
-                problem = f"fleet folder {fleet_dir} exists already (runs are never overwritten)"
+                problem = (f"fleet folder {self.fleet_dir} exists already (runs are never "
+                           "overwritten)")
             except OSError as e:
-                problem = f"cannot create {fleet_dir}: {e.strerror or e}"
+                problem = f"cannot create {self.fleet_dir}: {e.strerror or e}"
         problem = fdist.broadcast_object("making the fleet folder", problem)
         if problem:
             raise FleetRefused(problem)
+        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        self.out.settle(self.rank_dir / CONSOLE_LOG)
+        if _test_rank(TEST_KILL, me):
+            self._kill_when_sweeping()
+        if _test_rank(TEST_HANG, me):
+            self.live.freeze()  # test-only: a frozen rank (torchrun ends it)
+            while True:
+                time.sleep(3600)
 
-    mine = copy.copy(args)
-    mine.out = str(fleet_dir / "ranks" / f"rank-{me.rank}")
-    mine.run_id, mine.compare, mine.no_plots = run_id, None, True
-    mine.ceilings_dir = str(Path(args.out) / ".ceilings" / f"{me.host}-rank{me.local_rank}")
-    t0 = time.monotonic()
-    code = job.run(mine, argv, on_cases=agree_on_cases)
-    sweep_s = time.monotonic() - t0
-    rows, meta, info = _own_rows(me, Path(mine.out), run_id, code)
-    if _test_rank(TEST_EXIT, me):
-        os._exit(0)  # test-only: a rank that leaves without a word
-    if _test_rank(TEST_HANG, me):
-        time.sleep(10**6)  # test-only: a rank that hangs (torchrun ends it)
+    def _kill_when_sweeping(self) -> None:
+        """Test-only: SIGKILL this rank once every rank's run folder exists (the tests run
+        on one machine), so that the others are inside their sweep when it dies."""
 
-    try:
-        fdist.wait_for_peers("waiting for every rank's sweep", me.timeout_s + sweep_s,
-                            tag=f"{run_id}/swept")
-        gathered = fdist.gather_object("gathering every rank's rows", (info, rows))
-    except FleetError as e:
-        if me.rank == 0:
-            _write(fleet_dir, me, args, argv, meta, [(info, rows)], [], final=True,
-                   problem=str(e))
-            raise FleetError(f"{e}; rank 0's rows are kept in {fleet_dir}") from None
-        raise
-    if me.rank == 0:
-        assert gathered is not None
-        _write(fleet_dir, me, args, argv, meta, gathered, [], final=False)
+        def kill() -> None:
+            deadline = time.monotonic() + 120  # a guard: the tests wait for the state
+            while time.monotonic() < deadline:
+                if all(any((self.fleet_dir / "ranks" / f"rank-{r}").glob(
+                        f"*/{self.run_id}/results.json")) for r in range(self.me.world)):
+                    break
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
 
-    coll_rows: list[dict[str, Any]] = []
-    if me.world > 1 and args.collectives and not args.check_only:
-        device = "cuda" if me.backend == "nccl" else "cpu"
-        try:
-            coll_rows = fdist.collective("timing the collectives", collectives.sweep, device)
-        except FleetError as e:
-            if me.rank == 0:
-                assert gathered is not None
-                _write(fleet_dir, me, args, argv, meta, gathered, [], final=True,
-                       problem=str(e))
-                raise FleetError(f"{e}; every rank's sweep rows are kept in {fleet_dir}"
-                                 ) from None
-            raise
-        for r in coll_rows:  # the fleet's rows, not one rank's
-            r.update(rank=None, host="fleet", device=info["device_key"],
-                     gpu_name=info["device_name"])
-    if me.rank != 0:
-        return code
-    assert gathered is not None
-    outliers = _write(fleet_dir, me, args, argv, meta, gathered, coll_rows, final=True)
-    n_rows = sum(len(g[1]) for g in gathered) + len(coll_rows)
-    print(f"fleet of {me.world}: {n_rows} rows in {fleet_dir} "
-          f"({len(coll_rows)} collective rows); outliers: {len(outliers)}")
-    for o in outliers:
-        print(f"OUTLIER rank {o['rank']} on {o['host']}: {o['why']}")
-    worst = max([i["exit_code"] or 0 for i in (g[0] for g in gathered)] + [code])
-    return max(worst, 1 if outliers else 0)
+        threading.Thread(target=kill, daemon=True).start()
+
+    # ---- after the sweep: rows to rank 0, the collectives, the fleet folder --------
+
+    def _interrupt(self, meta: dict[str, Any], noted: Noted) -> str | None:
+        """SIGINT or SIGTERM if this rank was signalled (in its sweep, or since)."""
+        if meta.get("interrupted") and meta.get("signal") in SIGNAL_CODES:
+            return str(meta["signal"])
+        return noted()
+
+    def _stop_reason(self, meta: dict[str, Any], noted: Noted) -> tuple[str, int] | None:
+        """(why, exit code) once the fleet stops: this rank's own signal (posted for
+        the others), else the stop another rank posted or a lost rank."""
+        mine = self._interrupt(meta, noted)
+        if mine is not None and self.live.problem is None:
+            self.live.post_stop(f"rank {self.me.rank} on {self.me.host} was interrupted "
+                                f"({mine})", SIGNAL_CODES[mine])
+        if self.live.problem is not None:
+            return self.live.problem, self.live.problem_code
+        return None
+
+    def _after_sweep(self, code: int, sweep_s: float, rows: list[dict[str, Any]],
+                     meta: dict[str, Any], info: dict[str, Any], noted: Noted) -> int:
+        me = self.me
+        stopped = self._stop_reason(meta, noted)
+        if me.rank != 0:
+            fdist.post(self.key(f"rows/{me.rank}"), (info, rows))
+            step = (fdist.decide(self.key("next"), "done") if stopped
+                    else self._wait_for_rank0(sweep_s + me.timeout_s, meta, noted))
+            if step == "collectives":
+                self._collectives(noted)
+            stopped = self._stop_reason(meta, noted)
+            self.retire("done")
+            own = self._interrupt(meta, noted)
+            if own is not None:
+                return SIGNAL_CODES[own]  # rank 0 says that the fleet was interrupted
+            if stopped and 0 in self.live.lost:  # nobody else can say it
+                raise FleetError(self.live.lost[0])
+            return stopped[1] if stopped else code
+        return self._rank0(code, sweep_s, rows, meta, info, noted)
+
+    def _wait_for_rank0(self, limit_s: float, meta: dict[str, Any], noted: Noted) -> str:
+        """What rank 0 decided after gathering: "collectives" or "done".  A rank that
+        stops first decides "done" itself, unless rank 0 decided before: then it joins
+        the collectives, which its stop ends at once on every rank."""
+        t0 = time.monotonic()
+        while (step := fdist.decided(self.key("next"))) is None:
+            if 0 in self.live.lost:
+                raise FleetError(self.live.lost[0])
+            if self._stop_reason(meta, noted) is not None:
+                return fdist.decide(self.key("next"), "done")
+            if time.monotonic() - t0 >= limit_s and not self._silent(0):
+                raise FleetError(f"rank 0 did not gather the rows within {limit_s:.0f} s "
+                                 "(this rank's sweep plus --dist-timeout) though its "
+                                 "heartbeat goes on: hung?")
+            time.sleep(POLL_S)
+        return step
+
+    def _gather(self, limit_s: float, meta: dict[str, Any], noted: Noted
+                ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Rank 0: the rows every other rank posts, {rank: (info, rows)}, and the ranks
+        that posted none, with why.  Waits while they are alive, up to `limit_s`; once
+        the fleet stops, up to the grace."""
+        live, grace = self.live, min(self.me.timeout_s, STOP_GRACE_S)
+        want, got, missing = set(range(1, self.me.world)), {}, {}
+        t0, stop_t = time.monotonic(), None
+        while want:
+            for r in sorted(want):
+                key = self.key(f"rows/{r}")
+                lost = r in live.lost  # read first: a rank posts its rows, then leaves
+                if fdist.posted(key):
+                    got[r] = fdist.take(key)
+                elif lost:
+                    missing[r] = live.lost[r]
+                else:
+                    continue
+                want.discard(r)
+            now = time.monotonic()
+            if want and self._stop_reason(meta, noted) is not None:
+                stop_t = stop_t or now
+                if now - stop_t >= grace:
+                    for r in want:
+                        missing[r] = (f"rank {r} sent no heartbeat for "
+                                      f"{live.silent_s(r):.0f} s (died or hung)"
+                                      if self._silent(r) else f"rank {r} posted no rows "
+                                      f"within {grace:.0f} s of the stop")
+                    break
+            # A rank whose heartbeat goes on but whose sweep does not end is given up
+            # after the limit; one whose heartbeat stopped is judged by it (lost after
+            # --dist-timeout of silence).
+            hung = [r for r in want if now - t0 >= limit_s and not self._silent(r)]
+            for r in hung:
+                missing[r] = (f"rank {r} did not finish its sweep within {limit_s:.0f} s "
+                              "(rank 0's sweep plus --dist-timeout) though its heartbeat goes "
+                              "on: hung?")
+                want.discard(r)
+            if want:
+                time.sleep(POLL_S)
+        return got, missing
+
+    def _silent(self, r: int) -> bool:
+        """Whether rank r's heartbeat has stopped (no beat for three periods)."""
+        silent = self.live.silent_s(r)
+        return silent is not None and silent >= 3 * self.live.period_s
+
+    def _collectives(self, noted: Noted, rows: list[dict[str, Any]] | None = None) -> int:
+        """The collectives, every rank together, into `rows` (kept up to a failure);
+        returns the stop code the ranks agreed on (0: the sweep ran to its end)."""
+        from benches import collectives
+
+        def stop() -> int:
+            own = noted()
+            if own is not None:
+                return SIGNAL_CODES[own]
+            return self.live.problem_code if self.live.problem is not None else 0
+
+        return fdist.collective("timing the collectives", collectives.sweep, self.me.device,
+                                stop=stop, rows=[] if rows is None else rows)
+
+    def _rank0(self, code: int, sweep_s: float, rows: list[dict[str, Any]],
+               meta: dict[str, Any], info: dict[str, Any], noted: Noted) -> int:
+        me, args = self.me, self.args
+        got, missing = self._gather(sweep_s + me.timeout_s, meta, noted)
+        gathered = [(info, rows)] + [got[r] for r in sorted(got)]
+        write_folder(self.fleet_dir, me, args, self.argv, meta, gathered, [], final=False)
+        stopped = self._stop_reason(meta, noted)
+        # (why the fleet stopped, its exit code): a rank's interrupt (130, 143), a lost
+        # rank or one that never posted its rows (1)
+        stop: tuple[str, int] | None = stopped
+        lost = "; ".join(m for _, m in sorted(missing.items())
+                         if stopped is None or m != stopped[0])  # said once
+        if lost:
+            stop = (f"{stopped[0]}; {lost}", stopped[1]) if stopped else (lost, 1)
+        coll_rows: list[dict[str, Any]] = []
+        step = fdist.decide(self.key("next"), "collectives" if me.world > 1
+                            and args.collectives and not args.check_only and stop is None
+                            else "done")
+        if step == "collectives":
+            try:
+                agreed = self._collectives(noted, coll_rows)
+            except FleetError as e:
+                agreed, stop = 0, (str(e), 1)
+            if agreed:
+                stopped = self._stop_reason(meta, noted)
+                stop = (f"{stopped[0] if stopped else 'a rank was interrupted'} during the "
+                        "collectives", agreed)
+            for r in coll_rows:  # the fleet's rows, not one rank's
+                r.update(rank=None, host="fleet", device=info["device_key"],
+                         gpu_name=info["device_name"])
+        signal_name = next((n for n, c in SIGNAL_CODES.items() if stop and c == stop[1]),
+                           None)
+        outliers = write_folder(self.fleet_dir, me, args, self.argv, meta, gathered,
+                                coll_rows, final=True, problem=stop[0] if stop else None,
+                                signal_name=signal_name)
+        self.retire("done")
+        n_rows = sum(len(g[1]) for g in gathered) + len(coll_rows)
+        print(f"fleet of {me.world}: {n_rows} rows in {self.fleet_dir} "
+              f"({len(coll_rows)} collective rows); outliers: {len(outliers)}")
+        for o in outliers:
+            print(f"OUTLIER rank {o['rank']} on {o['host']}: {o['why']}")
+        if stop is not None:
+            ranks = [g[0]["rank"] for g in gathered]
+            lead = ("interrupted" if signal_name and not missing
+                    else f"error: rank 0 on {me.host}")
+            self.out.say(f"{lead}: the fleet stopped: {stop[0]}; {n_rows} rows of rank(s) "
+                         f"{ranks} kept in {self.fleet_dir} (incomplete"
+                         + (")" if coll_rows else ", no collectives)"))
+            return stop[1]
+        worst = max([i["exit_code"] or 0 for i in (g[0] for g in gathered)] + [code])
+        return max(worst, 1 if outliers else 0)

@@ -21,6 +21,16 @@ class Terminated(BaseException):
     `except Exception` (a kernel's error handling, the plotting guard) swallows it."""
 
 
+class PeerStopped(Terminated):
+    """A fleet rank stopped by its fleet (a peer lost, or interrupted): raised in the
+    main thread by the heartbeat's watcher (benches/liveness.py), it unwinds the sweep as
+    SIGTERM does, so every finished row is kept."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
@@ -44,7 +54,10 @@ def exit_code(e: BaseException) -> int:
 
 
 def signal_name(e: BaseException) -> str | None:
-    """"SIGTERM" for Terminated, "SIGINT" for KeyboardInterrupt, else None."""
+    """"SIGTERM" for Terminated, "SIGINT" for KeyboardInterrupt, "the fleet" for a fleet
+    rank stopped by its peers (PeerStopped), else None."""
+    if isinstance(e, PeerStopped):
+        return "the fleet"
     if isinstance(e, Terminated):
         return "SIGTERM"
     return "SIGINT" if isinstance(e, KeyboardInterrupt) else None

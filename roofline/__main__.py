@@ -8,6 +8,7 @@ import sys
 USAGE = (
     "usage: python -m roofline {plot,compare,promote,plan,targets} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
+    "  plot RUN RUN... --devices     several devices' roofs and points on one figure\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
     "  promote RUN [--device KEY]    make RUN the stored baseline for its device\n"
     "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"

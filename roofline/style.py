@@ -40,6 +40,11 @@ _DTYPE_COLORS = {
 
 _PROVIDER_MARKERS = {"torch": "o", "triton": "^"}
 
+# The cross-device figure (roofline/plot_devices.py): one colour per run, in the order
+# given, for its roofs and its points alike.
+_DEVICE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
+                  "#17becf", "#bcbd22", "#d62728", "#7f7f7f")
+
 _EXTRA_MARKERS = ("s", "D", "v", "P", "X")
 
 # Baseline arrows: this run faster or slower than the baseline.
@@ -122,6 +127,10 @@ def _dtype_color(dtype: str, dtypes: list[str]) -> str:
         return _DTYPE_COLORS[dtype]
     unknown = [d for d in dtypes if d not in _DTYPE_COLORS]
     return _EXTRA_COLORS[unknown.index(dtype) % len(_EXTRA_COLORS)]
+
+
+def _device_color(index: int) -> str:
+    return _DEVICE_COLORS[index % len(_DEVICE_COLORS)]
 
 
 def _new_figure(width: float, height: float) -> Figure:

@@ -1,13 +1,15 @@
 """Fleet runs on torch.distributed, with real processes: two ranks launched through
-torchrun (torch.distributed.run) with gloo on this CPU (CUDA hidden, so a GPU machine
-runs them the same way).  The slow-rank, early-exit, hang and other-case-list paths use
-the test-only hooks documented in benches/fleet.py."""
+torchrun (torch.distributed.run) with `--device cpu`, so gloo on the CPU, also on a
+machine with GPUs (CUDA is not hidden: the request decides the backend).  The slow-rank,
+early-exit, kill, hang and other-case-list paths use the test-only hooks documented in
+benches/fleet.py; a test that signals waits for the state it needs (a file), never for
+a clock, and its timeouts only stop a hang."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,14 +32,39 @@ SWEEP = ["--device", "cpu", "--kernels", "add", "--dtypes", "fp32", "--providers
          "--sizes", "n=4096;n=65536", "--fleet-tolerance", "50"]
 
 
+def _command(out: Path, extra: tuple[str, ...], sweep: list[str] = SWEEP) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+            "run_bench.py", *sweep, "--out", str(out), *extra]
+
+
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET" and
+         not k.startswith("GPUBENCH_TEST_")}
+    e.update(env or {})
+    return e
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Stop a torchrun still running (a hang guard fired): SIGTERM, which torchrun
+    forwards to its workers (in sessions of their own, a SIGKILL to torchrun would
+    orphan them) and follows with SIGKILL after its grace."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def torchrun(out: Path, *extra: str, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    e.update(CUDA_VISIBLE_DEVICES="", **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-         "run_bench.py", *SWEEP, "--out", str(out), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=e)
+    proc = subprocess.Popen(_command(out, extra), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(env))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        _end(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def ours_traceback(stderr: str) -> bool:
@@ -52,30 +79,10 @@ def rows_of(folder: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
-    """A results root whose per-rank ceiling caches are seeded from this machine's own
-    cached CPU measurement when there is one (measuring takes ~25 s per rank; no test
-    reads a ceiling's value).  The cache key of a rank is computed as the rank will: with
-    its share of the cores as torch's thread count."""
-    import socket
-
-    from roofline.ceilings import cache_key
-    from roofline.devices import host_cpu
-
-    root = tmp_path_factory.mktemp("fleet")
-    cached = sorted((ROOT / "results" / ".ceilings").glob("ceilings-cpu-*.json"),
-                    key=lambda p: p.stat().st_mtime)
-    if cached:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(cpu_threads(os.cpu_count() or 1, 2))
-        try:
-            key = cache_key(host_cpu())
-        finally:
-            torch.set_num_threads(threads)
-        for r in (0, 1):
-            d = root / ".ceilings" / f"{socket.gethostname()}-rank{r}"
-            d.mkdir(parents=True)
-            shutil.copy(cached[-1], d / f"ceilings-{key}.json")
-    return root
+    """The fleets' results root.  Their ceilings come from the session's cache
+    (tests/conftest.py: $GPUBENCH_CEILINGS_DIR, which every rank honours over its own
+    cache), so only the first fleet of a session without cached CPU ceilings measures."""
+    return tmp_path_factory.mktemp("fleet")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +110,17 @@ def test_a_two_rank_fleet_gathers_every_row(fleet):
     assert f"fleet of 2: {len(rows)} rows in" in p.stdout
 
 
+def test_rank_0_speaks_and_the_others_write_to_their_folders(fleet):
+    p, folder = fleet
+    # Rank 0's table and lines only; rank 1's console is in its own folder.
+    assert p.stdout.count("results: ") == 1 and "/ranks/rank-0/cpu/f1" in p.stdout
+    assert "rank-1" not in p.stdout and "error" not in p.stderr
+    log = (folder / "ranks" / "rank-1" / "console.log").read_text()
+    assert "results: " in log and "/ranks/rank-1/cpu/f1" in log
+    assert "2 ok, 0 failed" in log
+    assert not (folder / "ranks" / "rank-0" / "console.log").exists()
+
+
 def test_collectives_are_correct_and_in_nccl_tests_terms(fleet):
     _, folder = fleet
     coll = [r for r in rows_of(folder) if r["kernel"] in OPS]
@@ -117,6 +135,7 @@ def test_collectives_are_correct_and_in_nccl_tests_terms(fleet):
         factor = {"all_reduce": 1.0, "broadcast": 1.0}.get(r["kernel"], 0.5)  # n = 2
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
         assert r["n_samples"] == 10 and r["ms_p20"] <= r["ms_median"] <= r["ms_p80"]
+        assert r["config"].endswith(" calls per sample")  # a sample is a batch of calls
     assert "## Collectives (slowest rank)" in (folder / "fleet.md").read_text()
 
 
@@ -191,7 +210,7 @@ def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
     import argparse
 
     from benches import dist as fdist
-    from benches.fleet import _versions
+    from benches.fleet_folder import versions as _versions
 
     mine = _versions(argparse.Namespace(kernels=["add"], dtypes=["fp32"], providers=["torch"],
                                         sizes="n=4096", seed=0, device="cpu",
@@ -218,7 +237,8 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for k, v in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3",
-                 "LOCAL_WORLD_SIZE": "4"}.items():
+                 "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(FleetRefused, match="4 processes per node but 2 GPU"):
         fdist.start(5)
@@ -271,31 +291,90 @@ def test_different_case_lists_are_refused_before_measuring(out):
     assert not (out / "fleet" / "f3").exists()  # no folder, nothing measured
 
 
+def _incomplete(folder: Path, missing: list[int]) -> dict:
+    doc = json.loads((folder / "results.json").read_text())
+    meta = doc["metadata"]
+    assert not meta["complete"] and meta["fleet"]["missing_ranks"] == missing
+    assert "**Incomplete:" in (folder / "fleet.md").read_text()
+    return doc
+
+
 def test_a_rank_that_leaves_stops_the_other_keeping_its_rows(out, fleet):
-    p = torchrun(out, "--run-id", "f4", "--dist-timeout", "20", "--no-plots",
+    p = torchrun(out, "--run-id", "f4", "--dist-timeout", "6", "--no-plots",
                  env={"GPUBENCH_TEST_EXIT_RANK": "1"})
     assert p.returncode == 1
-    # Named by gloo's monitored barrier, or by the arrival marks in the rendezvous store
-    # when the barrier fails on the closed connection first (which happens first varies).
-    assert ("error: rank 0 on" in p.stderr and "waiting for every rank's sweep: rank(s) 1 "
-            "did not arrive" in p.stderr), p.stderr[-3000:]
+    # Rank 1 left after its sweep without posting its rows: its heartbeat stopped.
+    assert ("error: rank 0 on" in p.stderr and "the fleet stopped: rank 1 sent no "
+            "heartbeat for 6 s (died or hung)" in p.stderr), p.stderr[-3000:]
     assert not ours_traceback(p.stderr)
-    folder = out / "fleet" / "f4"
-    doc = json.loads((folder / "results.json").read_text())
-    assert not doc["metadata"]["complete"] and doc["metadata"]["fleet"]["missing_ranks"] == [1]
+    doc = _incomplete(out / "fleet" / "f4", [1])
     assert sorted((r["rank"], r["shape"]) for r in doc["rows"]) == [(0, "n=4096"),
                                                                     (0, "n=65536")]
-    assert "**Incomplete:" in (folder / "fleet.md").read_text()
 
 
-def test_a_rank_that_hangs_stops_the_other_within_the_timeout(out, fleet):
-    t = time.monotonic()
-    p = torchrun(out, "--run-id", "f5", "--dist-timeout", "4", "--no-plots",
-                 "--no-collectives", env={"GPUBENCH_TEST_HANG_RANK": "1"})
-    took = time.monotonic() - t
-    assert p.returncode != 0
-    assert "rank(s) 1 did not arrive within" in p.stderr, p.stderr[-3000:]
-    # Rank 0 waits its own sweep's duration (seconds here) plus the 4 s; torchrun then
-    # ends the hung rank.  Nothing waits anywhere near the default 120 s.
-    assert took < 60
-    assert (out / "fleet" / "f5" / "results.json").exists()
+def test_a_rank_that_hangs_stops_the_other_by_its_heartbeat(out, fleet):
+    p = torchrun(out, "--run-id", "f5", "--dist-timeout", "6", "--no-plots",
+                 env={"GPUBENCH_TEST_HANG_RANK": "1"})
+    assert p.returncode == 1
+    assert ("error: rank 0 on" in p.stderr and "rank 1 sent no heartbeat for 6 s (died or "
+            "hung)" in p.stderr), p.stderr[-3000:]
+    assert not ours_traceback(p.stderr)
+    doc = _incomplete(out / "fleet" / "f5", [1])
+    assert {r["rank"] for r in doc["rows"]} <= {0}  # what rank 0 measured, kept
+    assert not [r for r in doc["rows"] if r["kernel"] in OPS]
+
+
+def test_a_rank_killed_mid_sweep_is_named_and_the_survivor_keeps_its_rows(out, fleet):
+    """torchrun sees the dead worker and sends the survivor SIGTERM: it stops, waits
+    for the rows of ranks still alive, and names the one whose heartbeat stopped."""
+    p = torchrun(out, "--run-id", "f6", "--dist-timeout", "6", "--no-plots",
+                 env={"GPUBENCH_TEST_KILL_RANK": "1"})
+    assert p.returncode == 1 and "exitcode  : -9" in p.stderr  # torchrun's report
+    line = next(x for x in p.stderr.splitlines() if x.startswith("error: rank 0 on"))
+    assert "rank 1 sent no heartbeat" in line and "kept in" in line, p.stderr[-3000:]
+    doc = _incomplete(out / "fleet" / "f6", [1])
+    assert {r["rank"] for r in doc["rows"]} <= {0}
+    assert doc["metadata"]["fleet"]["ranks"][0]["exit_code"] == 143  # SIGTERM, rows kept
+
+
+def _wait_for(paths, proc: subprocess.Popen, guard_s: float = 300.0) -> None:
+    """Until every path pattern (a folder, a glob) has a match; the guard stops a hang."""
+    end = time.monotonic() + guard_s
+    while not all(any(folder.glob(pattern)) for folder, pattern in paths):
+        assert proc.poll() is None, "the fleet ended before the state was reached"
+        assert time.monotonic() < end, "hang guard"
+        time.sleep(0.05)
+
+
+def test_ctrl_c_to_torchrun_stops_the_fleet_at_once_keeping_every_rows(out, fleet):
+    """torchrun forwards SIGINT to every rank.  Both stop their sweep, rank 0 gathers
+    the rows measured, skips the collectives, says so and exits 130; torchrun itself
+    raises its SignalException and exits 1."""
+    sizes = ";".join(f"n={2**k}" for k in range(12, 21))  # 18 cases: ~20 s of sweep
+    sweep = ["--device", "cpu", "--kernels", "add,mul", "--dtypes", "fp32", "--providers",
+             "torch", "--sizes", sizes]
+    run = out / "fleet" / "f7"
+    proc = subprocess.Popen(_command(out, ("--run-id", "f7", "--no-plots"), sweep),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(None))
+    try:
+        # Both ranks inside their sweep: their run folders hold a results.json.
+        _wait_for([(run / "ranks" / f"rank-{r}", "*/f7/results.json") for r in (0, 1)], proc)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        _end(proc)
+    assert proc.returncode == 1 and "SignalException" in stderr  # torchrun's own
+    line = next(x for x in stderr.splitlines() if x.startswith("interrupted: "))
+    assert "the fleet stopped: rank " in line and "(SIGINT)" in line
+    assert "kept in" in line and "no collectives" in line
+    assert not ours_traceback(stderr)
+    doc = json.loads((run / "results.json").read_text())
+    meta = doc["metadata"]
+    assert meta["interrupted"] and meta["signal"] == "SIGINT" and not meta["complete"]
+    assert [(i["rank"], i["exit_code"]) for i in meta["fleet"]["ranks"]] == [(0, 130),
+                                                                             (1, 130)]
+    assert not [r for r in doc["rows"] if r["kernel"] in OPS]  # no collectives
+    for r in (0, 1):  # each stopped within its sweep, its rows gathered
+        assert len([x for x in doc["rows"] if x["rank"] == r]) < 18
+    assert "fleet of 2:" in stdout and stdout.count("results: ") == 1

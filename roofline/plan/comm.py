@@ -1,7 +1,7 @@
 """Communication of a training step on G devices (DESIGN.md section 13), in nccl-tests'
 terms: a collective of S bytes takes t = S x f(G) / busbw, where busbw is the bus
 bandwidth nccl-tests (and this suite's collective rows) report and f the factor that
-turned algbw = S / t into busbw (docs/PERFORMANCE.md of NVIDIA/nccl-tests):
+turned algbw = S / t into busbw (doc/PERFORMANCE.md of NVIDIA/nccl-tests):
 
 - all_reduce f = 2 (G - 1) / G (a ring sends every byte out and back, less its own share);
 - all_gather and reduce_scatter f = (G - 1) / G, S the size of the whole gathered array;

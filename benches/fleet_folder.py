@@ -1,0 +1,133 @@
+"""A fleet's rows and folder (benches/fleet.py runs the fleet): what every rank must
+share, one rank's rows and device as gathered, and the fleet folder written from them
+(results, summary.md, fleet.md, fleet.png)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benches.dist import Rank
+
+SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet.py)
+
+
+def versions(args: argparse.Namespace) -> dict[str, Any]:
+    """What every rank must share: the suite (git commit, package version), torch,
+    triton and the request."""
+    import importlib.metadata
+
+    import torch
+
+    from benches.results import _git_commit
+
+    try:
+        import triton
+
+        triton_v: str | None = triton.__version__
+    except ImportError:
+        triton_v = None
+    try:
+        package: str | None = importlib.metadata.version("gpubench")
+    except importlib.metadata.PackageNotFoundError:
+        package = None
+    return {"suite commit": _git_commit(), "suite package": package,
+            "torch": torch.__version__, "triton": triton_v,
+            "kernels": list(args.kernels), "dtypes": list(args.dtypes),
+            "providers": list(args.providers), "sizes": args.sizes, "seed": args.seed,
+            "device": args.device, "check only": bool(args.check_only)}
+
+
+def slow_down(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    """Test-only: this rank's timings SLOW_FACTOR times longer (GPUBENCH_TEST_SLOW_RANK)."""
+    for r in rows:
+        if r.get("status") != "ok" or r.get("ms_median") is None:
+            continue
+        for k in ("ms_median", "ms_p20", "ms_p80"):
+            r[k] = r[k] * SLOW_FACTOR
+        for k in ("tflops", "gbps"):
+            if r.get(k):
+                r[k] = r[k] / SLOW_FACTOR
+        r["samples_ms"] = [x * SLOW_FACTOR for x in r.get("samples_ms") or []]
+    if info.get("copy_gbps"):
+        info["copy_gbps"] /= SLOW_FACTOR
+
+
+def gpu_uuid(meta: dict[str, Any], me: Rank) -> str | None:
+    """NVML's UUID of this rank's GPU, else torch's (None for a rank on a CPU, GPUs
+    present or not)."""
+    if me.device != "cuda":
+        return None
+    uuid = (meta.get("nvml_start") or {}).get("nvml_uuid")
+    if uuid:
+        return str(uuid)
+    import torch
+
+    u = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    return f"GPU-{u}" if u else None
+
+
+def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = False
+             ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """(rows, metadata, device info) of this rank's own run folder; `slow`: the test-only
+    slow-rank hook's 10x longer times."""
+    from roofline.schema import read_doc
+
+    found = sorted(run_root.glob(f"*/{run_id}/results.json"))
+    doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
+    rows, meta = doc["rows"], doc["metadata"]
+    uuid = gpu_uuid(meta, me)
+    measured = (meta.get("ceilings") or {}).get("measured") or {}
+    info = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
+            "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
+            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code}
+    if slow:
+        slow_down(rows, info)
+    for r in rows:
+        r.update(rank=me.rank, host=me.host, gpu_uuid=uuid)
+    return rows, meta, info
+
+
+def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list[str],
+                 meta: dict[str, Any],
+                 gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]],
+                 coll_rows: list[dict[str, Any]], *, final: bool, problem: str | None = None,
+                 signal_name: str | None = None) -> list[dict[str, Any]]:
+    """The fleet folder from the rows gathered so far: results.csv/json always; with
+    `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
+    import pandas as pd
+
+    from benches.job import _finish
+    from benches.results import ResultWriter
+    from roofline.devices import DEVICES
+    from roofline.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
+
+    infos = [g[0] for g in gathered]
+    rows = [r for g in gathered for r in g[1]] + coll_rows
+    missing = sorted(set(range(me.world)) - {i["rank"] for i in infos})
+    complete = problem is None and all(i["exit_code"] in (0, 1) for i in infos)
+    fleet_meta = {**meta, "run_id": fleet_dir.name, "complete": complete and final,
+                  "interrupted": signal_name is not None, "signal": signal_name,
+                  "fleet": {"world": me.world, "backend": me.backend, "ranks": infos,
+                            "missing_ranks": missing, "problem": problem,
+                            "command": " ".join(["run_bench.py", *argv])}}
+    writer = ResultWriter(fleet_dir, fleet_meta, rows)
+    writer.close()
+    if not final:
+        return []
+    _finish(writer, fleet_dir, plots=not args.no_plots)
+    frame = writer.frame()
+    tol = args.fleet_tolerance if args.fleet_tolerance is not None \
+        else DEFAULT_TOLERANCE[me.device]
+    devices = [device_figures(i, frame[frame["rank"] == i["rank"]]) for i in infos]
+    coll = pd.DataFrame(coll_rows) if coll_rows else pd.DataFrame(columns=["status"])
+    note = None
+    if problem or missing:
+        note = (f"Incomplete: {problem or 'rows missing'}"
+                + (f"; no rows from rank(s) {missing}" if missing else ""))
+    # The collectives' roof: the device's NVLink bandwidth per direction (device models).
+    model = DEVICES.get(str(infos[0].get("device_key"))) if infos else None
+    link = model.nvlink_gbps if model is not None else None
+    return write_fleet(fleet_dir, devices, coll, tol, link, plot=not args.no_plots,
+                       note=note)

@@ -1,0 +1,267 @@
+"""Several runs' rooflines on one figure: `python -m roofline plot RUN_A RUN_B ... --devices`.
+
+One run per device (H100 vs H200 vs a CPU; a B200 when there is a run of one), one colour
+per run, in the order given.  As in a single run's roofline.png (roofline/plot.py) there
+is one panel per benchmark dtype on shared log-log axes; each panel draws, for every run,
+its HBM slope and the flat roofs its rows are held against (every roof class used by
+that dtype's rows in any of the runs, so the devices compare roof for roof), datasheet
+solid and measured dashed, every ridge marked, and that run's ok rows as points in its
+colour (marker per provider, size per kernel, as in roofline.png).  A device without a
+roof of a class (fp4 anywhere but Blackwell, any datasheet roof on a CPU) draws none, and
+the panel says so.  The L2 slopes and baseline arrows of the single-run figure are left
+out: with three devices they would hide the comparison.
+
+Artists carry gids with the run's tag (its device key, "-2", "-3" appended when two runs
+share one): ``roof:h100:datasheet:hbm``, ``roof:h200:measured:fp16/bf16``,
+``ridge-marker:cpu:measured:fp32``, ``ridge:h100:bf16``, ``points:h200:bf16:triton``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
+
+from roofline.devices import ROOF_CLASSES
+from roofline.plot import _limits
+from roofline.rows import (
+    DTYPE_ORDER,
+    KERNEL_ORDER,
+    PROVIDER_ORDER,
+    Ceiling,
+    _ordered,
+    clean_rows,
+    ok_rows,
+    run_ceilings,
+)
+from roofline.style import (
+    _KERNEL_SIZES,
+    _POINT_SIZE,
+    _ROOF_STYLE,
+    _device_color,
+    _grid,
+    _new_figure,
+    _provider_marker,
+    _tidy_grid,
+    fmt_gbps,
+    fmt_sig,
+    fmt_tflops,
+    save_figure,
+)
+
+SOURCES = ("datasheet", "measured")
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """One run of the figure, read back: its rows, ceilings, tag and colour."""
+
+    tag: str  # unique in the figure: the device key, "-2", "-3" when keys repeat
+    name: str  # the device's name as the run recorded it
+    run_id: str
+    rows: pd.DataFrame  # clean rows (roofline.rows.clean_rows)
+    ok: pd.DataFrame  # the plottable ones (ok_rows)
+    ceilings: dict[str, Ceiling]
+    color: str
+
+    @property
+    def legend(self) -> str:
+        hbm = [f"HBM {fmt_gbps(c.hbm_gbps)} GB/s ({s})" for s, c in self.ceilings.items()
+               if c.hbm_gbps]
+        return "\n".join([f"{self.name} ({self.tag})", f"run {self.run_id}", *hbm])
+
+
+def device_runs(runs: list[tuple[dict[str, Any], pd.DataFrame]]) -> list[DeviceRun]:
+    """The runs as the figure reads them, tagged and coloured in the order given."""
+    out: list[DeviceRun] = []
+    seen: dict[str, int] = {}
+    for i, (meta, df) in enumerate(runs):
+        meta = meta if isinstance(meta, dict) else {}
+        key = str(meta.get("device_key") or meta.get("device") or f"run{i + 1}")
+        seen[key] = seen.get(key, 0) + 1
+        tag = key if seen[key] == 1 else f"{key}-{seen[key]}"
+        name = str(meta.get("device_name") or meta.get("gpu_name") or key)
+        rows = clean_rows(df)
+        out.append(DeviceRun(tag, name, str(meta.get("run_id") or "?"), rows, ok_rows(rows),
+                             run_ceilings(meta, df), _device_color(i)))
+    return out
+
+
+def _roof_groups(run: DeviceRun, classes: list[str]) -> dict[tuple, list[str]]:
+    """Classes of one panel with the same (datasheet, measured) peaks share one line and
+    one label: fp16 and bf16 on every NVIDIA part."""
+    groups: dict[tuple, list[str]] = {}
+    for cls in classes:
+        peaks = tuple(run.ceilings[s].tflops.get(cls) if s in run.ceilings else None
+                      for s in SOURCES)
+        if any(p is not None for p in peaks):
+            groups.setdefault(peaks, []).append(cls)
+    return groups
+
+
+def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
+                          xlim: tuple[float, float]) -> list[tuple[float, str, str, str, Any]]:
+    """One run's slopes, flat roofs and ridge markers in its colour; returns its labels
+    (peak, text, gid, colour, ridge xy) for the panel's label block."""
+    x0, x1 = xlim
+    groups = _roof_groups(run, classes)
+    labels: list[tuple[float, str, str, str, Any]] = []
+    for si, source in enumerate(SOURCES):
+        c = run.ceilings.get(source)
+        if c is None:
+            continue
+        peaks = [p[si] for p in groups if p[si] is not None]
+        if c.hbm_gbps:
+            # The slope runs up to the highest ridge of the panel; lower roofs cut across it.
+            x_end = max(peaks) * 1e3 / c.hbm_gbps if peaks else x1
+            ax.plot([x0, x_end], [x0 * c.hbm_gbps / 1e3, x_end * c.hbm_gbps / 1e3],
+                    linestyle=_ROOF_STYLE[source], color=run.color, lw=1.3, zorder=1,
+                    label=f"{run.tag} HBM {source} {fmt_gbps(c.hbm_gbps)} GB/s",
+                    gid=f"roof:{run.tag}:{source}:hbm")
+        for key, group in groups.items():
+            peak = key[si]
+            if peak is None:
+                continue
+            name = "/".join(group)
+            ridge = c.ridge(group[0])
+            ax.plot([ridge or x0, x1], [peak, peak], linestyle=_ROOF_STYLE[source],
+                    color=run.color, lw=1.3, zorder=1,
+                    label=f"{run.tag} {name} {source} {fmt_tflops(peak)} TFLOP/s",
+                    gid=f"roof:{run.tag}:{source}:{name}")
+            if ridge:
+                ax.plot([ridge], [peak], marker="o", ms=5, color=run.color,
+                        mfc="white" if source == "measured" else run.color, zorder=2,
+                        gid=f"ridge-marker:{run.tag}:{source}:{name}")
+    for (ds, ms), group in groups.items():
+        name = "/".join(group)
+        parts: list[str] = []
+        xy = None
+        for source, peak in zip(SOURCES, (ds, ms), strict=True):
+            if peak is None:
+                continue
+            ridge = run.ceilings[source].ridge(group[0])
+            head = f"{fmt_tflops(peak)} TFLOP/s" if source == "datasheet" or ds is None \
+                else f"meas. {fmt_tflops(peak)}"
+            parts.append(head + (f", ridge {fmt_sig(ridge)}" if ridge else ""))
+            if xy is None and ridge:
+                xy = (ridge, peak)
+        if ds is None:  # measured only (a CPU): say so, the line style alone is subtle
+            parts[0] = "measured " + parts[0]
+        labels.append((ds or ms or 0.0, f"{run.tag} {name} " + "; ".join(parts),
+                       f"ridge:{run.tag}:{name}", run.color, xy))
+    for cls in classes:
+        if not any(cls in g for g in groups.values()):
+            labels.append((0.0, f"{run.tag}: no {cls} roof", f"ridge:{run.tag}:none:{cls}",
+                           run.color, None))
+    return labels
+
+
+def _draw_labels(ax: Any, labels: list[tuple[float, str, str, str, Any]]) -> None:
+    """The label block in the panel's upper-left corner, highest roof first, each label
+    tied to its ridge by a leader line (roofline/plot.py's layout, in device colours)."""
+    labels.sort(key=lambda t: -t[0])
+    for i, (_, text, gid, color, xy) in enumerate(labels):
+        pos = (0.03, 0.97 - 0.048 * i)
+        kw: dict[str, Any] = dict(
+            fontsize=6.5, color=color, ha="left", va="top", zorder=2.5, gid=gid,
+            annotation_clip=False,
+            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
+        if xy is None:
+            ax.annotate(text, xy=pos, xycoords="axes fraction", **kw)
+        else:
+            ax.annotate(text, xy=xy, xytext=pos, textcoords="axes fraction", **kw,
+                        arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6,
+                                        shrinkA=0, shrinkB=4))
+
+
+def _draw_device_points(ax: Any, run: DeviceRun, rows: pd.DataFrame, dtype: str,
+                        providers: list[str]) -> int:
+    n = 0
+    for provider in _ordered(rows["provider"].unique(), PROVIDER_ORDER):
+        sel = rows[rows["provider"] == provider]
+        sizes = [_KERNEL_SIZES.get(k, _POINT_SIZE) for k in sel["kernel"]]
+        ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float), s=sizes,
+                   marker=_provider_marker(provider, providers), color=run.color,
+                   alpha=0.8, edgecolors="white", linewidths=0.5, zorder=4,
+                   label=f"{run.tag} {provider}", gid=f"points:{run.tag}:{dtype}:{provider}")
+        n += len(sel)
+    return n
+
+
+def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
+                 out: str | os.PathLike | None = None) -> Figure:
+    """Rooflines of several runs (one per device) on one figure, one panel per dtype.
+
+    `runs` are (metadata, rows) pairs as roofline.schema.load_run returns them.  Writes a
+    PNG to `out` when given and returns the Figure either way."""
+    devs = device_runs(runs)
+    every = pd.concat([d.rows for d in devs if not d.rows.empty] or [pd.DataFrame()])
+    dtypes = _ordered(every["dtype"].unique(), DTYPE_ORDER) if not every.empty else []
+    providers = _ordered(set().union(*(set(d.ok["provider"]) for d in devs)), PROVIDER_ORDER)
+
+    # A panel's roofs: every class that dtype's rows use on any of the devices.
+    if dtypes:
+        panels = [(dt, _ordered(every.loc[every["dtype"] == dt, "roof_class"].dropna().unique(),
+                                ROOF_CLASSES)) for dt in dtypes]
+    else:
+        known = {k for d in devs for c in d.ceilings.values() for k in c.tflops}
+        panels = [("all dtypes", _ordered(known, ROOF_CLASSES))]
+    all_classes = sorted({c for _, cl in panels for c in cl})
+    ceilings = {f"{d.tag}:{s}": c for d in devs for s, c in d.ceilings.items()}
+    xlim, ylim = _limits([d.ok for d in devs if not d.ok.empty], ceilings, all_classes)
+
+    nrows, ncols = _grid(len(panels))
+    fig = _new_figure(max(5.0 * ncols + 2.4, 8.0), 5.0 * nrows + 0.9)
+    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
+    used = _tidy_grid(fig, axes, len(panels))
+    for i, (ax, (dtype, classes)) in enumerate(zip(used, panels, strict=True)):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(*xlim)
+        ax.set_ylim(*ylim)
+        ax.set_box_aspect(1)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
+        ax.set_axisbelow(True)
+        labels: list[tuple[float, str, str, str, Any]] = []
+        counts: list[str] = []
+        for d in devs:
+            labels += _draw_device_ceilings(ax, d, classes, xlim)
+            rows = d.ok[d.ok["dtype"] == dtype] if dtypes else d.ok
+            n = _draw_device_points(ax, d, rows, dtype, providers) if not rows.empty else 0
+            counts.append(f"{d.tag} {n}")
+        _draw_labels(ax, labels)
+        ax.set_title(f"{dtype}: " + ", ".join(counts) + " points" if dtypes
+                     else "no rows in these runs: every known roof", fontsize=10)
+        if i % ncols == 0:
+            ax.set_ylabel("TFLOP/s")
+        if i + ncols >= len(panels):
+            ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    fig.suptitle("Roofline across devices: " + " vs ".join(d.tag for d in devs), fontsize=11)
+    _legend(fig, devs, providers)
+    if out is not None:
+        save_figure(fig, out)
+    return fig
+
+
+def _legend(fig: Figure, devs: list[DeviceRun], providers: list[str]) -> None:
+    handles: list[Any] = [Line2D([], [], color=d.color, lw=2, label=d.legend) for d in devs]
+    handles += [Line2D([], [], ls="", marker=_provider_marker(p, providers), ms=6,
+                       color="0.3", label=p) for p in providers]
+    kernels = _ordered(set().union(*(set(d.ok["kernel"]) for d in devs)), KERNEL_ORDER)
+    sizes = sorted({_KERNEL_SIZES.get(k, _POINT_SIZE) for k in kernels})
+    if len(sizes) > 1:  # point size tells kernels apart only where _KERNEL_SIZES does
+        for s in sizes:
+            names = [k for k in kernels if _KERNEL_SIZES.get(k, _POINT_SIZE) == s]
+            handles.append(Line2D([], [], ls="", marker="o", ms=math.sqrt(s), color="0.5",
+                                  label=", ".join(names)))
+    handles += [Line2D([], [], ls=_ROOF_STYLE[s], color="0.3", label=f"{s} roof")
+                for s in SOURCES]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
