@@ -206,6 +206,33 @@ def test_each_collective_check_catches_a_wrong_value(op, dtype, tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
+    """The buffers are reset outside the timed callable: no fill_/copy_ (an extra write of
+    the whole buffer, and a launch) runs inside what is timed."""
+    import torch.distributed as dist
+
+    from benches.collectives import GPU_SIZES, _buffers
+
+    assert GPU_SIZES[0] == 4 * 2**10 and GPU_SIZES[-1] == 2**30  # 4 KB .. 1 GB
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        reset, call, check = _buffers(op, 64, torch.float32, "cpu", 0, 1)
+        reset()
+        writes: list[str] = []
+        for name in ("fill_", "copy_", "zero_"):
+            real = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name,
+                                lambda self, *a, _n=name, _r=real, **k:
+                                writes.append(_n) or _r(self, *a, **k))
+        call()
+        monkeypatch.undo()
+        assert writes == [] and check()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
     import argparse
 
