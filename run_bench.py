@@ -36,7 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto",
                    help="device model: auto (detect), cpu, h100, h100-pcie, h100-nvl, h200, "
-                        "a100, l40s, l4, gpu (unlisted GPU: measured ceilings)")
+                        "a100, l40s, l4, b200, gb200, gpu (unlisted GPU: measured "
+                        "ceilings); --list-devices shows them")
     # Lists are validated against the kernel registry once it is imported (benches.job).
     p.add_argument("--dtypes", default="all",
                    help="comma list of fp32,tf32,fp16,bf16,fp8,fp8e5 (fp8 = e4m3); default all")
@@ -46,6 +47,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sizes", default="default",
                    help="quick|default|full, or explicit shapes separated by ';', e.g. "
                         "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
+    p.add_argument("--cache", default="cold", metavar="MODES",
+                   help="comma list of cold,warm: cold = caches flushed (GPU) or rotated "
+                        "past (CPU) before every call, warm = back-to-back calls on the "
+                        "same buffers; each row is timed in each mode, recorded in its "
+                        "`cache` column (default: cold)")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--run-id", default=None,
                    help="run folder name, a plain name never used before (default: a "
@@ -86,10 +92,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="under torchrun: a device more than PCT%% below the fleet median on "
                         "a key figure is an outlier, exit 1 (default 5 on GPUs, 25 on CPUs)")
     p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
-                   help="under torchrun: seconds a rank waits for its peers before it "
-                        "stops with an error naming them (a rank that died or hangs; after "
-                        "its own sweep a rank waits that sweep's duration longer; "
-                        "default 120)")
+                   help="under torchrun: a rank whose heartbeat stops for S seconds (killed, "
+                        "frozen, its host gone) is lost, and the fleet stops with an error "
+                        "naming it, keeping every row; a rank that lives but never ends its "
+                        "sweep is given up after the waiting rank's own sweep time plus S "
+                        "(default 120)")
     p.add_argument("--no-collectives", dest="collectives", action="store_false",
                    help="under torchrun: skip timing the collectives")
     p.add_argument("--check-only", action="store_true",
@@ -105,7 +112,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--inspect", action="store_true",
                    help="compile every Triton kernel x config x dtype for --arch (no GPU "
                         "needed) and report registers, spills, shared memory, MMA, loads")
-    p.add_argument("--arch", default="sm_90", help="--inspect target: sm_80, sm_89, sm_90")
+    p.add_argument("--arch", default="sm_90",
+                   help="--inspect target: sm_80, sm_89, sm_90, sm_100 (B200 class: tcgen05 "
+                        "MMA, tensor memory)")
     args = p.parse_args(argv)
     try:
         check_threshold(args.threshold)

@@ -1,11 +1,15 @@
 """What one benchmark case is, and what its row starts as: the (kernel, provider, dtype,
-shape) cases of a run in order, the run's configuration, the row's analytic columns,
-and the inputs and float64 reference its providers share.
+shape, cache mode) cases of a run in order, the run's configuration, the row's analytic
+columns, the inputs and float64 reference its providers share, and the copies of them a
+cold CPU row's calls rotate over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +29,7 @@ from roofline.ceilings import Ceilings
 from roofline.devices import DeviceModel, Present
 from roofline.schema import (
     ALL_COLUMNS,
+    DEFAULT_CACHE,
     format_shape,
 )
 
@@ -35,6 +40,9 @@ class Case:
     provider: str
     dtype: str
     shape: Shape
+    # "cold" (caches flushed or rotated past between calls) or "warm" (back-to-back calls
+    # on the same buffers): roofline.schema.CACHE_MODES.
+    cache: str = DEFAULT_CACHE
 
     @property
     def shape_str(self) -> str:
@@ -42,7 +50,8 @@ class Case:
 
     @property
     def label(self) -> str:
-        return f"{self.spec.name} {self.provider} {self.dtype} {self.shape_str}"
+        warm = "" if self.cache == DEFAULT_CACHE else f" {self.cache}"
+        return f"{self.spec.name} {self.provider} {self.dtype} {self.shape_str}{warm}"
 
 
 @dataclass
@@ -63,16 +72,22 @@ class RunConfig:
     # Seconds the sweep's timing may take in all (None: no run budget; rows keep theirs,
     # timing.row_budget_s).  See benches/budget.py.
     run_budget_s: float | None = None
-    # Triton configs to run instead of autotuning, by (kernel, provider, dtype, shape):
-    # re-timing children get the confirmed row's own (its `config` column).
-    configs: dict[tuple[str, str, str, str], str] = field(default_factory=dict)
+    # Triton configs to run instead of autotuning, by case key (kernel, provider, dtype,
+    # shape, cache): re-timing children get the confirmed row's own (its `config` column).
+    configs: dict[tuple[str, ...], str] = field(default_factory=dict)
+    # Cache modes each case is timed in (--cache), in order; check-only runs check each
+    # case once, in the first.
+    cache: list[str] = field(default_factory=lambda: [DEFAULT_CACHE])
 
 
 def build_cases(cfg: RunConfig) -> list[Case]:
-    """Cases in run order: kernel, dtype, shape, then provider, so that both providers
-    of a (kernel, dtype, shape) share one set of inputs."""
+    """Cases in run order: kernel, dtype, shape, provider, then cache mode, so that both
+    providers of a (kernel, dtype, shape) share one set of inputs, and a row's cold and
+    warm times are taken next to each other (the same autotuned config, the same spell
+    of a shared machine)."""
     cases = []
     on_gpu = cfg.target.kind == "cuda"
+    modes = cfg.cache[:1] if cfg.check_only else cfg.cache
     for name in cfg.kernels:
         spec = REGISTRY[name]
         for dtype in cfg.dtypes:
@@ -80,7 +95,7 @@ def build_cases(cfg: RunConfig) -> list[Case]:
                 continue  # e.g. tf32 exists for matmul only
             for shape in shapes_for(spec, cfg.sizes, on_gpu, cfg.explicit_shapes):
                 for prov in cfg.providers:
-                    cases.append(Case(spec, prov, dtype, shape))
+                    cases += [Case(spec, prov, dtype, shape, mode) for mode in modes]
     return cases
 
 
@@ -97,7 +112,7 @@ def _roofs(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
     product takes another, much slower path there, so fp8e5 matrix rows get no roof
     rather than one measured on a different format."""
     spec, dtype = case.spec, case.dtype
-    rc = spec.roof_class(dtype)
+    rc = spec.roof_class(dtype, cfg.target)
     ceil = cfg.ceilings
     if cfg.target.kind != "cuda" and spec.matrix_unit and dtype == "fp8e5" \
             and ceil.meas_tflops("fp8e5") is None:
@@ -109,12 +124,12 @@ def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
     spec, dtype = case.spec, case.dtype
     flops = spec.flops(case.shape, dtype)
     nbytes = spec.nbytes(case.shape, dtype)
-    rc = spec.roof_class(dtype)
+    rc = spec.roof_class(dtype, cfg.target)
     row: dict[str, Any] = {c: None for c in ALL_COLUMNS}
     row.update(
         kernel=spec.name, provider=case.provider, dtype=dtype, shape=case.shape_str,
         flops=flops, bytes=nbytes, device=cfg.model.key, gpu_name=cfg.present.name,
-        roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0,
+        roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0, cache=case.cache,
     )
     row.update(metrics.derive(flops, nbytes, None, *_roofs(case, cfg)))
     return row
@@ -122,12 +137,16 @@ def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
 
 class _InputCache:
     """Inputs of the current (kernel, dtype, shape) and their float64 reference, shared
-    by its providers (a large float64 matmul reference is worth computing once)."""
+    by its providers (a large float64 matmul reference is worth computing once), and the
+    copies a cold CPU row rotates over (`copies`, made by the runner, kept for the
+    row's rounds, their memory from `scratch`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Scratch | None = None) -> None:
         self.key: tuple | None = None
         self.inputs: dict[str, Any] | None = None
         self.ref: torch.Tensor | None = None
+        self.copies: Copies | None = None
+        self.scratch = scratch  # where copies' memory comes from (the sweep's)
 
     def get(self, case: Case, cfg: RunConfig) -> dict[str, Any]:
         key = (case.spec.name, case.dtype, case.shape_str)
@@ -148,8 +167,178 @@ class _InputCache:
         return self.ref
 
     def clear(self) -> None:
-        self.key, self.inputs, self.ref = None, None, None
+        self.key, self.inputs, self.ref, self.copies = None, None, None, None
+
+
+# A provider's call bound to one set of buffers: make_call(inputs, out)().
+MakeCall = Callable[[dict[str, Any], torch.Tensor], Callable[[], object]]
 
 
 def _clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+class Copies:
+    """Copies of a case's inputs and output, each pair on memory of its own (with the
+    originals' values, strides and dtypes), for a rotation of calls; `nbytes` is the
+    memory they span.  Copies cut from a Scratch share its memory with the other rows'
+    copies: `ready()` writes this row's input values back into it when another row's
+    were written since (before each of the row's rounds)."""
+
+    def __init__(self, pairs: list[tuple[dict[str, Any], torch.Tensor]], nbytes: int,
+                 fills: list[tuple[torch.Tensor, torch.Tensor]],
+                 scratch: Scratch | None) -> None:
+        self.pairs = pairs
+        self.nbytes = nbytes
+        self._fills = fills  # (the copies of one input as one block, the input)
+        self._scratch = scratch
+        self._filled: Copies | None = None  # self once filled
+        # Each provider's calls on the pairs, made on first use and kept for the row's
+        # rounds (thousands of closures a round otherwise, at 2^12 elements).
+        self.calls: dict[str, list[Callable[[], object]]] = {}
+
+    def ready(self) -> None:
+        """The inputs' values in every copy (a no-op when the memory still holds them:
+        memory of their own, filled once, or a Scratch no other row wrote since)."""
+        holder = self._scratch.holder if self._scratch is not None else self._filled
+        if holder is self:
+            return
+        for block, x in self._fills:
+            block.copy_(x.unsqueeze(0).expand_as(block))
+        if self._scratch is not None:
+            self._scratch.holder = self
+        self._filled = self
+
+
+class Scratch:
+    """One block of memory that a sweep's cold CPU rows cut their copies from, in turn:
+    each row's copies are views of its start, and a row's input values are written in
+    (Copies.ready) before each of its rounds.
+
+    Why shared: a row's copies take 2-4x the last-level cache.  Made afresh for every
+    round they cost more than a small row's timing (first-touch page faults and zeroing,
+    ~4x the copy itself: a 64 MiB fill 35-63 ms into new memory, 10-13 ms into memory
+    touched before, on the 2-core VM); kept per row for its rounds, a chunk of rows
+    interleaved over seconds (runner.iterate) would hold gigabytes.  Shared, the memory
+    stays at one rotation's (`capacity`, 4x the cache: a rotation never needs more) and
+    is touched once; a row's refill writes its inputs only (the calls write the outputs).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.block: torch.Tensor | None = None
+        self.touched = 0  # bytes from the start written at least once
+        self.holder: Copies | None = None  # whose inputs the memory holds now
+
+    def region(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """The first `nbytes` of the block (made, or made larger, as needed), every page
+        of them touched."""
+        if self.block is None or self.block.numel() < nbytes or self.block.device != device:
+            size = max(nbytes, self.capacity)
+            self.block = torch.empty(size, dtype=torch.uint8, device=device)
+            self.touched, self.holder = 0, None
+        if nbytes > self.touched:
+            self.block[self.touched:nbytes].zero_()  # page faults here, not in a timed call
+            self.touched = nbytes
+        return self.block[:nbytes]
+
+
+_ALIGN = 64  # bytes: every copy starts on a cache line (and any SIMD width's boundary)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while thousands of long-lived objects are made
+    (a rotation's views, input dicts and calls), on again after.  Made with it on, they
+    drive collections generation by generation into full ones, each walking every object
+    of the process (torch and triton's own): measured, 11 full collections and 1.4 s of a
+    20 s quick CPU sweep, against 1 and 0.13 s before copies existed.  Paused, they
+    enter the next collection as one batch."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
+                scratch: Scratch | None = None) -> Copies:
+    """`count` copies of (inputs, out), cut from one block of memory (the start of
+    `scratch` when given, else their own), each copy starting on a 64-byte boundary,
+    each input's copies filled by one copy_ from it.
+
+    Not `count` clones: a cold CPU rotation at 2^12 elements needs thousands of copies,
+    and a clone each costs ~100x the time of one fill (measured on the 2-core VM: 4,096
+    clones of 16 KiB 1.6 s, a 64 MiB fill 10-40 ms).  The output's copies hold whatever
+    the memory held, every page touched before any call is timed.  Tensors of one cache
+    line or less (the fp8 scales) are shared by all copies: read once a call, they add no
+    traffic worth rotating, and thousands of views of them would cost more than the
+    copies of the data."""
+    with gc_paused():
+        return _make_copies(inputs, out, count, scratch)
+
+
+def _make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
+                 scratch: Scratch | None) -> Copies:
+    names = [k for k, v in inputs.items()
+             if isinstance(v, torch.Tensor) and v.nbytes > _ALIGN]
+    tensors = [inputs[k] for k in names] + [out]
+    layouts = [_layout(x) for x in tensors]
+    sizes = [count * slot * x.element_size() if slot else 0
+             for x, (_, slot) in zip(tensors, layouts, strict=True)]
+    total = sum(sizes)
+    if scratch is not None:
+        memory = scratch.region(total, out.device)
+    else:
+        memory = torch.empty(total, dtype=torch.uint8, device=out.device)
+        memory.zero_()  # touched before any call is timed
+    made: list[list[torch.Tensor]] = []
+    fills: list[tuple[torch.Tensor, torch.Tensor]] = []
+    at = 0
+    for j, (x, (perm, slot), size) in enumerate(zip(tensors, layouts, sizes, strict=True)):
+        if slot:
+            block, views = _replicas(x, count, perm, slot, memory[at:at + size])
+            made.append(views)
+            if j < len(names):  # an input: its values; the output's the calls write
+                fills.append((block, x.permute(perm)))
+        else:  # overlapping or gapped strides (none in this suite): plain clones
+            made.append([x.clone() for _ in range(count)])
+        at += size
+    pairs = []
+    for i in range(count):
+        ins = dict(inputs)
+        ins.update({k: views[i] for k, views in zip(names, made, strict=False)})
+        pairs.append((ins, made[-1][i]))
+    copies = Copies(pairs, total + sum(count * x.nbytes for x, (_, slot)
+                                       in zip(tensors, layouts, strict=True) if not slot),
+                    fills, scratch)
+    copies.ready()
+    return copies
+
+
+def _layout(x: torch.Tensor) -> tuple[list[int], int]:
+    """(x's dimensions in memory order, elements a copy takes with its padding to 64
+    bytes); slot 0 when x's strides are not a permutation of a dense layout.  Memory
+    order: a column-major matrix (matmul's B) is a row-major one permuted, and its
+    copies are made so too."""
+    perm = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -x.size(d)))
+    if not x.permute(perm).is_contiguous():
+        return perm, 0
+    item = x.element_size()
+    return perm, -(-max(x.numel(), 1) * item // _ALIGN) * _ALIGN // item
+
+
+def _replicas(x: torch.Tensor, count: int, perm: list[int], slot: int,
+              memory: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(the copies as one block of x's layout, each copy: x's shape and strides) in
+    `memory` (uint8, count x slot elements of x's dtype)."""
+    xp = x.permute(perm)
+    rows = memory.view(x.dtype).view(count, slot)
+    block = rows[:, :x.numel()].view(count, *xp.shape)
+    views = list(block.unbind(0))
+    if perm != sorted(perm):
+        back = [perm.index(d) for d in range(x.dim())]
+        views = [v.permute(back) for v in views]
+    return block, views

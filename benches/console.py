@@ -35,7 +35,26 @@ def print_kernels() -> None:
         for n, p in spec.providers.items():
             notes.add_row(spec.name, n, p.note)
     console.print(notes)
+    print_block_formats()
     print_collectives()
+
+
+def print_block_formats() -> None:
+    """The block-scaled dtypes: element, scales, and stored bits per element."""
+    from kernels.blockscaled import element_format, scale_format
+    from kernels.spec import BLOCK_SCALED, DTYPES
+
+    t = Table(title="Block-scaled dtypes (matmul): quantized when the inputs are made, "
+                    "not timed; checked against float64 of the dequantized inputs")
+    for col in ("dtype", "element", "one scale per", "scale", "tensor scale",
+                "bits/element", "roof (sm_100; elsewhere bf16, emulated)", "tolerance"):
+        t.add_column(col)
+    for name in BLOCK_SCALED:
+        d = DTYPES[name]
+        t.add_row(name, element_format(name), f"{d.block} along K", scale_format(name),
+                  "fp32" if d.tensor_scale else "-", f"{8 * d.bytes_per_element:g}",
+                  ROOF_CLASS[name], f"{d.tol:g}")
+    console.print(t)
 
 
 def _size(n: int) -> str:

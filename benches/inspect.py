@@ -3,8 +3,9 @@
 `python run_bench.py --inspect [--arch sm_90]` compiles each kernel x autotune config x
 dtype that a GPU run launches, ahead of time, and reads from the result what decides its
 speed: registers, spills, shared memory against the arch's limit, the MMA instructions
-and their element types, the width of the global loads that feed the tensor operands,
-the fp8 accumulation mode, and ptxas's warnings (C7515: serialized wgmma).
+and their element types (Blackwell's tcgen05 on sm_100, with its tensor memory), TMA use,
+the width of the global loads that feed the tensor operands, the fp8 accumulation mode,
+and ptxas's warnings (C7515: serialized wgmma).
 
 How a case is built: each kernel module declares its launches once
 (`KernelSpec.triton_launches`, shared with the real launch).  They are bound, with meta
@@ -12,7 +13,9 @@ tensors of every default GPU shape, by Triton's own argument binder, so the 16-b
 alignment, divisibility-by-16 and unit-stride specializations are those of a real
 launch; each distinct (function, specialization, config) is compiled once with
 `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`.  ptxas (bundled with
-Triton) is run again on the PTX with `-v` for the resource report Triton discards.
+Triton) is run again on the PTX with `-v` for the resource report Triton discards, and
+cuobjdump (also bundled) lists the SASS.  A Triton that cannot target the arch at all
+says so in one line (exit 0) instead of failing every case.
 
 Also runnable as `python -m benches.inspect` (the form it re-executes itself in when
 TRITON_INTERPRET=1 is set: the interpreter replaces every @triton.jit function at import
@@ -39,21 +42,42 @@ from typing import Any
 from benches.inspect_read import (
     WIDE_LOAD_BITS,
     _ptxas_report,
+    _sass_report,
+    fd2_captured,
     fp8_accumulation,
     global_loads,
+    mlir_failure,
     mma_of,
     operands_allow_wide,
+    sass_mma,
     tensor_load_lines,
+    tensor_memory,
+    tma_of,
 )
+from benches.inspect_report import print_table, summary_lines, write_files
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
 # count sizes the launches (dot's number of partial sums), and the per-block shared
-# memory limit (opt-in maximum: 227 KB on Hopper, 163 KB on A100, 99 KB on Ada).
+# memory limit (opt-in maximum: 227 KB on Hopper and on Blackwell's sm_100, whose SM has
+# 228 KB of which CUDA keeps 1 KB (NVIDIA's Blackwell tuning guide), 163 KB on A100,
+# 99 KB on Ada).  sm_100 compiles for sm_100a (Triton adds the "a": tcgen05 needs it).
 ARCHES: dict[str, tuple[int, str, int]] = {
     "sm_80": (80, "a100", 166912),
     "sm_89": (89, "l40s", 101376),
     "sm_90": (90, "h100", 232448),
+    "sm_100": (100, "b200", 232448),
 }
+
+# SM count of a B200 (148: two dies of 74), used only while roofline.devices has no
+# "b200" model to read it from.
+_SMS_FALLBACK = {"b200": 148}
+
+# Tensor memory of one Blackwell SM: 512 columns of 128 lanes x 32 bits (256 KB).
+TMEM_COLUMNS = 512
+
+# The architecture whose compile a failing sm_100 probe is held against (see
+# target_unsupported).
+REFERENCE_ARCH = "sm_90"
 
 TENSOR_CORE_DTYPES = ("tf32", "fp16", "bf16", "fp8", "fp8e5")
 
@@ -80,6 +104,14 @@ def _gpu_target(cc: int):
     from triton.backends.compiler import GPUTarget
 
     return GPUTarget("cuda", cc, 32)
+
+
+def sms_of(model: str) -> int:
+    """SM count of a device model (roofline.devices, else _SMS_FALLBACK; 0 unknown)."""
+    from roofline.devices import DEVICES
+
+    dev = DEVICES.get(model)
+    return (dev.sms if dev is not None else None) or _SMS_FALLBACK.get(model, 0)
 
 
 def _launches(kernel: str, dtype: str, shape: dict[str, int], sms: int) -> list[Any]:
@@ -127,10 +159,9 @@ def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case
     from benches.shapes import preset_shapes
     from kernels import REGISTRY
     from kernels.spec import Target
-    from roofline.devices import DEVICES
 
     cc, model, _ = ARCHES[arch]
-    sms = DEVICES[model].sms or 0
+    sms = sms_of(model)
     target = Target("cuda", (cc // 10, cc % 10), name=arch)
     cases: dict[str, Case] = {}
     notes: list[str] = []
@@ -170,7 +201,6 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     import triton
 
     from kernels.spec import set_fp8_accum
-    from roofline.devices import DEVICES
 
     set_fp8_accum(fp8_mode)
     # triton 3.9 warns once per process that its fp-fusion default will change; the
@@ -179,15 +209,19 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     cc, model, _ = ARCHES[arch]
     dtype, shape, li, ci = where
     row: dict[str, Any] = {"error": ""}
+    fd2: list[str] = []
     try:
-        launch = _launches(kernel, dtype, shape, DEVICES[model].sms or 0)[li]
+        launch = _launches(kernel, dtype, shape, sms_of(model))[li]
         src, options = bind(launch, launch.configs[ci], cc)
-        # Triton prints the whole PTX to stdout when ptxas fails: keep it off the table.
-        with contextlib.redirect_stdout(io.StringIO()):
+        # Triton prints the whole PTX to stdout when ptxas fails, and MLIR writes its
+        # diagnostics and a reproducer to fd 2 when a pass fails: keep both off the table.
+        with contextlib.redirect_stdout(io.StringIO()), fd2_captured() as fd2:
             k = triton.compile(src, target=_gpu_target(cc), options=options.__dict__)
     except Exception as e:  # CompilationError, OutOfResources, PTXASError, ...
         msg = str(e).strip().splitlines()
-        row["error"] = f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+        diag = mlir_failure("".join(fd2))
+        row["error"] = (f"{type(e).__name__}: {msg[0] if msg else ''}"
+                        + (f" ({diag})" if diag else ""))[:300]
         return row
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     regs, spill_st, spill_ld, advisories, ptxas_v = _ptxas_report(ptx, cc, options)
@@ -196,6 +230,8 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     family, types, instr = mma_of(ptx)
     if not family:
         family = "FMA only" if launch.matrix_unit else "none"
+    tmem_cols, tmem_ops = tensor_memory(ptx)
+    sass = _sass_report(k.asm["cubin"])
     narrow = min((b for _, b, _ in loads), default=0)
     # The narrowest load among those whose tile gives each thread 128 bits or more: the
     # number the check is about (small tiles, e.g. matvec's x, cannot do better).
@@ -209,7 +245,9 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
         and any(ok for _, _, ok in loads),
         wide_allowed_min_bits=narrow_wide_ok,
         fp8_acc=fp8_accumulation(ttgir), ptxas_warnings=advisories, ptxas=ptxas_v,
-        matrix_unit=launch.matrix_unit,
+        matrix_unit=launch.matrix_unit, tmem_cols=tmem_cols, tmem_ops=tmem_ops,
+        tma=tma_of(ptx), sass_mma="?" if sass is None else sass_mma(sass),
+        sass_ops=sass or {},
     )
     return row
 
@@ -224,6 +262,8 @@ def flags_of(row: dict[str, Any], arch: str, fp8_mode: str) -> list[str]:
         out.append("spills")
     if row["shared"] > smem_limit:
         out.append("shared memory over limit")
+    if row.get("tmem_cols", 0) > TMEM_COLUMNS:
+        out.append(f"tensor memory over {TMEM_COLUMNS} columns")
     # C7515 / C7514: ptxas serializes every wgmma because non-wgmma code writes / reads
     # the accumulator registers inside the pipeline stage.
     serial = sorted({c for w in row["ptxas_warnings"] for c in re.findall(r"C751[45]", w)})
@@ -231,19 +271,25 @@ def flags_of(row: dict[str, Any], arch: str, fp8_mode: str) -> list[str]:
         out.append(f"serialized wgmma ({', '.join(serial)})")
     if (cc >= 90 and row["matrix_unit"]
             and set(row["dtype"].split(",")) & set(TENSOR_CORE_DTYPES)
-            and row["mma"] not in ("wgmma", "mma.sync")):
+            and row["mma"] not in ("tcgen05", "wgmma", "mma.sync")):
         out.append("no tensor-core MMA")
-    if row["wide_allowed"] and row["wide_allowed_min_bits"] < WIDE_LOAD_BITS:
+    if cc >= 100 and row["mma"] == "mma.sync" and row["matrix_unit"]:
+        # Blackwell still runs mma.sync, but only tcgen05 reaches its tensor-core peak.
+        out.append("mma.sync, not tcgen05")
+    # Before sm_100 Triton emulates dot_scaled (upcast to bf16, then bf16 wgmma): the
+    # upcast gives A a shared layout 8 bytes wide, so its copies cannot be wider; that is
+    # the emulation's, not a config's, and is not flagged.
+    from kernels.spec import BLOCK_SCALED  # kernels load lazily (see collect)
+
+    emulated = cc < 100 and bool(set(row["dtype"].split(",")) & set(BLOCK_SCALED))
+    if row["wide_allowed"] and row["wide_allowed_min_bits"] < WIDE_LOAD_BITS \
+            and not emulated:
         out.append(f"{row['wide_allowed_min_bits']}-bit tensor loads (128 possible)")
-    if row["fp8_acc"] and row["fp8_acc"].split("/")[0] != fp8_mode:
+    # tcgen05 has no fast/precise choice (see fp8_accumulation): only wgmma's is checked.
+    if row["fp8_acc"] and row["fp8_acc"] != "tcgen05" \
+            and row["fp8_acc"].split("/")[0] != fp8_mode:
         out.append(f"fp8 accumulation {row['fp8_acc']}, asked for {fp8_mode}")
     return out
-
-
-COLUMNS = ["kernel", "dtype", "fn", "config", "warps", "stages", "shapes", "registers",
-           "spill_stores", "spill_loads", "shared", "mma", "mma_types", "mma_shape", "load_bits",
-           "load_bits_all", "load_kinds", "fp8_acc", "ptxas_warnings", "ptxas", "status",
-           "flags", "error"]
 
 
 def _out_dir(root: Path, arch: str) -> Path:
@@ -271,47 +317,57 @@ def _versions(cc: int) -> dict[str, str]:
     return {"triton": triton.__version__, "ptxas": m.group(1) if m else "?"}
 
 
-def _short_warnings(warnings_: list[str]) -> str:
-    """ptxas diagnostics by code (C7515 ...); the full text is in the CSV and JSON."""
-    codes = [m.group(0) if (m := re.search(r"C\d{4}", w)) else w[:30] for w in warnings_]
-    return ",".join(dict.fromkeys(codes)) or "-"
+def target_unsupported(cases: list[Case], arch: str, fp8_mode: str) -> str | None:
+    """Why this Triton cannot compile for `arch` at all, or None when it can: the first
+    case is compiled for `arch`, and when that fails while the same case compiles for
+    REFERENCE_ARCH, the fault is the target's (Triton's backend or its bundled ptxas),
+    not the kernel's."""
+    if arch == REFERENCE_ARCH or not cases:
+        return None
+    first = cases[0]
+    row = compile_case(first.kernel, first.where, arch, fp8_mode)
+    if not row["error"]:
+        return None
+    ref = compile_case(first.kernel, first.where, REFERENCE_ARCH, fp8_mode)
+    return None if ref["error"] else row["error"]
 
 
-def _print_table(rows: list[dict[str, Any]], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _cannot_target(arch: str, reason: str, log) -> tuple[int, None]:
+    """The one line an inspect for an arch this Triton cannot target ends with (exit 0:
+    nothing is wrong with the kernels; the toolchain is too old for the arch)."""
+    import triton
 
-    t = Table(title=title)
-    for col in ("kernel", "fn", "dtype", "config", "w", "st", "regs", "spill", "smem KB",
-                "mma", "types", "ld bits", "fp8 acc", "ptxas", "status"):
-        t.add_column(col, overflow="fold")
-    for r in rows:
-        fn = r["fn"].removesuffix("_kernel")
-        if r["error"]:
-            t.add_row(r["kernel"], fn, r["dtype"], r["config"], str(r["warps"]),
-                      str(r["stages"]), *[""] * 8, "[red]" + r["error"])
-            continue
-        status = "ok" if not r["flags"] else "[red]" + "; ".join(r["flags"])
-        bits = f"{r['load_bits']} {r['load_kinds']}" if r["load_bits"] else "-"
-        if r["load_bits_all"] and r["load_bits_all"] < r["load_bits"]:
-            bits += f" ({r['load_bits_all']}*)"
-        t.add_row(r["kernel"], fn, r["dtype"], r["config"], str(r["warps"]), str(r["stages"]),
-                  str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
-                  f"{r['shared'] / 1024:.1f}", r["mma"], r["mma_types"] or "-", bits,
-                  r["fp8_acc"] or "-", _short_warnings(r["ptxas_warnings"]), status)
-    Console(width=max(Console().width, 160)).print(t)
-    print("ld bits: narrowest global load / cp.async of a tensor operand, per thread; "
-          "(N*): N bits where the tile gives a thread fewer than 128")
+    cc = ARCHES[arch][0]
+    try:
+        ptxas = f", ptxas {_versions(cc)['ptxas']}"
+    except Exception:  # the ptxas lookup itself may not know the arch
+        ptxas = ""
+    from triton.backends.nvidia.compiler import sm_arch_from_capability
+
+    log(f"inspect {arch}: triton {triton.__version__}{ptxas} cannot target "
+        f"{sm_arch_from_capability(cc)}, nothing compiled ({reason})")
+    return 0, None
 
 
 def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
-            fp8_mode: str, workers: int = 2, log=print) -> tuple[int, Path]:
-    """Compile and report; returns (exit code, output folder)."""
-    import csv
-
+            fp8_mode: str, workers: int = 2, log=print) -> tuple[int, Path | None]:
+    """Compile and report; returns (exit code, output folder; None when this Triton
+    cannot target `arch`)."""
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
     cc, _, smem_limit = ARCHES[arch]
-    cases, notes = collect(kernels, dtypes, arch)
+    try:
+        cases, notes = collect(kernels, dtypes, arch)
+    except Exception as e:
+        # Binding builds Triton's backend for the target: an arch it does not know fails
+        # here.  Held against the reference arch, so that a kernel's own error still
+        # surfaces as one.
+        if arch == REFERENCE_ARCH:
+            raise
+        collect(kernels, dtypes, REFERENCE_ARCH)
+        return _cannot_target(arch, f"{type(e).__name__}: {str(e).strip()[:200]}", log)
+    reason = target_unsupported(cases, arch, fp8_mode)
+    if reason:
+        return _cannot_target(arch, reason, log)
     log(f"inspect {arch}: {len(cases)} distinct compile cases "
         f"({len(kernels)} kernels x {len(dtypes)} dtypes), {workers} processes")
     jobs = [(c.kernel, c.where, arch, fp8_mode) for c in cases]
@@ -332,8 +388,14 @@ def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
     flagged = [f"{r['kernel']} {r['dtype']} {r['fn']} {r['config']} w{r['warps']} "
                f"s{r['stages']}: {'; '.join(r['flags'])}" for r in rows if r["flags"]]
     ok = [r for r in rows if not r["error"]]
+
+    def mma(r: dict[str, Any]) -> str:
+        sass = f" ({r['sass_mma']})" if r["sass_mma"] else ""
+        return f"{r['mma']} {r['mma_types']}".strip() + sass
+
     meta = {
-        "arch": arch, "capability": cc, "smem_limit": smem_limit, **versions,
+        "arch": arch, "capability": cc, "smem_limit": smem_limit,
+        "tmem_columns": TMEM_COLUMNS if cc >= 100 else None, **versions,
         "fp8_accum": fp8_mode, "python": sys.version.split()[0],
         "created": datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv), "cases": len(rows), "left_out": notes,
@@ -341,25 +403,18 @@ def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
         "registers_range": [min((r["registers"] for r in ok), default=None),
                             max((r["registers"] for r in ok), default=None)],
         "max_shared": max((r["shared"] for r in ok), default=None),
-        "mma_per_dtype": {d: sorted({f"{r['mma']} {r['mma_types']}".strip() for r in ok
+        "mma_per_dtype": {d: sorted({mma(r) for r in ok
                                      if d in r["dtype"].split(",") and r["matrix_unit"]})
                           for d in dtypes},
     }
-    (folder / "inspect.json").write_text(json.dumps({"metadata": meta, "rows": rows},
-                                                    indent=1, default=str))
-    with open(folder / "inspect.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "ptxas_warnings": " | ".join(r["ptxas_warnings"] or []),
-                        "flags": "; ".join(r["flags"])})
-    _print_table(rows, f"Triton kernels compiled for {arch} (triton {versions['triton']}, "
-                       f"ptxas {versions['ptxas']}, fp8 accumulation {fp8_mode})")
+    write_files(folder, meta, rows)
+    print_table(rows, f"Triton kernels compiled for {arch} (triton {versions['triton']}, "
+                      f"ptxas {versions['ptxas']}, fp8 accumulation {fp8_mode})", cc)
     for n in notes:
         log(f"left out: {n}")
-    log(f"{len(rows)} cases: registers {meta['registers_range'][0]}-"
-        f"{meta['registers_range'][1]}, largest shared memory {meta['max_shared']} B of "
-        f"{smem_limit}; wrote {folder}")
+    for line in summary_lines(rows, meta):
+        log(line)
+    log(f"wrote {folder}")
     if flagged:
         print(f"{len(flagged)} flagged case(s):", file=sys.stderr)
         for f_ in flagged:

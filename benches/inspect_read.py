@@ -1,13 +1,20 @@
 """Reading what Triton's compiler produced for one kernel: the TTGIR's tensor loads and
 their source lines, the PTX's global loads and their widths, the MMA instructions and
-their element types, the fp8 accumulation mode, and ptxas's register and spill report.
+their element types (wgmma, mma.sync, and Blackwell's tcgen05 from its instruction
+descriptor), tensor memory and TMA use, the fp8 accumulation mode, ptxas's register and
+spill report, the SASS instructions cuobjdump lists, and what MLIR wrote to fd 2 when a
+compile failed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +132,10 @@ _MMA = re.compile(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(\w+)\.(\w+)
 
 def mma_of(ptx: str) -> tuple[str, str, str]:
     """(family, element types 'a->d' or 'a*b->d', instruction shape) of the matrix
-    instructions in the PTX."""
+    instructions in the PTX; tcgen05's shape is prefixed with its kind."""
+    tc = tcgen05_mma(ptx)
+    if tc:
+        return "tcgen05", tc[0], tc[1]
     for family, found in (("wgmma", _WGMMA.findall(ptx)), ("mma.sync", _MMA.findall(ptx))):
         if found:
             shape, d, a, b = found[0]
@@ -133,16 +143,146 @@ def mma_of(ptx: str) -> tuple[str, str, str]:
     return "", "", ""
 
 
+# ---- Blackwell (sm_100a): tcgen05 MMA, tensor memory, TMA -------------------------------
+
+_TCGEN05_MMA = re.compile(r"\btcgen05\.mma(?:\.sp)?(?:\.ws)?\.cta_group::(\d)\.kind::(\w+)"
+                          r"((?:\.[\w:]+)*)\s+([^;]*);")
+
+_MOV_IMM = re.compile(r"\bmov\.[bsu]32\s+(%r\d+),\s*(-?(?:0x[0-9a-fA-F]+|\d+))\s*;")
+
+# tcgen05.mma takes its element types and M x N from a 32-bit instruction descriptor
+# operand (PTX ISA, "Instruction descriptor"; Triton's MMAv5 lowering builds it as a
+# constant): A type bits 7-9, B type 10-12, D type 4-5 (not in the block-scaled kinds,
+# whose D is f32 and whose bit 23 is the scale type), N >> 3 in bits 17-22, M >> 4 in
+# bits 24-28.  The type codes depend on the kind.
+_F8F6F4 = {0: "e4m3", 1: "e5m2", 3: "e2m3", 4: "e3m2", 5: "e2m1"}
+_IDESC_TYPES: dict[str, dict[int, str]] = {
+    "f16": {0: "f16", 1: "bf16"}, "tf32": {2: "tf32"}, "f8f6f4": _F8F6F4,
+    "i8": {0: "u8", 1: "s8"}, "mxf8f6f4": _F8F6F4, "mxf4": {1: "e2m1"},
+    "mxf4nvf4": {1: "e2m1"}}
+_IDESC_D = {0: "f16", 1: "f32", 2: "s32"}
+# K of one dense instruction per kind: 32 bytes of A's row (fp4: 64 elements).
+_KIND_K = {"f16": 16, "tf32": 8, "f8f6f4": 32, "i8": 32, "mxf8f6f4": 32, "mxf4": 64,
+           "mxf4nvf4": 64}
+
+
+def _operands(text: str) -> list[str]:
+    """Comma-separated operands, commas inside [] and {} kept."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur.strip()] if cur.strip() else out
+
+
+def _imm(text: str) -> int:
+    return int(text, 0) & 0xFFFFFFFF
+
+
+def decode_idesc(kind: str, mods: str, idesc: int) -> tuple[str, str]:
+    """(element types, shape) of a tcgen05.mma from its kind, its modifiers
+    ('.block_scale.block16', '.block_scale.scale_vec::4X') and its instruction
+    descriptor: ('bf16->f32', 'm128n256k16'), ('e2m1->f32 ue4m3/16', 'm128n128k64')."""
+    table = _IDESC_TYPES.get(kind, {})
+    a, b = table.get((idesc >> 7) & 7, "?"), table.get((idesc >> 10) & 7, "?")
+    m, n = ((idesc >> 24) & 0x1F) << 4, ((idesc >> 17) & 0x3F) << 3
+    k = _KIND_K.get(kind, 0)
+    types = a if a == b else f"{a}*{b}"
+    if kind.startswith("mx"):
+        types += "->f32 " + ("ue8m0" if (idesc >> 23) & 1 else "ue4m3")
+        block = re.search(r"\.block(\d+)", mods)
+        vec = re.search(r"\.scale_vec::(\d)X", mods)
+        if block:
+            types += f"/{block.group(1)}"
+        elif vec and k:
+            types += f"/{k // int(vec.group(1))}"
+    else:
+        types += "->" + _IDESC_D.get((idesc >> 4) & 3, "?")
+    return types, f"m{m}n{n}k{k}"
+
+
+def tcgen05_mma(ptx: str) -> tuple[str, str] | None:
+    """(element types, 'kind::K mMnNkK') of the first tcgen05.mma in the PTX whose
+    instruction descriptor is a constant (None without tcgen05.mma).  Two-CTA MMAs
+    (cta_group::2) say so after the shape."""
+    consts: dict[str, int] = {}
+    first: tuple[str, str] | None = None
+    for line in ptx.splitlines():
+        m = _MOV_IMM.search(line)
+        if m:
+            consts[m.group(1)] = _imm(m.group(2))
+            continue
+        m = _TCGEN05_MMA.search(line)
+        if not m:
+            continue
+        group, kind, mods, ops = m.groups()
+        args = _operands(ops)
+        desc = args[3] if len(args) > 3 else ""
+        value = consts.get(desc) if desc.startswith("%") else \
+            (_imm(desc) if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", desc) else None)
+        two = ", 2 CTAs" if group == "2" else ""
+        if value is None:
+            first = first or ("?", f"kind::{kind}{two}")
+            continue
+        types, shape = decode_idesc(kind, mods, value)
+        return types, f"kind::{kind} {shape}{two}"
+    return first
+
+
+_TMEM_ALLOC = re.compile(r"\btcgen05\.alloc\.[\w:.]*\s+\[[^\]]*\],\s*(%r\d+|\d+)\s*;")
+
+_TMEM_OPS = re.compile(r"\btcgen05\.(ld|st|cp|shift)\.")
+
+
+def tensor_memory(ptx: str) -> tuple[int, str]:
+    """(tensor-memory columns allocated, -1 if not constant; 'cp,ld,st': how the kernel
+    moves data to and from it) from tcgen05.alloc / ld / st / cp.  An SM has 512
+    columns of 128 lanes x 32 bits."""
+    consts = {r: _imm(v) for r, v in _MOV_IMM.findall(ptx)}
+    cols = 0
+    for n in _TMEM_ALLOC.findall(ptx):
+        if n.startswith("%") and n not in consts:
+            return -1, ",".join(sorted(set(_TMEM_OPS.findall(ptx))))
+        cols += consts[n] if n.startswith("%") else int(n)
+    return cols, ",".join(sorted(set(_TMEM_OPS.findall(ptx))))
+
+
+_TMA = re.compile(r"\bcp(\.reduce)?\.async\.bulk(\.prefetch)?\.tensor\.\d+d\.([\w:]+)")
+
+
+def tma_of(ptx: str) -> str:
+    """How the kernel uses the Tensor Memory Accelerator (cp.async.bulk.tensor):
+    'load', 'store', 'reduce', 'prefetch', comma-separated; '' when not at all."""
+    kinds = set()
+    for reduce, prefetch, dst in _TMA.findall(ptx):
+        kinds.add("reduce" if reduce else "prefetch" if prefetch else
+                  "store" if dst == "global" else "load")
+    return ",".join(sorted(kinds))
+
+
 _WG_DOT = re.compile(r"ttng\.warp_group_dot .*?:\s*!ttg\.memdesc<(\d+)x(\d+)x(\w+)")
+
+_TC5_DOT = re.compile(r"ttng\.tc_gen5_mma(?:_scaled)? .*?:\s*!ttg\.memdesc<\d+x\d+x(\w+)")
 
 
 def fp8_accumulation(ttgir: str) -> str:
     """How the fp8 dots of the kernel accumulate on sm_90 wgmma, read from the IR:
     maxNumImpreciseAcc > the dot's K: in the tensor core's accumulator over all of K
     ("fast"); otherwise promoted to fp32 every max(limit, 32) elements of K
-    ("precise/N"); "" when no fp8 wgmma."""
+    ("precise/N"); "" when no fp8 wgmma.  An fp8 tcgen05 MMA (sm_100) is "tcgen05":
+    Triton's MMAv5 path has no promotion (the limit is ignored, fast and precise
+    compile to the same code), the whole K accumulates in tensor memory."""
     modes = []
     for line in ttgir.splitlines():
+        m = _TC5_DOT.search(line)
+        if m and m.group(1).startswith("f8"):
+            modes.append("tcgen05")
+            continue
         m = _WG_DOT.search(line)
         if not m or not m.group(3).startswith("f8"):
             continue
@@ -200,3 +340,77 @@ def _ptxas_report(ptx: str, cc: int, options: Any) -> tuple[int, int, int, list[
                 if "warning" in ln or re.search(r"\(C\d{4}\)", ln)]
     return (int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else 0,
             int(spill.group(2)) if spill else 0, warnings, vm.group(1) if vm else "?")
+
+
+# ---- SASS, as cuobjdump lists it --------------------------------------------------------
+
+_SASS_OP = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*)", re.M)
+
+# Tensor-core MMAs: HMMA / IMMA (mma.sync), HGMMA / QGMMA (Hopper's wgmma), UTCHMMA /
+# UTCQMMA / UTCOMMA (what tcgen05.mma issues on Blackwell).
+_SASS_MMA = re.compile(r"UTC\w*MMA|[A-Z]?GMMA|[HIQO]MMA|DMMA")
+
+# Beside them: tensor memory (LDTM / STTM to and from registers, UTCCP from shared
+# memory), TMA (UTMALDG / UTMASTG / UTMAREDG / UTMAPF) and cp.async (LDGSTS).
+_SASS_OTHER = frozenset({"LDTM", "STTM", "UTCCP", "UTMALDG", "UTMASTG", "UTMAREDG", "UTMAPF",
+                         "LDGSTS"})
+
+
+def sass_counts(sass: str) -> dict[str, int]:
+    """Opcode -> count of the SASS instructions above, in cuobjdump -sass output."""
+    counts: dict[str, int] = {}
+    for op in _SASS_OP.findall(sass):
+        if op in _SASS_OTHER or _SASS_MMA.fullmatch(op):
+            counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def sass_mma(counts: dict[str, int]) -> str:
+    """The MMA opcodes among sass_counts ('UTCHMMA', 'HGMMA+HMMA'; '' when none)."""
+    return "+".join(op for op in counts if _SASS_MMA.fullmatch(op))
+
+
+def _sass_report(cubin: bytes) -> dict[str, int] | None:
+    """sass_counts of a cubin, disassembled by the cuobjdump bundled with Triton (None
+    when it cannot be read)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        try:
+            r = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", str(path)],
+                               capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return sass_counts(r.stdout) if r.returncode == 0 else None
+
+
+# ---- what a failed compile left on file descriptor 2 --------------------------------------
+
+@contextlib.contextmanager
+def fd2_captured() -> Iterator[list[str]]:
+    """File descriptor 2 into a temporary file for the block (C++ writes there, past
+    sys.stderr); the list it yields holds the text once the block is left."""
+    text: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield text
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text.append(tmp.read().decode(errors="replace"))
+
+
+def mlir_failure(text: str) -> str:
+    """What MLIR's diagnostics say about a failed pass pipeline ("PassManager::run failed"
+    alone names nothing): the pass that failed, and any specific error before it."""
+    specific = [ln.split("error:", 1)[1].strip() for ln in text.splitlines()
+                if "error:" in ln and "Failures have been detected" not in ln]
+    failed = re.search(r"Pipeline failed while executing \[`(\w+)`", text)
+    return "; ".join([*specific[:1], *([f"in {failed.group(1)}"] if failed else [])])

@@ -34,7 +34,7 @@ from benches.console import print_kernels as print_kernels
 from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
 from benches.results import ResultWriter, collect_metadata
-from benches.retime import case_id
+from benches.retime import case_id, case_key
 from benches.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
@@ -52,10 +52,13 @@ from roofline.devices import (
 )
 from roofline.gate import CompareError, check_baseline, parse_allow
 from roofline.schema import (
+    CACHE_MODES,
+    DEFAULT_CACHE,
     RunLoadError,
     format_shape,
     read_doc,
     resolve_results_json,
+    row_cache,
 )
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
@@ -97,6 +100,14 @@ def validate_lists(args: argparse.Namespace) -> None:
     args.kernels = _choose(args.kernels, tuple(REGISTRY), "kernels")
     args.dtypes = _choose(args.dtypes, DTYPE_NAMES, "dtypes")
     args.providers = _choose(args.providers, PROVIDERS, "providers")
+    args.cache = _cache_modes(getattr(args, "cache", None))
+
+
+def _cache_modes(value: str | list[str] | None) -> list[str]:
+    """--cache as a list of modes (cold, warm; default cold)."""
+    if value is None:
+        return [DEFAULT_CACHE]
+    return _choose(value, CACHE_MODES, "cache")
 
 
 def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
@@ -195,6 +206,8 @@ def _read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]
 def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
     """The resumed run's own settings replace the command line's."""
     args.kernels, args.dtypes, args.providers = meta["kernels"], meta["dtypes"], meta["providers"]
+    # A run written before --cache existed was timed cold.
+    args.cache = meta.get("cache") or [DEFAULT_CACHE]
     args.seed, args.check_only = meta["seed"], bool(meta.get("check_only"))
     args.device = meta["device_key"]
     if meta.get("fp8_accum"):
@@ -214,12 +227,15 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         args.sizes, args.explicit_shapes = meta["sizes"], None
 
 
-def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
-    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]))
+def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A row's identity: its case and cache mode (a row written before the `cache`
+    column is cold), as _case_key and the gate's key (roofline.schema.ROW_ID)."""
+    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
+            row_cache(row.get("cache")))
 
 
-def _case_key(case: Case) -> tuple[str, str, str, str]:
-    return (case.spec.name, case.provider, case.dtype, case.shape_str)
+def _case_key(case: Case) -> tuple[str, str, str, str, str]:
+    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
 
 
 def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
@@ -230,8 +246,8 @@ def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
     # Each Triton row's own configs: a child that autotuned again could pick another.
     configs = {case_id(_row_key(r)): r["config"] for r in rows if r.get("config")}
 
-    def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
-        todo = [tuple(k) for k in keys if tuple(k) in by_key]
+    def retime(keys: list[tuple[str, ...]]) -> dict[tuple, list[list[float]]]:
+        todo = [case_key(k) for k in keys if case_key(k) in by_key]
         got: dict[tuple, list[list[float]]] = {k: [] for k in todo}
         if not todo:
             return got
@@ -328,6 +344,7 @@ def run(args: argparse.Namespace, argv: list[str],
         timing=_timing_config(args), run_budget_s=_run_budget(args, present),
         throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
                                 recovery_delay_s=args.throttle_recovery_delay),
+        cache=_cache_modes(getattr(args, "cache", None)),
     )
     cases = build_cases(cfg)
     if not cases:

@@ -21,6 +21,7 @@ from benches.cases import RunConfig
 from benches.gpu_monitor import (
     nvml_snapshot,
 )
+from benches.timing import cpu_cache_bytes, read_llc
 from roofline.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
@@ -46,26 +47,9 @@ def _git_commit() -> str | None:
 
 
 def _llc_mb() -> float | None:
-    """Size of the CPU's last-level cache in MiB (Linux sysfs), or None."""
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    best: tuple[int, float] | None = None
-    for idx in base.glob("index*"):
-        try:
-            level = int((idx / "level").read_text())
-            kind = (idx / "type").read_text().strip()
-            size = (idx / "size").read_text().strip().upper()
-        except (OSError, ValueError):
-            continue
-        if kind == "Instruction" or not size:
-            continue
-        mult = {"K": 2**-10, "M": 1.0, "G": 2**10}.get(size[-1], 2**-20)
-        try:
-            mb = float(size.rstrip("KMG")) * mult
-        except ValueError:
-            continue
-        if best is None or level > best[0]:
-            best = (level, mb)
-    return best[1] if best else None
+    """Size of one of the CPU's last-level caches in MiB (Linux sysfs), or None."""
+    size, _ = read_llc()
+    return size / 2**20 if size else None
 
 
 def _fp8_accum() -> str | None:
@@ -96,6 +80,9 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "sms": p.sms,
         "l2_mb": p.l2_mb,
         "llc_mb": _llc_mb() if p.kind == "cpu" else None,
+        # What a cold CPU row's copies rotate past: every last-level cache serving this
+        # process's CPUs (sysfs; 32 MiB where it says nothing).
+        "llc_rotation_mb": cpu_cache_bytes() / 2**20 if p.kind == "cpu" else None,
         "gpu_memory_gb": p.memory_gb,
         "cpu_cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
@@ -113,6 +100,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "dtypes": cfg.dtypes,
         "providers": cfg.providers,
         "check_only": cfg.check_only,
+        "cache": list(cfg.cache),
         "fp8_accum": _fp8_accum(),
         "timing": {
             **t.as_dict(),
@@ -125,7 +113,14 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
             "cpu_method": f"blocks of calls lasting >= {t.cpu_block_s * 1e3:g} ms (timeit), "
                           f"{t.min_samples} blocks or more, in {t.cpu_rounds} rounds on "
                           "fresh copies of the inputs, interleaved over chunks of "
-                          f"~{t.cpu_chunk_s:g} s of cases",
+                          f"~{t.cpu_chunk_s:g} s of cases; cold: each block's calls cycle "
+                          "over copies of inputs and output totalling more than twice the "
+                          "last-level cache (a footprint past that: the same buffers); "
+                          "warm: every call on the same buffers",
+            "warm_gpu_method": (
+                "back-to-back calls on the same buffers, nothing flushed: CUDA-graph "
+                "replays of one copy's calls for the CUDA-graph cases, else CUDA events "
+                "around each call (the GPU kept busy before each as after a flush)"),
             "budget": (f"each row's timing within {t.row_budget_s:g} s (never fewer than "
                        f"{t.gate_min_samples} samples; a row that cannot fit them is "
                        "skipped)" + (f"; the sweep's timing within {cfg.run_budget_s:g} s, "

@@ -1,6 +1,8 @@
 """The sweep: for every (kernel, provider, dtype, shape) check correctness against the
-float64 reference, time it, derive the roofline metrics, and hand the row over
-(benches/results.py writes it); on a CPU, timing rounds interleaved over chunks of cases.
+float64 reference, time it in each cache mode asked (cold: caches flushed or rotated
+past; warm: back-to-back calls on the same buffers), derive the roofline metrics, and hand
+the row over (benches/results.py writes it); on a CPU, timing rounds interleaved over
+chunks of cases.
 
 Names imported `X as X` are re-exported: they lived here before the sweep was split into
 cases, failures, results and gpu_monitor.
@@ -17,8 +19,18 @@ from typing import Any
 
 import torch
 
+from benches import cpu_rows
 from benches.budget import RowBudget, RunBudget
-from benches.cases import Case, RunConfig, _clone_inputs, _InputCache, _roofs, base_row
+from benches.cases import (
+    Case,
+    Copies,
+    MakeCall,
+    RunConfig,
+    _clone_inputs,
+    _InputCache,
+    _roofs,
+    base_row,
+)
 from benches.cases import build_cases as build_cases
 from benches.failures import SweepAborted, _error_row, _message, is_sticky_cuda_error
 from benches.gpu_monitor import GpuMonitor as GpuMonitor
@@ -34,6 +46,7 @@ from benches.timing import (
     TIMER_CPU,
     TIMER_FLUSHED,
     TIMER_GRAPH_FALLBACK,
+    TIMER_WARM_FALLBACK,
     CaptureTooSlow,
     CpuPlan,
     OverBudget,
@@ -46,9 +59,9 @@ from benches.timing import (
     plan_cpu,
     rotation_copies,
     summarize,
-    time_cpu_rounds,
     time_cudagraph,
     time_flushed,
+    time_warm,
 )
 from kernels import DTYPES
 from kernels import Target as Target
@@ -56,7 +69,7 @@ from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline import metrics
 from roofline.ceilings import NO_ROOF_BELOW_FP32
-from roofline.schema import SAMPLES
+from roofline.schema import DEFAULT_CACHE, SAMPLES
 
 
 def device_memory_bytes(cfg: RunConfig) -> float | None:
@@ -147,7 +160,8 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
         row.update(status="failed", reason=why)
         return row
     if cfg.check_only:
-        row.update(status="ok", reason="check-only: not timed")
+        row.update(status="ok", reason="; ".join(
+            x for x in ("check-only: not timed", spec.roof_note(dtype, cfg.target)) if x))
         return row
     if cfg.target.kind != "cuda":
         try:
@@ -166,7 +180,8 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
     clocks: dict[str, Any] = {}
     try:
         def timed() -> tuple[Timing, str]:
-            return _time_case(case, cfg, inputs, out, make_call, budget.plan)
+            copies = cpu_rows.row_copies(case, cfg, cache, inputs, out)
+            return _time_case(case, cfg, inputs, out, make_call, budget.plan, copies)
 
         if monitor is None:
             timing, note = timed()
@@ -196,13 +211,14 @@ def _bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCa
     return make
 
 
-def _case_key(case: Case) -> tuple[str, str, str, str]:
-    return (case.spec.name, case.provider, case.dtype, case.shape_str)
+def _case_key(case: Case) -> tuple[str, str, str, str, str]:
+    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
 
 
 def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                 note: str) -> dict[str, Any]:
-    rc = case.spec.roof_class(case.dtype)
+    rc = case.spec.roof_class(case.dtype, cfg.target)
+    note = "; ".join(x for x in (note, case.spec.roof_note(case.dtype, cfg.target)) if x)
     if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
         # Said in the row, where its MFU would be (roofline.ceilings.no_roofs).
         no_roof = (f"no {rc} compute roof here (measured under {NO_ROOF_BELOW_FP32:g}x "
@@ -223,7 +239,7 @@ def timing_method(case: Case, cfg: RunConfig) -> str:
     providers, from the case's roofline bound under the device model's ceilings."""
     if cfg.target.kind != "cuda":
         return TIMER_CPU
-    rc = case.spec.roof_class(case.dtype)
+    rc = case.spec.roof_class(case.dtype, cfg.target)
     c = cfg.ceilings
     return choose_method(case.spec.flops(case.shape, case.dtype),
                          case.spec.nbytes(case.shape, case.dtype),
@@ -235,42 +251,31 @@ def _l2_bytes(cfg: RunConfig) -> int | None:
     return int(mb * 2**20) if mb else None
 
 
-MakeCall = Callable[[dict[str, Any], torch.Tensor], Callable[[], object]]
-
-
 def _plain_call(case: Case) -> MakeCall:
     fn = case.spec.providers[case.provider].fn
     return lambda ins, o: (lambda: fn(ins, o))
 
 
 def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
-               make_call: MakeCall | None = None, plan: CpuPlan | None = None
-               ) -> tuple[Timing, str]:
-    """(timing, note): the note says why a CUDA-graph case fell back to do_bench or
-    what bound its graph, or that a CPU row's budget cut its samples (`plan`: how each
-    CPU round samples, see benches.timing.plan_cpu).  `make_call(inputs, out)` gives
-    the provider's call on those buffers (a Triton row's is bound once to its chosen
-    configs); on a GPU the timing carries the call's host dispatch time."""
+               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
+               copies: Copies | None = None) -> tuple[Timing, str]:
+    """(timing, note) in the case's cache mode: the note says why a CUDA-graph case fell
+    back to do_bench or what bound its graph, that a CPU row's budget cut its samples
+    (`plan`: how each CPU round samples, see benches.timing.plan_cpu), or that a cold
+    CPU row is cold by size.  `make_call(inputs, out)` gives the provider's call on
+    those buffers (a Triton row's is bound once to its chosen configs); on a GPU the
+    timing carries the call's host dispatch time.  A cold CPU row's calls rotate over
+    (inputs, out) and `copies` of them (made here when not given)."""
     make_call = make_call or _plain_call(case)
     call = make_call(inputs, out)
     method = timing_method(case, cfg)
     if method == TIMER_CPU:
-        held: list[Any] = []
-
-        def round_call(r: int) -> Callable[[], object]:
-            if r == 0:
-                return call
-            # New buffers are allocated while the previous round's are still held, so
-            # they cannot simply reuse the same addresses.
-            ins, o = _clone_inputs(inputs), torch.empty_like(out)
-            held[:] = [ins, o]
-            return make_call(ins, o)
-
-        # host_us stays None: on a CPU the call runs synchronously, so its dispatch
-        # cannot be told apart from its run time.
-        return time_cpu_rounds(round_call, cfg.timing, plan), plan.note if plan else ""
+        return cpu_rows.time_cpu_row(case, cfg, inputs, out, make_call, call, plan, copies)
     host_us = host_dispatch_us(call, torch.cuda.synchronize)
-    timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
+    if case.cache == DEFAULT_CACHE:
+        timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
+    else:
+        timing, note = _time_gpu_warm(case, cfg, call, host_us)
     return replace(timing, host_us=host_us), note
 
 
@@ -314,6 +319,30 @@ def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
             f"timed with L2 flushes instead of CUDA graphs: {why}")
 
 
+def _time_gpu_warm(case: Case, cfg: RunConfig, call: Callable[[], object], host_us: float
+                   ) -> tuple[Timing, str]:
+    """A warm GPU row, by the case's method as a cold one: a CUDA graph of back-to-back
+    calls on ONE set of buffers (no rotation, its size bounded as the cold graph's), or
+    CUDA events around back-to-back calls with nothing flushed (time_warm)."""
+    if timing_method(case, cfg) == TIMER_FLUSHED:
+        return time_warm(call, cfg.timing, host_us), ""
+    try:
+        counted = count_launches(call)
+        total, why = graph_plan(1, counted or cfg.timing.assumed_launches, host_us,
+                                cfg.timing, counted=counted is not None)
+        if total is not None:
+            timing = time_cudagraph([call], cfg.timing, total)
+            return timing, "; ".join(x for x in (why, timing.note) if x)
+    except Exception as e:
+        if is_sticky_cuda_error(e):
+            raise
+        why = str(e) if isinstance(e, CaptureTooSlow) else \
+            f"CUDA-graph timing failed ({_message(e)})"
+        torch.cuda.synchronize()
+    return (replace(time_warm(call, cfg.timing, host_us), timer=TIMER_WARM_FALLBACK),
+            f"timed back to back without a CUDA graph: {why}")
+
+
 def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
     the CUDA context unusable yields its failed row, then SweepAborted is raised: no
@@ -328,7 +357,7 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
         yield from _iterate_serial(cases, cfg, budget)
         return
-    cache = _InputCache()
+    cache = cpu_rows.sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
     # [case, row, inputs, rounds timed, plan of its rounds]; a row is replaced if a
     # later round fails
@@ -343,9 +372,12 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
                 yield case, e.row
                 raise
             # The case's checked inputs, kept for its later rounds (copied per round:
-            # ~1 ms, where making them again takes ~100 ms at 2^22 elements).
+            # ~1 ms, where making them again takes ~100 ms at 2^22 elements), and a cold
+            # row's rotated copies (views made once; see benches.cases.Scratch).
             key = (case.spec.name, case.dtype, case.shape_str)
-            chunk.append([case, row, cache.inputs if cache.key == key else None, 1, plan])
+            mine = cache.key == key
+            copies = cache.copies if mine and case.cache == DEFAULT_CACHE else None
+            chunk.append([case, row, cache.inputs if mine else None, 1, plan, copies])
             if time.monotonic() - start >= cfg.timing.cpu_chunk_s:
                 _later_rounds(chunk, cfg, one_round, cache)
                 yield from _emit(chunk, cfg)
@@ -379,7 +411,7 @@ def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
 
 def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
-    cache = _InputCache()
+    cache = cpu_rows.sweep_cache(cfg)
     try:
         for i, case in enumerate(cases):
             try:
@@ -400,13 +432,14 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
     cache.clear()
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
-            case, row, inputs, _, plan = item
-            if row["status"] != "ok" or row.get("timer") != TIMER_CPU or inputs is None:
+            case, row, inputs, _, plan, copies = item
+            if row["status"] != "ok" or row.get("timer") not in cpu_rows.CPU_TIMERS \
+                    or inputs is None:
                 continue
             try:
                 ins = _clone_inputs(inputs)
                 out = case.spec.alloc_out(ins, case.dtype)
-                timing, _ = _time_case(case, one_round, ins, out, plan=plan)
+                timing, _ = _time_case(case, one_round, ins, out, plan=plan, copies=copies)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
@@ -432,12 +465,12 @@ def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
     samples; a row cut short (by `stopped_by`) says so in its reason.  A row leaves the
     chunk only as it is yielded, so an interrupt while one is summarised loses none."""
     while chunk:
-        case, row, _, rounds, _ = chunk[0]
-        if row["status"] == "ok" and row.get("timer") == TIMER_CPU:
+        case, row, _, rounds, _, _ = chunk[0]
+        if row["status"] == "ok" and row.get("timer") in cpu_rows.CPU_TIMERS:
             reason = row["reason"]
             if rounds < cfg.timing.cpu_rounds:
                 reason = (f"timed in {rounds} of {cfg.timing.cpu_rounds} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")
-            _set_timing(row, case, cfg, summarize(row[SAMPLES], TIMER_CPU), reason)
+            _set_timing(row, case, cfg, summarize(row[SAMPLES], row["timer"]), reason)
         chunk.pop(0)
         yield case, row

@@ -126,7 +126,7 @@ def bench_metrics(spec, dtype: str, shape: dict, device_ms: float | None, host_m
     beside them.  device_ms None (a CPU: the call is synchronous, there is no device
     timer): the device time is the benchmark's own."""
     device_ms = host_ms if device_ms is None else device_ms
-    rc = spec.roof_class(dtype)
+    rc = spec.roof_class(dtype, TARGET)  # emulated block-scaled rows: the bf16 roof
     flops, nbytes = spec.flops(shape, dtype), spec.nbytes(shape, dtype)
     m = metrics.derive(flops, nbytes, device_ms, ceilings.peak_tflops(rc),
                        ceilings.peak_gbps(), ceilings.meas_tflops(rc), ceilings.meas_gbps())

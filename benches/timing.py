@@ -12,92 +12,53 @@ This module only adds what those libraries lack:
   call's output stays alive, and the call count does not depend on the provider's speed;
   its capture bounded in nodes and time (`graph_plan`, `count_launches`);
 - each provider's host dispatch per call (`host_dispatch_us`), kept out of the flushed
-  timer's samples by keeping the GPU busy after each flush (`time_flushed`).
+  timer's samples by keeping the GPU busy after each flush (`time_flushed`);
+- the warm twins of those timers (a row's `cache` mode, DESIGN.md section 14): warm =
+  back-to-back calls on the same buffers, as nvbench's batch measurement: a CUDA graph of
+  one copy's calls, CUDA events around calls with no flush (`time_warm`), and on a CPU
+  blocks of calls on the same buffers; the cold CPU timer cycles each block's calls over
+  copies past twice the last-level cache (`Rotation`), as the CUDA graphs do on a GPU.
+
+How much is timed (settings, sample counts, methods, copies) is plain arithmetic in
+benches/timing_plan.py, whose names are re-exported here.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 import time
 import timeit
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-# Timer names written to the `timer` column.  The comparison treats a change of timer
-# between two runs as a changed row, so these strings are part of the result contract.
-TIMER_FLUSHED = "do_bench"
-TIMER_GRAPH = "cudagraph"
-TIMER_GRAPH_FALLBACK = "do_bench (cudagraph not possible)"
-TIMER_CPU = "timeit blocks"
-
-
-@dataclass(frozen=True)
-class TimingConfig:
-    warmup_ms: float = 25.0  # do_bench warm-up
-    rep_ms: float = 100.0  # measuring time per kernel (do_bench and graph replays)
-    min_samples: int = 25  # every method returns at least this many samples
-    # Cases whose roofline bound (the fastest the device could possibly run them) is
-    # below this are timed as CUDA-graph replays, where launch overhead no longer
-    # dominates; the rest by do_bench with the L2 flushed between samples.
-    cudagraph_below_ms: float = 0.02
-    # Calls per captured graph at least (whole rounds over the rotated copies), so the
-    # graph launch itself is < 1% of a replay of microsecond kernels.
-    graph_min_calls: int = 200
-    # Samples of one GPU timing at most (a 5 us kernel would otherwise take ~1,100 per
-    # 100 ms): more than the regression gate can use, and results.json keeps them all.
-    max_samples: int = 1000
-    # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
-    # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
-    # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
-    # capture and gigabytes of graph.  graph_plan predicts both from the nodes one call
-    # adds (count_launches) and its dispatch time (capture ~ 2x dispatch per call):
-    # past a bound, a graph holds one round over the copies instead of graph_min_calls;
-    # past it even then, the row is timed by do_bench with L2 flushes, and its reason
-    # says so.  time_cudagraph also stops a capture that runs past max_capture_s (at a
-    # round's end; within the first round: flushed timing, said in the reason).
-    max_graph_nodes: int = 100_000
-    max_capture_s: float = 10.0
-    # Graph nodes per call assumed where they cannot be counted (the driver cannot be
-    # asked): above the most seen from one eager torch call in this suite (14).
-    assumed_launches: int = 16
-    # CPU: one sample is a block of calls lasting at least cpu_block_s (the timer's own
-    # overhead, about 1 us a block, is then under 0.1% of it); a row's samples together
-    # last at least cpu_min_run_time_s, and at least min_samples of them are taken.
-    cpu_block_s: float = 1e-3
-    cpu_min_run_time_s: float = 0.05
-    # Every row's timing has a budget, as nvbench's --timeout and minimum-time rules: a
-    # row samples until min_samples or row_budget_s, whichever comes first, and never
-    # takes fewer than gate_min_samples (the row then says the budget applied).  A row
-    # whose gate_min_samples cannot fit in row_budget_s is not timed: skipped, with the
-    # time of one call in its reason.  10 is what the regression gate's rank test needs
-    # to call a change at the per-row significance of a 1,000-row comparison (10 vs 10
-    # samples reach p = 1/C(20, 10) = 5.4e-6 < 1e-5; tests/test_budget.py pins it).
-    # 5 s: a matmul of 0.5 s a call still gets the gate's 10 samples (fp16 512^3 on the
-    # 2-core VM takes 0.1 s quiet, 0.2 s beside another job).
-    row_budget_s: float = 5.0
-    gate_min_samples: int = 10
-    # CPU samples come in this many rounds, each on freshly allocated inputs and output,
-    # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
-    # of every case in a chunk of about cpu_chunk_s seconds, then round r + 1.  On a
-    # shared machine the speed of the same op moves in spells of seconds (measured on the
-    # 2-core CI VM: fp32 add of 2^18 elements at 24 or 41 us, steady within 10 ms and
-    # switching between rounds seconds apart), so samples taken back to back hold one
-    # spell and understate the run-to-run spread.  Rounds seconds apart sample several
-    # spells, and the fast end of a row is then steady between runs (the fastest of 25
-    # samples of identical quick sweeps within 1.16x and 1.28x of each other in two
-    # batches of 6 and 8 runs, against 1.98x with the rounds back to back).
-    cpu_rounds: int = 5
-    cpu_chunk_s: float = 3.0
-    # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
-    # budget's messages speak of the whole row).
-    cpu_rounds_of_row: int = 1
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+from benches.timing_plan import FALLBACK_LLC_BYTES as FALLBACK_LLC_BYTES
+from benches.timing_plan import TIMER_CPU as TIMER_CPU
+from benches.timing_plan import TIMER_CPU_ROTATED as TIMER_CPU_ROTATED
+from benches.timing_plan import TIMER_FLUSHED as TIMER_FLUSHED
+from benches.timing_plan import TIMER_GRAPH as TIMER_GRAPH
+from benches.timing_plan import TIMER_GRAPH_FALLBACK as TIMER_GRAPH_FALLBACK
+from benches.timing_plan import TIMER_WARM as TIMER_WARM
+from benches.timing_plan import TIMER_WARM_FALLBACK as TIMER_WARM_FALLBACK
+from benches.timing_plan import CpuPlan as CpuPlan
+from benches.timing_plan import OverBudget as OverBudget
+from benches.timing_plan import TimingConfig as TimingConfig
+from benches.timing_plan import bound_ms as bound_ms
+from benches.timing_plan import choose_method as choose_method
+from benches.timing_plan import cpu_cache_bytes as cpu_cache_bytes
+from benches.timing_plan import cpu_rotation as cpu_rotation
+from benches.timing_plan import cpu_round_config as cpu_round_config
+from benches.timing_plan import graph_calls as graph_calls
+from benches.timing_plan import graph_plan as graph_plan
+from benches.timing_plan import plan_cpu as plan_cpu
+from benches.timing_plan import read_llc as read_llc
+from benches.timing_plan import rotation_copies as rotation_copies
+from benches.timing_plan import sample_count as sample_count
 
 
 @dataclass(frozen=True)
@@ -124,76 +85,33 @@ def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
                   tuple(float(x) for x in s))
 
 
-def bound_ms(flops: float, nbytes: float, peak_tflops: float | None,
-             peak_gbps: float | None) -> float | None:
-    """The roofline lower bound of a case's time in ms: max(flops / peak, bytes / bw).
-    None when neither ceiling is known."""
-    parts = []
-    if peak_tflops:
-        parts.append(flops / (peak_tflops * 1e12) * 1e3)
-    if peak_gbps:
-        parts.append(nbytes / (peak_gbps * 1e9) * 1e3)
-    return max(parts) if parts else None
+class Rotation:
+    """A cold CPU row's call: each call runs the next of `calls`, one per copy of the
+    case's inputs and output (together past twice the last-level cache: timing_plan.
+    cpu_rotation), cycling, so no call finds its buffers in cache, as the CUDA graphs'
+    rotation does on a GPU.  time_cpu times blocks of it (`block`) without the cycling's
+    own cost in the timed loop; calling it directly (block sizing, a plain timer) cycles
+    too.  The position carries on from call to call and block to block."""
 
+    def __init__(self, calls: Sequence[Callable[[], object]]) -> None:
+        if not calls:
+            raise ValueError("a rotation needs at least one call")
+        self.calls = list(calls)
+        self.at = 0
 
-def choose_method(flops: float, nbytes: float, peak_tflops: float | None,
-                  peak_gbps: float | None, cfg: TimingConfig) -> str:
-    """TIMER_GRAPH or TIMER_FLUSHED for a (kernel, dtype, shape) on this device.
+    def __len__(self) -> int:
+        return len(self.calls)
 
-    Decided from the analytic bound, not from a measurement: the same for both providers
-    of a case and for every run on the same device model.  A case that cannot finish in
-    cfg.cudagraph_below_ms even at the roof is long enough for flushed do_bench."""
-    b = bound_ms(flops, nbytes, peak_tflops, peak_gbps)
-    if b is None:
-        return TIMER_FLUSHED
-    return TIMER_GRAPH if b < cfg.cudagraph_below_ms else TIMER_FLUSHED
+    def __call__(self) -> object:
+        call = self.calls[self.at]
+        self.at = (self.at + 1) % len(self.calls)
+        return call()
 
-
-class OverBudget(Exception):
-    """A row whose minimum samples cannot fit in its time budget (the message says why)."""
-
-
-@dataclass(frozen=True)
-class CpuPlan:
-    """How one round of a CPU row is sampled: `samples` blocks of `number` calls each
-    (number None: sized to cfg.cpu_block_s when the round starts); `note` says when the
-    budget cut the samples."""
-
-    samples: int
-    number: int | None = None
-    note: str = ""
-
-
-def plan_cpu(call_s: float, cfg: TimingConfig, budget_s: float | None = None) -> CpuPlan:
-    """The samples of one CPU round (cfg is a round's config: cpu_round_config) from the
-    time of one call, `call_s` (the checked call: on a CPU the call is synchronous).
-
-    Wanted: cfg.min_samples, more while they last less than cfg.cpu_min_run_time_s
-    together; at most what fits in the budget (cfg.row_budget_s, or the run's smaller
-    share `budget_s`); never fewer than cfg.gate_min_samples.  Raises OverBudget when
-    even those would take longer than cfg.row_budget_s."""
-    floor = min(cfg.gate_min_samples, cfg.min_samples)
-    per_sample = max(call_s, cfg.cpu_block_s)
-    if call_s * floor > cfg.row_budget_s:
-        rounds = cfg.cpu_rounds_of_row
-        raise OverBudget(
-            f"over the row budget: one call takes {call_s:.3g} s here, so the "
-            f"{floor * rounds} samples the regression gate needs would take "
-            f"{call_s * floor * rounds:.3g} s, past the row budget of "
-            f"{cfg.row_budget_s * rounds:.3g} s (--row-budget)")
-    want = max(cfg.min_samples, math.ceil(cfg.cpu_min_run_time_s / per_sample))
-    budget = cfg.row_budget_s if budget_s is None else max(0.0, min(budget_s,
-                                                                    cfg.row_budget_s))
-    fit = int(budget / per_sample)
-    samples = max(floor, min(want, fit))
-    number = 1 if call_s >= cfg.cpu_block_s else None
-    note = ""
-    if samples < want:
-        rounds = cfg.cpu_rounds_of_row
-        note = (f"row budget applied: {samples * rounds} of {want * rounds} "
-                f"samples (one call {call_s:.3g} s, budget "
-                f"{budget * rounds:.3g} s)")
-    return CpuPlan(samples, number, note)
+    def block(self, number: int) -> list[Callable[[], object]]:
+        """The next `number` calls in rotation order (and the position moved past them)."""
+        out = list(itertools.islice(itertools.cycle(self.calls), self.at, self.at + number))
+        self.at = (self.at + number) % len(self.calls)
+        return out
 
 
 def block_number(fn: Callable[[], object], block_s: float) -> int:
@@ -207,6 +125,20 @@ def block_number(fn: Callable[[], object], block_s: float) -> int:
     return number
 
 
+def _time_block(calls: Sequence[Callable[[], object]]) -> float:
+    """Seconds to run `calls` in order, the garbage collector off as timeit has it."""
+    gc_was_on = gc.isenabled()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for call in calls:
+            call()
+        return time.perf_counter() - t0
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
 def time_cpu(fn: Callable[[], object], cfg: TimingConfig, plan: CpuPlan | None = None
              ) -> Timing:
     """Samples of `fn` on a CPU: plan.samples blocks of calls (the stdlib's timeit; the
@@ -217,39 +149,38 @@ def time_cpu(fn: Callable[[], object], cfg: TimingConfig, plan: CpuPlan | None =
     running blocks of 1, 10, 100... calls, so a 5 us kernel cost about 0.3 s a round,
     and it has no time budget; on a 2-core machine that was most of the default run.
     Here a block lasts cfg.cpu_block_s (the overhead stays under 0.1% of it) and the
-    sample count comes from plan_cpu."""
+    sample count comes from plan_cpu.
+
+    `fn` a Rotation (a cold row): each block runs the rotation's next calls, every one on
+    other buffers than the one before (TIMER_CPU_ROTATED); any other callable runs on its
+    own buffers call after call, warm from the second call on (TIMER_CPU)."""
     if plan is None:
         t0 = time.perf_counter()
         fn()
         plan = plan_cpu(time.perf_counter() - t0, cfg)
     number = plan.number or block_number(fn, cfg.cpu_block_s)
+    if isinstance(fn, Rotation):
+        # The block's calls are listed before its clock starts: the loop then costs what
+        # timeit's does, and the cycling is not timed.
+        times = [_time_block(fn.block(number)) for _ in range(plan.samples)]
+        return summarize([t / number * 1e3 for t in times], TIMER_CPU_ROTATED)
     times = timeit.Timer(fn).repeat(repeat=plan.samples, number=number)
     return summarize([t / number * 1e3 for t in times], TIMER_CPU)
-
-
-def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
-    """The budget of one of cfg.cpu_rounds rounds: its share of the samples, run time and
-    row budget (so that the rounds together give what the row asks).  A config of one
-    round is its own."""
-    rounds = cfg.cpu_rounds
-    if rounds <= 1:
-        return cfg
-    return replace(cfg, cpu_rounds=1, cpu_rounds_of_row=rounds,
-                   min_samples=math.ceil(cfg.min_samples / rounds),
-                   gate_min_samples=math.ceil(cfg.gate_min_samples / rounds),
-                   cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds,
-                   row_budget_s=cfg.row_budget_s / rounds)
 
 
 def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
                     cfg: TimingConfig, plan: CpuPlan | None = None) -> Timing:
     """time_cpu over cfg.cpu_rounds rounds taken back to back; `make_call(r)` gives round
-    r's callable (on its own buffers), and the samples of all rounds are pooled."""
+    r's callable (on its own buffers; a Rotation for a cold row), and the samples of all
+    rounds are pooled under the rounds' timer."""
     per_round = cpu_round_config(cfg)
     samples: list[float] = []
+    timer = TIMER_CPU
     for r in range(max(1, cfg.cpu_rounds)):
-        samples += time_cpu(make_call(r), per_round, plan).samples_ms
-    return summarize(samples, TIMER_CPU)
+        t = time_cpu(make_call(r), per_round, plan)
+        samples += t.samples_ms
+        timer = t.timer
+    return summarize(samples, timer)
 
 
 def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
@@ -332,16 +263,6 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     return replace(summarize(samples, TIMER_FLUSHED), span=(t_start, time.monotonic()))
 
 
-def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
-    """Samples of a GPU timing whose samples each take `per_sample_ms` of device time
-    (flush, padding or graph replay included): as do_bench, cfg.rep_ms of them, at least
-    cfg.min_samples and at most cfg.max_samples, within cfg.row_budget_s unless that
-    leaves fewer than cfg.gate_min_samples."""
-    per = max(per_sample_ms, 1e-4)
-    want = max(cfg.min_samples, int(cfg.rep_ms / per))
-    fit = int(cfg.row_budget_s * 1e3 / per)
-    return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
-
 
 def _flush_buffer() -> torch.Tensor:
     """The buffer do_bench zeroes to flush the L2 (256 MB in Triton 3.x)."""
@@ -358,13 +279,21 @@ def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
     samples in ms.  See time_flushed."""
-    flush = _flush_buffer()
+    return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_)
+
+
+def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
+                    flush: Callable[[], object] | None) -> list[float]:
+    """The loop of padded_flushed_samples (flush: the L2 flush before each sample) and of
+    time_warm (flush None: nothing between the calls but the padding, skipped when 0)."""
     cycles = int(pad_us * PAD_CYCLES_PER_US)
 
     def sample(start: torch.cuda.Event | None = None,
                end: torch.cuda.Event | None = None) -> None:
-        flush.zero_()
-        torch.cuda._sleep(cycles)
+        if flush is not None:
+            flush()
+        if flush is not None or cycles:
+            torch.cuda._sleep(cycles)  # touches no memory: the L2 stays as it was
         if start is not None:
             start.record()
         fn()
@@ -391,6 +320,25 @@ def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
         sample(s, e)
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def time_warm(fn: Callable[[], object], cfg: TimingConfig,
+              host_us: float | None = None) -> Timing:
+    """The warm twin of time_flushed: CUDA events around back-to-back calls on the same
+    buffers with nothing flushed, so each call finds what the one before it left in the
+    L2 (nvbench's batch measurement keeps the cache so too).  One event pair a call: the
+    samples are per call, as the flushed timer's, and as many (sample_count within the
+    row's budget, from the time of one sample).
+
+    Back to back, the host runs ahead of the GPU once the launch queue holds work, unless
+    its dispatch is slower than the call's device time: then the GPU would wait between
+    the start event and the call, and the sample would count host time.  With the
+    provider's dispatch time known (`host_us`), the GPU spins for flush_padding_us before
+    each start event, as after each flush in time_flushed; the spin touches no memory,
+    so the cache stays warm."""
+    t_start = time.monotonic()
+    samples = _padded_samples(fn, cfg, flush_padding_us(host_us), None)
+    return replace(summarize(samples, TIMER_WARM), span=(t_start, time.monotonic()))
 
 
 def count_launches(call: Callable[[], object]) -> int | None:
@@ -424,37 +372,6 @@ def graph_nodes(raw_graph: int) -> int:
     return int(n.value)
 
 
-def graph_plan(copies: int, launches: int, host_us: float | None,
-               cfg: TimingConfig, counted: bool = True) -> tuple[int | None, str]:
-    """(calls per captured graph, note): graph_calls(copies) when the capture stays under
-    cfg.max_graph_nodes nodes (calls x launches per call) and cfg.max_capture_s of
-    capture (about twice the host dispatch time per captured call); else one round over
-    the copies; None when even that is past a bound (time with L2 flushes instead).
-    The note says which bound applied (and when the launches per call were assumed,
-    `counted` False, rather than counted)."""
-    per_call = f"{launches} launches a call" + ("" if counted else ", assumed: not counted")
-
-    def too_big(calls: int) -> str | None:
-        nodes = calls * launches
-        if nodes > cfg.max_graph_nodes:
-            return f"{calls:,} calls x {per_call} = {nodes:,} graph nodes > " \
-                   f"{cfg.max_graph_nodes:,}"
-        if host_us and calls * 2 * host_us * 1e-6 > cfg.max_capture_s:
-            return (f"~{calls * 2 * host_us * 1e-6:.0f} s of capture for {calls:,} calls "
-                    f"> {cfg.max_capture_s:g} s")
-        return None
-
-    full = graph_calls(copies, cfg)
-    why = too_big(full)
-    if why is None:
-        return full, ""
-    why_round = too_big(copies)
-    if why_round is None:
-        return copies, f"graph of one round over the {copies} copies instead of {full} " \
-                       f"calls ({why})"
-    return None, f"CUDA graph too large even for one round ({why_round})"
-
-
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     """Device time of one callable with L2 flushed between samples (what the
     pytest-benchmark suite reports beside its host timing): its host dispatch measured
@@ -462,22 +379,6 @@ def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     to dispatch (see time_flushed); Timing.host_us carries it."""
     host_us = host_dispatch_us(fn, torch.cuda.synchronize)
     return replace(time_flushed(fn, cfg, host_us), host_us=host_us)
-
-
-def rotation_copies(footprint_bytes: int, l2_bytes: int | None) -> int | None:
-    """How many copies of a case (inputs + output, `footprint_bytes` each) make a
-    rotation that really exceeds twice the L2: the smallest N with N x footprint > 2 L2.
-    None when the L2 size is unknown (then no rotation can be shown to be cold)."""
-    if not l2_bytes or footprint_bytes <= 0:
-        return None
-    return 2 * l2_bytes // footprint_bytes + 1
-
-
-def graph_calls(copies: int, cfg: TimingConfig) -> int:
-    """Calls captured in one graph: whole rounds over the copies, at least
-    cfg.graph_min_calls.  Depends on the copy count only, never on the kernel's speed,
-    so both providers of a case replay the same number of calls."""
-    return copies * max(1, math.ceil(cfg.graph_min_calls / copies))
 
 
 class CaptureTooSlow(RuntimeError):

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from kernels.spec import (
-    DTYPE_NAMES,
     DTYPES,
+    PLAIN_DTYPES,
     Inputs,
     KernelSpec,
     Provider,
@@ -30,13 +30,15 @@ from kernels.spec import (
 )
 from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
-DOT_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")
+DOT_DTYPES = tuple(d for d in PLAIN_DTYPES if d != "tf32")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def product_out_dtype(dtype: str) -> torch.dtype:
-    """Output dtype of the product families (dot, matvec, matmul): bf16 for fp8 inputs."""
-    return torch.bfloat16 if DTYPES[dtype].is_fp8 else DTYPES[dtype].storage
+    """Output dtype of the product families (dot, matvec, matmul): bf16 for fp8 and
+    block-scaled inputs."""
+    d = DTYPES[dtype]
+    return torch.bfloat16 if d.is_fp8 or d.block else d.storage
 
 
 @triton.jit

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from kernels.spec import (
-    DTYPE_NAMES,
     DTYPES,
+    PLAIN_DTYPES,
     Inputs,
     KernelSpec,
     Provider,
@@ -29,7 +29,7 @@ from kernels.spec import (
 )
 from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
-ELEMENTWISE_DTYPES = tuple(d for d in DTYPE_NAMES if d != "tf32")  # tf32 is a matmul mode
+ELEMENTWISE_DTYPES = tuple(d for d in PLAIN_DTYPES if d != "tf32")  # tf32 is a matmul mode
 
 
 @triton.jit

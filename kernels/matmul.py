@@ -9,6 +9,9 @@ TF32 off); tf32 is its own dtype (fp32 storage, TF32 tensor-core math, its own r
 fp16/bf16 in and out with fp32 accumulation; fp8 (e4m3 or e5m2) inputs with per-tensor
 scales, fp32 accumulation, bf16 output, in the accumulation mode of
 kernels.spec.fp8_accum() for both providers (and the measured fp8 ceiling).
+Block-scaled mxfp8, mxfp4 and nvfp4 (kernels/blockscaled.py: formats, quantization and
+their bytes; kernels/matmul_blockscaled.py: tl.dot_scaled and torch._scaled_mm) are
+dispatched there: same FLOPs, bytes of the packed elements plus every scale byte.
 
 Layout: B of fp8 and tf32 runs is stored column-major (K-major).  torch._scaled_mm
 requires it for fp8; for tf32 it is what Hopper's wgmma reads from shared memory, so
@@ -26,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import blockscaled, matmul_blockscaled
 from kernels.dot import FP8, product_out_dtype
 from kernels.spec import (
     DTYPE_NAMES,
@@ -36,6 +40,7 @@ from kernels.spec import (
     Shape,
     Target,
     TritonLaunch,
+    UnsupportedShape,
     dequantize,
     fp8_accum,
     quantize,
@@ -146,6 +151,8 @@ def _family(dtype: str) -> str:
 def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
     """The one launch of a GPU run: autotuned over the dtype family's CONFIGS."""
     a, b, dtype = inputs["A"], inputs["B"], inputs["dtype"]
+    if DTYPES[dtype].block:
+        return matmul_blockscaled.triton_launches(inputs, out, sms)
     m, k = a.shape
     n = b.shape[1]
     fp8 = DTYPES[dtype].is_fp8
@@ -181,10 +188,6 @@ def matmul_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class UnsupportedShape(ValueError):
-    """A shape this provider's library call rejects; the harness records a skipped row."""
-
-
 @contextmanager
 def fp32_matmul_precision(tf32: bool):
     """TF32 on ("high") or IEEE fp32 ("highest") for torch's fp32 matmuls, restored after.
@@ -216,6 +219,8 @@ def scaled_mm_rejects(m: int, n: int, k: int) -> bool:
 
 def matmul_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
     a, b = inputs["A"], inputs["B"]
+    if DTYPES[inputs["dtype"]].block:
+        return matmul_blockscaled.matmul_torch(inputs, out)
     if a.dtype in FP8:
         # torch's _scaled_mm checks K (A's columns, B's rows) and N only: M is free.
         if a.device.type == "cuda" and scaled_mm_rejects(a.shape[0], b.shape[1], a.shape[1]):
@@ -227,6 +232,8 @@ def matmul_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_skip(dtype: str, target: Target) -> str | None:
+    if DTYPES[dtype].block:
+        return matmul_blockscaled.torch_skip(dtype, target)
     if dtype == "tf32" and target.kind != "cuda":
         return "tf32 is an NVIDIA tensor-core mode; the CPU has none"
     if dtype == "fp8e5" and target.kind == "cuda":
@@ -235,12 +242,16 @@ def _torch_skip(dtype: str, target: Target) -> str | None:
 
 
 def _triton_skip(dtype: str, target: Target) -> str | None:
+    if DTYPES[dtype].block:
+        return matmul_blockscaled.triton_skip(dtype, target)
     if target.kind != "cuda" and target.interpret and dtype == "bf16":
         return "tl.dot on bf16 is wrong in the Triton interpreter (checked on GPU only)"
     return None
 
 
 def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+    if DTYPES[dtype].block:  # quantized here, on the host side of the timing
+        return blockscaled.make_inputs(shape, dtype, seed, device)
     m, n, k = shape["M"], shape["N"], shape["K"]
     scale = k ** -0.25  # entries of C ~ N(0, 1) whatever K: inside fp8 and fp16 range
     a, sa = quantize(randn((m, k), seed, device, scale), dtype)
@@ -255,8 +266,17 @@ def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
 
 
 def _nbytes(shape: Shape, dtype: str) -> int:
+    if DTYPES[dtype].block:
+        return blockscaled.nbytes(shape, dtype)
     m, n, k = shape["M"], shape["N"], shape["K"]
     return (m * k + k * n) * DTYPES[dtype].itemsize + m * n * product_out_dtype(dtype).itemsize
+
+
+def _reference(inputs: Inputs, dtype: str) -> torch.Tensor:
+    """float64 A B from the stored (rounded) inputs; block-scaled: dequantized."""
+    if DTYPES[dtype].block:
+        return blockscaled.reference(inputs, dtype)
+    return dequantize(inputs["A"], inputs["sa"]) @ dequantize(inputs["B"], inputs["sb"])
 
 
 SPEC = KernelSpec(
@@ -266,18 +286,22 @@ SPEC = KernelSpec(
     flops=lambda shape, dtype: 2 * shape["M"] * shape["N"] * shape["K"],
     nbytes=_nbytes,
     flops_formula="2 M N K  (multiply + add per term)",
-    bytes_formula="(M K + K N) b_in + M N b_out",
+    bytes_formula=("(M K + K N) b_in + M N b_out; block-scaled: (M K + K N) (b_elem + 1/g)"
+                   " + 8 (nvfp4's two fp32 tensor scales) + M N b_out, b_elem = 1 (mxfp8) or"
+                   " 1/2 (fp4, two per byte), one scale byte per g = 32 (mx) or 16 (nvfp4)"),
     make_inputs=make_inputs,
     alloc_out=lambda inputs, dtype: torch.empty(
         inputs["A"].shape[0], inputs["B"].shape[1], dtype=product_out_dtype(dtype),
         device=inputs["A"].device),
-    reference=lambda inputs, dtype: dequantize(inputs["A"], inputs["sa"])
-    @ dequantize(inputs["B"], inputs["sb"]),
+    reference=_reference,
     providers={
         "torch": Provider("torch", matmul_torch, DTYPE_NAMES, skip=_torch_skip,
-                          note="torch.matmul (cuBLAS); fp8: torch._scaled_mm"),
+                          note="torch.matmul (cuBLAS); fp8: torch._scaled_mm; mxfp8, "
+                               "mxfp4, nvfp4: its block-scaled path (sm_100)"),
         "triton": Provider("triton", matmul_triton, DTYPE_NAMES, skip=_triton_skip,
-                           note="tiled tl.dot, grouped ordering, autotuned for Hopper"),
+                           note="tiled tl.dot, grouped ordering, autotuned for Hopper; "
+                                "block-scaled: tl.dot_scaled (native on sm_100, emulated in "
+                                "bf16 on sm_90)"),
     },
     matrix_unit=True,
     description="matrix-matrix product (GEMM)",

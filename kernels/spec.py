@@ -33,10 +33,28 @@ class DType:
     storage: torch.dtype  # how inputs are held in memory
     tol: float
     is_fp8: bool = False
+    # Block-scaled formats (kernels/blockscaled.py): one scale byte (`scale`: e8m0 or
+    # e4m3) per `block` consecutive elements along K, elements of `bits` bits (fp4: two
+    # per storage byte), and for NVFP4 a second-level fp32 scale per tensor.  block = 0:
+    # a plain dtype (fp8 keeps one fp32 scale per tensor).
+    block: int = 0
+    bits: int = 0  # element bits when they differ from the storage's (fp4: 4)
+    scale: torch.dtype | None = None
+    tensor_scale: bool = False
 
     @property
     def itemsize(self) -> int:
         return torch.empty((), dtype=self.storage).element_size()
+
+    @property
+    def element_bits(self) -> int:
+        return self.bits or 8 * self.itemsize
+
+    @property
+    def bytes_per_element(self) -> float:
+        """Stored bytes per element with the block scales amortized (NVFP4: 4 bits + 8
+        bits per 16 = 4.5 bits); per-tensor scales (4 bytes per tensor) left out."""
+        return self.element_bits / 8 + (1 / self.block if self.block else 0)
 
 
 DTYPES: dict[str, DType] = {
@@ -50,9 +68,25 @@ DTYPES: dict[str, DType] = {
         DType("bf16", torch.bfloat16, 2e-2),  # u = 2^-8 ~ 3.9e-3
         DType("fp8", torch.float8_e4m3fn, 1e-1, is_fp8=True),  # e4m3: u = 2^-4
         DType("fp8e5", torch.float8_e5m2, 2e-1, is_fp8=True),  # e5m2: u = 2^-3
+        # Block-scaled: the reference multiplies the *dequantized* inputs in float64, so
+        # quantization error is not judged, only the product's.  An element times its
+        # scale is exact in the tensor core and in bf16 (e4m3 x e8m0: 4 significant
+        # bits, e2m1 x e4m3: 6; bf16 holds 8), the K products are summed in fp32 (about
+        # sqrt(K) 2^-24 < 1e-5 normwise for K <= 16384) and the output is rounded once
+        # to bf16, u = 2^-8 ~ 3.9e-3, which bounds the normwise error.  1e-2 ~ 2.5 u,
+        # the same for the three formats; a scale off by 2x in one block column costs
+        # sqrt(block / K) (4e-2 at K = 16384 for MX) and fails.
+        DType("mxfp8", torch.float8_e4m3fn, 1e-2, block=32, scale=torch.float8_e8m0fnu),
+        DType("mxfp4", torch.uint8, 1e-2, block=32, bits=4, scale=torch.float8_e8m0fnu),
+        DType("nvfp4", torch.uint8, 1e-2, block=16, bits=4, scale=torch.float8_e4m3fn,
+              tensor_scale=True),
     ]
 }
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
+# Dtypes of one value per element (every family has them) and the block-scaled formats
+# (matmul only: their scales run along K of a matrix product).
+PLAIN_DTYPES: tuple[str, ...] = tuple(d for d in DTYPES if not DTYPES[d].block)
+BLOCK_SCALED: tuple[str, ...] = tuple(d for d in DTYPES if DTYPES[d].block)
 
 # Which roof each benchmark dtype is measured against (a fact about the dtype, so it lives
 # here; roofline.devices re-exports it).  fp16 and bf16 share the 16-bit tensor-core
@@ -64,8 +98,15 @@ ROOF_CLASS: dict[str, str] = {
     "bf16": "bf16",
     "fp8": "fp8",
     "fp8e5": "fp8",
+    # Blackwell's tensor cores apply the block scales themselves: MXFP8 runs at the fp8
+    # rate, MXFP4 and NVFP4 at the fp4 rate.  Devices without them: KernelSpec.roof_class.
+    "mxfp8": "fp8",
+    "mxfp4": "fp4",
+    "nvfp4": "fp4",
 }
-ROOF_CLASSES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# "fp4" is the 4-bit tensor-core roof, with a datasheet peak on Blackwell only (sm_100);
+# every other device has none (roofline/devices.py).
+ROOF_CLASSES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
 # Largest finite value of each fp8 encoding; per-tensor scales map amax onto it.
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -140,9 +181,25 @@ def fp8_accum() -> str:
     return _fp8_accum
 
 
+# Block-scaled formats on tensor cores that apply the scales themselves: Blackwell's
+# tcgen05 block-scaled MMA (sm_100 class: B200, GB200, B300).  Anywhere else a provider
+# that runs them (Triton's dot_scaled) upcasts to bf16 and multiplies on the bf16 tensor
+# cores (Hopper), so that is the roof such rows are held against.
+EMULATED_ROOF = "bf16"
+
+
+def block_scaled_native(target: Target) -> bool:
+    """Whether `target` multiplies MXFP8/MXFP4/NVFP4 natively (compute capability 10.x)."""
+    return target.kind == "cuda" and (target.capability or (0, 0))[0] == 10
+
+
 def fp8_ok_on(target: Target) -> bool:
     # fp8 tensor-core and conversion instructions arrived with Ada/Hopper (sm_89+).
     return target.kind != "cuda" or (target.capability or (0, 0)) >= (8, 9)
+
+
+class UnsupportedShape(ValueError):
+    """A shape a provider's library call rejects; the harness records a skipped row."""
 
 
 # A provider implementation: (inputs, preallocated output) -> output tensor.  Triton
@@ -225,11 +282,28 @@ class KernelSpec:
         seen = {d for p in self.providers.values() for d in p.dtypes}
         return tuple(d for d in DTYPE_NAMES if d in seen)
 
-    def roof_class(self, dtype: str) -> str:
+    def roof_class(self, dtype: str, target: Target | None = None) -> str:
         """Which ceiling a row is held against.  Only matrix products run on tensor
         cores; elementwise ops, dot and matvec compute in fp32 on the vector units
-        whatever their storage dtype."""
-        return ROOF_CLASS[dtype] if self.matrix_unit else "fp32"
+        whatever their storage dtype.  A block-scaled product on a `target` whose tensor
+        cores cannot apply block scales runs emulated on the bf16 ones (Triton's
+        dot_scaled upcasts there), so it is held against the bf16 roof, never against a
+        4- or 8-bit peak that device lacks or that the row does not use."""
+        if not self.matrix_unit:
+            return "fp32"
+        if target is not None and DTYPES[dtype].block and not block_scaled_native(target):
+            return EMULATED_ROOF
+        return ROOF_CLASS[dtype]
+
+    def roof_note(self, dtype: str, target: Target) -> str:
+        """The flag of a row held against the emulation roof instead of its dtype's ("" if
+        it is not)."""
+        if self.roof_class(dtype, target) == self.roof_class(dtype):
+            return ""
+        where = (f"sm_{''.join(map(str, target.capability or ()))}"
+                 if target.kind == "cuda" else "the CPU")
+        return (f"emulated: held against the {EMULATED_ROOF} roof (no block-scaled tensor "
+                f"cores on {where}; {dtype} is native on sm_100)")
 
     def skip_reason(self, provider: str, dtype: str, target: Target) -> str | None:
         """Why (provider, dtype) cannot run on `target`, or None when it can."""

@@ -70,8 +70,42 @@ def _index_scalars_like_newer_interpreters() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _decode_e4m3_block_scales() -> None:
+    """Triton 3.9's interpreter decodes every tl.dot_scaled block scale as e8m0 (the
+    byte shifted into an fp32 exponent), so NVFP4's e4m3 scales come out wrong (0x38,
+    e4m3's 1.0, reads as 2^-71).  Scales typed float8e4nv are decoded as e4m3 instead;
+    others still take the interpreter's own path.  Applied only where a known e4m3 byte
+    comes out wrong, so a Triton that has the fix (or no dot_scaled at all) is left
+    alone."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(interpreter, "_dot_scaled_scale_to_f32", None)
+    if original is None or getattr(original, "decodes_e4m3", False):
+        return
+    one = interpreter.TensorHandle(np.array([0x38], dtype=np.uint8), tl.float8e4nv)
+    try:
+        if float(original(one, tl.bfloat16).reshape(-1)[0]) == 1.0:
+            return
+    except Exception:  # e.g. an assertion on the scale's dtype: not e4m3-aware either
+        pass
+    table = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(
+        torch.float8_e4m3fn).float().numpy()
+
+    def patched(scale_handle: Any, compute_type: Any) -> Any:
+        if scale_handle.dtype == tl.float8e4nv:
+            return table[scale_handle.data.view(np.uint8)]
+        return original(scale_handle, compute_type)
+
+    patched.decodes_e4m3 = True  # type: ignore[attr-defined]
+    interpreter._dot_scaled_scale_to_f32 = patched
+
+
 if KERNELS_INTERPRETED:
     _index_scalars_like_newer_interpreters()
+    _decode_e4m3_block_scales()
 
 
 # One autotuner per (kernel, tuner name), created on first use: its cache of tuned

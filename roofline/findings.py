@@ -1,6 +1,7 @@
 """What a run's rows say, as data for summary.md: the roof each row is held to (the
-cache roof for CPU rows that fit in cache), the best point per kernel and dtype, rows
-above their roof and why, Triton against torch, and throttled and launch-bound rows.
+cache roof for warm rows that fit in cache), the best point per kernel and dtype, rows
+above their roof and why, Triton against torch, warm against cold, and throttled and
+launch-bound rows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from roofline.rows import DTYPE_ORDER, KERNEL_ORDER, clean_rows, l2_bytes
-from roofline.schema import parse_shape
+from roofline.schema import CACHE, DEFAULT_CACHE, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]
@@ -50,6 +51,22 @@ def _is_cpu(meta: dict[str, Any]) -> bool:
     return meta.get("device_kind") == "cpu" or meta.get("device_key") == "cpu"
 
 
+def warm_rows(df: pd.DataFrame) -> pd.Series:
+    """Which rows were timed warm (back-to-back calls on the same buffers): column
+    `cache`; a row without it is cold."""
+    if CACHE not in df.columns:
+        return pd.Series(False, index=df.index)
+    return df[CACHE].map(row_cache) != DEFAULT_CACHE
+
+
+def one_mode(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one cache mode, for tables that compare rows with each other (best
+    points, Triton vs torch): the cold rows, or the warm ones of a run with no cold row.
+    Warm rows are held against cold ones in their own section (cache_gaps)."""
+    warm = warm_rows(df)
+    return df[~warm] if (~warm).any() else df
+
+
 def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
     """(bytes, name) of the cache a footprint may sit in: the CPU's last-level cache
     (metadata llc_mb), or the GPU's L2."""
@@ -65,14 +82,25 @@ def _cache_gbps(meta: dict[str, Any]) -> float | None:
     return v if v and v > 0 else None
 
 
+def _cache_served(d: pd.DataFrame, meta: dict[str, Any]) -> pd.Series:
+    """Rows whose calls found their buffers in cache: warm rows, and the CPU rows of runs
+    written before the `cache` column (the CPU timer then ran every call on the same
+    buffers; cold CPU rows now rotate over copies past twice the cache)."""
+    if CACHE not in d.columns:
+        return pd.Series(_is_cpu(meta), index=d.index)
+    legacy = d[CACHE].isna() if _is_cpu(meta) else pd.Series(False, index=d.index)
+    return warm_rows(d) | legacy
+
+
 def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """Rows (cleaned) with `best_pct` and `roof` (which roof binds: compute, memory or
     cache) as the best-point table holds them.
 
-    On a CPU no flush runs between samples, so a footprint that fits in the last-level
-    cache is served from it: such rows are held against the measured cache roof
-    (min(compute peak, intensity x cache bandwidth)) instead of the DRAM one, where they
-    would read as several hundred percent."""
+    A warm row (and a CPU row of a run written before cold CPU rows rotated) runs back to
+    back on the same buffers, so a footprint that fits in the cache (the CPU's last-level
+    cache, the GPU's L2) is served from it: such rows are held against the measured cache
+    roof (min(compute peak, intensity x cache bandwidth)) instead of the memory one,
+    where they would read as several hundred percent."""
     meta = meta or {}
     d = clean_rows(df)
     if d.empty:
@@ -93,8 +121,8 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     dram = _finite(_dict(_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
     if gbps and dram:
         gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
-    if _is_cpu(meta) and size and gbps:
-        fits = d["bytes"] <= size
+    if size and gbps:
+        fits = (d["bytes"] <= size) & _cache_served(d, meta)
         cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
                                                           (d["intensity"] * gbps / 1e3)
                                                           .clip(upper=peak))
@@ -124,8 +152,15 @@ def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
     size, name = cache_bytes(meta)
     nbytes = _finite(r.get("bytes"))
     ms = _finite(r.get("ms_median"))
+    warm = row_cache(r.get(CACHE)) != DEFAULT_CACHE
     if size and nbytes is not None and nbytes <= size:
-        flushed = "" if _is_cpu(meta) else " despite the flush/rotation (check the timer)"
+        # A cold row was flushed or rotated past; CPU rows written before the cache
+        # column (no `cache`) ran every call on the same buffers.
+        cache = r.get(CACHE)
+        legacy_cpu = _is_cpu(meta) and (cache is None or (isinstance(cache, float)
+                                                          and math.isnan(cache)))
+        flushed = " (timed warm: back-to-back calls on the same buffers)" if warm else \
+            "" if legacy_cpu else " despite the flush/rotation (check the timer)"
         return (f"cache-resident footprint: {nbytes / 2**20:.3g} MiB fits in the "
                 f"{size / 2**20:.3g} MiB {name}, served faster than the memory roof{flushed}")
     if ms is not None and ms < 0.005:
@@ -141,11 +176,12 @@ def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
 
 def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """The best ok row per (kernel, dtype): highest % of its roof, ties and rows without a
-    roof broken by TFLOP/s.  Rows above their roof are findings (listed apart), not best
+    roof broken by TFLOP/s, among the rows of one cache mode (one_mode: cold, unless the
+    run has none).  Rows above their roof are findings (listed apart), not best
     points.  On a CPU, cache-resident rows are held against the cache roof
     (effective_roofs): `pct_roof` here is the % of the roof named in `roof`.
     Columns: BEST_COLUMNS."""
-    d = effective_roofs(df, meta)
+    d = effective_roofs(one_mode(df), meta)
     ok = d[d["status"] == "ok"] if not d.empty else d
     if not ok.empty:
         ok = ok[~(ok["best_pct"] > 100.0)]
@@ -163,9 +199,10 @@ def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.Data
 def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Per (kernel, dtype, shape) where both providers have an ok row: torch and Triton
     median times and ratio = torch_ms / triton_ms (Triton's speed-up; > 1 means Triton is
-    faster).  Same FLOPs on both sides, so it is also the TFLOP/s ratio."""
+    faster).  Same FLOPs on both sides, so it is also the TFLOP/s ratio.  Rows of one
+    cache mode (one_mode), so a cold time is never divided by a warm one."""
     cols = ["kernel", "dtype", "shape", "torch_ms", "triton_ms", "ratio"]
-    d = clean_rows(df)
+    d = clean_rows(one_mode(df))
     if d.empty:
         return pd.DataFrame(columns=cols)
     ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
@@ -210,3 +247,31 @@ def launch_bound_rows(df: pd.DataFrame) -> pd.DataFrame:
     host = pd.to_numeric(df["host_us"], errors="coerce")
     device_us = pd.to_numeric(df["ms_median"], errors="coerce") * 1e3
     return df[(df["status"] == "ok") & (host > device_us)]
+
+
+GAP_COLUMNS = ["kernel", "provider", "dtype", "shape", "bytes", "cold_ms", "warm_ms",
+               "gap", "fits"]
+
+
+def cache_gaps(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Per (kernel, provider, dtype, shape) with an ok cold and an ok warm row: both
+    median times, gap = cold / warm (> 1: the warm time is faster, what a cache-resident
+    footprint buys back to back), and whether the footprint fits in the cache
+    (cache_bytes: the GPU's L2, the CPU's last-level cache; None when unknown).
+    Largest gap first.  Columns: GAP_COLUMNS."""
+    d = clean_rows(df)
+    if d.empty or CACHE not in d.columns:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
+    key = ["kernel", "provider", "dtype", "shape"]
+    warm = warm_rows(ok)
+    cold_ = ok[~warm][key + ["bytes", "ms_median"]].rename(columns={"ms_median": "cold_ms"})
+    warm_ = ok[warm][key + ["ms_median"]].rename(columns={"ms_median": "warm_ms"})
+    both = cold_.merge(warm_, on=key)
+    if both.empty:
+        return pd.DataFrame(columns=GAP_COLUMNS)
+    both["gap"] = both["cold_ms"] / both["warm_ms"]
+    size, _ = cache_bytes(meta or {})
+    both["fits"] = [None if size is None or not math.isfinite(b) else bool(b <= size)
+                    for b in both["bytes"]]
+    return both.sort_values("gap", ascending=False)[GAP_COLUMNS].reset_index(drop=True)

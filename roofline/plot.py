@@ -48,13 +48,16 @@ from roofline.rows import (
     run_ceilings,
 )
 from roofline.schema import (
-    KEY,
+    CACHE,
+    DEFAULT_CACHE,
     ROOFLINE_PNG,
+    ROW_ID,
     SCALING_PNG,
     RunLoadError,
     check_metrics,
     load_run,
     resolve_results_json,
+    row_cache,
 )
 from roofline.style import (  # noqa: F401  (re-exported)
     _FASTER,
@@ -181,21 +184,39 @@ def _draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                                         shrinkA=0, shrinkB=4))
 
 
+def _warm(rows: pd.DataFrame) -> pd.Series:
+    """Which rows were timed warm (column `cache`; a row without it is cold)."""
+    if CACHE not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return rows[CACHE].map(row_cache) != DEFAULT_CACHE
+
+
 def _draw_points(ax: Any, rows: pd.DataFrame, dtype: str, kernels: list[str],
                  providers: list[str]) -> int:
+    """The ok points: cold rows filled; warm rows (back-to-back calls on the same
+    buffers) hollow in their kernel's colour, so a time served from the cache is never
+    read as a cold one.  Warm artists' gids and labels end in "warm"."""
     n = 0
+    warm = _warm(rows)
     for kernel in _ordered(rows["kernel"].unique(), KERNEL_ORDER):
         for provider in _ordered(rows["provider"].unique(), PROVIDER_ORDER):
-            sel = rows[(rows["kernel"] == kernel) & (rows["provider"] == provider)]
-            if sel.empty:
-                continue
-            ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float),
-                       s=_KERNEL_SIZES.get(kernel, _POINT_SIZE),
-                       marker=_provider_marker(provider, providers),
-                       color=_kernel_color(kernel, kernels), alpha=0.85,
-                       edgecolors="white", linewidths=0.5, zorder=4,
-                       label=f"{kernel} {provider}", gid=f"points:{dtype}:{kernel}:{provider}")
-            n += len(sel)
+            for is_warm in (False, True):
+                sel = rows[(rows["kernel"] == kernel) & (rows["provider"] == provider)
+                           & (warm == is_warm)]
+                if sel.empty:
+                    continue
+                color = _kernel_color(kernel, kernels)
+                look: dict[str, Any] = (
+                    dict(facecolors="none", edgecolors=color, linewidths=1.2) if is_warm
+                    else dict(color=color, edgecolors="white", linewidths=0.5))
+                tag = " warm" if is_warm else ""
+                ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float),
+                           s=_KERNEL_SIZES.get(kernel, _POINT_SIZE),
+                           marker=_provider_marker(provider, providers), alpha=0.85,
+                           zorder=4, label=f"{kernel} {provider}{tag}",
+                           gid=f"points:{dtype}:{kernel}:{provider}" + tag.replace(" ", ":"),
+                           **look)
+                n += len(sel)
     return n
 
 
@@ -210,7 +231,10 @@ def _draw_baseline(ax: Any, new: pd.DataFrame, old: pd.DataFrame, dtype: str,
                    marker=_provider_marker(provider, providers), facecolors="none",
                    edgecolors="0.55", linewidths=0.8, zorder=3,
                    gid=f"baseline:{dtype}:{kernel}:{provider}")
-    pairs = old.merge(new, on=KEY, suffixes=("_old", "_new"))
+    # Joined on the row's identity, cache mode included: a warm point never pairs with
+    # a cold one.
+    pairs = old.assign(**{CACHE: _warm(old)}).merge(new.assign(**{CACHE: _warm(new)}),
+                                                    on=ROW_ID, suffixes=("_old", "_new"))
     for _, r in pairs.iterrows():
         ratio = r["tflops_new"] / r["tflops_old"]
         if abs(math.log(ratio)) < math.log(1.02):
@@ -219,11 +243,12 @@ def _draw_baseline(ax: Any, new: pd.DataFrame, old: pd.DataFrame, dtype: str,
                     xytext=(r["intensity_old"], r["tflops_old"]),
                     arrowprops=dict(arrowstyle="->", lw=0.8, shrinkA=2, shrinkB=3,
                                     color=_FASTER if ratio > 1 else _SLOWER),
-                    zorder=3.5, gid=f"arrow:{r['kernel']}:{r['provider']}:{dtype}:{r['shape']}")
+                    zorder=3.5, gid=f"arrow:{r['kernel']}:{r['provider']}:{dtype}:{r['shape']}"
+                    + (":warm" if r[CACHE] else ""))
 
 
 def _legend(fig: Figure, kernels: list[str], providers: list[str],
-            ceilings: dict[str, Ceiling], baseline: bool) -> None:
+            ceilings: dict[str, Ceiling], baseline: bool, warm: bool = False) -> None:
     handles: list[Any] = []
     for k in kernels:
         size = math.sqrt(_KERNEL_SIZES.get(k, _POINT_SIZE))  # scatter s is area, ms is width
@@ -243,6 +268,9 @@ def _legend(fig: Figure, kernels: list[str], providers: list[str],
         if c.l2_gbps:
             handles.append(Line2D([], [], ls=_L2_STYLE, color=_ROOF_COLOR[source],
                                   label=f"{source} L2\n{fmt_gbps(c.l2_gbps)} GB/s"))
+    if warm:
+        handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="0.3", mew=1.2,
+                              label="warm: same buffers\nback to back (hollow)"))
     if baseline:
         handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="0.55",
                               label="baseline"))
@@ -327,7 +355,8 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     if baseline is not None:
         title += f"\nvs baseline {baseline[0].get('run_id') or '?'} (hollow grey)"
     fig.suptitle(title, fontsize=11)
-    _legend(fig, kernels, providers, ceilings, baseline is not None)
+    _legend(fig, kernels, providers, ceilings, baseline is not None,
+            warm=bool(_warm(ok).any()))
     if out is not None:
         save_figure(fig, out)
     return fig

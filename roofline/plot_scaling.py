@@ -5,6 +5,7 @@ per (provider, dtype), the L2 size marked.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from typing import Any
@@ -28,6 +29,7 @@ from roofline.rows import (
     ok_rows,
     run_ceilings,
 )
+from roofline.schema import DEFAULT_CACHE, row_cache
 from roofline.style import (
     _ROOF_COLOR,
     _ROOF_STYLE,
@@ -82,16 +84,23 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
         ax.set_yscale("log")
         ax.grid(True, which="major", color="0.9", lw=0.6)
         ax.set_axisbelow(True)
-        for dtype in dtypes:
-            for provider in providers:
-                sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)]
-                sel = sel[np.isfinite(sel[ycol]) & (sel[ycol] > 0)].sort_values(xcol)
-                if sel.empty:
-                    continue
-                ax.plot(sel[xcol], sel[ycol], marker=_provider_marker(provider, providers),
-                        ms=4, lw=1.2, color=_dtype_color(dtype, dtypes),
-                        ls="-" if provider == "torch" else "--", zorder=3,
-                        label=f"{dtype} {provider}", gid=f"scaling:{kernel}:{provider}:{dtype}")
+        # A warm row (cache column) is its own line, thin with hollow markers: a cold
+        # and a warm time of one shape are never joined.
+        warm = rows["cache"].map(row_cache) != DEFAULT_CACHE if "cache" in rows.columns \
+            else pd.Series(False, index=rows.index)
+        for dtype, provider, is_warm in itertools.product(dtypes, providers, (False, True)):
+            sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)
+                       & (warm == is_warm)]
+            sel = sel[np.isfinite(sel[ycol]) & (sel[ycol] > 0)].sort_values(xcol)
+            if sel.empty:
+                continue
+            tag = " warm" if is_warm else ""
+            ax.plot(sel[xcol], sel[ycol], marker=_provider_marker(provider, providers),
+                    ms=4, lw=0.8 if is_warm else 1.2, color=_dtype_color(dtype, dtypes),
+                    mfc="none" if is_warm else None,
+                    ls="-" if provider == "torch" else "--", zorder=3,
+                    label=f"{dtype} {provider}{tag}",
+                    gid=f"scaling:{kernel}:{provider}:{dtype}" + tag.replace(" ", ":"))
         if compute:
             classes = _panel_classes(rows)
             _scaling_roofs(ax, ceilings, {c: c for c in classes}, "TFLOP/s")
@@ -126,6 +135,9 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
                           for dt in dtypes]
     handles += [Line2D([], [], color="0.3", marker=_provider_marker(p, providers), ms=5,
                        ls="-" if p == "torch" else "--", label=p) for p in providers]
+    if "cache" in ok.columns and (ok["cache"].map(row_cache) != DEFAULT_CACHE).any():
+        handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ms=5, lw=0.8,
+                              label="warm (same buffers)"))
     handles += [Line2D([], [], color=_ROOF_COLOR[s], ls=_ROOF_STYLE[s], label=f"{s} ceiling")
                 for s in ("datasheet", "measured") if s in ceilings]
     if l2:

@@ -2,7 +2,8 @@
 
 Sections, in order: run facts (device, date, versions, command), ceilings (datasheet and
 measured side by side, with ridge points), the two figures, row counts, the best ok point
-per (kernel, dtype), Triton/torch ratios, failed rows, skipped reasons.  Only ok rows
+per (kernel, dtype), Triton/torch ratios, warm against cold (runs timed both ways),
+failed rows, skipped reasons.  Only ok rows
 enter the performance tables: a failed row's speed belongs to a wrong answer.
 """
 
@@ -24,13 +25,23 @@ from roofline.findings import (
     above_roof_cause,
     above_roof_rows,
     best_points,
+    cache_bytes,
+    cache_gaps,
     launch_bound_rows,
     provider_ratios,
     ratio_summary,
     throttled_rows,
+    warm_rows,
 )
 from roofline.rows import Ceiling, clean_rows, run_ceilings
-from roofline.schema import ROOFLINE_PNG, SCALING_PNG, SUMMARY_MD, atomic_write_text
+from roofline.schema import (
+    DEFAULT_CACHE,
+    ROOFLINE_PNG,
+    SCALING_PNG,
+    SUMMARY_MD,
+    atomic_write_text,
+    row_cache,
+)
 from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
 
 
@@ -61,6 +72,12 @@ def _cell(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return str(x).replace("|", "\\|").replace("\r", " ").replace("\n", " ").strip() or "-"
+
+
+def _shape(r: Any) -> str:
+    """A row's shape cell: a warm row's says so (a cold row's is the shape alone)."""
+    cache = row_cache(r.get("cache"))
+    return f"`{r['shape']}`" + ("" if cache == DEFAULT_CACHE else f" {cache}")
 
 
 def _table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
@@ -187,7 +204,7 @@ _CLOCK_FACTS = {"clocks": _clocks_fact, "power": _power_fact, "throttle": _throt
 
 
 def _throttled_section(df: pd.DataFrame) -> str:
-    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+    rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
              _mhz(_finite(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
             for _, r in _order(throttled_rows(df)).iterrows()]
     return ("Timed while the GPU's SM clock sat below the throttle threshold (the clock-"
@@ -199,7 +216,7 @@ def _throttled_section(df: pd.DataFrame) -> str:
 
 
 def _launch_bound_section(df: pd.DataFrame) -> str:
-    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+    rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
              f"{float(r['host_us']):.1f}", f"{float(r['ms_median']) * 1e3:.1f}",
              f"{float(r['host_us']) / (float(r['ms_median']) * 1e3):.1f}x"]
             for _, r in _order(launch_bound_rows(df)).iterrows()]
@@ -271,7 +288,7 @@ def _best_section(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> str:
 
 def _above_roof_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
     rows = _order(above_roof_rows(df))
-    out = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+    out = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
             _pct(r["pct_roof"] if _finite(r.get("pct_roof")) is not None
                  else r.get("pct_meas_roof")), r.get("timer"), above_roof_cause(r, meta)]
            for _, r in rows.iterrows()]
@@ -301,12 +318,45 @@ def _ratio_section(df: pd.DataFrame) -> str:
               "</details>")
 
 
+# Rows of the warm-vs-cold table shown; the rest are folded below it.
+GAP_ROWS_SHOWN = 10
+
+
+def _gap_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
+    gaps = cache_gaps(df, meta)
+    if gaps.empty:
+        return "Warm rows only: no cold row of the same case to hold them against."
+    size, name = cache_bytes(meta)
+    fits = (f"; `fits`: the footprint fits in the {size / 2**20:.4g} MiB {name}, the rows "
+            "that show the gap" if size else "")
+
+    def line(r: Any) -> list[Any]:
+        yes = "-" if r.fits is None else ("yes" if r.fits else "no")
+        return [r.kernel, r.provider, r.dtype, f"`{r.shape}`", f"{r.bytes / 2**20:.3g}",
+                f"{r.cold_ms:.4g}", f"{r.warm_ms:.4g}", _ratio(r.gap), yes]
+
+    header = ["kernel", "provider", "dtype", "shape", "MiB", "cold ms", "warm ms",
+              "cold / warm", "fits"]
+    rows = [line(r) for r in gaps.itertuples()]
+    text = ("Each case timed both ways (`--cache cold,warm`): cold = caches flushed (GPU) "
+            "or rotated past (CPU) before every call, the default and what the other "
+            "tables hold; warm = back-to-back calls on the same buffers, as nvbench's "
+            "batch measurement. Cold / warm = how much faster the warm time is"
+            f"{fits}. Largest gaps first; warm rows are plotted hollow and never "
+            "compared with cold ones by the regression gate.\n\n"
+            + _table(header, rows[:GAP_ROWS_SHOWN], "llllrrrrl"))
+    if len(rows) > GAP_ROWS_SHOWN:
+        text += (f"\n\n<details><summary>All {len(rows)}</summary>\n\n"
+                 + _table(header, rows, "llllrrrrl") + "\n\n</details>")
+    return text
+
+
 def _failed_section(df: pd.DataFrame) -> str:
     failed = df[df["status"] == "failed"]
     if failed.empty:
         return "None."
     failed = _order(failed)
-    rows = [[r["kernel"], r["provider"], r["dtype"], f"`{r['shape']}`",
+    rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
              f"{r['rel_err']:.3g}" if _finite(r.get("rel_err")) is not None else "-",
              f"{r['tolerance']:.3g}" if _finite(r.get("tolerance")) is not None else "-",
              r.get("reason")] for _, r in failed.iterrows()]
@@ -355,6 +405,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
            _above_roof_section(d, meta)] if len(above_roof_rows(d)) else []),
         "## Triton vs torch",
         _ratio_section(d),
+        *(["## Warm vs cold", _gap_section(d, meta)] if warm_rows(d).any() else []),
         *([f"## Throttled rows ({len(throttled_rows(d))})", _throttled_section(d)]
           if len(throttled_rows(d)) else []),
         *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]

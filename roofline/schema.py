@@ -32,6 +32,8 @@ EXTRA_COLUMNS: list[str] = [
     "roof_class",  # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
     "tolerance",  # the relative-error tolerance the correctness gate used
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
+    "cache",  # cold (caches flushed or rotated past, the default) or warm (back-to-back
+    # calls on the same buffers); a row written before this column is cold (row_cache)
     "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
     "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
     "throttled",  # GPU: timed with the SM clock below the throttle threshold, still so
@@ -49,7 +51,13 @@ ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the
 # regression gate's rank test reads them; the CSV keeps one scalar per cell.
 SAMPLES = "samples_ms"
-KEY: list[str] = ["kernel", "provider", "dtype", "shape"]  # identifies a row across runs
+# Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache
+# mode (ROW_ID): a cold and a warm time of one case are different numbers, never compared.
+KEY: list[str] = ["kernel", "provider", "dtype", "shape"]
+CACHE = "cache"
+CACHE_MODES: tuple[str, ...] = ("cold", "warm")
+DEFAULT_CACHE = "cold"
+ROW_ID: list[str] = [*KEY, CACHE]
 STATUSES = ("ok", "failed", "skipped")
 
 RESULTS_CSV = "results.csv"
@@ -106,6 +114,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """atomic_write of UTF-8 text."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def row_cache(value: Any) -> str:
+    """A row's cache mode from its `cache` cell: DEFAULT_CACHE ("cold") when the cell is
+    empty or absent (rows written before the column were all timed cold on a GPU, and
+    their identity must match today's cold rows so existing baselines still compare)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return DEFAULT_CACHE
+    text = str(value).strip().lower()
+    return text or DEFAULT_CACHE
+
+
+def row_name(row: Any, sep: str = "/") -> str:
+    """kernel/provider/dtype/shape of a row (a dict or pandas row), with the cache mode
+    appended for a warm row only: a cold row keeps the name it always had."""
+    name = sep.join(str(row.get(k, "?")) for k in KEY)
+    cache = row_cache(row.get(CACHE))
+    return name if cache == DEFAULT_CACHE else f"{name}{sep}{cache}"
 
 
 def parse_shape(shape: str) -> dict[str, int]:
@@ -219,7 +245,7 @@ def check_metrics(df: pd.DataFrame, where: str | os.PathLike) -> None:
             required = col in OK_ROW_NUMBERS
             if (required and not _is_number(v)) or \
                     (not required and not _is_empty(v) and not _is_number(v)):
-                name = " ".join(str(row.get(k)) for k in KEY)
+                name = row_name(row, " ")
                 raise RunLoadError(f"{where}: row {i} ({name}): '{col}' is {v!r}, not a "
                                    "number")
 

@@ -502,7 +502,7 @@ def test_run_drifting_as_a_whole_is_flagged(base: Path, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- re-timing
 
 
-SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")
+SLOW_KEY = ("matmul", "triton", "bf16", "M=4096,N=4096,K=4096", "cold")
 
 
 @pytest.mark.parametrize("factors, expected, code", [
@@ -524,7 +524,7 @@ def test_retime_confirms_when_every_round_is_slower(
     run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
     asked: list[list[tuple]] = []
 
-    def retime(keys: list[tuple[str, str, str, str]]) -> dict[tuple, list[list[float]]]:
+    def retime(keys: list[tuple[str, ...]]) -> dict[tuple, list[list[float]]]:
         asked.append(list(keys))
         return {k: [spread_samples(0.2 * f) for f in factors] for k in keys}
 
@@ -961,7 +961,7 @@ def test_ambiguous_rows_past_the_threshold_are_retimed(base: Path, tmp_path: Pat
             return {k: [spread_samples(0.2 * f) for _ in range(5)] for k in keys}
 
         assert compare_and_report(base, run, 5.0, retime=retime) == code
-        assert asked == [[("matmul", "triton", "bf16", "M=4096,N=4096,K=4096")]]
+        assert asked == [[SLOW_KEY]]
         md = (run / "compare.md").read_text()
         assert f"| M=4096,N=4096,K=4096 | **{expected}** |" in md
         out = capsys.readouterr().out

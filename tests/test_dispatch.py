@@ -391,7 +391,7 @@ def test_a_forced_config_runs_instead_of_tuning(monkeypatch):
     real = triton_utils._launch_with
     monkeypatch.setattr(triton_utils, "_launch_with",
                         lambda ln, c, on_gpu: (ran.append(c), real(ln, c, on_gpu)))
-    key = ("matmul", "triton", "fp32", "M=33,N=17,K=65")
+    key = ("matmul", "triton", "fp32", "M=33,N=17,K=65", "cold")
     cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True),
                   configs={key: forced})
     row = run_case(Case(spec, "triton", "fp32", shape), cfg, _InputCache())
@@ -478,7 +478,7 @@ def test_config_text_round_trips():
 
 
 def test_retiming_children_get_the_rows_configs(monkeypatch):
-    key = ("matmul", "triton", "bf16", "M=64,N=64,K=64")
+    key = ("matmul", "triton", "bf16", "M=64,N=64,K=64", "cold")
     text = "matmul_kernel[BLOCK_M=64,BLOCK_N=64,BLOCK_K=64,GROUP_M=8,num_warps=4,num_stages=4]"
     sent = []
     monkeypatch.setattr(job, "RETIME_ROUNDS", 1)

@@ -328,3 +328,29 @@ def test_plan_png_sizes_markers_by_share_of_step_time():
     assert max(want) > 2 * min(want)
     gids = {ln.get_gid() for ln in fig.axes[0].lines}
     assert "roof:datasheet:bf16" in gids and "step-average" in gids
+
+
+# ---- days on another device (--vs) ---------------------------------------------------------
+
+def test_days_on_b200_vs_h100_for_a_preset(capsys):
+    p = run_plan(capsys, "--preset", "llama3-8b", "--tokens", "15T", "--gpus", "32",
+                 "--device", "b200", "--vs", "h100,gb200", "--mfu", "0.4")
+    v = {x["device"]: x for x in p["versus"]}
+    assert [x["device"] for x in p["versus"]] == ["b200", "h100", "gb200"]
+    assert v["b200"]["days"] == pytest.approx(p["days"])
+    # Same tokens, GPUs and MFU: the days go as the inverse of the bf16 peaks.
+    assert v["h100"]["vs_plan"] == pytest.approx(2250 / 989.4)
+    assert v["gb200"]["vs_plan"] == pytest.approx(2250 / 2500)
+    assert v["h100"]["days_with_attention"] == pytest.approx(
+        p["days_with_attention"] * 2250 / 989.4)
+    P.main(["--preset", "llama3-8b", "--tokens", "15T", "--device", "b200", "--vs", "h100",
+            "--no-save"])
+    assert "Days by device" in capsys.readouterr().out
+
+
+def test_vs_refusals_are_one_line(capsys):
+    assert "--vs: unknown device 'h999'" in run_err(capsys, "--preset", "llama3-8b",
+                                                    "--tokens", "1T", "--vs", "h999",
+                                                    "--no-save")
+    assert "--vs compares days" in run_err(capsys, "--preset", "llama3-8b", "--vs", "h100",
+                                           "--no-save")

@@ -27,10 +27,13 @@ from roofline.gate.rules import (
 from roofline.gate.runs import compare_runs, confirm_slower
 from roofline.gate.verdicts import CompareResult, _normalise
 from roofline.schema import (
-    KEY,
+    DEFAULT_CACHE,
+    ROW_ID,
     RunLoadError,
     atomic_write_text,
     resolve_results_json,
+    row_cache,
+    row_name,
 )
 
 
@@ -55,6 +58,12 @@ def _md_cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _shape(r: dict[str, Any]) -> str:
+    """The shape as the tables show it: a warm row's says so (a cold row's is the shape)."""
+    cache = row_cache(r.get("cache"))
+    return str(r["shape"]) if cache == DEFAULT_CACHE else f"{r['shape']} ({cache})"
+
+
 def _md_table(df: pd.DataFrame) -> list[str]:
     lines = [
         "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio "
@@ -64,7 +73,7 @@ def _md_table(df: pd.DataFrame) -> list[str]:
     for r in df.to_dict("records"):
         lines.append(
             f"| {_md_cell(r['kernel'])} | {_md_cell(r['provider'])} | {_md_cell(r['dtype'])} "
-            f"| {_md_cell(r['shape'])} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
+            f"| {_md_cell(_shape(r))} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
             f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio(r['ratio'])} "
             f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
             f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
@@ -152,14 +161,16 @@ def benchmark_entries(run_df: pd.DataFrame,
                       verdicts: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The run's ok rows in github-action-benchmark's `customBiggerIsBetter` format.
 
-    name = "kernel/provider/dtype/shape"; value = achieved TFLOP/s for kernels in
-    TFLOPS_KERNELS (matmul), achieved GB/s for every other kernel; extra = the median time
-    and spread, plus the verdict when `verdicts` (compare_frames output) is given.
+    name = "kernel/provider/dtype/shape" ("/warm" appended for a warm row); value =
+    achieved TFLOP/s for kernels in TFLOPS_KERNELS (matmul), achieved GB/s for every
+    other kernel; extra = the median time and spread, plus the verdict when `verdicts`
+    (compare_frames output) is given.
     """
     df = _normalise(run_df)
     by_key: dict[tuple[str, ...], dict[str, Any]] = {}
     if verdicts is not None:
-        by_key = {tuple(r[k] for k in KEY): r for r in verdicts.to_dict("records")}
+        by_key = {tuple(row_cache(r.get(k)) if k == "cache" else r[k] for k in ROW_ID): r
+                  for r in verdicts.to_dict("records")}
     entries: list[dict[str, Any]] = []
     for r in df[df["status"] == "ok"].to_dict("records"):
         if r["kernel"] in TFLOPS_KERNELS:
@@ -172,13 +183,13 @@ def benchmark_entries(run_df: pd.DataFrame,
                  f"(p20 {_fmt_ms(r['ms_p20'])}, p80 {_fmt_ms(r['ms_p80'])})")
         if math.isfinite(r["n_samples"]):
             extra += f", n={int(r['n_samples'])}"
-        v = by_key.get(tuple(r[k] for k in KEY))
+        v = by_key.get(tuple(r[k] for k in ROW_ID))
         if v is not None:
             extra += f"; vs baseline: {v['verdict']}"
             if math.isfinite(v["ratio"]):
                 extra += f" ({_fmt_ratio(v['ratio'])} time)"
         entries.append({
-            "name": "/".join(str(r[k]) for k in KEY),
+            "name": row_name(r),
             "unit": unit,
             "value": float(value),
             "extra": extra,
@@ -225,7 +236,7 @@ def short_summary(result: CompareResult, limit: int = 20) -> str:
     lines += [f"warning: {w}" for w in result.warnings]
     bad = result.failing_rows
     for r in bad.head(limit).to_dict("records"):
-        what = f"{r['kernel']} {r['provider']} {r['dtype']} {r['shape']}"
+        what = f"{r['kernel']} {r['provider']} {r['dtype']} {_shape(r)}"
         if math.isfinite(r["ratio"]):
             detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
                      f"({_fmt_ratio(r['ratio'])})"

@@ -14,8 +14,8 @@ import pandas as pd
 
 from roofline.devices import DeviceError, get_device_model
 from roofline.schema import (
-    KEY,
     SAMPLES,
+    row_name,
 )
 
 # Default threshold (percent, on the ratio of median times) by device kind.  It has to sit
@@ -85,7 +85,9 @@ _NUMERIC = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps")
 
 _SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
-Key = tuple[str, str, str, str]
+# A row's identity across runs: kernel, provider, dtype, shape and cache mode
+# (schema.ROW_ID; verdicts._key builds it).
+Key = tuple[str, str, str, str, str]
 
 # run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
 Retime = Callable[[list[Key]], Mapping[Key, list[list[float]]]]
@@ -180,7 +182,7 @@ def time_problem(row: Mapping[str, Any]) -> str | None:
 
 
 def _row_name(row: Mapping[str, Any]) -> str:
-    return "/".join(str(row.get(k, "?")) for k in KEY)
+    return row_name(row)
 
 
 def _one_line(e: BaseException) -> str:

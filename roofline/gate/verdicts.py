@@ -1,8 +1,9 @@
 """One verdict per row of two runs joined on their key (judge has the exact rule), and
 the comparison's result object with the gate's exit code.
 
-Rows of the two runs are joined on schema.KEY (kernel, provider, dtype, shape) and each
-gets one verdict (`judge` has the exact rule):
+Rows of the two runs are joined on schema.ROW_ID (kernel, provider, dtype, shape and the
+cache mode: a warm row is never compared with a cold one; a row written before the
+`cache` column is cold) and each gets one verdict (`judge` has the exact rule):
 
     slower, failed, now-skipped, invalid   regressions: exit code 1
     missing, method-changed                changed rows: exit 1 unless --allow missing /
@@ -57,8 +58,11 @@ from roofline.gate.stats import (
     shift_p_value,
 )
 from roofline.schema import (
+    CACHE,
     KEY,
+    ROW_ID,
     SAMPLES,
+    row_cache,
 )
 
 
@@ -178,6 +182,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for col in KEY:
         df[col] = df[col].astype(str) if col in df.columns else ""
+    df[CACHE] = [row_cache(v) for v in df[CACHE]] if CACHE in df.columns else row_cache(None)
     for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else math.nan
     # Older runs and hand-made frames may lack the GPU clock columns.
@@ -193,7 +198,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     df["status"] = df["status"].str.strip().str.lower()
     raw = df[SAMPLES] if SAMPLES in df.columns else [None] * len(df)
     df[SAMPLES] = [_parse_samples(v)[0] for v in raw]
-    return df.drop_duplicates(subset=KEY, keep="last").reset_index(drop=True)
+    return df.drop_duplicates(subset=ROW_ID, keep="last").reset_index(drop=True)
 
 
 def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | None:
@@ -218,10 +223,11 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
 
 
 def _key(row: Mapping[str, Any]) -> Key:
-    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]))
+    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
+            row_cache(row.get(CACHE)))
 
 
-_OUT_COLUMNS = [*KEY, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
+_OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
                 "base_p80", "new_p20", "new_p80", "n_base", "n_new", "base_status",
                 "new_status"]
 
@@ -229,7 +235,7 @@ _OUT_COLUMNS = [*KEY, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     order = {v: i for i, v in enumerate(VERDICT_ORDER)}
     df = df.assign(_order=df["verdict"].map(order).fillna(len(order)))
-    return df.sort_values(["_order", *KEY]).drop(columns="_order").reset_index(drop=True)
+    return df.sort_values(["_order", *ROW_ID]).drop(columns="_order").reset_index(drop=True)
 
 
 def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
@@ -243,9 +249,9 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
                .to_dict("records") if time_problem(r)}
     cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
             SAMPLES, "throttled", "sm_clock_mhz"]
-    b = _normalise(base_df)[KEY + cols].assign(_in=True)
-    n = _normalise(run_df)[KEY + cols].assign(_in=True)
-    merged = b.merge(n, on=KEY, how="outer", suffixes=("_b", "_n"))
+    b = _normalise(base_df)[ROW_ID + cols].assign(_in=True)
+    n = _normalise(run_df)[ROW_ID + cols].assign(_in=True)
+    merged = b.merge(n, on=ROW_ID, how="outer", suffixes=("_b", "_n"))
     # After the outer join, a row absent from one side has NaN in that side's marker.
     merged["_in_b"] = merged["_in_b"].eq(True)
     merged["_in_n"] = merged["_in_n"].eq(True)
@@ -276,7 +282,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
         b_lo, b_hi = base.spread if base else (math.nan, math.nan)
         n_lo, n_hi = new.spread if new else (math.nan, math.nan)
         out.append({
-            **{k: row[k] for k in KEY},
+            **{k: row[k] for k in ROW_ID},
             "verdict": verdict,
             "note": note,
             "ratio": ratio,
@@ -319,9 +325,9 @@ def _throttle_verdict(row: Mapping[str, Any], verdict: str, note: str) -> tuple[
 def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
                    threshold: float = DEFAULT_THRESHOLD, *, alpha: float | None = None,
                    fp8_accum: tuple[str | None, str | None] = (None, None)) -> pd.DataFrame:
-    """One row per key of either run: KEY, verdict, note, ratio, both sides' median and
-    p20/p80 (base_ms, new_ms, base_p20, ...), sample counts (n_base, n_new) and statuses,
-    sorted by verdict (regressions first), then key.
+    """One row per key of either run: ROW_ID (KEY and cache), verdict, note, ratio, both
+    sides' median and p20/p80 (base_ms, new_ms, base_p20, ...), sample counts (n_base,
+    n_new) and statuses, sorted by verdict (regressions first), then key.
 
     alpha defaults to row_alpha(rows ok in both); fp8_accum = (baseline mode, run mode):
     when both are known and differ, fp8 rows are method-changed.  A baseline ok row with

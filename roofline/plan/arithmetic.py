@@ -8,6 +8,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kernels.spec import DTYPES
 from roofline.plan.model import ModelShape
 
 SECONDS_PER_DAY = 86400.0
@@ -47,6 +48,40 @@ MEMORY_POLICIES: dict[str, dict[str, int]] = {
 }
 
 DEFAULT_POLICY = "bf16-master"
+
+# Bytes per parameter of weights held in each format, block scales included (element bits
+# plus one scale byte per block, kernels.spec.DType.bytes_per_element): fp8 1 (its one
+# fp32 scale per tensor is nothing per parameter), mxfp8 8 + 8/32 = 8.25 bits = 1.03125,
+# mxfp4 4 + 8/32 = 4.25 bits = 0.53125, nvfp4 4 + 8/16 = 4.5 bits = 0.5625 (plus 4 bytes
+# per tensor).
+WEIGHT_FORMATS: dict[str, float] = {
+    name: DTYPES[name].bytes_per_element
+    for name in ("fp32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4", "nvfp4")
+}
+
+
+def policy_items(policy: str, weight_format: str | None = None) -> dict[str, float]:
+    """Bytes per parameter of `policy`, itemized, with the weights the GEMMs read held
+    in `weight_format`.  Quantized weights are a copy: the optimizer updates the policy's
+    master weights, so a policy that has a master copy (bf16-master) trades its bf16
+    weights for the format, and one whose weights are the only copy keeps them, as the
+    master, beside the format's copy.  The format's item comes first ("weights ..."):
+    it is what FSDP gathers (roofline.plan.comm.policy_bytes)."""
+    items: dict[str, float] = dict(MEMORY_POLICIES[policy])
+    if weight_format is None:
+        return items
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format '{weight_format}' "
+                         f"(choose from {', '.join(WEIGHT_FORMATS)})")
+    has_master = any(k.startswith("master weights") for k in items)
+    out: dict[str, float] = {f"weights {weight_format}": WEIGHT_FORMATS[weight_format]}
+    for k, v in items.items():
+        if k.startswith("weights"):
+            if has_master:
+                continue
+            k = "master " + k
+        out[k] = v
+    return out
 
 
 def train_flops(params: float, tokens: float) -> dict[str, float]:

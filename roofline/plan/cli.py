@@ -18,7 +18,6 @@ from roofline.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
-    MEMORY_POLICIES,
     Gemm,
     attention_score_flops,
     budget_flops,
@@ -27,6 +26,7 @@ from roofline.plan.arithmetic import (
     device_memory_bytes,
     matrix_bytes,
     max_params_fit,
+    policy_items,
     step_gemms,
     summarize_step,
     train_flops,
@@ -92,6 +92,10 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
 
     if args.measure_layers is not None and args.measure != "step":
         raise PlanError("--measure-layers goes with --measure step")
+    weight_format = getattr(args, "weight_format", None)
+    if weight_format and args.bytes_per_param is not None:
+        raise PlanError("--weight-format changes a --policy's weights; --bytes-per-param "
+                        "already gives the total")
     step_measured: dict[str, Any] | None = None
 
     # Efficiency and the peak it is a fraction of.
@@ -116,7 +120,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
                               args.steps, log)
         peak, peak_source = peak_of(device, step_dtype, log)
         bpp_policy = args.bytes_per_param if args.bytes_per_param is not None else \
-            float(sum(MEMORY_POLICIES[args.policy].values()))
+            float(sum(policy_items(args.policy, weight_format).values()))
         report = step_report(shape, result, peak, bpp_policy)
         ceilings = None if DEVICES[device].peaks_tflops else \
             _ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
@@ -201,11 +205,14 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
     days_attn = days_for(flops["total"] + attn, args.gpus, peak, mfu) \
         if flops and attn is not None else None
 
+    versus = _versus(args, device, peak, mfu, flops, attn, log)
+
     # Memory.
     if args.bytes_per_param is not None:
         policy, items = "explicit", {"--bytes-per-param": args.bytes_per_param}
     else:
-        policy, items = args.policy, dict(MEMORY_POLICIES[args.policy])
+        policy = args.policy + (f", {weight_format} weights" if weight_format else "")
+        items = policy_items(args.policy, weight_format)
     bpp = float(sum(items.values()))
     gpu_bytes, mem_source = device_memory_bytes(device, args.gpu_memory_gb)
     static = params * bpp if params else None
@@ -254,6 +261,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         "days": days,
         "days_with_attention": days_attn,
         "budget": budget,
+        "versus": versus,
         "policy": policy,
         "bytes_per_param_itemized": items,
         "bytes_per_param": bpp,
@@ -276,6 +284,35 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         plan["step_measured"] = step_measured
         warnings += step_measured["report"]["notes"]
     return plan
+
+
+def _versus(args: argparse.Namespace, device: str, peak: float, mfu: float,
+            flops: dict[str, float] | None, attn: float | None, log: Any
+            ) -> list[dict[str, Any]]:
+    """--vs: the plan's days on other devices, for the same tokens, GPU count and MFU
+    (an MFU carried over from another device is an assumption, said in the table), each
+    at its own datasheet peak for the plan's dtype; the plan's own device first."""
+    keys = [k.strip() for k in (getattr(args, "vs", None) or "").split(",") if k.strip()]
+    if not keys:
+        return []
+    unknown = [k for k in keys if k not in DEVICES]
+    if unknown:
+        raise PlanError(f"--vs: unknown device '{unknown[0]}' (choose from "
+                        f"{', '.join(DEVICES)})")
+    if flops is None:
+        raise PlanError("--vs compares days: give the tokens (--tokens, --chinchilla or "
+                        "--days) and the model")
+    out = []
+    for key in [device, *[k for k in keys if k != device]]:
+        p = peak if key == device else peak_of(key, args.dtype, log)[0]
+        days = days_for(flops["total"], args.gpus, p, mfu)
+        out.append({"device": key, "name": DEVICES[key].name, "peak_tflops": p,
+                    "days": days,
+                    "days_with_attention": days_for(flops["total"] + attn, args.gpus, p, mfu)
+                    if attn is not None else None})
+    for row in out:
+        row["vs_plan"] = row["days"] / out[0]["days"]
+    return out
 
 
 def out_dir(requested: str | None) -> Path:

@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 from roofline.devices import ROOF_CLASS
-from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES
+from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES, WEIGHT_FORMATS
 from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "device present with --measure, or the run's with "
                                     "--from-run")
     h.add_argument("--gpus", type=_positive_int, default=1, metavar="G")
+    h.add_argument("--vs", metavar="KEY[,KEY...]",
+                   help="days for the same tokens, GPU count and MFU on other devices "
+                        "(datasheet peaks), e.g. --device b200 --vs h100")
     bw = h.add_mutually_exclusive_group()
     bw.add_argument("--busbw", type=_positive_float, metavar="GB/s",
                     help="collective bus bandwidth (nccl-tests' busbw) for the step's "
@@ -133,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--policy", choices=tuple(MEMORY_POLICIES), default=DEFAULT_POLICY,
                     help=f"precision policy (default {DEFAULT_POLICY})")
     mm.add_argument("--bytes-per-param", type=_positive_float, metavar="B")
+    mem.add_argument("--weight-format", choices=tuple(WEIGHT_FORMATS),
+                     help="format of the weights the GEMMs read, scales included (nvfp4: "
+                          "4.5 bits, mxfp4 4.25, mxfp8 8.25, fp8 8); the policy's master "
+                          "weights and optimizer state stay (default: the policy's)")
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR",
                    help="folder for plan.md, plan.json, plan.png (default "

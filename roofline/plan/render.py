@@ -77,6 +77,16 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
             rows.append(["tokens this model gets in the budget",
                          si(b["tokens_for_this_model"]), ""])
     out.append(("Compute and time", ["", "value", "note"], rows))
+    if plan.get("versus"):
+        v0 = plan["versus"][0]
+        rows = [[v["name"], v["device"], f"{v['peak_tflops']:.4g}", f"{v['days']:.1f}",
+                 "-" if v["days_with_attention"] is None else f"{v['days_with_attention']:.1f}",
+                 f"{v['vs_plan']:.2f}x"] for v in plan["versus"]]
+        out.append((f"Days by device: the same tokens, {plan['gpus']} GPU(s) and MFU "
+                     f"{_pct(plan['mfu'])} on each (from {v0['device']}; another device's "
+                     f"MFU may differ), {plan['dtype']} datasheet peaks",
+                    ["device", "key", "peak TFLOP/s", "days", "with attention",
+                     f"days / {v0['device']}'s"], rows))
     rows = [[k, f"{v:g}", ""] for k, v in plan["bytes_per_param_itemized"].items()]
     rows.append(["bytes per parameter", f"{plan['bytes_per_param']:g}", plan["policy"]])
     if plan["static_bytes"] is not None:

@@ -1,0 +1,310 @@
+"""How much to time and how: the timing settings (TimingConfig), the timer names written
+to the `timer` column, the method of a case (CUDA graphs or flushed do_bench, from its
+roofline bound), the sample counts within a row's budget, the rotation that keeps a case's
+calls cold (copies past twice the L2 or the CPU's last-level cache), and the size of that
+cache.  Plain arithmetic on numbers: nothing here launches a kernel (benches/timing.py
+measures, and re-exports these names).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+# Timer names written to the `timer` column.  The comparison treats a change of timer
+# between two runs as a changed row, so these strings are part of the result contract.
+TIMER_FLUSHED = "do_bench"
+TIMER_GRAPH = "cudagraph"
+TIMER_GRAPH_FALLBACK = "do_bench (cudagraph not possible)"
+TIMER_CPU = "timeit blocks"
+# Cold CPU rows whose footprint fits in twice the last-level cache: each block's calls
+# cycle over copies of inputs and output (Rotation), so every call starts cold.
+TIMER_CPU_ROTATED = "timeit blocks, rotated copies"
+# Warm GPU rows of the flushed class: CUDA events around back-to-back calls on the same
+# buffers, nothing flushed (time_warm); and where a warm graph could not be captured.
+TIMER_WARM = "back-to-back events"
+TIMER_WARM_FALLBACK = "back-to-back events (cudagraph not possible)"
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_ms: float = 25.0  # do_bench warm-up
+    rep_ms: float = 100.0  # measuring time per kernel (do_bench and graph replays)
+    min_samples: int = 25  # every method returns at least this many samples
+    # Cases whose roofline bound (the fastest the device could possibly run them) is
+    # below this are timed as CUDA-graph replays, where launch overhead no longer
+    # dominates; the rest by do_bench with the L2 flushed between samples.
+    cudagraph_below_ms: float = 0.02
+    # Calls per captured graph at least (whole rounds over the rotated copies), so the
+    # graph launch itself is < 1% of a replay of microsecond kernels.
+    graph_min_calls: int = 200
+    # Samples of one GPU timing at most (a 5 us kernel would otherwise take ~1,100 per
+    # 100 ms): more than the regression gate can use, and results.json keeps them all.
+    max_samples: int = 1000
+    # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
+    # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
+    # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
+    # capture and gigabytes of graph.  graph_plan predicts both from the nodes one call
+    # adds (count_launches) and its dispatch time (capture ~ 2x dispatch per call):
+    # past a bound, a graph holds one round over the copies instead of graph_min_calls;
+    # past it even then, the row is timed by do_bench with L2 flushes, and its reason
+    # says so.  time_cudagraph also stops a capture that runs past max_capture_s (at a
+    # round's end; within the first round: flushed timing, said in the reason).
+    max_graph_nodes: int = 100_000
+    max_capture_s: float = 10.0
+    # Graph nodes per call assumed where they cannot be counted (the driver cannot be
+    # asked): above the most seen from one eager torch call in this suite (14).
+    assumed_launches: int = 16
+    # CPU: one sample is a block of calls lasting at least cpu_block_s (the timer's own
+    # overhead, about 1 us a block, is then under 0.1% of it); a row's samples together
+    # last at least cpu_min_run_time_s, and at least min_samples of them are taken.
+    cpu_block_s: float = 1e-3
+    cpu_min_run_time_s: float = 0.05
+    # Every row's timing has a budget, as nvbench's --timeout and minimum-time rules: a
+    # row samples until min_samples or row_budget_s, whichever comes first, and never
+    # takes fewer than gate_min_samples (the row then says the budget applied).  A row
+    # whose gate_min_samples cannot fit in row_budget_s is not timed: skipped, with the
+    # time of one call in its reason.  10 is what the regression gate's rank test needs
+    # to call a change at the per-row significance of a 1,000-row comparison (10 vs 10
+    # samples reach p = 1/C(20, 10) = 5.4e-6 < 1e-5; tests/test_budget.py pins it).
+    # 5 s: a matmul of 0.5 s a call still gets the gate's 10 samples (fp16 512^3 on the
+    # 2-core VM takes 0.1 s quiet, 0.2 s beside another job).
+    row_budget_s: float = 5.0
+    gate_min_samples: int = 10
+    # CPU samples come in this many rounds, each on freshly allocated inputs and output,
+    # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
+    # of every case in a chunk of about cpu_chunk_s seconds, then round r + 1.  On a
+    # shared machine the speed of the same op moves in spells of seconds (measured on the
+    # 2-core CI VM: fp32 add of 2^18 elements at 24 or 41 us, steady within 10 ms and
+    # switching between rounds seconds apart), so samples taken back to back hold one
+    # spell and understate the run-to-run spread.  Rounds seconds apart sample several
+    # spells, and the fast end of a row is then steady between runs (the fastest of 25
+    # samples of identical quick sweeps within 1.16x and 1.28x of each other in two
+    # batches of 6 and 8 runs, against 1.98x with the rounds back to back).
+    cpu_rounds: int = 5
+    cpu_chunk_s: float = 3.0
+    # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
+    # budget's messages speak of the whole row).
+    cpu_rounds_of_row: int = 1
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def bound_ms(flops: float, nbytes: float, peak_tflops: float | None,
+             peak_gbps: float | None) -> float | None:
+    """The roofline lower bound of a case's time in ms: max(flops / peak, bytes / bw).
+    None when neither ceiling is known."""
+    parts = []
+    if peak_tflops:
+        parts.append(flops / (peak_tflops * 1e12) * 1e3)
+    if peak_gbps:
+        parts.append(nbytes / (peak_gbps * 1e9) * 1e3)
+    return max(parts) if parts else None
+
+
+def choose_method(flops: float, nbytes: float, peak_tflops: float | None,
+                  peak_gbps: float | None, cfg: TimingConfig) -> str:
+    """TIMER_GRAPH or TIMER_FLUSHED for a (kernel, dtype, shape) on this device.
+
+    Decided from the analytic bound, not from a measurement: the same for both providers
+    of a case and for every run on the same device model.  A case that cannot finish in
+    cfg.cudagraph_below_ms even at the roof is long enough for flushed do_bench."""
+    b = bound_ms(flops, nbytes, peak_tflops, peak_gbps)
+    if b is None:
+        return TIMER_FLUSHED
+    return TIMER_GRAPH if b < cfg.cudagraph_below_ms else TIMER_FLUSHED
+
+
+class OverBudget(Exception):
+    """A row whose minimum samples cannot fit in its time budget (the message says why)."""
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """How one round of a CPU row is sampled: `samples` blocks of `number` calls each
+    (number None: sized to cfg.cpu_block_s when the round starts); `note` says when the
+    budget cut the samples."""
+
+    samples: int
+    number: int | None = None
+    note: str = ""
+
+
+def plan_cpu(call_s: float, cfg: TimingConfig, budget_s: float | None = None) -> CpuPlan:
+    """The samples of one CPU round (cfg is a round's config: cpu_round_config) from the
+    time of one call, `call_s` (the checked call: on a CPU the call is synchronous).
+
+    Wanted: cfg.min_samples, more while they last less than cfg.cpu_min_run_time_s
+    together; at most what fits in the budget (cfg.row_budget_s, or the run's smaller
+    share `budget_s`); never fewer than cfg.gate_min_samples.  Raises OverBudget when
+    even those would take longer than cfg.row_budget_s."""
+    floor = min(cfg.gate_min_samples, cfg.min_samples)
+    per_sample = max(call_s, cfg.cpu_block_s)
+    if call_s * floor > cfg.row_budget_s:
+        rounds = cfg.cpu_rounds_of_row
+        raise OverBudget(
+            f"over the row budget: one call takes {call_s:.3g} s here, so the "
+            f"{floor * rounds} samples the regression gate needs would take "
+            f"{call_s * floor * rounds:.3g} s, past the row budget of "
+            f"{cfg.row_budget_s * rounds:.3g} s (--row-budget)")
+    want = max(cfg.min_samples, math.ceil(cfg.cpu_min_run_time_s / per_sample))
+    budget = cfg.row_budget_s if budget_s is None else max(0.0, min(budget_s,
+                                                                    cfg.row_budget_s))
+    fit = int(budget / per_sample)
+    samples = max(floor, min(want, fit))
+    number = 1 if call_s >= cfg.cpu_block_s else None
+    note = ""
+    if samples < want:
+        rounds = cfg.cpu_rounds_of_row
+        note = (f"row budget applied: {samples * rounds} of {want * rounds} "
+                f"samples (one call {call_s:.3g} s, budget "
+                f"{budget * rounds:.3g} s)")
+    return CpuPlan(samples, number, note)
+
+
+def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
+    """The budget of one of cfg.cpu_rounds rounds: its share of the samples, run time and
+    row budget (so that the rounds together give what the row asks).  A config of one
+    round is its own."""
+    rounds = cfg.cpu_rounds
+    if rounds <= 1:
+        return cfg
+    return replace(cfg, cpu_rounds=1, cpu_rounds_of_row=rounds,
+                   min_samples=math.ceil(cfg.min_samples / rounds),
+                   gate_min_samples=math.ceil(cfg.gate_min_samples / rounds),
+                   cpu_min_run_time_s=cfg.cpu_min_run_time_s / rounds,
+                   row_budget_s=cfg.row_budget_s / rounds)
+
+
+def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
+    """Samples of a GPU timing whose samples each take `per_sample_ms` of device time
+    (flush, padding or graph replay included): as do_bench, cfg.rep_ms of them, at least
+    cfg.min_samples and at most cfg.max_samples, within cfg.row_budget_s unless that
+    leaves fewer than cfg.gate_min_samples."""
+    per = max(per_sample_ms, 1e-4)
+    want = max(cfg.min_samples, int(cfg.rep_ms / per))
+    fit = int(cfg.row_budget_s * 1e3 / per)
+    return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
+
+
+def graph_plan(copies: int, launches: int, host_us: float | None,
+               cfg: TimingConfig, counted: bool = True) -> tuple[int | None, str]:
+    """(calls per captured graph, note): graph_calls(copies) when the capture stays under
+    cfg.max_graph_nodes nodes (calls x launches per call) and cfg.max_capture_s of
+    capture (about twice the host dispatch time per captured call); else one round over
+    the copies; None when even that is past a bound (time with L2 flushes instead).
+    The note says which bound applied (and when the launches per call were assumed,
+    `counted` False, rather than counted)."""
+    per_call = f"{launches} launches a call" + ("" if counted else ", assumed: not counted")
+
+    def too_big(calls: int) -> str | None:
+        nodes = calls * launches
+        if nodes > cfg.max_graph_nodes:
+            return f"{calls:,} calls x {per_call} = {nodes:,} graph nodes > " \
+                   f"{cfg.max_graph_nodes:,}"
+        if host_us and calls * 2 * host_us * 1e-6 > cfg.max_capture_s:
+            return (f"~{calls * 2 * host_us * 1e-6:.0f} s of capture for {calls:,} calls "
+                    f"> {cfg.max_capture_s:g} s")
+        return None
+
+    full = graph_calls(copies, cfg)
+    why = too_big(full)
+    if why is None:
+        return full, ""
+    why_round = too_big(copies)
+    if why_round is None:
+        return copies, f"graph of one round over the {copies} copies instead of {full} " \
+                       f"calls ({why})"
+    return None, f"CUDA graph too large even for one round ({why_round})"
+
+
+def rotation_copies(footprint_bytes: int, l2_bytes: int | None) -> int | None:
+    """How many copies of a case (inputs + output, `footprint_bytes` each) make a
+    rotation that really exceeds twice the L2: the smallest N with N x footprint > 2 L2.
+    None when the L2 size is unknown (then no rotation can be shown to be cold)."""
+    if not l2_bytes or footprint_bytes <= 0:
+        return None
+    return 2 * l2_bytes // footprint_bytes + 1
+
+
+def graph_calls(copies: int, cfg: TimingConfig) -> int:
+    """Calls captured in one graph: whole rounds over the copies, at least
+    cfg.graph_min_calls.  Depends on the copy count only, never on the kernel's speed,
+    so both providers of a case replay the same number of calls."""
+    return copies * max(1, math.ceil(cfg.graph_min_calls / copies))
+
+
+# Where sysfs says nothing about the CPU's caches: larger than most desktop and laptop
+# last-level caches, so a rotation sized by it errs on the cold side.
+FALLBACK_LLC_BYTES = 32 * 2**20
+
+_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _cache_size(text: str) -> int | None:
+    """Bytes of a sysfs cache size ("32768K", "1M", "512"), or None."""
+    text = text.strip().upper()
+    unit = _SIZE_UNITS.get(text[-1:], 1)
+    try:
+        return int(float(text.rstrip("KMG")) * unit)
+    except ValueError:
+        return None
+
+
+def read_llc(base: str | os.PathLike = "/sys/devices/system/cpu",
+             cpus: set[int] | None = None) -> tuple[int | None, int]:
+    """(bytes of one last-level cache, how many of them serve `cpus`): the level-3 cache
+    of cpu0's sysfs description, else its largest data or unified cache; the copies are
+    counted by their distinct shared_cpu_list over `cpus` (default: the CPUs this process
+    may run on), since a multi-threaded op on a two-socket host or a chiplet CPU spreads
+    over several.  (None, 0) when sysfs says nothing."""
+    root = Path(base)
+    found: list[tuple[bool, int, str]] = []  # (level 3, bytes, index folder name)
+    for idx in sorted((root / "cpu0" / "cache").glob("index*")):
+        try:
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            size = _cache_size((idx / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and size:
+            found.append((level == 3, size, idx.name))
+    if not found:
+        return None, 0
+    best = max(found)  # a level-3 cache first, then the largest
+    if cpus is None:
+        try:
+            cpus = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = {0}
+    shared: set[str] = set()
+    for cpu in cpus:
+        try:
+            shared.add((root / f"cpu{cpu}" / "cache" / best[2] / "shared_cpu_list")
+                       .read_text().strip())
+        except OSError:
+            continue
+    return best[1], max(1, len(shared))
+
+
+def cpu_cache_bytes(base: str | os.PathLike = "/sys/devices/system/cpu") -> int:
+    """The last-level cache a multi-threaded op on this host can use: one cache times the
+    copies serving this process's CPUs (read_llc), else FALLBACK_LLC_BYTES."""
+    size, copies = read_llc(base)
+    return size * copies if size else FALLBACK_LLC_BYTES
+
+
+def cpu_rotation(footprint_bytes: int, llc_bytes: int) -> tuple[int | None, str]:
+    """(copies, note) for a cold CPU row whose inputs and output take `footprint_bytes`:
+    rotation_copies against the last-level cache, so that the copies a block cycles over
+    total more than twice it (and at most twice it plus one footprint: 4x the cache).  A
+    footprint already past twice the cache is cold by size: no copies (None), and the
+    note says so for the row's reason."""
+    if footprint_bytes > 2 * llc_bytes:
+        return None, (f"cold by size: inputs and output ({footprint_bytes / 2**20:.4g} MiB) "
+                      f"exceed twice the last-level cache ({llc_bytes / 2**20:.4g} MiB), so "
+                      "the calls run on the same buffers without rotation")
+    return rotation_copies(footprint_bytes, llc_bytes), ""
