@@ -46,7 +46,7 @@ from kernels.spec import (
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, run_launch, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits, tile_config
 
 
 @triton.jit
@@ -100,9 +100,7 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
     tl.store(c_ptrs, round_for_store(acc, MBITS).to(C.dtype.element_ty), mask=mask)
 
 
-def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
-                         num_stages=stages, num_warps=warps)
+_cfg = tile_config
 
 
 

@@ -39,7 +39,7 @@ from kernels.spec import (
     UnsupportedShape,
     block_scaled_native,
 )
-from kernels.triton_utils import round_for_store, run_launch, store_round_bits
+from kernels.triton_utils import round_for_store, run_launch, store_round_bits, tile_config
 
 
 @triton.jit
@@ -100,9 +100,7 @@ def blockscaled_matmul_kernel(A, B, SA, SB, GA, GB, C, M, N, KB, KS, S_TILES,
     tl.store(c_ptrs, round_for_store(acc, MBITS).to(C.dtype.element_ty), mask=mask)
 
 
-def _cfg(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
-                         num_stages=stages, num_warps=warps)
+_cfg = tile_config
 
 
 # Tiles of 128 rows: tcgen05's block-scaled MMA is M = 128 (a 64-row tile compiles to

@@ -202,3 +202,12 @@ def prepared_call(launches: list[TritonLaunch], configs: list[Any]) -> Callable[
         for kernel, args, kwargs in bound:
             kernel(*args, **kwargs)
     return call
+
+
+def tile_config(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8
+                ) -> triton.Config:
+    """An autotune candidate of the tiled matmul kernels: a BLOCK_M x BLOCK_N output tile
+    stepping BLOCK_K along K, programs grouped GROUP_M tile-rows at a time for L2 reuse."""
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group},
+                         num_stages=stages, num_warps=warps)
+
