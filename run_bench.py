@@ -47,11 +47,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sizes", default="default",
                    help="quick|default|full, or explicit shapes separated by ';', e.g. "
                         "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
-    p.add_argument("--cache", default="cold", metavar="MODES",
+    p.add_argument("--cache", default=None, metavar="MODES",
                    help="comma list of cold,warm: cold = caches flushed (GPU) or rotated "
                         "past (CPU) before every call, warm = back-to-back calls on the "
                         "same buffers; each row is timed in each mode, recorded in its "
-                        "`cache` column (default: cold)")
+                        "`cache` column (default: cold on a GPU, warm on a CPU)")
     p.add_argument("--out", default="results", help="results root (default: results/)")
     p.add_argument("--run-id", default=None,
                    help="run folder name, a plain name never used before (default: a "

@@ -8,6 +8,7 @@ largest gaps."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,12 +70,16 @@ def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
     assert "## Warm vs cold" in (run / "summary.md").read_text()
 
 
-def test_the_default_run_is_cold_only(tmp_path: Path) -> None:
+def test_the_default_cpu_run_is_warm_only_and_a_gpus_cold(tmp_path: Path) -> None:
+    from benches import job
+
+    assert job._cache_modes(None, gpu=True) == ["cold"]
     assert run_bench.main([*TINY, "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
-    assert meta["cache"] == ["cold"] and list(df["cache"]) == ["cold"]
+    # A CPU's default is what its timer always measured: blocks on the same buffers.
+    assert meta["cache"] == ["warm"] and list(df["cache"]) == ["warm"]
     (run,) = (tmp_path / "cpu").iterdir()
-    assert "Warm vs cold" not in (run / "summary.md").read_text()
+    assert "| warm |" not in (run / "summary.md").read_text()  # no gap: one mode
 
 
 @pytest.mark.parametrize("value", ["hot", "", "cold,tepid", " , "])
@@ -288,9 +293,15 @@ def test_interleaved_cold_rows_share_memory_and_time_their_own_values(
     monkeypatch.setattr(cpu_rows, "make_copies", lambda ins, out, n, scratch=None: (
         starts.append(scratch.block.data_ptr() if scratch and scratch.block is not None
                       else None), real(ins, out, n, scratch))[1])
-    rows = [row for _, row in runner.iterate(cases, cfg)]
+    frozen: list[int] = []
+    rows = []
+    for _, row in runner.iterate(cases, cfg):
+        frozen.append(gc.get_freeze_count())
+        rows.append(row)
     assert all(r["status"] == "ok" and r["timer"] == timing.TIMER_CPU_ROTATED for r in rows)
     assert len(set(starts[1:])) == 1  # one block for all the rows' copies
+    # The copies' objects were frozen out of the collector's way, and are unfrozen after.
+    assert min(frozen) > 0 and gc.get_freeze_count() == 0
     for n in sizes:
         x = spec.make_inputs({"n": n}, "fp32", case_seed_of(spec, n), "cpu")["x"]
         assert seen[n] == {float(x[-1])}, n
