@@ -52,8 +52,8 @@ def host_llc_bytes() -> int:
 
 
 def rotation(case: Case) -> tuple[int | None, str]:
-    """(calls' buffers in the rotation, note) of a CPU case: None for a warm one, and for
-    a cold one cold by size (the note says so)."""
+    """(sets of buffers its calls rotate over, note) of a CPU case: None for a warm one,
+    and for a cold one cold by size (the note says so)."""
     if case.cache != DEFAULT_CACHE:
         return None, ""
     return cpu_rotation(case.spec.nbytes(case.shape, case.dtype), host_llc_bytes())
@@ -109,7 +109,9 @@ def time_cpu_row(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.
             ins, o = _clone_inputs(inputs), torch.empty_like(out)
             held[:] = [ins, o]
             base = make_call(ins, o)
-        return Rotation([base, *extra]) if count is not None else base
+        # The round's own buffers last: the check (or the clone) just touched them, and
+        # the copies before them in the rotation push them out of the cache.
+        return Rotation([*extra, base]) if count is not None else base
 
     # host_us stays None: on a CPU the call runs synchronously, so its dispatch cannot
     # be told apart from its run time.

@@ -233,9 +233,10 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
 
 def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     """A row's identity: its case and cache mode (a row written before the `cache`
-    column is cold), as _case_key and the gate's key (roofline.schema.ROW_ID)."""
+    column: its device's native mode, schema.native_cache), as _case_key and the gate's
+    key (roofline.schema.ROW_ID)."""
     return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
-            row_cache(row.get("cache")))
+            row_cache(row))
 
 
 def _case_key(case: Case) -> tuple[str, str, str, str, str]:

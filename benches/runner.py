@@ -30,6 +30,7 @@ from benches.cases import (
     _InputCache,
     _roofs,
     base_row,
+    copies_frozen,
 )
 from benches.cases import build_cases as build_cases
 from benches.failures import SweepAborted, _error_row, _message, is_sticky_cuda_error
@@ -357,10 +358,17 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
         yield from _iterate_serial(cases, cfg, budget)
         return
+    with copies_frozen():
+        yield from _iterate_chunks(cases, cfg, budget)
+
+
+def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget
+                    ) -> Iterator[tuple[Case, dict[str, Any]]]:
+    """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
     cache = cpu_rows.sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
-    # [case, row, inputs, rounds timed, plan of its rounds]; a row is replaced if a
-    # later round fails
+    # [case, row, inputs, rounds timed, plan of its rounds, a cold row's copies]; a row
+    # is replaced if a later round fails
     chunk: list[list[Any]] = []
     try:
         start = time.monotonic()

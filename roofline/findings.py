@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from roofline.rows import DTYPE_ORDER, KERNEL_ORDER, clean_rows, l2_bytes
-from roofline.schema import CACHE, DEFAULT_CACHE, parse_shape, row_cache
+from roofline.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]
@@ -53,18 +53,20 @@ def _is_cpu(meta: dict[str, Any]) -> bool:
 
 def warm_rows(df: pd.DataFrame) -> pd.Series:
     """Which rows were timed warm (back-to-back calls on the same buffers): column
-    `cache`; a row without it is cold."""
-    if CACHE not in df.columns:
-        return pd.Series(False, index=df.index)
-    return df[CACHE].map(row_cache) != DEFAULT_CACHE
+    `cache`; a row without it has its device's native mode (schema.native_cache)."""
+    return cache_column(df) == WARM
 
 
 def one_mode(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of one cache mode, for tables that compare rows with each other (best
-    points, Triton vs torch): the cold rows, or the warm ones of a run with no cold row.
-    Warm rows are held against cold ones in their own section (cache_gaps)."""
-    warm = warm_rows(df)
-    return df[~warm] if (~warm).any() else df
+    points, Triton vs torch): those in their device's native mode (cold on a GPU, warm
+    on a CPU: schema.native_cache), or all of a run with none.  The two modes are held
+    against each other in their own section (cache_gaps)."""
+    if df.empty:
+        return df
+    native = [row_cache(r) == native_cache(r) for r in df.to_dict("records")]
+    mine = df[native]
+    return mine if not mine.empty else df
 
 
 def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
@@ -82,25 +84,15 @@ def _cache_gbps(meta: dict[str, Any]) -> float | None:
     return v if v and v > 0 else None
 
 
-def _cache_served(d: pd.DataFrame, meta: dict[str, Any]) -> pd.Series:
-    """Rows whose calls found their buffers in cache: warm rows, and the CPU rows of runs
-    written before the `cache` column (the CPU timer then ran every call on the same
-    buffers; cold CPU rows now rotate over copies past twice the cache)."""
-    if CACHE not in d.columns:
-        return pd.Series(_is_cpu(meta), index=d.index)
-    legacy = d[CACHE].isna() if _is_cpu(meta) else pd.Series(False, index=d.index)
-    return warm_rows(d) | legacy
-
-
 def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """Rows (cleaned) with `best_pct` and `roof` (which roof binds: compute, memory or
     cache) as the best-point table holds them.
 
-    A warm row (and a CPU row of a run written before cold CPU rows rotated) runs back to
-    back on the same buffers, so a footprint that fits in the cache (the CPU's last-level
-    cache, the GPU's L2) is served from it: such rows are held against the measured cache
-    roof (min(compute peak, intensity x cache bandwidth)) instead of the memory one,
-    where they would read as several hundred percent."""
+    A warm row (and a CPU row written before the `cache` column: warm, native_cache)
+    runs back to back on the same buffers, so a footprint that fits in the cache (the
+    CPU's last-level cache, the GPU's L2) is served from it: such rows are held against
+    the measured cache roof (min(compute peak, intensity x cache bandwidth)) instead of
+    the memory one, where they would read as several hundred percent."""
     meta = meta or {}
     d = clean_rows(df)
     if d.empty:
@@ -122,7 +114,7 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     if gbps and dram:
         gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
     if size and gbps:
-        fits = (d["bytes"] <= size) & _cache_served(d, meta)
+        fits = (d["bytes"] <= size) & warm_rows(d)
         cache_roof = (d["intensity"] * gbps / 1e3).where(peak.isna(),
                                                           (d["intensity"] * gbps / 1e3)
                                                           .clip(upper=peak))
@@ -152,15 +144,10 @@ def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
     size, name = cache_bytes(meta)
     nbytes = _finite(r.get("bytes"))
     ms = _finite(r.get("ms_median"))
-    warm = row_cache(r.get(CACHE)) != DEFAULT_CACHE
     if size and nbytes is not None and nbytes <= size:
-        # A cold row was flushed or rotated past; CPU rows written before the cache
-        # column (no `cache`) ran every call on the same buffers.
-        cache = r.get(CACHE)
-        legacy_cpu = _is_cpu(meta) and (cache is None or (isinstance(cache, float)
-                                                          and math.isnan(cache)))
-        flushed = " (timed warm: back-to-back calls on the same buffers)" if warm else \
-            "" if legacy_cpu else " despite the flush/rotation (check the timer)"
+        # A cold row was flushed or rotated past: its cache cannot explain it.
+        flushed = " (timed warm: back-to-back calls on the same buffers)" \
+            if row_cache(r) == WARM else " despite the flush/rotation (check the timer)"
         return (f"cache-resident footprint: {nbytes / 2**20:.3g} MiB fits in the "
                 f"{size / 2**20:.3g} MiB {name}, served faster than the memory roof{flushed}")
     if ms is not None and ms < 0.005:
@@ -260,7 +247,7 @@ def cache_gaps(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataF
     (cache_bytes: the GPU's L2, the CPU's last-level cache; None when unknown).
     Largest gap first.  Columns: GAP_COLUMNS."""
     d = clean_rows(df)
-    if d.empty or CACHE not in d.columns:
+    if d.empty:
         return pd.DataFrame(columns=GAP_COLUMNS)
     ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
     key = ["kernel", "provider", "dtype", "shape"]

@@ -49,15 +49,15 @@ from roofline.rows import (
 )
 from roofline.schema import (
     CACHE,
-    DEFAULT_CACHE,
     ROOFLINE_PNG,
     ROW_ID,
     SCALING_PNG,
+    WARM,
     RunLoadError,
+    cache_column,
     check_metrics,
     load_run,
     resolve_results_json,
-    row_cache,
 )
 from roofline.style import (  # noqa: F401  (re-exported)
     _FASTER,
@@ -185,10 +185,9 @@ def _draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
 
 
 def _warm(rows: pd.DataFrame) -> pd.Series:
-    """Which rows were timed warm (column `cache`; a row without it is cold)."""
-    if CACHE not in rows.columns:
-        return pd.Series(False, index=rows.index)
-    return rows[CACHE].map(row_cache) != DEFAULT_CACHE
+    """Which rows were timed warm (column `cache`; a row without it: its device's native
+    mode, schema.native_cache)."""
+    return cache_column(rows) == WARM
 
 
 def _draw_points(ax: Any, rows: pd.DataFrame, dtype: str, kernels: list[str],

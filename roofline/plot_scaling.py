@@ -29,7 +29,7 @@ from roofline.rows import (
     ok_rows,
     run_ceilings,
 )
-from roofline.schema import DEFAULT_CACHE, row_cache
+from roofline.schema import WARM, cache_column
 from roofline.style import (
     _ROOF_COLOR,
     _ROOF_STYLE,
@@ -86,8 +86,7 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
         ax.set_axisbelow(True)
         # A warm row (cache column) is its own line, thin with hollow markers: a cold
         # and a warm time of one shape are never joined.
-        warm = rows["cache"].map(row_cache) != DEFAULT_CACHE if "cache" in rows.columns \
-            else pd.Series(False, index=rows.index)
+        warm = cache_column(rows) == WARM
         for dtype, provider, is_warm in itertools.product(dtypes, providers, (False, True)):
             sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)
                        & (warm == is_warm)]
@@ -135,7 +134,7 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
                           for dt in dtypes]
     handles += [Line2D([], [], color="0.3", marker=_provider_marker(p, providers), ms=5,
                        ls="-" if p == "torch" else "--", label=p) for p in providers]
-    if "cache" in ok.columns and (ok["cache"].map(row_cache) != DEFAULT_CACHE).any():
+    if (cache_column(ok) == WARM).any():
         handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ms=5, lw=0.8,
                               label="warm (same buffers)"))
     handles += [Line2D([], [], color=_ROOF_COLOR[s], ls=_ROOF_STYLE[s], label=f"{s} ceiling")

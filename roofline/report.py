@@ -35,12 +35,11 @@ from roofline.findings import (
 )
 from roofline.rows import Ceiling, clean_rows, run_ceilings
 from roofline.schema import (
-    DEFAULT_CACHE,
     ROOFLINE_PNG,
     SCALING_PNG,
     SUMMARY_MD,
     atomic_write_text,
-    row_cache,
+    mode_tag,
 )
 from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
 
@@ -75,9 +74,10 @@ def _cell(x: Any) -> str:
 
 
 def _shape(r: Any) -> str:
-    """A row's shape cell: a warm row's says so (a cold row's is the shape alone)."""
-    cache = row_cache(r.get("cache"))
-    return f"`{r['shape']}`" + ("" if cache == DEFAULT_CACHE else f" {cache}")
+    """A row's shape cell, with the row's mode when it is not its device's native one
+    (schema.mode_tag: "warm" on a GPU, "cold" on a CPU)."""
+    tag = mode_tag(r)
+    return f"`{r['shape']}`" + (f" {tag}" if tag else "")
 
 
 def _table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
@@ -325,7 +325,7 @@ GAP_ROWS_SHOWN = 10
 def _gap_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
     gaps = cache_gaps(df, meta)
     if gaps.empty:
-        return "Warm rows only: no cold row of the same case to hold them against."
+        return "No case has both an ok cold and an ok warm row to hold against each other."
     size, name = cache_bytes(meta)
     fits = (f"; `fits`: the footprint fits in the {size / 2**20:.4g} MiB {name}, the rows "
             "that show the gap" if size else "")
@@ -339,9 +339,10 @@ def _gap_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
               "cold / warm", "fits"]
     rows = [line(r) for r in gaps.itertuples()]
     text = ("Each case timed both ways (`--cache cold,warm`): cold = caches flushed (GPU) "
-            "or rotated past (CPU) before every call, the default and what the other "
-            "tables hold; warm = back-to-back calls on the same buffers, as nvbench's "
-            "batch measurement. Cold / warm = how much faster the warm time is"
+            "or rotated past (CPU) before every call; warm = back-to-back calls on the "
+            "same buffers, as nvbench's batch measurement. The other tables hold the "
+            "device's default mode (cold on a GPU, warm on a CPU). Cold / warm = how "
+            "much faster the warm time is"
             f"{fits}. Largest gaps first; warm rows are plotted hollow and never "
             "compared with cold ones by the regression gate.\n\n"
             + _table(header, rows[:GAP_ROWS_SHOWN], "llllrrrrl"))
@@ -405,7 +406,8 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
            _above_roof_section(d, meta)] if len(above_roof_rows(d)) else []),
         "## Triton vs torch",
         _ratio_section(d),
-        *(["## Warm vs cold", _gap_section(d, meta)] if warm_rows(d).any() else []),
+        *(["## Warm vs cold", _gap_section(d, meta)]
+          if warm_rows(d).any() and not warm_rows(d).all() else []),
         *([f"## Throttled rows ({len(throttled_rows(d))})", _throttled_section(d)]
           if len(throttled_rows(d)) else []),
         *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]

@@ -32,8 +32,9 @@ EXTRA_COLUMNS: list[str] = [
     "roof_class",  # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
     "tolerance",  # the relative-error tolerance the correctness gate used
     "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
-    "cache",  # cold (caches flushed or rotated past, the default) or warm (back-to-back
-    # calls on the same buffers); a row written before this column is cold (row_cache)
+    "cache",  # cold (caches flushed or rotated past) or warm (back-to-back calls on the
+    # same buffers); a row written before this column has its device's native mode
+    # (native_cache: cold on a GPU, warm on a CPU)
     "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
     "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
     "throttled",  # GPU: timed with the SM clock below the throttle threshold, still so
@@ -57,6 +58,7 @@ KEY: list[str] = ["kernel", "provider", "dtype", "shape"]
 CACHE = "cache"
 CACHE_MODES: tuple[str, ...] = ("cold", "warm")
 DEFAULT_CACHE = "cold"
+WARM = "warm"
 ROW_ID: list[str] = [*KEY, CACHE]
 STATUSES = ("ok", "failed", "skipped")
 
@@ -116,22 +118,53 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def row_cache(value: Any) -> str:
-    """A row's cache mode from its `cache` cell: DEFAULT_CACHE ("cold") when the cell is
-    empty or absent (rows written before the column were all timed cold on a GPU, and
-    their identity must match today's cold rows so existing baselines still compare)."""
-    if value is None or (isinstance(value, float) and value != value):
-        return DEFAULT_CACHE
-    text = str(value).strip().lower()
-    return text or DEFAULT_CACHE
+# Timers of CPU rows written before the `cache` column: every call on the same buffers.
+_CPU_SAME_BUFFER_TIMERS = ("timeit blocks", "torch.utils.benchmark")
+
+
+def native_cache(row: Any) -> str:
+    """The cache mode a row's device times in by default, and the mode of a row written
+    before the `cache` column: warm on a CPU (its timer has always run blocks of calls on
+    the same buffers; device "cpu", or a CPU timer), cold on a GPU (L2 flushed or
+    rotated past)."""
+    timer = row.get("timer")
+    if str(row.get("device")) == "cpu" or timer in _CPU_SAME_BUFFER_TIMERS:
+        return WARM
+    return DEFAULT_CACHE
+
+
+def row_cache(row: Any) -> str:
+    """A row's cache mode (a dict or pandas row): its `cache` cell, else native_cache
+    (so that rows and baselines written before the column keep matching today's rows
+    timed the same way)."""
+    value = row.get(CACHE)
+    if value is None or (isinstance(value, float) and value != value) \
+            or not str(value).strip():
+        return native_cache(row)
+    return str(value).strip().lower()
+
+
+def cache_column(df: pd.DataFrame) -> pd.Series:
+    """row_cache of every row of a frame."""
+    if df.empty:
+        return pd.Series([], index=df.index, dtype=object)
+    return pd.Series([row_cache(r) for r in df.to_dict("records")], index=df.index)
+
+
+def mode_tag(row: Any) -> str:
+    """"" for a row timed in its device's native mode, else its mode ("warm" on a GPU,
+    "cold" on a CPU): what names and tables add, so that a row timed as rows always were
+    keeps the name it had."""
+    cache = row_cache(row)
+    return "" if cache == native_cache(row) else cache
 
 
 def row_name(row: Any, sep: str = "/") -> str:
-    """kernel/provider/dtype/shape of a row (a dict or pandas row), with the cache mode
-    appended for a warm row only: a cold row keeps the name it always had."""
+    """kernel/provider/dtype/shape of a row (a dict or pandas row), with its mode_tag
+    appended when it has one."""
     name = sep.join(str(row.get(k, "?")) for k in KEY)
-    cache = row_cache(row.get(CACHE))
-    return name if cache == DEFAULT_CACHE else f"{name}{sep}{cache}"
+    tag = mode_tag(row)
+    return f"{name}{sep}{tag}" if tag else name
 
 
 def parse_shape(shape: str) -> dict[str, int]:

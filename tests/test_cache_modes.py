@@ -109,13 +109,14 @@ def test_a_resumed_run_keeps_its_cache_modes() -> None:
 
 # ---- the gate keeps cold and warm apart ---------------------------------------------------
 
-def _row(shape: str, ms: float, cache: str | None = "cold", n: int = 25) -> dict[str, Any]:
+def _row(shape: str, ms: float, cache: str | None = "cold", n: int = 25,
+         device: str = "h100", timer: str = timing.TIMER_FLUSHED) -> dict[str, Any]:
     samples = list(ms * np.linspace(0.98, 1.02, n))
     row: dict[str, Any] = {"kernel": "add", "provider": "torch", "dtype": "fp32",
                            "shape": shape, "status": "ok", "ms_median": ms,
                            "ms_p20": ms * 0.99, "ms_p80": ms * 1.01, "n_samples": n,
-                           "timer": timing.TIMER_CPU, "samples_ms": samples, "reason": "",
-                           "tflops": 1.0, "gbps": 1.0}
+                           "timer": timer, "samples_ms": samples, "reason": "",
+                           "tflops": 1.0, "gbps": 1.0, "device": device}
     if cache is not None:
         row["cache"] = cache
     return row
@@ -143,13 +144,21 @@ def test_the_gate_never_compares_a_warm_row_with_a_cold_one() -> None:
     assert got[("n=4096", "warm")] == "slower" and got[("n=4096", "cold")] == "same"
 
 
-def test_rows_written_before_the_cache_column_are_cold() -> None:
-    legacy = [_row("n=4096", 1.0, cache=None)]  # a baseline from before the column
+def test_rows_written_before_the_cache_column_keep_their_devices_mode() -> None:
+    # A GPU baseline from before the column: flushed, cold.
+    legacy = [_row("n=4096", 1.0, cache=None)]
     run = [_row("n=4096", 1.0), _row("n=4096", 0.2, "warm")]
     assert _verdicts(legacy, run) == {("n=4096", "cold"): "same",
                                       ("n=4096", "warm"): "new"}
     assert _verdicts(legacy, [_row("n=4096", 1.0, cache=None)]) == {
         ("n=4096", "cold"): "same"}
+    # A CPU baseline from before it: blocks of calls on the same buffers, warm.
+    cpu = {"device": "cpu", "timer": timing.TIMER_CPU}
+    legacy = [_row("n=4096", 0.2, cache=None, **cpu)]
+    run = [_row("n=4096", 0.2, "warm", **cpu),
+           _row("n=4096", 1.0, "cold", device="cpu", timer=timing.TIMER_CPU_ROTATED)]
+    assert _verdicts(legacy, run) == {("n=4096", "warm"): "same",
+                                      ("n=4096", "cold"): "new"}
 
 
 def test_reports_name_warm_rows_and_keep_cold_names() -> None:
@@ -161,8 +170,14 @@ def test_reports_name_warm_rows_and_keep_cold_names() -> None:
     assert set(names) == {"add/torch/fp32/n=4096", "add/torch/fp32/n=4096/warm"}
     assert "slower" in names["add/torch/fp32/n=4096/warm"]
     assert "same" in names["add/torch/fp32/n=4096"]
-    md = render_markdown(CompareResult(rows=verdicts, threshold=10.0))
+    md = render_markdown(CompareResult(rows=verdicts, threshold=10.0,
+                                       run_meta={"device_key": "h100"}))
     assert "| n=4096 (warm) | **slower** |" in md
+    # On a CPU the native mode is warm: its rows keep their names, cold ones say so.
+    cpu = {"device": "cpu", "timer": timing.TIMER_CPU}
+    run = [_row("n=4096", 0.2, "warm", **cpu), _row("n=4096", 1.0, "cold", **cpu)]
+    names = {e["name"] for e in benchmark_entries(pd.DataFrame(run))}
+    assert names == {"add/torch/fp32/n=4096", "add/torch/fp32/n=4096/cold"}
 
 
 # ---- re-timing times a warm row warm ------------------------------------------------------
@@ -574,6 +589,6 @@ def test_warm_rows_that_fit_are_held_against_the_cache_roof() -> None:
                                      "l2_gbps": 150.0}}}
     # A cold CPU row now rotates past the cache: the DRAM roof; a row written before the
     # cache column ran on the same buffers: the cache roof, as before.
-    legacy = df.iloc[:1].assign(cache=None)
+    legacy = df.iloc[:1].assign(cache=None, device="cpu")
     assert list(effective_roofs(df.iloc[:2], cpu)["roof"]) == ["DRAM", "cache"]
     assert list(effective_roofs(legacy, cpu)["roof"]) == ["cache"]

@@ -31,8 +31,8 @@ from roofline.schema import (
     ROW_ID,
     RunLoadError,
     atomic_write_text,
+    native_cache,
     resolve_results_json,
-    row_cache,
     row_name,
 )
 
@@ -58,13 +58,20 @@ def _md_cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _shape(r: dict[str, Any]) -> str:
-    """The shape as the tables show it: a warm row's says so (a cold row's is the shape)."""
-    cache = row_cache(r.get("cache"))
-    return str(r["shape"]) if cache == DEFAULT_CACHE else f"{r['shape']} ({cache})"
+def _native(result: CompareResult) -> str:
+    """The run's native cache mode (schema.native_cache: warm on a CPU, cold on a GPU)."""
+    return native_cache({"device": result.run_meta.get("device_key")
+                         or result.base_meta.get("device_key")})
 
 
-def _md_table(df: pd.DataFrame) -> list[str]:
+def _shape(r: dict[str, Any], native: str = DEFAULT_CACHE) -> str:
+    """The shape as the tables show it: a row timed in another mode than the device's
+    native one says so ("n=4096 (warm)" on a GPU); a native row's is the shape alone."""
+    cache = str(r.get("cache") or native)
+    return str(r["shape"]) if cache == native else f"{r['shape']} ({cache})"
+
+
+def _md_table(df: pd.DataFrame, native: str = DEFAULT_CACHE) -> list[str]:
     lines = [
         "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio "
         "| base p20–p80 | new p20–p80 | n base/new | note |",
@@ -73,7 +80,7 @@ def _md_table(df: pd.DataFrame) -> list[str]:
     for r in df.to_dict("records"):
         lines.append(
             f"| {_md_cell(r['kernel'])} | {_md_cell(r['provider'])} | {_md_cell(r['dtype'])} "
-            f"| {_md_cell(_shape(r))} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
+            f"| {_md_cell(_shape(r, native))} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
             f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio(r['ratio'])} "
             f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
             f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
@@ -146,7 +153,7 @@ def render_markdown(result: CompareResult) -> str:
     for title, verdicts in _SECTIONS:
         part = result.rows[result.rows["verdict"].isin(verdicts)]
         if len(part):
-            lines += ["", f"### {title} ({len(part)})", "", *_md_table(part)]
+            lines += ["", f"### {title} ({len(part)})", "", *_md_table(part, _native(result))]
     counts = result.counts
     same, skipped = counts.get("same", 0), counts.get("skipped", 0)
     tail = [f"{_rows(same)} the same within ±{t:g}%."]
@@ -161,7 +168,8 @@ def benchmark_entries(run_df: pd.DataFrame,
                       verdicts: pd.DataFrame | None = None) -> list[dict[str, Any]]:
     """The run's ok rows in github-action-benchmark's `customBiggerIsBetter` format.
 
-    name = "kernel/provider/dtype/shape" ("/warm" appended for a warm row); value =
+    name = "kernel/provider/dtype/shape" (schema.row_name: "/warm" appended for a warm
+    row on a GPU, "/cold" for a cold one on a CPU); value =
     achieved TFLOP/s for kernels in TFLOPS_KERNELS (matmul), achieved GB/s for every
     other kernel; extra = the median time and spread, plus the verdict when `verdicts`
     (compare_frames output) is given.
@@ -169,8 +177,7 @@ def benchmark_entries(run_df: pd.DataFrame,
     df = _normalise(run_df)
     by_key: dict[tuple[str, ...], dict[str, Any]] = {}
     if verdicts is not None:
-        by_key = {tuple(row_cache(r.get(k)) if k == "cache" else r[k] for k in ROW_ID): r
-                  for r in verdicts.to_dict("records")}
+        by_key = {tuple(r[k] for k in ROW_ID): r for r in verdicts.to_dict("records")}
     entries: list[dict[str, Any]] = []
     for r in df[df["status"] == "ok"].to_dict("records"):
         if r["kernel"] in TFLOPS_KERNELS:
@@ -236,7 +243,7 @@ def short_summary(result: CompareResult, limit: int = 20) -> str:
     lines += [f"warning: {w}" for w in result.warnings]
     bad = result.failing_rows
     for r in bad.head(limit).to_dict("records"):
-        what = f"{r['kernel']} {r['provider']} {r['dtype']} {_shape(r)}"
+        what = f"{r['kernel']} {r['provider']} {r['dtype']} {_shape(r, _native(result))}"
         if math.isfinite(r["ratio"]):
             detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
                      f"({_fmt_ratio(r['ratio'])})"

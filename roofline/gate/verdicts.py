@@ -3,7 +3,8 @@ the comparison's result object with the gate's exit code.
 
 Rows of the two runs are joined on schema.ROW_ID (kernel, provider, dtype, shape and the
 cache mode: a warm row is never compared with a cold one; a row written before the
-`cache` column is cold) and each gets one verdict (`judge` has the exact rule):
+`cache` column has its device's native mode, schema.native_cache) and each gets one
+verdict (`judge` has the exact rule):
 
     slower, failed, now-skipped, invalid   regressions: exit code 1
     missing, method-changed                changed rows: exit 1 unless --allow missing /
@@ -62,6 +63,7 @@ from roofline.schema import (
     KEY,
     ROW_ID,
     SAMPLES,
+    cache_column,
     row_cache,
 )
 
@@ -182,7 +184,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for col in KEY:
         df[col] = df[col].astype(str) if col in df.columns else ""
-    df[CACHE] = [row_cache(v) for v in df[CACHE]] if CACHE in df.columns else row_cache(None)
+    df[CACHE] = cache_column(df)
     for col in _NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else math.nan
     # Older runs and hand-made frames may lack the GPU clock columns.
@@ -224,7 +226,7 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
 
 def _key(row: Mapping[str, Any]) -> Key:
     return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
-            row_cache(row.get(CACHE)))
+            row_cache(row))
 
 
 _OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
