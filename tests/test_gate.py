@@ -269,12 +269,14 @@ HANG_GUARD_S = 1800
 
 def test_sigterm_from_outside_exits_143_without_traceback(tmp_path):
     """A real SIGTERM to a running process: exit 143, rows kept, no traceback.  Sent once
-    the run's journal holds a row, however long the ceilings take on a busy machine."""
+    the run's journal holds a row, however long the ceilings take on a busy machine; the
+    run has 2,000 rows, far more than pass before the signal lands (with fast CPU timing
+    400 rows once finished before it, under load)."""
     log = tmp_path / "stderr.txt"  # a file, not a pipe nobody reads while waiting
     with open(log, "w") as stderr:
         p = subprocess.Popen(
             [sys.executable, "run_bench.py", "--device", "cpu", "--sizes",
-             ";".join(f"n={2048 + i}" for i in range(400)), "--kernels", "add",
+             ";".join(f"n={2048 + i}" for i in range(2000)), "--kernels", "add",
              "--dtypes", "fp32", "--providers", "torch", "--no-plots", "--out",
              str(tmp_path / "out"), "--run-id", "t", "--no-measure-ceilings"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
