@@ -289,19 +289,28 @@ def _time_gpu(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
     if copies is None:
         return _fallback(time_flushed(call, cfg.timing, host_us),
                          "L2 size unknown: no rotation can be shown to be cold")
+    # Distinct copies of inputs and output, together more than twice the L2, so every
+    # replayed call starts from a cold cache (as do_bench's flush gives).
+    got = _graph_timing(call, cfg, host_us, copies,
+                        lambda: make_call(_clone_inputs(inputs), torch.empty_like(out)))
+    if isinstance(got, tuple):
+        return got
+    return _fallback(time_flushed(call, cfg.timing, host_us), got)
+
+
+def _graph_timing(call: Callable[[], object], cfg: RunConfig, host_us: float, copies: int,
+                  make_copy: Callable[[], Callable[[], object]]) -> tuple[Timing, str] | str:
+    """(timing, note) of a CUDA graph over `call` and copies - 1 more calls (make_copy),
+    sized by graph_plan; else why no graph could be used (the caller times otherwise).
+    The nodes one call adds are counted from a capture of it first, so a call that
+    cannot be captured fails before any copy is made."""
     calls: list[Callable[[], object]] = [call]
     try:
-        # The nodes one call adds to a graph, from a capture of it (a call that cannot be
-        # captured fails here, before thousands of copies are made).
         counted = count_launches(call)
         total, why = graph_plan(copies, counted or cfg.timing.assumed_launches, host_us,
                                 cfg.timing, counted=counted is not None)
         if total is not None:
-            # Distinct copies of inputs and output, together more than twice the L2, so
-            # every replayed call starts from a cold cache (as do_bench's flush gives).
-            for _ in range(copies - 1):
-                ins, o = _clone_inputs(inputs), torch.empty_like(out)
-                calls.append(make_call(ins, o))
+            calls += [make_copy() for _ in range(copies - 1)]
             timing = time_cudagraph(calls, cfg.timing, total)
             return timing, "; ".join(x for x in (why, timing.note) if x)
     except Exception as e:
@@ -309,10 +318,10 @@ def _time_gpu(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
             raise
         why = str(e) if isinstance(e, CaptureTooSlow) else \
             f"CUDA-graph timing failed ({_message(e)})"
-        del calls  # the copies, freed before the flushed timing
+        del calls  # any copies, freed before the caller's other timing
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    return _fallback(time_flushed(call, cfg.timing, host_us), why)
+    return why
 
 
 def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
@@ -327,21 +336,11 @@ def _time_gpu_warm(case: Case, cfg: RunConfig, call: Callable[[], object], host_
     CUDA events around back-to-back calls with nothing flushed (time_warm)."""
     if timing_method(case, cfg) == TIMER_FLUSHED:
         return time_warm(call, cfg.timing, host_us), ""
-    try:
-        counted = count_launches(call)
-        total, why = graph_plan(1, counted or cfg.timing.assumed_launches, host_us,
-                                cfg.timing, counted=counted is not None)
-        if total is not None:
-            timing = time_cudagraph([call], cfg.timing, total)
-            return timing, "; ".join(x for x in (why, timing.note) if x)
-    except Exception as e:
-        if is_sticky_cuda_error(e):
-            raise
-        why = str(e) if isinstance(e, CaptureTooSlow) else \
-            f"CUDA-graph timing failed ({_message(e)})"
-        torch.cuda.synchronize()
+    got = _graph_timing(call, cfg, host_us, 1, lambda: call)
+    if isinstance(got, tuple):
+        return got
     return (replace(time_warm(call, cfg.timing, host_us), timer=TIMER_WARM_FALLBACK),
-            f"timed back to back without a CUDA graph: {why}")
+            f"timed back to back without a CUDA graph: {got}")
 
 
 def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
