@@ -99,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(default 120)")
     p.add_argument("--no-collectives", dest="collectives", action="store_false",
                    help="under torchrun: skip timing the collectives")
+    from benches.fleet.acceptance import add_arguments, check_args
+
+    add_arguments(p)  # --acceptance and its options (benches/fleet/acceptance.py)
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
     p.add_argument("--remeasure-ceilings", action="store_true",
@@ -106,6 +109,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-measure-ceilings", action="store_true",
                    help="on a GPU with a datasheet, skip measuring ceilings")
     p.add_argument("--no-plots", action="store_true", help="write no PNGs")
+    p.add_argument("--history", metavar="STORE", default=None,
+                   help="add the finished run to this history store (python -m roofline "
+                        "history add RUN --store STORE)")
     p.add_argument("--list", action="store_true", help="list kernels, providers, dtypes, formulas")
     p.add_argument("--list-devices", action="store_true",
                    help="list device models with peaks and ridge points")
@@ -116,6 +122,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="--inspect target: sm_80, sm_89, sm_90, sm_100 (B200 class: tcgen05 "
                         "MMA, tensor memory)")
     args = p.parse_args(argv)
+    problem = check_args(args)
+    if problem:
+        raise UsageError(problem)
     try:
         check_threshold(args.threshold)
     except CompareError as e:
@@ -167,10 +176,17 @@ def _main(argv: list[str]) -> int:
         if args.list_devices:
             job.print_devices()
             return 0
-        from benches.dist import launched
+        from benches.fleet.dist import launched
 
+        if args.acceptance:
+            if not launched():
+                raise UsageError("--acceptance runs every GPU at once under torchrun: "
+                                 "torchrun --nproc-per-node=G run_bench.py --acceptance")
+            from benches.fleet.acceptance import run_acceptance
+
+            return run_acceptance(args, argv)
         if launched():
-            # torchrun started this process: one rank of a fleet run (benches/fleet.py).
+            # torchrun started this process: one rank of a fleet run (benches/fleet/run.py).
             if args.resume:
                 raise UsageError("--resume continues a single-process run; start a fleet "
                                  "run again under torchrun (its rows are kept per rank)")
@@ -179,9 +195,14 @@ def _main(argv: list[str]) -> int:
                                  "rank folders afterwards (python -m roofline compare "
                                  "BASELINE <out>/fleet/<run-id>/ranks/rank-<r>/<device>/"
                                  "<run-id>)")
-            from benches.fleet import run_fleet
+            if args.history:
+                raise UsageError("--history adds a single-process run; add a fleet's rank "
+                                 "folders afterwards (python -m roofline history add RUN)")
+            from benches.fleet.run import run_fleet
 
             return run_fleet(args, argv)
+        if args.history:
+            return _run_and_add(args, argv)
         return job.run(args, argv)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -198,6 +219,49 @@ def _main(argv: list[str]) -> int:
             # It did its work when the kernels were decorated; left set, it would leak
             # into every child process (re-timing rounds, a caller's later runs).
             os.environ.pop("TRITON_INTERPRET", None)
+
+
+def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
+    """--history STORE: the store is checked (and made) before anything is measured, the
+    run made, then its folder added.  The folder is the one this run created under
+    <out>/<device>/ (the --resume folder when resuming); a run that did not finish
+    (interrupted, aborted) is not added: resuming it adds it."""
+    from pathlib import Path
+
+    from benches import job
+    from roofline.history.errors import HistoryError
+    from roofline.history.store import add_run, prepare_store
+
+    if args.check_only:
+        raise UsageError("--history keeps timings: a --check-only run has none")
+    try:
+        prepare_store(args.history)
+    except HistoryError as e:
+        raise UsageError(str(e)) from None
+    out = Path(args.out)
+    before = set(out.glob("*/*/results.json"))
+    code = job.run(args, argv)
+    if args.resume:
+        made = [Path(args.resume)]
+    else:
+        made = [p.parent for p in set(out.glob("*/*/results.json")) - before
+                if args.run_id is None or p.parent.name == args.run_id]
+    if len(made) != 1:
+        print(f"error: --history: {len(made)} new run folders under {out} (another run "
+              "wrote there at the same time?): add this run with python -m roofline "
+              "history add RUN", file=sys.stderr)
+        return max(code, 2)
+    if code not in (0, 1):  # 1: failed rows, a whole run all the same
+        print(f"note: the run did not finish: not added to {args.history} (resume it with "
+              f"--resume {made[0]} --history {args.history})", file=sys.stderr)
+        return code
+    try:
+        added = add_run(made[0], args.history)
+    except HistoryError as e:
+        print(f"error: --history: {e}", file=sys.stderr)
+        return 2
+    print(f"history: run #{added.seq} of {added.path} ({added.rows} rows)")
+    return code
 
 
 def _interpreter_for_check_only(args: argparse.Namespace) -> bool:

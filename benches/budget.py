@@ -5,12 +5,13 @@ The run's budget never drops a case: what is left of it is shared among the case
 and a row's share lowers its sample count toward the regression gate's minimum
 (benches.timing.plan_cpu) once the sweep runs behind.  What a budget does skip is a case
 that cannot fit its row budget even at that minimum, and it does so before the case
-burns minutes: a kernel, provider and dtype (a "path") whose smaller shape was already
-over the budget, or whose time per call, scaled from its largest shape that ran by the
-work (FLOPs + bytes), would exceed the whole row budget in one call, is skipped without
-a call, its reason saying so.  Cases of a path run smallest first (benches.cases), so a
-path too slow for this device (fp8 torch._scaled_mm at 14 MFLOP/s on a CPU without fp8
-support: 17.7 s a call at 512^3) costs its smallest shapes' checks, not minutes per row.
+burns minutes: a kernel, provider, dtype and cache mode (a "path") whose smaller shape
+was already over the budget, or whose time per call, scaled from its largest shape that
+ran by the work (FLOPs + bytes), would exceed the whole row budget in one call, is
+skipped without a call, its reason saying so.  Cases of a path run smallest first
+(benches.cases), so a path too slow for this device (fp8 torch._scaled_mm at 14 MFLOP/s
+on a CPU without fp8 support: 17.7 s a call at 512^3) costs its smallest shapes' checks,
+not minutes per row.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ def work(case: Case) -> float:
                                                                               case.dtype))
 
 
-def path(case: Case) -> tuple[str, str, str]:
-    return (case.spec.name, case.provider, case.dtype)
+def path(case: Case) -> tuple[str, str, str, str]:
+    """A case's path: kernel, provider, dtype and cache mode.  The mode is part of it
+    because a case's cold and warm rows run one after the other at each shape (cases run
+    in that order): keyed without it, a warm row after its over-budget cold twin would be
+    skipped as a "larger" shape of a path that is its own shape, and one mode's call
+    time would predict the other's."""
+    return (case.spec.name, case.provider, case.dtype, case.cache)
 
 
 @dataclass
@@ -56,8 +62,10 @@ class RunBudget:
     started: float = field(default_factory=time.monotonic)
     # path -> (work, shape, seconds a call) of its largest shape that ran, and of its
     # smallest shape that was over the row budget
-    ran: dict[tuple[str, str, str], tuple[float, str, float]] = field(default_factory=dict)
-    over: dict[tuple[str, str, str], tuple[float, str, float]] = field(default_factory=dict)
+    ran: dict[tuple[str, str, str, str], tuple[float, str, float]] = field(
+        default_factory=dict)
+    over: dict[tuple[str, str, str, str], tuple[float, str, float]] = field(
+        default_factory=dict)
 
     def row(self, cases_left: int) -> RowBudget:
         """The next row's budget, with `cases_left` cases (it included) still to run."""

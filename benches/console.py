@@ -63,7 +63,7 @@ def _size(n: int) -> str:
 
 def print_collectives() -> None:
     """The collectives: not a --kernels family, they run in every fleet run (torchrun)."""
-    from benches.collectives import CPU_SIZES, DTYPES, GPU_SIZES, OPS
+    from benches.fleet.collectives import CPU_SIZES, DTYPES, GPU_SIZES, OPS
     from roofline.plan.comm import BUSBW_FACTOR
 
     t = Table(title="Collectives: timed by every fleet run with more than one rank "

@@ -8,7 +8,9 @@ the width of the global loads that feed the tensor operands, the fp8 accumulatio
 and ptxas's warnings (C7515: serialized wgmma).
 
 How a case is built: each kernel module declares its launches once
-(`KernelSpec.triton_launches`, shared with the real launch).  They are bound, with meta
+(`KernelSpec.triton_launches`, shared with the real launch), for the arch's Target
+(KernelSpec.launches: a family may give each arch its own configs, and a GPU run on that
+arch picks the same ones from its device's capability).  They are bound, with meta
 tensors of every default GPU shape, by Triton's own argument binder, so the 16-byte
 alignment, divisibility-by-16 and unit-stride specializations are those of a real
 launch; each distinct (function, specialization, config) is compiled once with
@@ -114,12 +116,23 @@ def sms_of(model: str) -> int:
     return (dev.sms if dev is not None else None) or _SMS_FALLBACK.get(model, 0)
 
 
-def _launches(kernel: str, dtype: str, shape: dict[str, int], sms: int) -> list[Any]:
+def arch_target(arch: str) -> Any:
+    """The kernels.spec.Target of a GPU of `arch` (no interpreter): what a run there has,
+    so that each kernel builds that arch's launches (KernelSpec.launches)."""
+    from kernels.spec import Target
+
+    cc = ARCHES[arch][0]
+    return Target("cuda", (cc // 10, cc % 10), name=arch)
+
+
+def _launches(kernel: str, dtype: str, shape: dict[str, int], arch: str) -> list[Any]:
+    """The launches a GPU of `arch` makes for one case, on meta tensors."""
     from kernels import REGISTRY
 
     spec = REGISTRY[kernel]
     inputs = spec.make_inputs(shape, dtype, 0, "meta")
-    return spec.triton_launches(inputs, spec.alloc_out(inputs, dtype), sms)
+    return spec.launches(inputs, spec.alloc_out(inputs, dtype), sms_of(ARCHES[arch][1]),
+                         arch_target(arch))
 
 
 def bind(launch: Any, cfg: Any, cc: int) -> tuple[Any, Any]:
@@ -158,11 +171,9 @@ def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case
     """Distinct compile cases for the selection, and notes on what was left out."""
     from benches.shapes import preset_shapes
     from kernels import REGISTRY
-    from kernels.spec import Target
 
-    cc, model, _ = ARCHES[arch]
-    sms = sms_of(model)
-    target = Target("cuda", (cc // 10, cc % 10), name=arch)
+    cc = ARCHES[arch][0]
+    target = arch_target(arch)
     cases: dict[str, Case] = {}
     notes: list[str] = []
     for kernel in kernels:
@@ -177,7 +188,7 @@ def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case
                 notes.append(f"{kernel} {dtype}: {reason}")
                 continue
             for shape in preset_shapes(spec, "default", on_gpu=True):
-                for li, launch in enumerate(_launches(kernel, dtype, shape, sms)):
+                for li, launch in enumerate(_launches(kernel, dtype, shape, arch)):
                     for ci, cfg in enumerate(launch.configs):
                         src, options = bind(launch, cfg, cc)
                         key = src.hash() + json.dumps(options.__dict__, sort_keys=True,
@@ -206,12 +217,12 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     # triton 3.9 warns once per process that its fp-fusion default will change; the
     # options used are recorded, the warning would only clutter the table.
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
-    cc, model, _ = ARCHES[arch]
+    cc = ARCHES[arch][0]
     dtype, shape, li, ci = where
     row: dict[str, Any] = {"error": ""}
     fd2: list[str] = []
     try:
-        launch = _launches(kernel, dtype, shape, sms_of(model))[li]
+        launch = _launches(kernel, dtype, shape, arch)[li]
         src, options = bind(launch, launch.configs[ci], cc)
         # Triton prints the whole PTX to stdout when ptxas fails, and MLIR writes its
         # diagnostics and a reproducer to fd 2 when a pass fails: keep both off the table.

@@ -23,7 +23,7 @@ class Terminated(BaseException):
 
 class PeerStopped(Terminated):
     """A fleet rank stopped by its fleet (a peer lost, or interrupted): raised in the
-    main thread by the heartbeat's watcher (benches/liveness.py), it unwinds the sweep as
+    main thread by the heartbeat's watcher (benches/fleet/liveness.py), it unwinds the sweep as
     SIGTERM does, so every finished row is kept."""
 
     def __init__(self, why: str) -> None:

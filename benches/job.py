@@ -314,7 +314,7 @@ def _run_budget(args: argparse.Namespace, present: Present) -> float | None:
 def run(args: argparse.Namespace, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None) -> int:
     """One run; `on_cases` sees the selected cases before any folder is made or anything
-    measured (a fleet's ranks agree on them there: benches/fleet.py)."""
+    measured (a fleet's ranks agree on them there: benches/fleet/run.py)."""
     # ---- everything the run needs is checked before any ceiling or kernel is measured
     allow = parse_allow(args.allow)
     resume_rows: list[dict[str, Any]] = []

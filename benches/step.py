@@ -24,7 +24,8 @@ What is measured, and with what (each a library made for it):
 - time by kind of work: torch.profiler over one step, each kernel (on a GPU) or each
   op's self CPU time (on a CPU) counted once and put in one category (GEMMs, attention,
   norms and elementwise, loss, optimizer, other) by the op that launched it
-  (benches/step_profile.py).
+  (benches/step_profile.py); the same events split by kernel family and pass for
+  `--explain` (benches/step_explain.py).
 
 Before anything is built, the step's memory estimate (roofline.plan.step:
 training state, activations by Korthikanti et al.'s estimate, logits, weight casts) is
@@ -48,8 +49,9 @@ from typing import Any
 
 import torch
 
+from benches.step_explain import profile_step_explained
 from benches.step_model import StepError, Transformer, check_shape, parameter_count
-from benches.step_profile import CATEGORIES, category, profile_step
+from benches.step_profile import CATEGORIES, category
 from benches.timing import time_call_ms
 from roofline.plan import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
@@ -234,12 +236,15 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         **saved,
         "peak_allocated": peak,
     }
-    profile_ms = profile_step(lambda: forward().backward(), opt.step,
-                              lambda: opt.zero_grad(set_to_none=True), on_gpu)
+    # The same profiled step split two ways: by kind of work, and by kernel family and
+    # pass for --explain (benches/step_explain.py).
+    prof = profile_step_explained(lambda: forward().backward(), opt.step,
+                                  lambda: opt.zero_grad(set_to_none=True), on_gpu)
     return {"n_blocks": n_blocks, "params": parameter_count(model),
             "time_ms": _percentiles(samples), "flops_forward": fwd, "flops_backward": bwd,
             "flops_optimizer": _flops_by_category(opt_count), "memory": memory,
-            "profile_ms": profile_ms, "notes": notes}
+            "profile_ms": prof["categories"], "profile_explain_ms": prof["explain"],
+            "profile_span_ms": prof["span_ms"], "notes": notes}
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
@@ -406,7 +411,7 @@ def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
     base = _measure(shape, 0, micro_batch, device, dtype, steps, warmup, free)
     whole = {key: _line(base[key], part[key], L, k) for key in
              ("time_ms", "flops_forward", "flops_backward", "flops_optimizer", "memory",
-              "profile_ms")}
+              "profile_ms", "profile_explain_ms", "profile_span_ms")}
     whole["params"] = shape.params
     whole["n_blocks"] = L
     whole["notes"] = part["notes"] + [

@@ -143,26 +143,34 @@ def _native_stderr_to_null() -> Iterator[None]:
         os.close(null)
 
 
+# The range a profiled call runs in (torch.profiler.record_function): its span is the
+# call's profiled time, its self time the time in no op (the interpreter between ops and
+# the profiler's own recording).  No category keyword matches it.
+SPAN = "gpubench::profiled"
+
+
+def profile_events(run: Callable[[], None], on_gpu: bool) -> list[Any]:
+    """The profiler's event list of one call of `run`, inside a SPAN range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with _native_stderr_to_null(), profile(activities=acts) as prof:
+        with record_function(SPAN):
+            run()
+        if on_gpu:
+            torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def split_ms(events: list[Any], on_gpu: bool, only: str | None = None) -> dict[str, float]:
+    """ms per category of an event list (device time on a GPU, self CPU time on a CPU),
+    the SPAN range's own time left out; all of it in category `only` when given."""
+    work = [e for e in events if e.name != SPAN]
+    return split_device_time(work, only) if on_gpu else split_cpu_time(work, only)
+
+
 def profile_ms(run: Callable[[], None], on_gpu: bool, only: str | None = None
                ) -> dict[str, float]:
     """ms per category over one call of `run` (device time on a GPU, self CPU time on a
     CPU); all of it in category `only` when given."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with _native_stderr_to_null(), profile(activities=acts) as prof:
-        run()
-        if on_gpu:
-            torch.cuda.synchronize()
-    events = prof.events()
-    return split_device_time(events, only) if on_gpu else split_cpu_time(events, only)
-
-
-def profile_step(forward_backward: Callable[[], None], optimizer_step: Callable[[], None],
-                 zero_grad: Callable[[], None], on_gpu: bool) -> dict[str, float]:
-    """One step profiled in two parts: forward and backward op by op, and the optimizer
-    step as a whole (its ops, sqrt, mul, lerp..., are named like any elementwise op)."""
-    zero_grad()
-    parts = profile_ms(forward_backward, on_gpu)
-    opt = profile_ms(optimizer_step, on_gpu, only="optimizer")
-    return {k: parts[k] + opt[k] for k in CATEGORIES}
+    return split_ms(profile_events(run, on_gpu), on_gpu, only)

@@ -19,7 +19,7 @@ PROVIDERS: tuple[str, ...] = ("torch", "triton")
 
 
 def _registry() -> dict[str, KernelSpec]:
-    from kernels import add, dot, gelu, matmul, matvec, mul
+    from kernels import add, attention, dot, gelu, matmul, matvec, mul, rowops
 
     return {
         spec.name: spec
@@ -31,6 +31,11 @@ def _registry() -> dict[str, KernelSpec]:
             dot.SPEC,
             matvec.SPEC,
             matmul.SPEC,
+            rowops.SOFTMAX_SPEC,
+            rowops.LAYERNORM_SPEC,
+            rowops.RMSNORM_SPEC,
+            attention.SPEC,
+            attention.SPEC_BWD,
         ]
     }
 

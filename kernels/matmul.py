@@ -42,7 +42,9 @@ from kernels.spec import (
     TritonLaunch,
     UnsupportedShape,
     dequantize,
+    for_arch,
     fp8_accum,
+    launch_capability,
     quantize,
     randn,
 )
@@ -135,8 +137,33 @@ CONFIGS: dict[str, list[triton.Config]] = {
     "ieee": [_cfg(128, 128, 32, 3, 8), _cfg(128, 64, 32, 3, 4), _cfg(64, 128, 32, 3, 4),
              _cfg(64, 64, 32, 3, 4), _cfg(32, 64, 32, 4, 4)],
 }
+# Blackwell (sm_100 class: B200, GB200, B300).  tcgen05 keeps the accumulator in tensor
+# memory, but the epilogue reads it back into registers, and `python run_bench.py
+# --inspect --arch sm_100` (triton 3.6 and 3.9) found four Hopper configs that spill
+# there; each is replaced by the nearest one that compiles clean with both versions:
+# - tf32 128x256x32 w8 (255 registers, 84-88 B spilled at any stage count or BLOCK_K 16)
+#   -> 128x128x64 w8 s3 (128 registers, 192 KB); 128x128x32 w4 (254 registers, 104 B)
+#   -> 8 warps, 4 stages (128 registers, 128 KB).  256x128 spills as well (152 B).
+# - IEEE fp32 64x128x32 w4 (3.6: 20 B) and 64x64x32 w4 (3.9: 8 B at 3 or 4 stages) -> the
+#   same tiles with 8 warps (105 and 80 registers).
+# The tcgen05 tiles keep 128 rows (its MMA is m128; a 64-row tile runs m64).
+SM100_CONFIGS: dict[str, list[triton.Config]] = {
+    **CONFIGS,
+    "tf32": [_cfg(128, 128, 64, 3, 8), _cfg(64, 256, 32, 3, 8), _cfg(128, 128, 32, 4, 8),
+             _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4)],
+    "ieee": [_cfg(128, 128, 32, 3, 8), _cfg(128, 64, 32, 3, 4), _cfg(64, 128, 32, 3, 8),
+             _cfg(64, 64, 32, 3, 8), _cfg(32, 64, 32, 4, 4)],
+}
+# Per compute-capability major version; any other GPU (and meta/CPU tensors) tunes over
+# CONFIGS.
+ARCH_CONFIGS: dict[int, dict[str, list[triton.Config]]] = {10: SM100_CONFIGS}
 # Under the interpreter: one small tile.
 _INTERP_CONFIG = _cfg(32, 32, 32, 1, 4, group=4)
+
+
+def configs_for(dtype: str, capability: tuple[int, int] | None) -> list[triton.Config]:
+    """The candidates a dtype is tuned over on a GPU of `capability` (None: CONFIGS)."""
+    return for_arch(ARCH_CONFIGS, CONFIGS, capability)[_family(dtype)]
 
 
 def _family(dtype: str) -> str:
@@ -146,8 +173,10 @@ def _family(dtype: str) -> str:
     return {"fp32": "ieee", "tf32": "tf32"}.get(dtype, "16bit")
 
 
-def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
-    """The one launch of a GPU run: autotuned over the dtype family's CONFIGS."""
+def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int,
+                    target: Target | None = None) -> list[TritonLaunch]:
+    """The one launch of a GPU run on `target` (None: the GPU holding the inputs),
+    autotuned over the dtype family's configs for that arch (configs_for)."""
     a, b, dtype = inputs["A"], inputs["B"], inputs["dtype"]
     if DTYPES[dtype].block:
         return matmul_blockscaled.triton_launches(inputs, out, sms)
@@ -168,11 +197,12 @@ def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonL
         args=(a, b, out, inputs["sa"], inputs["sb"], m, n, k, *a.stride(), *b.stride(),
               *out.stride()),
         constexprs=flags,
-        configs=tuple(CONFIGS[family]),
+        configs=tuple(configs_for(dtype, launch_capability(target, a))),
         grid=lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
         tune_key=("M", "N", "K"),
         # fp32 and tf32 (same tensor dtype, different math) and the two fp8 modes must
-        # never share a tuned config: one autotuner per CONFIGS list.
+        # never share a tuned config: one autotuner per CONFIGS list (and per arch:
+        # run_launch keys its tuners by the candidates too).
         tuner=family,
         operands={"A": ("stride_am", "stride_ak"), "B": ("stride_bk", "stride_bn")},
         matrix_unit=True,

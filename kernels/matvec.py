@@ -21,8 +21,11 @@ from kernels.spec import (
     KernelSpec,
     Provider,
     Shape,
+    Target,
     TritonLaunch,
     dequantize,
+    for_arch,
+    launch_capability,
     quantize,
     randn,
 )
@@ -47,26 +50,40 @@ def matvec_kernel(A, X, Y, SA, SX, M, K, stride_am, BLOCK_M: tl.constexpr,
     tl.store(Y + rows, round_for_store(y, MBITS).to(Y.dtype.element_ty), mask=row_mask)
 
 
+def _configs(rows: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+            for bm, bk, w, s in rows]
+
+
 # Hopper-oriented candidates: short row blocks keep enough programs in flight for
 # M = 4096 on 132 SMs; wide K blocks give each thread several 16-byte loads per step.
-CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-    for bm, bk, w, s in [
-        (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
-        (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
-    ]
-]
+CONFIGS = _configs([
+    (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
+    (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
+])
+# Blackwell (sm_100 class): 4 x 1024 with 4 warps spills 8 bytes of bf16 there (triton
+# 3.9's ptxas holds it to 64 registers; `python run_bench.py --inspect --arch sm_100`);
+# with 8 warps it compiles clean for every dtype with triton 3.6 and 3.9 (46-58
+# registers): the same tile, the same 16-byte loads.
+SM100_CONFIGS = _configs([
+    (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
+    (4, 1024, 8, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
+])
+# Per compute-capability major version; any other GPU (and meta/CPU tensors): CONFIGS.
+ARCH_CONFIGS: dict[int, list[triton.Config]] = {10: SM100_CONFIGS}
 
 
-def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
-    """The one launch of a GPU run: autotuned over CONFIGS."""
+def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int,
+                    target: Target | None = None) -> list[TritonLaunch]:
+    """The one launch of a GPU run on `target` (None: the GPU holding the inputs),
+    autotuned over that arch's configs (ARCH_CONFIGS, else CONFIGS)."""
     a, x = inputs["A"], inputs["x"]
     m, k = a.shape
     return [TritonLaunch(
         fn=matvec_kernel,
         args=(a, x, out, inputs["sa"], inputs["sx"], m, k, a.stride(0)),
         constexprs={"MBITS": store_round_bits(out)},
-        configs=tuple(CONFIGS),
+        configs=tuple(for_arch(ARCH_CONFIGS, CONFIGS, launch_capability(target, a))),
         grid=lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),),
         tune_key=("M", "K"),
         tuner="matvec",

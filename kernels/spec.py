@@ -7,16 +7,18 @@ registry in kernels/__init__.py lists them.  The harness derives everything else
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 Inputs = dict[str, Any]  # tensors plus scalars (fp8 scales), by name
 Shape = dict[str, int]  # e.g. {"M": 4096, "N": 4096, "K": 4096}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,9 @@ class Provider:
     # Extra reason a (dtype, target) cannot run, beyond dtype availability.
     skip: SkipFn | None = None
     note: str = ""  # how this provider computes (shown by --list)
+    # (the row's call) -> which library kernel it ran, written in the row's reason; found
+    # by one more call outside the timing (torch's SDPA picks its backend per call).
+    backend: Callable[[Callable[[], object]], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -251,8 +256,43 @@ class TritonLaunch:
         return self.fn.__name__
 
 
-# (inputs, preallocated output, SM count of the GPU) -> the launches, in order.
-LaunchFn = Callable[[Inputs, torch.Tensor, int], "list[TritonLaunch]"]
+# (inputs, preallocated output, SM count of the GPU[, target=Target]) -> the launches, in
+# order.  `target` is an optional keyword: the GPU the launches are built for, so that a
+# family can give each architecture its own configs (kernels/matmul.py: Hopper's spill on
+# sm_100).  A family whose launches do not depend on the architecture may leave it out
+# (KernelSpec.launches then calls it without); one that takes it resolves target=None
+# with launch_capability, so its provider, which calls it without a target, launches on a
+# GPU what --inspect compiled for that GPU's arch.
+LaunchFn = Callable[..., "list[TritonLaunch]"]
+
+
+def launch_capability(target: Target | None, *tensors: Any) -> tuple[int, int] | None:
+    """The compute capability launches are built for: `target`'s when given (None for a
+    CPU target), else that of the GPU holding the first CUDA tensor among `tensors`, else
+    None (meta or CPU tensors: no GPU, the default configs)."""
+    if target is not None:
+        return target.capability if target.kind == "cuda" else None
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            return torch.cuda.get_device_capability(t.device)
+    return None
+
+
+def for_arch(by_major: Mapping[int, T], default: T, capability: tuple[int, int] | None) -> T:
+    """The entry of `by_major` for the capability's major version (10: the sm_100 class,
+    B200/GB200/B300), else `default` (no GPU, or an arch without its own entry)."""
+    if capability is None:
+        return default
+    return by_major.get(capability[0], default)
+
+
+def _accepts_target(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: no introspection
+        return False
+    return any(p.name == "target" or p.kind is inspect.Parameter.VAR_KEYWORD
+               for p in params)
 
 
 @dataclass(frozen=True)
@@ -276,6 +316,18 @@ class KernelSpec:
     # The Triton launches a GPU run makes (None: no Triton provider).
     triton_launches: LaunchFn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def launches(self, inputs: Inputs, out: torch.Tensor, sms: int,
+                 target: Target | None = None) -> list[TritonLaunch]:
+        """The Triton launches of a run on `target` (see LaunchFn): `target` is passed to
+        a triton_launches that takes it, so that --inspect --arch sm_100 and a run on a
+        B200 build the same launches; [] without a Triton provider."""
+        fn = self.triton_launches
+        if fn is None:
+            return []
+        if target is not None and _accepts_target(fn):
+            return fn(inputs, out, sms, target=target)
+        return fn(inputs, out, sms)
 
     @property
     def dtypes(self) -> tuple[str, ...]:

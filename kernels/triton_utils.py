@@ -108,9 +108,11 @@ if KERNELS_INTERPRETED:
     _decode_e4m3_block_scales()
 
 
-# One autotuner per (kernel, tuner name), created on first use: its cache of tuned
-# configs lives as long as the process.
-_TUNERS: dict[tuple[str, str], object] = {}
+# One autotuner per (kernel, tuner name, candidate configs), created on first use: its
+# cache of tuned configs lives as long as the process.  The candidates are part of the
+# key because they differ per arch (kernels/matmul.py ARCH_CONFIGS): a tuner built for one
+# GPU's list must never serve another's.
+_TUNERS: dict[tuple[str, str, tuple[str, ...]], object] = {}
 
 
 def config_str(cfg: Any) -> str:
@@ -155,7 +157,7 @@ def run_launch(launch: TritonLaunch, config: Any = None) -> Any:
         cfg = (launch.interp_config or launch.configs[0]) if not on_gpu else launch.configs[0]
         _launch_with(launch, cfg, on_gpu)
         return cfg
-    key = (launch.name, launch.tuner)
+    key = (launch.name, launch.tuner, tuple(config_str(c) for c in launch.configs))
     tuner = _TUNERS.get(key)
     if tuner is None:
         tuner = triton.autotune(configs=list(launch.configs), key=list(launch.tune_key))(

@@ -1,19 +1,20 @@
 """`python -m roofline plot RUN [--out PNG]`, `python -m roofline compare BASELINE RUN`,
-promote, plan and targets."""
+promote, plan, targets and history."""
 
 from __future__ import annotations
 
 import sys
 
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote,plan,targets} ...\n"
+    "usage: python -m roofline {plot,compare,promote,plan,targets,history} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  plot RUN RUN... --devices     several devices' roofs and points on one figure\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
     "  promote RUN [--device KEY]    make RUN the stored baseline for its device\n"
     "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"
     "                                model size, tokens, days and memory (plan --help)\n"
-    "  targets RUN [RUN ...]         DESIGN.md section 7's ratios: met, missed, not measured"
+    "  targets RUN [RUN ...]         DESIGN.md section 7's ratios: met, missed, not measured\n"
+    "  history {add,report,html} ... every run kept per device, change points, dashboard"
 )
 
 
@@ -38,13 +39,35 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
         # harness's GEMM timing into the planner (DESIGN.md section 2).
-        from benches.plan_gemms import measure_gemms
+        from benches.plan_gemms import measure_gemms, measure_kernels
         from benches.step import measure_step
         from roofline.plan import main as plan_main
 
-        return plan_main(rest, measure_gemms=measure_gemms, measure_step=measure_step)
+        return plan_main(rest, measure_gemms=measure_gemms, measure_step=measure_step,
+                         measure_kernels=measure_kernels)
+    if cmd == "history":
+        from roofline.history.cli import main as history_main
+
+        return history_main(rest, retimer=_history_retimer)
     print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def _history_retimer(device, meta, rows):
+    """`history report --retime`: the harness's re-timing (benches/retime.py in child
+    processes, the rounds and spacing of run_bench.py --compare), wired here as plan's
+    measurements are."""
+    from pathlib import Path
+
+    from benches.job import RETIME_ROUNDS, RETIME_SPACING_S
+    from benches.retime import case_id
+    from roofline.devices import detect
+    from roofline.history.retime import make_retimer
+
+    factory = make_retimer([sys.executable, "-m", "benches.retime"], RETIME_ROUNDS,
+                           RETIME_SPACING_S, detect().key,
+                           Path(__file__).resolve().parent.parent, case_id)
+    return factory(device, meta, rows)
 
 
 if __name__ == "__main__":

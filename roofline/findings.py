@@ -39,10 +39,16 @@ def _dict(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
+# Shape keys that switch a variant on or off rather than size the problem.
+SHAPE_FLAGS = frozenset({"causal"})
+
+
 def _size(shape: Any) -> float:
-    """Problem size of a shape string (product of its dims) to find the largest shape."""
+    """Problem size of a shape string (product of its sizes) to find the largest shape;
+    flags such as attention's `causal` (0 or 1) are not sizes and are left out."""
     try:
-        return float(math.prod(parse_shape(str(shape)).values()))
+        dims = parse_shape(str(shape))
+        return float(math.prod(v for k, v in dims.items() if k not in SHAPE_FLAGS))
     except ValueError:
         return 0.0
 

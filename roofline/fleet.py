@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.schema import atomic_write_text
+from roofline.schema import atomic_write_text, mode_tag
 from roofline.style import _new_figure, save_figure
 
 DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median
@@ -21,6 +21,28 @@ DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median
 # the rank's rows (every device, the CPU too).
 FIGURES = ("copy_gbps", "bf16_matmul_tflops", "fp8_matmul_tflops", "sm_clock_mhz",
            "rows_gbps")
+# The figures read from a rank's rows, one set per cache mode: a cold and a warm time of
+# one case are different numbers (the gate never compares them either), so a median or a
+# largest matmul never mixes the two.  The device's native mode (cold on a GPU, warm on a
+# CPU; a row without a `cache` cell has it, schema.mode_tag) keeps the plain names, the
+# other mode's figures are named "rows_gbps (warm)" and compared only with each other.
+ROW_FIGURES = ("bf16_matmul_tflops", "fp8_matmul_tflops", "sm_clock_mhz", "rows_gbps")
+
+
+def figure_name(figure: str, tag: str) -> str:
+    """A figure's name for rows of cache mode `tag` ("" for the native mode)."""
+    return f"{figure} ({tag})" if tag else figure
+
+
+def figures_of(devices: list[dict[str, Any]]) -> list[str]:
+    """The figures the devices hold, in FIGURES order, each figure's native mode first."""
+    out = []
+    for f in FIGURES:
+        out.append(f)
+        # "rows_gbps (warm)", not its "rows_gbps (warm)_ratio"
+        out += sorted({k for d in devices for k in d
+                       if k.startswith(f"{f} (") and k.endswith(")")})
+    return out
 
 
 def _num(v: Any) -> float | None:
@@ -41,32 +63,45 @@ def _largest_matmul(rows: pd.DataFrame, dtype: str) -> float | None:
     return _num(pd.to_numeric(top["tflops"], errors="coerce").max())
 
 
-def device_figures(rank: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
-    """One device's key figures from its rows and its measured ceilings."""
-    ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
+def _row_figures(ok: pd.DataFrame) -> dict[str, Any]:
+    """ROW_FIGURES of ok rows of one cache mode."""
     clocks = [c for c in (pd.to_numeric(ok.get("sm_clock_mhz"), errors="coerce")
                           if "sm_clock_mhz" in ok else []) if _num(c)]
     gbps = [g for g in pd.to_numeric(ok.get("gbps"), errors="coerce") if _num(g)] \
         if "gbps" in ok else []
-    throttled = int(sum(1 for v in ok.get("throttled", []) if v is True)) \
-        if "throttled" in ok else 0
     return {
-        "rank": rank["rank"], "host": rank["host"], "device": rank.get("device_name"),
-        "gpu_uuid": rank.get("gpu_uuid"),
-        "copy_gbps": _num(rank.get("copy_gbps")),
         "bf16_matmul_tflops": _largest_matmul(ok, "bf16") if not ok.empty else None,
         "fp8_matmul_tflops": _largest_matmul(ok, "fp8") if not ok.empty else None,
         "sm_clock_mhz": statistics.median(clocks) if clocks else None,
         "rows_gbps": statistics.median(gbps) if gbps else None,
+    }
+
+
+def device_figures(rank: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
+    """One device's key figures from its rows (one set per cache mode, ROW_FIGURES) and
+    its measured ceilings."""
+    ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
+    throttled = int(sum(1 for v in ok.get("throttled", []) if v is True)) \
+        if "throttled" in ok else 0
+    tags = pd.Series([mode_tag(r) for r in ok.to_dict("records")], index=ok.index,
+                     dtype=object)
+    out = {
+        "rank": rank["rank"], "host": rank["host"], "device": rank.get("device_name"),
+        "gpu_uuid": rank.get("gpu_uuid"),
+        "copy_gbps": _num(rank.get("copy_gbps")),
+        **_row_figures(ok[tags == ""]),
         "throttled_rows": throttled, "exit_code": rank.get("exit_code"),
     }
+    for tag in sorted(set(tags) - {""}):
+        out.update({figure_name(f, tag): v for f, v in _row_figures(ok[tags == tag]).items()})
+    return out
 
 
 def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
                   ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """(outliers with their reasons, fleet medians): a device is an outlier when a key
     figure is more than tolerance_pct below the fleet median of that figure."""
-    medians = {f: statistics.median(v) for f in FIGURES
+    medians = {f: statistics.median(v) for f in figures_of(devices)
                if (v := [d[f] for d in devices if d.get(f)])}
     out = []
     for d in devices:
@@ -83,14 +118,15 @@ def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
 def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]],
                     medians: dict[str, float], tolerance_pct: float,
                     collectives: pd.DataFrame, note: str | None = None) -> str:
-    head = ["rank", "host", "device", *FIGURES, "throttled rows", "exit"]
+    figures = figures_of(devices)
+    head = ["rank", "host", "device", *figures, "throttled rows", "exit"]
     lines = ["# Fleet", "", *([f"**{note}**", ""] if note else []),
              f"{len(devices)} device(s); each key figure as a ratio to the fleet median "
              f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in devices:
         cells = [str(d["rank"]), str(d["host"]), str(d.get("device") or "-")]
-        for f in FIGURES:
+        for f in figures:
             v, r = d.get(f), d.get(f"{f}_ratio")
             cells.append(f"{v:.4g} ({r:.2f}x)" if v and r else "-")
         cells += [str(d["throttled_rows"]), str(d.get("exit_code"))]
@@ -121,9 +157,11 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
     fig = _new_figure(13, 5.2)
     ax = fig.add_subplot(1, 2, 1)
     xs = list(range(len(devices)))
-    for i, f in enumerate(FIGURES):
+    figures = figures_of(devices)
+    for i, f in enumerate(figures):
         ys = [d.get(f"{f}_ratio") for d in devices]
-        pts = [(x + (i - 2) * 0.08, y) for x, y in zip(xs, ys, strict=True) if y]
+        pts = [(x + (i - len(figures) // 2) * 0.08, y) for x, y in zip(xs, ys, strict=True)
+               if y]
         if pts:
             ax.scatter(*zip(*pts, strict=True), label=f, s=30, zorder=3, gid=f"fleet:{f}")
     ax.axhspan(1 - tolerance_pct / 100, 2, color="0.93", zorder=0)

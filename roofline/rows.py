@@ -13,17 +13,20 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kernels.spec import DTYPE_NAMES
 from roofline.ceilings import no_roofs
 from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
-KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul")
+KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "softmax",
+                                  "layernorm", "rmsnorm", "matvec", "attention",
+                                  "attention_bwd", "matmul")
 
-DTYPE_ORDER: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8e5")
+DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 
 PROVIDER_ORDER: tuple[str, ...] = ("torch", "triton")
 
 # Kernels compared against compute roofs as GEMMs; everything else is memory-bound by design.
-COMPUTE_KERNELS: frozenset[str] = frozenset({"matmul"})
+COMPUTE_KERNELS: frozenset[str] = frozenset({"matmul", "attention", "attention_bwd"})
 
 _NUMERIC = (
     "flops", "bytes", "intensity", "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops",

@@ -22,9 +22,11 @@ from roofline.schema import atomic_write
 _KERNEL_COLORS = {
     "add": "#1f77b4", "mul": "#ff7f0e", "gelu": "#9467bd", "gelu_erf": "#8c564b",
     "dot": "#e377c2", "matvec": "#17becf", "matmul": "#bcbd22",
+    "softmax": "#393b79", "layernorm": "#637939", "rmsnorm": "#8c6d31",
+    "attention": "#843c39", "attention_bwd": "#7b4173",
 }
 
-_EXTRA_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+_EXTRA_COLORS = ("#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")
 
 # add/mul and gelu/gelu_erf have the same intensity by construction and usually the same
 # speed, so one would hide the other: the first of each pair (drawn first) is larger and
@@ -35,7 +37,8 @@ _POINT_SIZE = 28
 
 _DTYPE_COLORS = {
     "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#ff7f0e", "bf16": "#d62728",
-    "fp8": "#2ca02c", "fp8e5": "#8c564b",
+    "fp8": "#2ca02c", "fp8e5": "#8c564b", "mxfp8": "#9467bd", "mxfp4": "#e377c2",
+    "nvfp4": "#bcbd22",
 }
 
 _PROVIDER_MARKERS = {"torch": "o", "triton": "^"}

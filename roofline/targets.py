@@ -5,8 +5,9 @@ Pure analysis (nothing is measured): the copy bandwidth each run measured (its
 ceilings' hbm_gbps), cuBLAS bf16 and fp8 TFLOP/s at 8192^3, and each section 7 ratio the
 rows allow, marked met, missed (by how much) or not measured (with why).  Every ratio
 comes from one run: a row against its own run's copy bandwidth, Triton against torch
-rows of the same run.  Where several runs hold a qualifying row, the largest footprint
-counts, then the run given last.  `.ci/gpu` writes its summary.md with this, its steps'
+rows of the same run, all of the device's native cache mode (cold on a GPU; _find).
+Where several runs hold a qualifying row, the largest footprint counts, then the run
+given last.  `.ci/gpu` writes its summary.md with this, its steps'
 pass/fail (--steps) and whether its one-rank fleet run has a plain run's rows
 (--same-rows) beside them.  A missed target is a finding, not an error: the exit code is
 0 then, 1 only when --same-rows finds the fleet's rows differ, 2 on a usage error.
@@ -22,12 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernels.spec import PLAIN_DTYPES
 from roofline.devices import ROOF_CLASS
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
 from roofline.report import _table
 from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
-from roofline.schema import KEY, RunLoadError, atomic_write_text, load_run, parse_shape
+from roofline.schema import (
+    KEY,
+    RunLoadError,
+    atomic_write_text,
+    load_run,
+    mode_tag,
+    parse_shape,
+    row_cache,
+)
 
 # ---- The targets: DESIGN.md section 7 ("on an H100 SXM, large sizes, in one run"). -----
 # "Large" for the vector kernels: a footprint (the row's compulsory bytes) of at least
@@ -45,7 +55,9 @@ BF16_MATMUL_SIZES = (4096, 8192)  # M = N = K; against torch.matmul (cuBLAS)
 FP8_MATMUL_SIZES = (8192,)  # against torch._scaled_mm
 HEADLINE_SIZE = 8192  # cuBLAS bf16 and fp8 TFLOP/s are reported at 8192^3
 # The vector kernels' dtypes: every benchmark dtype but tf32, a matmul-only mode.
-VECTOR_DTYPES = tuple(d for d in DTYPE_ORDER if d != "tf32")
+# Vector kernels run the plain dtypes (block scales run along a GEMM's K); tf32 is a
+# tensor-core mode, not a storage type.
+VECTOR_DTYPES = tuple(d for d in DTYPE_ORDER if d != "tf32" and d in PLAIN_DTYPES)
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
 # .ci/gpu's steps file: a header line, then one tab-separated line per step.
@@ -112,10 +124,26 @@ Found = tuple[int, Run, dict[str, Any]]  # (run index, run, row)
 
 
 def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
-          dims: dict[str, int] | None = None) -> list[Found]:
+          dims: dict[str, int] | None = None, native: bool = True) -> list[Found]:
+    """The rows of a case in the runs.  The targets hold rows timed in their device's
+    native cache mode (cold on a GPU, L2 flushed: what section 7's numbers are; a row
+    without a `cache` cell has it, schema.mode_tag), so every row picked, and every pair
+    of rows a ratio is taken of, shares that mode: a warm Triton time over a cold torch
+    time, or over the cold copy, is no ratio.  native=False: the rows of the other mode."""
     return [(i, run, r) for i, run in enumerate(runs) for r in run.rows
             if r.get("kernel") == kernel and r.get("provider") == provider
-            and r.get("dtype") == dtype and (dims is None or _dims(r) == dims)]
+            and r.get("dtype") == dtype and (dims is None or _dims(r) == dims)
+            and (mode_tag(r) == "") == native]
+
+
+def _no_row(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
+            dims: dict[str, int] | None = None) -> str:
+    """Why there is no row to judge: none at all, or only rows of the other cache mode."""
+    other = _find(runs, kernel, provider, dtype, dims, native=False)
+    modes = sorted({row_cache(r) for _, _, r in other})
+    name = "Triton" if provider == "triton" else provider
+    return f"no {name} row" + (f" (only {'/'.join(modes)}-cache rows, which the targets "
+                               "do not hold)" if other else "")
 
 
 def _ok(r: dict[str, Any], col: str) -> bool:
@@ -187,7 +215,7 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
         return (_num(f[2].get("bytes")) or 0.0, f[0])
 
     if not found:
-        why = "no Triton row"
+        why = _no_row(runs, kernel, "triton", dtype)
     elif not big:
         top = max(found, key=by_size)[2]
         why = f"no row {large} (largest: {top.get('shape')}, {_size(_num(top.get('bytes')))})"
@@ -232,11 +260,12 @@ def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Chec
             check.case = f"{t[0]['shape']} ({runs[i].name}{_throttled(t[0], c[0])})"
             return check
     whys = []
-    for provider, found in (("Triton", triton_rows), ("torch", torch_rows)):
+    for provider, found in (("triton", triton_rows), ("torch", torch_rows)):
         if not found:
-            whys.append(f"no {provider} row")
+            whys.append(_no_row(runs, "matmul", provider, dtype, dims))
         elif not any(_ok(r, "tflops") for _, _, r in found):
-            whys.append(f"{provider} row {_reason(found[-1][2])}")
+            name = "Triton" if provider == "triton" else provider
+            whys.append(f"{name} row {_reason(found[-1][2])}")
     part.why = ", ".join(whys) or "the Triton and torch rows come from different runs"
     return check
 
@@ -298,7 +327,8 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
             label = f"{what} {size}" + (f", {mode}" if mode else "")
             out.append([label, f"{float(r['tflops']):.0f} TFLOP/s", run.name])
         if not by_mode:
-            why = _reason(rows[-1][2]) if rows else "no row"
+            why = _reason(rows[-1][2]) if rows else \
+                _no_row(runs, "matmul", "torch", dtype, _square(HEADLINE_SIZE))
             out.append([f"{what} {size}", NOT_MEASURED, why])
     return out
 
@@ -306,16 +336,21 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
 def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
     """Whether a fleet run has the plain run's rows (same keys, same statuses)."""
     def keyed(run: Run) -> dict[tuple, str]:
-        return {tuple(str(r.get(k)) for k in KEY): str(r.get("status")) for r in run.rows}
+        # A case's cold and warm rows are two rows (schema.ROW_ID): one must not hide
+        # the other.  Keyed by mode_tag ("" for the device's native mode, which a row
+        # without a `cache` cell has), so a native row's name reads as it always did.
+        return {(*(str(r.get(k)) for k in KEY), mode_tag(r)): str(r.get("status"))
+                for r in run.rows}
 
     a, b = keyed(plain), keyed(fleet)
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
     status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     if not (only_a or only_b or status):
         return True, f"same {len(a)} rows, same statuses"
-    parts = [f"{len(keys)} {what} (first: {' '.join(keys[0])})" for keys, what in (
-        (only_a, "only in the plain run"), (only_b, "only in the fleet run"),
-        (status, "with another status")) if keys]
+    groups = ((only_a, "only in the plain run"), (only_b, "only in the fleet run"),
+              (status, "with another status"))
+    parts = [f"{len(keys)} {what} (first: {' '.join(k for k in keys[0] if k)})"
+             for keys, what in groups if keys]
     return False, "; ".join(parts)
 
 

@@ -97,6 +97,29 @@ def test_a_path_over_budget_skips_its_larger_shapes_without_a_call():
                                         "kernel, provider and dtype already takes 0.3")
 
 
+def test_a_warm_row_is_its_own_path_not_a_larger_shape_of_its_cold_twin():
+    # Cases run cold then warm at each shape: the warm twin of an over-budget cold row
+    # is checked and judged on its own call time, never skipped as "the smaller shape".
+    calls: list = []
+    fn = _sleeper(0.3, calls)
+    cases = [dataclasses.replace(case(fn=fn, shape={"n": n}), cache=mode)
+             for n in (1000, 2000) for mode in ("cold", "warm")]
+    rows = [r for _, r in iterate(cases, cpu_cfg(timing=TWO_S, cache=["cold", "warm"]))]
+    assert [(r["cache"], r["status"]) for r in rows] == [
+        ("cold", "skipped"), ("warm", "skipped"), ("cold", "skipped"), ("warm", "skipped")]
+    for r in rows[:2]:
+        assert r["reason"].startswith("over the row budget: one call takes 0.3"), r
+    for r in rows[2:]:
+        assert r["reason"].startswith("over the row budget: the smaller n=1000 "), r
+    assert calls == [1000] * 4  # each mode's smallest shape: tuning call and check
+    b = RunBudget(row_budget_s=2.0)
+    cold, warm = case(shape={"n": 1000}), dataclasses.replace(case(shape={"n": 1000}),
+                                                              cache="warm")
+    b.record(cold, {"status": "ok"}, RowBudget(call_s=1.5))
+    assert b.skip_reason(dataclasses.replace(warm, shape={"n": 10**4})) is None  # unknown
+    assert b.skip_reason(case(shape={"n": 10**4})) is not None  # 15 s predicted, cold
+
+
 def test_a_larger_shape_predicted_past_the_whole_row_budget_is_not_run():
     b = RunBudget(row_budget_s=2.0)
     small, big = case(shape={"n": 1000}), case(shape={"n": 10**6})

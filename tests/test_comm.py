@@ -67,7 +67,7 @@ def test_busbw_run_without_collective_rows_is_one_line(tmp_path, capsys):
 
 def fleet_run(tmp_path, device: str, backend: str, ranks: int = 2,
               busbw: float = 1.6) -> str:
-    """A fleet run's results.json with all_reduce rows as benches/fleet.py writes them."""
+    """A fleet run's results.json with all_reduce rows as benches/fleet/run.py writes them."""
     rows = []
     for size in (2**20, 2**22):
         r = dict.fromkeys(ALL_COLUMNS)

@@ -2,7 +2,7 @@
 torchrun (torch.distributed.run) with `--device cpu`, so gloo on the CPU, also on a
 machine with GPUs (CUDA is not hidden: the request decides the backend).  The slow-rank,
 early-exit, kill, hang and other-case-list paths use the test-only hooks documented in
-benches/fleet.py; a test that signals waits for the state it needs (a file), never for
+benches/fleet/run.py; a test that signals waits for the state it needs (a file), never for
 a clock, and its timeouts only stop a hang."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benches.collectives import busbw, elements, fill_value
-from benches.dist import FleetRefused, cpu_threads
+from benches.fleet.collectives import busbw, elements, fill_value
+from benches.fleet.dist import FleetRefused, cpu_threads
 from roofline.fleet import find_outliers
 from roofline.plan.comm import busbw_from_run
 from roofline.plan.model import PlanError
@@ -188,7 +188,7 @@ def test_each_collective_check_catches_a_wrong_value(op, dtype, tmp_path):
     once one element of the output is wrong."""
     import torch.distributed as dist
 
-    from benches.collectives import _buffers
+    from benches.fleet.collectives import _buffers
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
@@ -212,7 +212,7 @@ def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
     the whole buffer, and a launch) runs inside what is timed."""
     import torch.distributed as dist
 
-    from benches.collectives import GPU_SIZES, _buffers
+    from benches.fleet.collectives import GPU_SIZES, _buffers
 
     assert GPU_SIZES[0] == 4 * 2**10 and GPU_SIZES[-1] == 2**30  # 4 KB .. 1 GB
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
@@ -236,8 +236,8 @@ def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
 def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
     import argparse
 
-    from benches import dist as fdist
-    from benches.fleet_folder import versions as _versions
+    from benches.fleet import dist as fdist
+    from benches.fleet.folder import versions as _versions
 
     mine = _versions(argparse.Namespace(kernels=["add"], dtypes=["fp32"], providers=["torch"],
                                         sizes="n=4096", seed=0, device="cpu",
@@ -259,7 +259,7 @@ def test_each_rank_gets_its_share_of_the_cores():
 
 
 def test_more_processes_than_gpus_is_refused(monkeypatch):
-    from benches import dist as fdist
+    from benches.fleet import dist as fdist
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

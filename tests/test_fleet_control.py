@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from benches import dist as fdist
-from benches.dist import FleetRefused, Rank
+from benches.fleet import dist as fdist
+from benches.fleet.dist import FleetRefused, Rank
+from benches.fleet.liveness import STOP_SIGNAL, Liveness
 from benches.interrupt import PeerStopped
-from benches.liveness import STOP_SIGNAL, Liveness
 
 TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -70,7 +70,7 @@ def test_a_gpu_model_without_cuda_is_refused(monkeypatch):
 
 
 def test_a_cpu_rank_has_no_gpu_uuid_on_a_gpu_machine(one_gpu):
-    from benches.fleet_folder import gpu_uuid as _gpu_uuid
+    from benches.fleet.folder import gpu_uuid as _gpu_uuid
 
     cpu = Rank(0, 2, 0, 2, "h", "gloo", 5.0, "cpu")
     assert _gpu_uuid({"nvml_start": {"nvml_uuid": "GPU-1234"}}, cpu) is None
@@ -211,7 +211,8 @@ def test_a_sample_is_a_batch_of_calls_so_the_barriers_skew_is_diluted(monkeypatc
     """Ranks leave a barrier apart; the first call after it waits for the last rank.  A
     fake clock and a barrier after which the next call costs SKEW more: one call per
     sample would read CALL + SKEW (26x the call), a batch reads the call's own time."""
-    from benches import collectives, timing
+    from benches import timing
+    from benches.fleet import collectives
 
     call_ms, skew_ms = 0.02, 0.5
     clock = SimpleNamespace(t=0.0)
@@ -246,7 +247,7 @@ def test_a_sample_is_a_batch_of_calls_so_the_barriers_skew_is_diluted(monkeypatc
 def test_an_interrupt_during_the_collectives_ends_them_at_the_next_row(tmp_path):
     """The ranks agree before each row: one rank's stop (its interrupt's exit code) ends
     the sweep on every rank there, with the rows measured so far."""
-    from benches import collectives
+    from benches.fleet import collectives
 
     asked = []
 
@@ -266,7 +267,7 @@ def test_an_interrupt_during_the_collectives_ends_them_at_the_next_row(tmp_path)
 
 
 def test_after_the_sweep_signals_are_noted_not_raised():
-    from benches.rank_io import deferred_signals
+    from benches.fleet.rank_io import deferred_signals
 
     with deferred_signals() as noted:
         assert noted() is None
@@ -279,7 +280,7 @@ def test_after_the_sweep_signals_are_noted_not_raised():
 
 
 def test_batch_sizes():
-    from benches.collectives import MAX_BATCH, batch_size
+    from benches.fleet.collectives import MAX_BATCH, batch_size
 
     assert batch_size(0.02, 10.0) == 500
     assert batch_size(20.0, 10.0) == 1  # a call longer than a sample: one per sample

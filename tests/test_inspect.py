@@ -103,7 +103,9 @@ def test_sm90_properties_of_point_3(sm90):
             kinds = set(row["load_kinds"].split(","))
             assert "cp.async" in kinds and row["wide_allowed"], name
             assert kinds == {"cp.async"} or dtype in BLOCK_SCALED, name
-        else:
+        elif not row["matrix_unit"]:
+            # The vector kernels (elementwise, dot, matvec, row ops) compute on the CUDA
+            # cores; a matrix-unit family other than matmul (attention) has its own tests.
             assert row["mma"] == "none", name
     # The matmul tiles really are Hopper-sized: some config uses most of the smem.
     assert data["metadata"]["max_shared"] >= 128 * 1024
@@ -225,9 +227,10 @@ SM100 = textwrap.dedent("""
     import kernels.matmul as mm
     from benches import inspect as ins
 
-    # One config per dtype family keeps the test to two compiles.
-    mm.CONFIGS["16bit"] = [mm._cfg(128, 128, 64, 4, 4)]
-    mm.CONFIGS["fp8"] = [mm._cfg(128, 128, 128, 4, 4)]
+    # One config per dtype family keeps the test to two compiles.  Set in sm_100's own
+    # table: were inspect to compile sm_90's (7 configs each) for sm_100, rows would be 14.
+    mm.SM100_CONFIGS["16bit"] = [mm._cfg(128, 128, 64, 4, 4)]
+    mm.SM100_CONFIGS["fp8"] = [mm._cfg(128, 128, 128, 4, 4)]
     sys.exit(ins.main(["--arch", "sm_100", "--kernels", "matmul", "--dtypes", "bf16,fp8",
                        "--out", sys.argv[1]]))
 """)

@@ -266,3 +266,14 @@ def test_rows_without_a_roof_get_no_cache_roof():
              mfu=None, above_roof=None)
     best = report.best_points(pd.DataFrame([r]), cpu_meta())
     assert len(best) == 1 and pd.isna(best.iloc[0]["pct_roof"]) and best.iloc[0]["roof"] is None
+
+
+def test_largest_shape_ignores_the_causal_flag():
+    """`causal=0` is a variant, not a size: the largest attention shape is the longest
+    sequence whether or not it is causal."""
+    shapes = ["B=8,H=16,S=4096,D=128,causal=0", "B=32,H=16,S=1024,D=128,causal=1"]
+    ratios = pd.DataFrame({"kernel": ["attention"] * 2, "dtype": ["bf16"] * 2,
+                           "shape": shapes, "torch_ms": [2.0, 1.0], "triton_ms": [1.0, 1.0],
+                           "ratio": [2.0, 1.0]})
+    s = report.ratio_summary(ratios).iloc[0]
+    assert s["largest_shape"] == shapes[0] and s["ratio_at_largest"] == pytest.approx(2.0)

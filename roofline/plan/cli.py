@@ -32,6 +32,7 @@ from roofline.plan.arithmetic import (
     train_flops,
 )
 from roofline.plan.comm import plan_communication
+from roofline.plan.explain import explain_report, step_kernels
 from roofline.plan.flags import _ArgError, build_parser, model_from_args, parse_count
 from roofline.plan.model import ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
@@ -40,8 +41,8 @@ from roofline.plan.step import step_report
 
 # parse_count and model_from_args are the flags' (roofline/plan/flags.py), kept here too for
 # those who import them from the planner's command.
-__all__ = ["MeasureGemms", "MeasureStep", "build_parser", "build_plan", "check_writable",
-           "main", "model_from_args", "out_dir", "parse_count"]
+__all__ = ["MeasureGemms", "MeasureKernels", "MeasureStep", "build_parser", "build_plan",
+           "check_writable", "main", "model_from_args", "out_dir", "parse_count"]
 
 # (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
 # steps, log) -> the step's measurements (benches.step.measure_step).
@@ -52,6 +53,12 @@ STEP_DTYPES = ("bf16", "fp16", "fp32")
 # (gemms, device key, dtype, provider, timing budget ms, log) -> what was measured; fills
 # each Gemm's ms, tflops and mfu (benches.plan_gemms.measure_gemms).
 MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
+# ([{"kernel", "dtype", "shape"}], device key, provider, timing budget ms, log) -> each
+# request's sweep row (benches.plan_gemms.measure_kernels), for --explain.
+MeasureKernels = Callable[[list[dict[str, Any]], str, str, "float | None", Any],
+                          dict[str, Any]]
+# The step's ops as they run: torch's.
+EXPLAIN_PROVIDER = "torch"
 
 
 def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -73,10 +80,12 @@ def _stderr(msg: str) -> None:
 
 def build_plan(args: argparse.Namespace, log: Any = _stderr,
                measure_gemms: MeasureGemms | None = None,
-               measure_step: MeasureStep | None = None) -> dict[str, Any]:
+               measure_step: MeasureStep | None = None,
+               measure_kernels: MeasureKernels | None = None) -> dict[str, Any]:
     """Everything the plan says, as a JSON-able dict (the --json document).
-    `measure_gemms` times GEMMs on the device present (benches.plan_gemms) and
-    `measure_step` runs training steps (benches.step); without them --measure is
+    `measure_gemms` times GEMMs on the device present (benches.plan_gemms),
+    `measure_step` runs training steps (benches.step) and `measure_kernels` times the
+    step's kernels for --explain (benches.plan_gemms); without them --measure is
     refused."""
     shape = model_from_args(args)
     params: float | None = float(shape.params) if shape else args.params
@@ -92,6 +101,12 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
 
     if args.measure_layers is not None and args.measure != "step":
         raise PlanError("--measure-layers goes with --measure step")
+    explain = getattr(args, "explain", False)
+    if explain and args.measure != "step":
+        raise PlanError("--explain goes with --measure step")
+    if explain and measure_kernels is None:
+        raise PlanError("--explain times the step's kernels through the benchmark harness: "
+                        "run it as `python -m roofline plan ... --measure step --explain`")
     weight_format = getattr(args, "weight_format", None)
     if weight_format and args.bytes_per_param is not None:
         raise PlanError("--weight-format changes a --policy's weights; --bytes-per-param "
@@ -125,6 +140,14 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         ceilings = None if DEVICES[device].peaks_tflops else \
             _ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
         step_measured = {"report": report, "measurement": result, "ceilings": ceilings}
+        if explain:
+            assert measure_kernels is not None
+            kernels = step_kernels(shape, args.micro_batch, step_dtype)
+            timed = measure_kernels([k.request() for k in kernels], device,
+                                    EXPLAIN_PROVIDER, args.rep_ms, log)
+            step_measured["explain"] = explain_report(
+                kernels, timed, result["profile_explain_ms"], result.get("profile_span_ms"))
+            step_measured["explain_measurement"] = timed
         args.dtype = step_dtype
         mfu_source = "measured step"
         mfu_from = (f"--measure step: {report['step_ms']:.4g} ms per step of "
@@ -343,9 +366,11 @@ def check_writable(dest: Path) -> None:
 
 
 def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
-         measure_step: MeasureStep | None = None) -> int:
+         measure_step: MeasureStep | None = None,
+         measure_kernels: MeasureKernels | None = None) -> int:
     """`python -m roofline plan ...`; returns the exit code.  The entry point passes
-    benches.plan_gemms.measure_gemms and benches.step.measure_step for --measure."""
+    benches.plan_gemms.measure_gemms and measure_kernels and benches.step.measure_step
+    for --measure."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -364,7 +389,8 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
             # not after minutes of timing; made only once there is a plan to write, so a
             # plan refused for its input leaves nothing behind.
             check_writable(dest)
-        plan = build_plan(args, measure_gemms=measure_gemms, measure_step=measure_step)
+        plan = build_plan(args, measure_gemms=measure_gemms, measure_step=measure_step,
+                          measure_kernels=measure_kernels)
     except (PlanError, DeviceError, RunLoadError, OSError) as e:
         what = f"cannot create {dest}: " if isinstance(e, OSError) else ""
         print(f"error: {what}{e}", file=sys.stderr)

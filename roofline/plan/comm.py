@@ -93,7 +93,7 @@ def policy_bytes(items: dict[str, float]) -> tuple[float, float]:
 FLEET_HINT = ("collectives are timed by a fleet run: `torchrun --nproc-per-node=G "
               "run_bench.py`, whose fleet/<run-id> folder holds the all_reduce rows")
 
-# The torch.distributed backend a device kind's fleet runs on (benches/dist.py).
+# The torch.distributed backend a device kind's fleet runs on (benches/fleet/dist.py).
 BACKEND = {"cuda": "nccl", "cpu": "gloo"}
 
 

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--measure step on a slice of K blocks (with the embedding and "
                         "head), extrapolated to all layers: for a model too big for the "
                         "device")
+    e.add_argument("--explain", action="store_true",
+                   help="--measure step: time the step's own kernels alone (its GEMMs, "
+                        "attention, norms, loss; torch) through the harness and set each "
+                        "category's profiled time beside them, with its roofline place")
     e.add_argument("--steps", type=_positive_int, default=5,
                    help="--measure step: timed steps after 2 warm-up steps (default 5)")
     e.add_argument("--dtype", default="bf16", choices=sorted(ROOF_CLASS),

@@ -144,6 +144,10 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         from roofline.plan.step import step_sections
 
         out += step_sections(plan["step_measured"]["report"], si, gb)
+        if plan["step_measured"].get("explain"):
+            from roofline.plan.explain import explain_sections
+
+            out += explain_sections(plan["step_measured"]["explain"])
     return out
 
 

@@ -2,7 +2,11 @@
 whose FLOPs and bytes are known (the step's GEMMs, its attention) is one point at
 (FLOP/byte, TFLOP/s) of its profiled time, its area proportional to its share of the
 step's time; the kinds without FLOPs (norms and elementwise, loss, optimizer, other)
-are listed with their shares, since a roofline has no place for them."""
+are listed with their shares, since a roofline has no place for them.
+
+With --explain the points are the explain categories whose kernels the harness timed:
+filled at their rate in the step, hollow at their rate alone, joined by a line; a second
+panel sets each category's profiled time beside the same ops' time alone."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from roofline.rows import run_ceilings
 from roofline.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
+_EXPLAIN_COLORS = {"norm": "#2ca02c", "loss/softmax": "#9467bd",
+                   "optimizer/elementwise": "#ff7f0e", "other": "#7f7f7f"}
 
 
 def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
@@ -25,9 +31,14 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
     rc = ROOF_CLASS[meas["dtype"]]
     ceilings = run_ceilings({"ceilings": sm["ceilings"]} if sm.get("ceilings")
                             else {"device_key": plan["device"]})
-    points = [c for c in report["categories"] if c["tflops"] and c["intensity"]]
-    xs = [c["intensity"] for c in points]
-    ys = [c["tflops"] for c in points]
+    explain = sm.get("explain")
+    points = [] if explain else [c for c in report["categories"]
+                                 if c["tflops"] and c["intensity"]]
+    placed = [c for c in (explain or {}).get("categories", [])
+              if c["intensity"] and c["in_step"]["tflops"] and c["alone"]["tflops"]]
+    xs = [c["intensity"] for c in points + placed]
+    ys = [c["tflops"] for c in points] + [c[k]["tflops"] for c in placed
+                                          for k in ("in_step", "alone")]
     for c in ceilings.values():
         if rc in c.tflops:
             ys.append(c.tflops[rc])
@@ -42,8 +53,11 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                    linewidths=0.5, zorder=4, gid=f"step:{c['category']}",
                    label=f"{c['category']}: {c['share']:.1%} of the step, "
                          f"{c['tflops']:.3g} TFLOP/s")
+    if explain:
+        _explain_points(ax, explain, placed)
+        _explain_bars(fig, ax, explain)
     rest = [c for c in report["categories"] if c not in points and c["share"] > 0.0005]
-    if rest:
+    if rest and not explain:
         text = "not on the roofline (no FLOP count):\n" + "\n".join(
             f"  {c['category']}: {c['share']:.1%}" for c in
             sorted(rest, key=lambda c: -c["share"]))
@@ -60,8 +74,76 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                  f"{plan['device_name']}: {report['step_ms']:.4g} ms, MFU "
                  f"{report['mfu']:.1%}{sliced}\nmarker area = share of the step's time "
                  "(one profiled step)", fontsize=10)
-    if points:
-        ax.legend(loc="lower right", fontsize=8)
+    if points or placed:
+        ax.legend(loc="best" if placed else "lower right", fontsize=7 if placed else 8)
     if out is not None:
         save_figure(fig, out)
     return fig
+
+
+def _explain_points(ax: Any, explain: dict[str, Any], placed: list[dict[str, Any]]) -> None:
+    """Each timed category at its FLOP/byte: filled at its rate in the step (area: its
+    share of the step's profiled time), hollow at its rate alone."""
+    total = explain["profiled_ms"] or 1.0
+    for c in placed:
+        color = _COLORS.get(c["category"], _EXPLAIN_COLORS.get(c["category"], "0.4"))
+        x = c["intensity"]
+        step, alone = c["in_step"]["tflops"], c["alone"]["tflops"]
+        ax.plot([x, x], [step, alone], color=color, lw=1, zorder=3)
+        ax.scatter([x], [step], s=[marker_area(c["profiled_total_ms"] / total)],
+                   color=color, alpha=0.7, edgecolors="black", linewidths=0.5, zorder=4,
+                   gid=f"explain:step:{c['category']}",
+                   label=f"{c['category']} in the step: {step:.3g} TFLOP/s "
+                         f"({'+'.join(c['passes'])})")
+        ax.scatter([x], [alone], s=[40], facecolors="none", edgecolors=color,
+                   linewidths=1.2, zorder=4, gid=f"explain:alone:{c['category']}",
+                   label=f"{c['category']} alone: {alone:.3g} TFLOP/s")
+
+
+def _explain_bars(fig: Figure, ax: Any, explain: dict[str, Any]) -> None:
+    """A second panel: per category, the profiled time in the step beside the same ops'
+    time alone (none where the harness has no kernel for them, said on the bar)."""
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w * 1.9, h)
+    gs = fig.add_gridspec(1, 2, width_ratios=[1.15, 1])
+    ax.set_subplotspec(gs[0])
+    bx = fig.add_subplot(gs[1])
+    cats = [c for c in explain["categories"] if c["profiled_total_ms"] or c["kernels"]]
+    ys = list(range(len(cats)))[::-1]
+    labelled: set[str] = set()
+    for y, c in zip(ys, cats, strict=True):
+        color = _COLORS.get(c["category"], _EXPLAIN_COLORS.get(c["category"], "0.4"))
+        bx.barh(y + 0.2, c["profiled_total_ms"], height=0.38, color=color, alpha=0.3,
+                gid=f"explain:bar:step:{c['category']}",
+                label=_once(labelled, "profiled in the step"))
+        if c["alone_ms"] is not None:  # the passes the kernels alone cover
+            bx.barh(y + 0.2, c["step_ms"], height=0.38, color=color, alpha=0.9,
+                    gid=f"explain:bar:covered:{c['category']}",
+                    label=_once(labelled, "of it, the passes timed alone"))
+        if c["alone_ms"] is not None:
+            bx.barh(y - 0.2, c["alone_ms"], height=0.38, color="white", edgecolor=color,
+                    hatch="//", gid=f"explain:bar:alone:{c['category']}",
+                    label=_once(labelled, "the same ops alone"))
+            text = (f"step / alone {c['ratio']:.3g} ({'+'.join(c['passes'])})"
+                    if c["ratio"] else "")
+        else:
+            text = "no kernel in the harness: no figure alone"
+        bx.text(1.0, y, f"  {text}", transform=bx.get_yaxis_transform(), va="center",
+                ha="left", fontsize=7, color="0.3", clip_on=False)
+    bx.set_yticks(ys, [c["category"] for c in cats], fontsize=8)
+    times = [c[k] for c in cats for k in ("profiled_total_ms", "alone_ms") if c[k]]
+    if times:
+        bx.set_xscale("log")
+        bx.set_xlim(min(times) / 3, max(times) * 3)
+    bx.set_xlabel("ms per step")
+    bx.legend(loc="lower right", fontsize=8)
+    bx.set_title(f"the step's time against its kernels alone ({explain['provider']})",
+                 fontsize=9)
+
+
+def _once(seen: set[str], label: str) -> str | None:
+    """A legend label the first time only."""
+    if label in seen:
+        return None
+    seen.add(label)
+    return label

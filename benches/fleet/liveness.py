@@ -1,4 +1,4 @@
-"""Heartbeats through torchrun's rendezvous store, and the fleet's stop (benches/dist.py
+"""Heartbeats through torchrun's rendezvous store, and the fleet's stop (benches/fleet/dist.py
 starts one per rank): a background thread beats this rank's counter, reads the ranks it
 watches, and, while the sweep is armed, raises PeerStopped in the main thread when the
 fleet stops."""

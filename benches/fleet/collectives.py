@@ -71,12 +71,14 @@ def fill_value(rank: int, world: int, dtype: torch.dtype) -> float:
     return float(1 + rank % 2) if 2 * world <= limit else 1.0
 
 
-def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int
+def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int,
+             group: Any = None
              ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], bool]]:
     """(reset, call, check) for `op` on a whole array of n elements (n a multiple of
     world): reset writes the known inputs, call runs the collective (what is timed), check
     compares the result with the known one exactly.  Inputs are small integers whose
-    results every dtype holds exactly."""
+    results every dtype holds exactly.  `rank` and `world` are within `group` (None: the
+    default group); broadcast's source is the group's first rank."""
     chunk = n // world
     mine = fill_value(rank, world, dtype)
     total = sum(fill_value(r, world, dtype) for r in range(world))
@@ -86,12 +88,12 @@ def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world:
 
     if op == "all_reduce":
         buf = torch.empty(n, dtype=dtype, device=device)
-        return (filler(buf, mine), lambda: dist.all_reduce(buf),
+        return (filler(buf, mine), lambda: dist.all_reduce(buf, group=group),
                 lambda: bool((buf == total).all()))
     if op == "reduce_scatter":
         src = torch.empty(n, dtype=dtype, device=device)
         out = torch.empty(chunk, dtype=dtype, device=device)
-        return (filler(src, mine), lambda: dist.reduce_scatter_tensor(out, src),
+        return (filler(src, mine), lambda: dist.reduce_scatter_tensor(out, src, group=group),
                 lambda: bool((out == total).all()))
     per_rank = torch.arange(world, device=device)
     if op == "all_gather":
@@ -101,7 +103,7 @@ def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world:
         # second whole array is made).
         want = (per_rank % 256 + 1).to(dtype).view(world, 1)
         return (filler(src, float(rank % 256 + 1)),
-                lambda: dist.all_gather_into_tensor(out, src),
+                lambda: dist.all_gather_into_tensor(out, src, group=group),
                 lambda: bool((out.view(world, chunk) == want).all()))
     if op == "all_to_all":
         # Chunk j of rank r's send buffer holds r * world + j; after the exchange, chunk i
@@ -111,11 +113,13 @@ def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world:
         sent = ((rank * world + per_rank) % 256).to(dtype).view(world, 1)
         want = ((per_rank * world + rank) % 256).to(dtype).view(world, 1)
         return (lambda: src.view(world, chunk).copy_(sent.expand(world, chunk)),
-                lambda: dist.all_to_all_single(out, src),
+                lambda: dist.all_to_all_single(out, src, group=group),
                 lambda: bool((out.view(world, chunk) == want).all()))
     if op == "broadcast":
         buf = torch.empty(n, dtype=dtype, device=device)
-        return (filler(buf, 7.0 if rank == 0 else 0.0), lambda: dist.broadcast(buf, 0),
+        src_rank = 0 if group is None else dist.get_global_rank(group, 0)
+        return (filler(buf, 7.0 if rank == 0 else 0.0),
+                lambda: dist.broadcast(buf, src_rank, group=group),
                 lambda: bool((buf == 7.0).all()))
     raise ValueError(f"unknown collective {op}")
 
@@ -128,19 +132,20 @@ def batch_size(call_ms: float, min_sample_ms: float, cap: int = MAX_BATCH) -> in
     return max(1, min(cap, math.ceil(min_sample_ms / call_ms)))
 
 
-def _sized_batch(call: Callable[[], Any], on_gpu: bool, device: str, first: int) -> int:
+def _sized_batch(call: Callable[[], Any], on_gpu: bool, device: str, first: int,
+                 group: Any = None) -> int:
     """Calls per sample, from timed warm-up batches (the first of `first` calls), grown
     until one lasts MIN_SAMPLE_MS: a batch that long dilutes the barrier's skew that
     the first call absorbs, so the per-call estimate is the call's own time.  Every rank
     must make the same number of calls: the slowest rank's batch time decides."""
     n, least = first, MIN_SAMPLE_MS[device]
     while True:
-        dist.barrier()
+        dist.barrier(group=group)
         if on_gpu:
             torch.cuda.synchronize()
         took = torch.tensor([time_call_ms(_repeat(call, n), on_gpu)], dtype=torch.float64,
                             device=device)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
         ms = float(took.item())
         if ms >= least or n >= MAX_BATCH:
             return min(n, batch_size(ms / n, least))
@@ -154,14 +159,14 @@ def _repeat(call: Callable[[], Any], n: int) -> Callable[[], None]:
     return calls
 
 
-def _time(call: Callable[[], Any], on_gpu: bool, iters: int, batch: int = 1
-          ) -> list[float]:
+def _time(call: Callable[[], Any], on_gpu: bool, iters: int, batch: int = 1,
+          group: Any = None) -> list[float]:
     """Per-call ms on this rank: `iters` samples, each `batch` back-to-back calls after a
     barrier (so every rank starts the sample together), timed together and divided."""
     out = []
     calls = _repeat(call, batch)
     for _ in range(iters):
-        dist.barrier()
+        dist.barrier(group=group)
         if on_gpu:
             torch.cuda.synchronize()
         out.append(time_call_ms(calls, on_gpu) / batch)
@@ -175,11 +180,11 @@ def elements(size_bytes: int, itemsize: int, world: int) -> int:
 
 
 def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
-            warmup: int = WARMUP) -> dict[str, Any]:
-    """One collective at one size: a row (on every rank; the times are the slowest
-    rank's, sample by sample)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    backend = str(dist.get_backend())
+            warmup: int = WARMUP, group: Any = None) -> dict[str, Any]:
+    """One collective at one size among the ranks of `group` (None: every rank): a row
+    (on each of them; the times are the slowest rank's, sample by sample)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    backend = str(dist.get_backend(group))
     t = DTYPES[dtype]
     itemsize = torch.empty((), dtype=t).element_size()
     n = elements(size_bytes, itemsize, world)
@@ -188,20 +193,20 @@ def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
     row.update(kernel=op, provider=backend, dtype=dtype, shape=f"bytes={size},ranks={world}",
                flops=0, bytes=size, n_samples=0, timer=TIMER.get(backend, backend),
                roof_class="link")
-    reset, call, check = _buffers(op, n, t, device, rank, world)
+    reset, call, check = _buffers(op, n, t, device, rank, world, group)
     reset()
     call()
     ok = torch.tensor([1.0 if check() else 0.0], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # correct only if correct on every rank
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # correct only if on every rank
     row["correct"] = bool(ok.item() == 1.0)
     if not row["correct"]:
         row.update(status="failed", reason="a rank received wrong values")
         return row
     on_gpu = device == "cuda"
-    batch = _sized_batch(call, on_gpu, device, max(1, warmup))
-    mine = torch.tensor(_time(call, on_gpu, iters, batch), dtype=torch.float64,
+    batch = _sized_batch(call, on_gpu, device, max(1, warmup), group)
+    mine = torch.tensor(_time(call, on_gpu, iters, batch, group), dtype=torch.float64,
                         device=device)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
     timing = summarize([float(x) for x in mine.cpu()], row["timer"])
     algbw = size / (timing.ms_median / 1e3) / 1e9
     row.update(status="ok", reason="", rel_err=0.0, ms_median=timing.ms_median,

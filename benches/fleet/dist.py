@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benches.liveness import PREFIX, FleetError, Liveness, first_line
+from benches.fleet.liveness import PREFIX, FleetError, Liveness, first_line
 
 DEFAULT_TIMEOUT_S = 120.0
 # torchrun's environment: RANK and WORLD_SIZE mark a launched process (launched()); the

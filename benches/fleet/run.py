@@ -9,14 +9,14 @@ built (a fingerprint of it, so ranks that would select different cases are refus
 compared).  After its sweep every rank posts its rows in the rendezvous store, and rank 0
 gathers them into <out>/fleet/<run-id>/: results.csv/json with `rank`, `host` and
 `gpu_uuid` on every row; with more than one rank they then time the collectives
-together (benches/collectives.py) and rank 0 adds those rows, summary.md, fleet.md and
+together (benches/fleet/collectives.py) and rank 0 adds those rows, summary.md, fleet.md and
 fleet.png.  A device more than --fleet-tolerance below the fleet median on a key figure
 is an outlier, and the exit code is then 1.  Rank 0 speaks; every other rank's console
-goes to console.log in its rank folder (benches/rank_io.py), with one line on stderr if
+goes to console.log in its rank folder (benches/fleet/rank_io.py), with one line on stderr if
 it fails.
 
 Stops.  A rank whose heartbeat stops for --dist-timeout seconds (killed, frozen, its
-host gone) is lost (benches/liveness.py); a rank interrupted by SIGINT or SIGTERM (torchrun
+host gone) is lost (benches/fleet/liveness.py); a rank interrupted by SIGINT or SIGTERM (torchrun
 forwards Ctrl-C to every rank of its node) stops measuring and asks every rank to stop.
 Either way the fleet stops at once, also mid-sweep (the sweep unwinds as an interrupt
 does: its finished rows are kept, marked interrupted), without the collectives; rank 0
@@ -25,7 +25,7 @@ the fleet folder marked incomplete, and says so in one line.  Rank 0 exits 130 o
 when the fleet was interrupted, 1 when a rank was lost.  A rank whose process lives but
 whose sweep never ends (a hung kernel) is given up after the waiting rank's own sweep
 time plus --dist-timeout.  The collectives stop too: before each row the ranks agree
-on whether one of them was interrupted (benches/collectives.py), so none is left
+on whether one of them was interrupted (benches/fleet/collectives.py), so none is left
 waiting in a collective for a rank that left.
 
 Test-only hooks (environment variables, read nowhere else; they exist so the outlier and
@@ -52,12 +52,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benches import dist as fdist
-from benches.dist import FleetError, FleetRefused, Rank
-from benches.fleet_folder import own_rows, versions, write_folder
+from benches.fleet import dist as fdist
+from benches.fleet.dist import FleetError, FleetRefused, Rank
+from benches.fleet.folder import own_rows, versions, write_folder
+from benches.fleet.liveness import Liveness
+from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals
 from benches.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
-from benches.liveness import Liveness
-from benches.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
 TEST_EXIT = "GPUBENCH_TEST_EXIT_RANK"
@@ -319,7 +319,7 @@ class _Fleet:
     def _collectives(self, noted: Noted, rows: list[dict[str, Any]] | None = None) -> int:
         """The collectives, every rank together, into `rows` (kept up to a failure);
         returns the stop code the ranks agreed on (0: the sweep ran to its end)."""
-        from benches import collectives
+        from benches.fleet import collectives
 
         def stop() -> int:
             own = noted()

@@ -1,4 +1,4 @@
-"""A fleet's rows and folder (benches/fleet.py runs the fleet): what every rank must
+"""A fleet's rows and folder (benches/fleet/run.py runs the fleet): what every rank must
 share, one rank's rows and device as gathered, and the fleet folder written from them
 (results, summary.md, fleet.md, fleet.png)."""
 
@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from benches.dist import Rank
+from benches.fleet.dist import Rank
 
-SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet.py)
+SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet/run.py)
 
 
 def versions(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""The passive readings of fleet acceptance, through nvidia-ml-py (pynvml), read-only:
+every call here is a nvmlDeviceGet* / nvmlSystemGet* query, none changes a setting.
+A reading that fails (not supported by the GPU or driver, no permission) is None, with
+NVML's message kept, so the rule (benches/fleet/acceptance_rules.py) says UNKNOWN.
+
+Units as the rules want them: watts (NVML gives mW), degrees C, counts.  The NVML
+handle of this rank's GPU and the sampling of clocks, temperature and clock-event
+reasons during the stress come from benches/gpu_monitor.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from benches.gpu_monitor import SLOWDOWN_REASONS, _decode, _message, is_idle
+
+
+def _read(out: dict[str, Any], errors: dict[str, str], key: str,
+          fn: Callable[[], Any]) -> None:
+    try:
+        out[key] = fn()
+    except Exception as e:  # NVMLError_NotSupported and friends: unreadable, not OK
+        out[key] = None
+        errors[key] = _message(e)
+
+
+def _nvlink_states(nv: Any, h: Any) -> list[int] | None:
+    """The state (1 up, 0 down) of every NVLink the GPU reports; links it does not have
+    answer NOT_SUPPORTED or INVALID_ARGUMENT and are not counted ([] = no NVLink, as on a
+    PCIe card).  Any other error means the state could not be read: None."""
+    absent = {getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3),
+              getattr(nv, "NVML_ERROR_INVALID_ARGUMENT", 2)}
+    states = []
+    for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            states.append(int(nv.nvmlDeviceGetNvLinkState(h, link)))
+        except Exception as e:
+            if getattr(e, "value", None) not in absent:
+                return None
+    return states
+
+
+def read_pcie(nv: Any, h: Any) -> dict[str, Any]:
+    """The PCIe link's current generation and width: read while the GPU is busy, as an
+    idle GPU lowers its link generation to save power."""
+    out: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    _read(out, errors, "pcie_gen", lambda: int(nv.nvmlDeviceGetCurrPcieLinkGeneration(h)))
+    _read(out, errors, "pcie_width", lambda: int(nv.nvmlDeviceGetCurrPcieLinkWidth(h)))
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def read_passive(nv: Any, h: Any) -> dict[str, Any]:
+    """Every passive reading of one GPU (keys as acceptance_rules reads them), plus
+    `errors`: NVML's message for each reading that failed."""
+    out: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+
+    def read(key: str, fn: Callable[[], Any]) -> None:
+        _read(out, errors, key, fn)
+
+    unc = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    read("name", lambda: _decode(nv.nvmlDeviceGetName(h)))
+    read("uuid", lambda: _decode(nv.nvmlDeviceGetUUID(h)))
+    read("ecc_mode", lambda: [int(x) for x in nv.nvmlDeviceGetEccMode(h)])
+    read("ecc_uncorrected_volatile",
+         lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, unc, nv.NVML_VOLATILE_ECC)))
+    read("ecc_uncorrected_aggregate",
+         lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, unc, nv.NVML_AGGREGATE_ECC)))
+    # (correctable, uncorrectable, pending, failure): A100 and later remap rows.
+    read("remapped_rows", lambda: [int(x) for x in nv.nvmlDeviceGetRemappedRows(h)])
+    # Earlier GPUs retire pages, for multiple single-bit errors or a double-bit one.
+    read("retired_pages", lambda: sum(len(nv.nvmlDeviceGetRetiredPages(h, cause)) for cause in (
+        nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)))
+    read("retired_pages_pending", lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(h)))
+    # The most the GPU and the host's slot together allow (a Gen5 GPU in a Gen4 host
+    # is not degraded).
+    read("pcie_gen_max", lambda: int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h)))
+    read("pcie_width_max", lambda: int(nv.nvmlDeviceGetMaxPcieLinkWidth(h)))
+    states = _nvlink_states(nv, h)
+    out["nvlink_links"] = None if states is None else len(states)
+    out["nvlink_up"] = None if states is None else sum(s == 1 for s in states)
+    read("power_limit_w", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
+    read("power_default_w", lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0)
+    read("temperature_c",
+         lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+    read("temp_slowdown_c", lambda: float(nv.nvmlDeviceGetTemperatureThreshold(
+        h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)))
+    read("temp_gpu_max_c", lambda: float(nv.nvmlDeviceGetTemperatureThreshold(
+        h, nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)))
+    read("driver", lambda: _decode(nv.nvmlSystemGetDriverVersion()))
+    read("vbios", lambda: _decode(nv.nvmlDeviceGetVbiosVersion(h)))
+    out["errors"] = errors
+    return out
+
+
+def stress_summary(readings: list[dict[str, Any]], max_sm_clock_mhz: float | None
+                   ) -> dict[str, Any]:
+    """Over the busy readings (gpu_monitor.is_idle) a GpuMonitor took during the stress:
+    how many, the share carrying each clock-event reason, the hottest temperature and
+    the median SM clock."""
+    busy = [r for r in readings if not is_idle(r)]
+    reasons = [r["clock_reasons"] for r in busy if isinstance(r.get("clock_reasons"), int)]
+    temps = [r["temperature_c"] for r in busy
+             if isinstance(r.get("temperature_c"), int | float)]
+    clocks = [r["sm_clock_mhz"] for r in busy
+              if isinstance(r.get("sm_clock_mhz"), int | float)]
+    return {
+        "readings": len(reasons),
+        "reason_fractions": {name: sum(bool(x & bit) for x in reasons) / len(reasons)
+                             for name, bit in SLOWDOWN_REASONS.items()} if reasons else {},
+        "temperature_c_max": max(temps) if temps else None,
+        "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
+        "sm_clock_mhz_max_possible": max_sm_clock_mhz,
+    }

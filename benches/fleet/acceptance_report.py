@@ -1,0 +1,140 @@
+"""Fleet acceptance's outputs: acceptance.json (everything read, measured and judged),
+acceptance.md (one line per node and per GPU, every check's value and verdict, worst
+first; then why, and the rules in force), acceptance.png (the same grid, coloured by
+verdict), and rank 0's console lines ending with `verdict: ...`.  Files are written
+atomically into the run's own folder (made empty before measuring)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benches.fleet.acceptance_rules import EXIT_CODE, OK, Thresholds, rules
+
+JSON, MD, PNG = "acceptance.json", "acceptance.md", "acceptance.png"
+COLORS = {"OK": "#b7e1b0", "WARN": "#f7d774", "CRITICAL": "#ef8a80", "UNKNOWN": "#d0d0d0"}
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        cols += [c["check"] for c in r["checks"] if c["check"] not in cols]
+    return cols
+
+
+def _cell(r: dict[str, Any], col: str) -> str:
+    c = next((c for c in r["checks"] if c["check"] == col), None)
+    return "" if c is None else f"{c['value']} **{c['verdict']}**".replace("|", "/")
+
+
+def _gpu_label(g: dict[str, Any]) -> str:
+    return f"rank {g['rank']} ({g['host']}:{g['local_rank']})"
+
+
+def rules_table(t: Thresholds) -> list[str]:
+    """The rules in force as markdown table lines (acceptance.md; the README's copy is
+    checked against it by the tests)."""
+    return ["| check | reads | WARN | CRITICAL | source |", "|---|---|---|---|---|",
+            *(f"| `{r.check}` | {r.reads} | {r.warn} | {r.critical} | {r.source} |"
+              for r in rules(t))]
+
+
+def markdown(doc: dict[str, Any], t: Thresholds) -> str:
+    v = doc["verdict"]
+    out = [f"# Fleet acceptance: {v}", "",
+           f"Run `{doc['run_id']}`: {doc['world']} rank(s) on {len(doc['nodes'])} node(s), "
+           f"{doc['backend']}; matmul stress {', '.join(doc['stress_dtypes'])}, "
+           f"{doc['stress_seconds_per_dtype']:.3g} s each; {doc['seconds']:.0f} s in all.  "
+           f"Exit code {EXIT_CODE[v]} (0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN only).", "",
+           f"`{doc['command']}`", "", "## Nodes (worst first)", ""]
+    cols = _columns(doc["nodes"])
+    out += ["| node | ranks | verdict | " + " | ".join(cols) + " |",
+            "|---|---|---|" + "---|" * len(cols)]
+    for n in doc["nodes"]:
+        out.append(f"| {n['host']} | {', '.join(map(str, n['ranks']))} | **{n['verdict']}** | "
+                   + " | ".join(_cell(n, c) for c in cols) + " |")
+    cols = _columns(doc["gpus"])
+    out += ["", "## GPUs (worst first)", "",
+            "| GPU | device | verdict | " + " | ".join(cols) + " |",
+            "|---|---|---|" + "---|" * len(cols)]
+    for g in doc["gpus"]:
+        out.append(f"| {_gpu_label(g)} | {g['device_name']} | **{g['verdict']}** | "
+                   + " | ".join(_cell(g, c) for c in cols) + " |")
+    why = []
+    for r in doc["nodes"] + doc["gpus"]:
+        said: dict[tuple[str, str], list[str]] = {}  # checks not OK for the same reason
+        for c in r["checks"]:
+            if c["verdict"] != OK:
+                said.setdefault((c["verdict"], c["why"]), []).append(c["check"])
+        who = _gpu_label(r) if "rank" in r else f"node {r['host']}"
+        why += [f"- {who}: {', '.join(checks)} {verdict}: {text}"
+                for (verdict, text), checks in said.items()]
+    out += ["", "## Why (every check not OK)", "", *(why or ["- every check is OK"]), "",
+            "## Rules", "", *rules_table(t)]
+    out += ["", "A reading that is missing is UNKNOWN, never OK; on CPU ranks every "
+            "GPU-only check (NVML) is UNKNOWN.", ""]
+    return "\n".join(out)
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from roofline.style import save_figure
+
+    rows = [(f"node {n['host']}", n) for n in doc["nodes"]] + \
+        [(_gpu_label(g), g) for g in doc["gpus"]]
+    cols = _columns([r for _, r in rows])
+    fig, ax = plt.subplots(figsize=(2 + 1.25 * (len(cols) + 1), 1 + 0.45 * len(rows)))
+    for i, (_, r) in enumerate(rows):
+        cells = [("verdict", r["verdict"], r["verdict"])] + [
+            (c["check"], c["verdict"], c["value"]) for c in r["checks"]]
+        for col, verdict, text in cells:
+            j = 0 if col == "verdict" else cols.index(col) + 1
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS[verdict], ec="white"))
+            short = text.split(" (")[0].split(";")[0]
+            short = short if len(short) <= 16 else short[:15] + "…"
+            label = verdict if col == "verdict" else f"{short}\n{verdict}"
+            ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, len(cols) + 1)
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols) + 1)], ["verdict", *cols],
+                  rotation=30, ha="right", fontsize=7)
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], [label for label, _ in rows],
+                  fontsize=7)
+    ax.set_title(f"Fleet acceptance {doc['run_id']}: {doc['verdict']} (worst first)",
+                 fontsize=9)
+    for s in ax.spines.values():
+        s.set_visible(False)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def write_reports(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bool = True
+                  ) -> None:
+    from roofline.schema import atomic_write_text
+
+    doc = {**doc, "rules": [asdict(r) for r in rules(t)]}
+    atomic_write_text(folder / JSON, json.dumps(doc, indent=1, default=str) + "\n")
+    atomic_write_text(folder / MD, markdown(doc, t))
+    if plot_png:
+        plot(doc, folder / PNG)
+
+
+def say(doc: dict[str, Any], folder: Path) -> None:
+    """Rank 0's console: one line per node and per GPU not OK, then the verdict line a
+    job script reads (the last line on stdout)."""
+    for n in doc["nodes"]:
+        print(f"node {n['host']} (ranks {', '.join(map(str, n['ranks']))}): {n['verdict']}")
+    for g in doc["gpus"]:
+        bad = [f"{c['check']} {c['verdict']}" for c in g["checks"] if c["verdict"] != OK]
+        print(f"{_gpu_label(g)} {g['device_name']}: {g['verdict']}"
+              + (f" ({', '.join(bad)})" if bad else ""))
+    print(f"report: {folder / MD}")
+    print(f"verdict: {doc['verdict']} (exit {EXIT_CODE[doc['verdict']]}) {folder / JSON}",
+          flush=True)

@@ -1,0 +1,167 @@
+"""Replaying synthetic histories through the change-point detection, as CI would run it
+(one detection per new run), to measure false alarms and detection delays.
+
+Noise comes from real runs: a noise fixture holds, for a few rows, the raw samples of
+several identical runs (same code, same machine).  A synthetic run of a row picks one of
+those runs at random and bootstraps its samples (so run-to-run spells and within-run
+spread are both the machine's own), then scales them by the level the scenario injects
+(a step of +x% from one run on, or a drift of +d% per run).
+
+An alarm is what `history report --since 1 --fail-on-new` fails on: a slower change
+point found after run t that the detection without run t did not have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from roofline.history.changepoints import (
+    DEFAULT_ALPHA,
+    DEFAULT_MIN_CHANGE,
+    DEFAULT_MIN_SIZE,
+    DEFAULT_WINDOW,
+    SAME_CHANGE_RUNS,
+    ChangePoint,
+    detect,
+    new_changes,
+)
+from roofline.schema import SAMPLES, load_run, row_name
+
+RUNS = 200
+STEPS = (0.03, 0.05, 0.10, 0.30)
+DRIFT_PER_RUN = 0.002
+STEP_AT = 100  # the first run at the new level
+WARMUP = 20  # runs before the first detection
+
+
+def record_noise(runs: Sequence[str | os.PathLike], note: str = "") -> dict[str, Any]:
+    """A noise fixture from identical runs: {row name: [samples of each run]}, the ok
+    rows present in every run, samples rounded to 4 significant digits."""
+    per_run = []
+    for run in runs:
+        _, df = load_run(run)
+        per_run.append({row_name(r): [float(f"{x:.4g}") for x in r[SAMPLES]]
+                        for r in df.to_dict("records")
+                        if r.get("status") == "ok" and isinstance(r.get(SAMPLES), list)})
+    names = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    return {"note": note, "runs": len(per_run),
+            "rows": {n: [p[n] for p in per_run] for n in names}}
+
+
+def load_noise(path: str | os.PathLike) -> dict[str, list[np.ndarray]]:
+    doc = json.loads(Path(path).read_text())
+    return {name: [np.asarray(s, dtype=np.float64) for s in runs]
+            for name, runs in doc["rows"].items()}
+
+
+Stat = Callable[[np.ndarray], float]
+
+
+def median_stat(samples: np.ndarray) -> float:
+    return float(np.median(samples))
+
+
+def synthetic(noise_runs: Sequence[np.ndarray], levels: np.ndarray,
+              rng: np.random.Generator, stat: Stat = median_stat) -> np.ndarray:
+    """One synthetic series: per run, a random real run's samples bootstrapped, times
+    its level, reduced by `stat` (the median, as the store keeps)."""
+    out = np.empty(len(levels))
+    for j, level in enumerate(levels):
+        s = noise_runs[rng.integers(len(noise_runs))]
+        out[j] = stat(rng.choice(s, size=len(s), replace=True)) * level
+    return out
+
+
+def levels(kind: str, size: float = 0.0, runs: int = RUNS, at: int = STEP_AT) -> np.ndarray:
+    """The injected level per run: 'none', 'step' (1 + size from run `at` on) or 'drift'
+    ((1 + size) ** (runs since `at`) from `at` on)."""
+    lv = np.ones(runs)
+    if kind == "step":
+        lv[at:] = 1.0 + size
+    elif kind == "drift":
+        lv[at:] = (1.0 + size) ** np.arange(1, runs - at + 1)
+    elif kind != "none":
+        raise ValueError(f"unknown scenario {kind!r}")
+    return lv
+
+
+@dataclass
+class Replay:
+    """Alarms of one replayed series: (run count t when raised, change point)."""
+
+    alarms: list[tuple[int, ChangePoint]] = field(default_factory=list)
+    evaluated: int = 0
+
+
+def replay(series: np.ndarray, start: int = WARMUP, stop: int | None = None,
+           **options: Any) -> Replay:
+    """Detect after each run from `start` to `stop` (exclusive of nothing: t runs seen)
+    and keep every new slower change point as an alarm."""
+    stop = len(series) if stop is None else stop
+    out = Replay()
+    before = detect(series[:start - 1], **options)
+    for t in range(start, stop + 1):
+        now = detect(series[:t], **options)
+        out.alarms += [(t, c) for c in new_changes(now, before) if c.slower]
+        before = now
+        out.evaluated += 1
+    return out
+
+
+@dataclass
+class Figures:
+    """What the benchmark reports, per scenario."""
+
+    false_per_100: float = float("nan")  # unchanged code: alarms per 100 runs
+    detected: dict[float, float] = field(default_factory=dict)  # step -> rate within 3 runs
+    detected_ever: dict[float, float] = field(default_factory=dict)  # within 20 runs
+    delay: dict[float, float] = field(default_factory=dict)  # median runs until alarm
+    drift_delay: float = float("nan")  # median runs of drift until alarm
+    drift_detected: float = float("nan")  # share of trials with an alarm in 100 runs
+
+
+def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
+            null_trials: int | None = None, steps: Sequence[float] = STEPS,
+            within: int = 3, **options: Any) -> Figures:
+    """Replay `trials` synthetic series per scenario (null_trials of unchanged code,
+    default `trials`) from one row's noise; options go to detect()."""
+    options = {"min_change": DEFAULT_MIN_CHANGE, "alpha": DEFAULT_ALPHA,
+               "min_size": DEFAULT_MIN_SIZE, "window": DEFAULT_WINDOW, **options}
+    rng = np.random.default_rng(seed)
+    fig = Figures()
+    alarms = runs = 0
+    for _ in range(null_trials if null_trials is not None else trials):
+        r = replay(synthetic(noise_runs, levels("none"), rng), **options)
+        alarms += len(r.alarms)
+        runs += r.evaluated
+    fig.false_per_100 = 100.0 * alarms / max(1, runs)
+    horizon = 20
+    for size in steps:
+        delays = []
+        for _ in range(trials):
+            s = synthetic(noise_runs, levels("step", size), rng)
+            r = replay(s, start=STEP_AT - 5, stop=STEP_AT + horizon, **options)
+            hit = [t - STEP_AT for t, c in r.alarms
+                   if abs(c.index - STEP_AT) <= SAME_CHANGE_RUNS and t > STEP_AT]
+            delays.append(min(hit) if hit else np.inf)
+        d = np.asarray(delays)
+        fig.detected[size] = float(np.mean(d <= within))
+        fig.detected_ever[size] = float(np.mean(np.isfinite(d)))
+        fig.delay[size] = float(np.median(d))
+    delays = []
+    for _ in range(trials):
+        s = synthetic(noise_runs, levels("drift", DRIFT_PER_RUN), rng)
+        r = replay(s, start=STEP_AT - 5, **options)
+        hit = [t - STEP_AT for t, _ in r.alarms if t > STEP_AT]
+        delays.append(min(hit) if hit else np.inf)
+    d = np.asarray(delays)
+    fig.drift_detected = float(np.mean(np.isfinite(d)))
+    fig.drift_delay = float(np.median(d))
+    return fig
