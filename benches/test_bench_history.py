@@ -16,9 +16,9 @@ noise of a given spread, to say how steady a GPU runner must be for its 5% thres
 
 A benchmark, not a timed test: the figures are reported (printed and in
 benchmark.extra_info), never asserted.  HISTORY_REPLAY_TRIALS sets the trials per step
-scenario (default 20; the null scenario replays a quarter as many series, each 180
-detections long).  The detection settings are the defaults of
-roofline/history/changepoints.py.
+and drift scenario (default 25, the README's figures; the null scenario replays a
+quarter as many series, each 181 detections long); about 13 minutes on the 2-core VM.
+The detection settings are the defaults of roofline/history/changepoints.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ pytest.importorskip("ruptures", reason="the history extra is not installed "
 from roofline.history.replay import Figures, load_noise, measure  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TRIALS = int(os.environ.get("HISTORY_REPLAY_TRIALS", "20"))
+TRIALS = int(os.environ.get("HISTORY_REPLAY_TRIALS", "25"))
 ROWS = ("matmul/torch/fp32/M=256,N=256,K=256", "add/torch/fp32/n=65536",
         "add/torch/fp32/n=16777216")
 

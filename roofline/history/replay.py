@@ -102,8 +102,8 @@ class Replay:
 
 def replay(series: np.ndarray, start: int = WARMUP, stop: int | None = None,
            **options: Any) -> Replay:
-    """Detect after each run from `start` to `stop` (exclusive of nothing: t runs seen)
-    and keep every new slower change point as an alarm."""
+    """Detect after each run, with t = start .. stop runs seen, and keep every new
+    slower change point as an alarm."""
     stop = len(series) if stop is None else stop
     out = Replay()
     before = detect(series[:start - 1], **options)
