@@ -54,6 +54,17 @@ MATMUL_OF_TORCH = 0.95  # Triton TFLOP/s over torch's on the same shape and run
 BF16_MATMUL_SIZES = (4096, 8192)  # M = N = K; against torch.matmul (cuBLAS)
 FP8_MATMUL_SIZES = (8192,)  # against torch._scaled_mm
 HEADLINE_SIZE = 8192  # cuBLAS bf16 and fp8 TFLOP/s are reported at 8192^3
+# Issue 28's targets for the step's own kernels: the row ops (softmax, layernorm,
+# rmsnorm) stream at >= 0.9 of the copy bandwidth at >= 64 MiB; Triton attention forward,
+# bf16, head dim 128, S = 4k..16k, at >= 0.9x torch SDPA (flash) and >= 50% of bf16 peak.
+ROW_OPS = ("softmax", "layernorm", "rmsnorm")
+ROW_OP_DTYPES = ("fp32", "fp16", "bf16")  # kernels/rowops.py's dtypes
+ROW_OP_OF_COPY = 0.90
+ROW_OP_BYTES = 64 * 2**20
+ATTENTION_OF_SDPA = 0.90
+ATTENTION_OF_PEAK = 0.50
+ATTENTION_SEQS = (4096, 8192, 16384)
+ATTENTION_HEAD_DIM = 128
 # The vector kernels' dtypes: every benchmark dtype but tf32, a matmul-only mode.
 # Vector kernels run the plain dtypes (block scales run along a GEMM's K); tf32 is a
 # tensor-core mode, not a storage type.
@@ -270,6 +281,42 @@ def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Chec
     return check
 
 
+def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
+    """Triton attention forward bf16 at head dim 128 and sequence length `seq`: its speed
+    over torch SDPA's on the same shape and run (SDPA's backend named in the case: the
+    target is against flash), and its TFLOP/s over the row's bf16 peak."""
+    sdpa, peak = Part(ATTENTION_OF_SDPA, "x SDPA"), Part(ATTENTION_OF_PEAK, " of peak")
+    check = Check(f"attention bf16 D={ATTENTION_HEAD_DIM} S={seq}"
+                  + (" causal" if causal else ""), parts=[sdpa, peak])
+
+    def fits(r: dict[str, Any]) -> bool:
+        d = _dims(r)
+        return (d.get("S"), d.get("D"), d.get("causal")) == (seq, ATTENTION_HEAD_DIM, causal)
+
+    found = [f for f in _find(runs, "attention", "triton", "bf16") if fits(f[2])]
+    ok = [f for f in found if _ok(f[2], "tflops")]
+    if not ok:
+        why = f"Triton row {_reason(found[-1][2])}" if found else \
+            _no_row(runs, "attention", "triton", "bf16")
+        sdpa.why = peak.why = why + f" at S={seq}, D={ATTENTION_HEAD_DIM}"
+        return check
+    _, run, row = ok[-1]
+    check.case = f"{row['shape']} ({run.name}{_throttled(row)})"
+    top = _num(row.get("peak_tflops"))
+    peak.value = float(row["tflops"]) / top if top else None
+    peak.why = "" if top else "the row has no bf16 peak"
+    torch_rows = [r for _, _, r in _find([run], "attention", "torch", "bf16", _dims(row))]
+    if torch_rows and _ok(torch_rows[0], "ms_median"):
+        sdpa.value = float(torch_rows[0]["ms_median"]) / float(row["ms_median"])
+        backend = str(torch_rows[0].get("reason") or "").strip().splitlines()
+        if backend:
+            check.case += f"; torch: {backend[0][:60]}"
+    else:
+        sdpa.why = (f"torch row {_reason(torch_rows[0])}" if torch_rows
+                    else "no torch row at that shape")
+    return check
+
+
 def checks(runs: Sequence[Run]) -> list[Check]:
     """Every section 7 ratio a set of runs can hold, in DESIGN.md's order."""
     def large(r: dict[str, Any]) -> bool:
@@ -295,6 +342,16 @@ def checks(runs: Sequence[Run]) -> list[Check]:
                                   text, vs_eager=False))
     out += [_matmul(runs, "bf16", s, "cuBLAS") for s in BF16_MATMUL_SIZES]
     out += [_matmul(runs, "fp8", s, "_scaled_mm") for s in FP8_MATMUL_SIZES]
+
+    def row_op_large(r: dict[str, Any]) -> bool:
+        return (_num(r.get("bytes")) or 0) >= ROW_OP_BYTES
+
+    for kernel in ROW_OPS:
+        for dtype in ROW_OP_DTYPES:
+            out.append(_bandwidth(runs, f"{kernel} {dtype}", kernel, dtype, ROW_OP_OF_COPY,
+                                  row_op_large, f"at >= {_size(ROW_OP_BYTES)}",
+                                  vs_eager=False))
+    out += [_attention(runs, seq, causal) for seq in ATTENTION_SEQS for causal in (0, 1)]
     return out
 
 
@@ -377,7 +434,7 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     found = checks(runs)
     counts = {v: sum(c.verdict == v for c in found) for v in (MET, MISSED, NOT_MEASURED)}
     devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
-    lines = ["# DESIGN.md section 7 targets", ""]
+    lines = ["# Performance targets (DESIGN.md section 7; attention and row ops)", ""]
     lines += [f"- `{r.path}`: {r.name}, {r.meta.get('device_name') or '?'}"
               + (f", fp8 accumulation {r.meta['fp8_accum']}" if r.meta.get("fp8_accum")
                  else "") for r in runs]

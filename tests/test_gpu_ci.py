@@ -230,7 +230,7 @@ def test_cli_writes_the_summary(runs: list[Path], tmp_path: Path,
     out = capsys.readouterr().out
     assert code == 0  # missed targets are findings, not errors
     assert md.read_text() == out
-    assert "## Targets: 3 met, 2 missed, 23 not measured" in out
+    assert "## Targets: 3 met, 2 missed, 38 not measured" in out
     assert "## Steps: 2 of 3 passed or skipped" in out
     assert "| pytest | fail | 200 | logs/pytest.log | exit 1: 2 failed, 700 passed |" in out
     assert "these runs are on" not in out  # an H100: no device caveat
@@ -263,3 +263,46 @@ def test_cli_errors_are_one_line(runs: list[Path], tmp_path: Path, args: list[st
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1 and says in err
     assert not (runs[0] / "summary.md").exists()
+
+
+def _attn(provider: str, s: int, causal: int, tflops: float, **kw: Any) -> dict[str, Any]:
+    b, h, d = 16384 // s, 16, 128
+    flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return _row("attention", provider, "bf16", f"B={b},H={h},S={s},D={d},causal={causal}",
+                4 * b * h * s * d * 2, tflops=tflops, flops=flops, **kw)
+
+
+def test_the_step_kernels_targets(tmp_path: Path) -> None:
+    """Issue 28's targets: row ops against the copy at >= 64 MiB, Triton attention bf16
+    D=128 against SDPA (flash) and against 50% of the bf16 peak."""
+    peak = {"peak_tflops": 989.4}
+    rows = [
+        # rmsnorm bf16, 64 MiB each way (128 MiB): 0.93 of copy: met; 32 MiB ignored
+        _row("rmsnorm", "triton", "bf16", "M=8192,N=4096", 2 * 2 * 8192 * 4096 + 8192,
+             gbps=0.93 * COPY_GBPS),
+        _row("rmsnorm", "triton", "fp16", "M=2048,N=4096", 2 * 2 * 2048 * 4096 + 8192,
+             gbps=0.99 * COPY_GBPS),
+        # softmax fp32 at 256 MiB: 0.85 of copy: missed
+        _row("softmax", "triton", "fp32", "M=8192,N=4096", 2 * 4 * 8192 * 4096,
+             gbps=0.85 * COPY_GBPS),
+        # S=8192: 520 / 560 TFLOP/s = 0.929x SDPA, 52.6% of 989.4: met
+        {**_attn("triton", 8192, 0, 520), **peak},
+        {**_attn("torch", 8192, 0, 560), "reason": "SDPA backend: flash"},
+        # S=16384 causal: 0.8x SDPA and 40% of peak: both missed
+        {**_attn("triton", 16384, 1, 0.4 * 989.4), **peak},
+        {**_attn("torch", 16384, 1, 0.5 * 989.4)},
+    ]
+    c = _checks([_write(tmp_path / "step", rows)])
+    assert c["rmsnorm bf16"].verdict == MET
+    assert c["rmsnorm bf16"].parts[0].value == pytest.approx(0.93)
+    assert "no row at >= 64 MiB" in c["rmsnorm fp16"].cells()[-1]  # 32 MiB: too small
+    assert c["softmax fp32"].verdict == MISSED
+    a = c["attention bf16 D=128 S=8192"]
+    assert a.verdict == MET
+    assert [p.value for p in a.parts] == pytest.approx([520 / 560, 520 / 989.4])
+    assert "SDPA backend: flash" in a.case
+    slow = c["attention bf16 D=128 S=16384 causal"]
+    assert slow.verdict == MISSED
+    assert [p.value for p in slow.parts] == pytest.approx([0.8, 0.4])
+    assert c["attention bf16 D=128 S=4096"].verdict == NOT_MEASURED
+    assert "no Triton row" in c["attention bf16 D=128 S=4096"].cells()[-1]
