@@ -33,6 +33,7 @@ from benches.step_profile import (
     _is_device,
     _path,
     category,
+    device_work,
     profile_events,
     split_ms,
 )
@@ -144,23 +145,13 @@ def split_explained(events: list[Any], on_gpu: bool) -> dict[str, dict[str, floa
             out[explain_category(op, links)][pas] += op.self_cpu_time_total / 1e3
         return out
     # Each device event once, claimed by its launching op as split_device_time does.
-    device = [e for e in work if _is_device(e) and not getattr(e, "is_user_annotation",
-                                                                 False)]
-    pending: dict[tuple[str, float], int] = defaultdict(int)
-    for e in device:
-        pending[(e.name, e.time_range.elapsed_us())] += 1
-    for op in work:
-        if _is_device(op):
-            continue
-        for k in getattr(op, "kernels", ()):
-            key = (k.name, k.duration)
-            if pending[key] > 0:
-                pending[key] -= 1
-                pas = "backward" if _backward(op) else "forward"
-                out[explain_category(op, links, k.name)][pas] += k.duration / 1e3
-    for (name, us), n in pending.items():
+    claimed, unclaimed = device_work(work)
+    for op, name, us in claimed:
+        pas = "backward" if _backward(op) else "forward"
+        out[explain_category(op, links, name)][pas] += us / 1e3
+    for name, us in unclaimed:
         cat = "norm" if is_norm(name) else _FROM_COARSE[category(name)]
-        out[cat]["unattributed"] += n * us / 1e3
+        out[cat]["unattributed"] += us / 1e3
     return out
 
 

@@ -90,17 +90,16 @@ def _is_device(ev: Any) -> bool:
     return ev.device_type != DeviceType.CPU
 
 
-def split_device_time(events: Iterable[Any], only: str | None = None) -> dict[str, float]:
-    """ms of device time per category: every device event (kernel, memcpy, memset) once,
-    by the op that launched it; all of it in `only` when given.  GPU user annotations
+def device_work(events: list[Any]) -> tuple[list[tuple[Any, str, float]],
+                                             list[tuple[str, float]]]:
+    """Every device event (kernel, memcpy, memset) once: ([(launching op, kernel name,
+    us)], [(name, us) of the events no op claims]).  A launching op's kernel entry (name,
+    duration) claims one of the device events it mirrors.  GPU user annotations
     (record_function ranges mirrored on the GPU timeline) are spans, not work: left out."""
-    events = list(events)
-    out = dict.fromkeys(CATEGORIES, 0.0)
     device = [e for e in events if _is_device(e) and not getattr(e, "is_user_annotation",
                                                                   False)]
-    # Each device event once: a launching op's kernel entry (name, duration) claims one
-    # of the device events it mirrors; those no op claims are counted by their name.
     pending = Counter((e.name, e.time_range.elapsed_us()) for e in device)
+    claimed = []
     for op in events:
         if _is_device(op):
             continue
@@ -108,9 +107,20 @@ def split_device_time(events: Iterable[Any], only: str | None = None) -> dict[st
             key = (k.name, k.duration)
             if pending[key] > 0:
                 pending[key] -= 1
-                out[only or launched_category(op, k.name)] += k.duration / 1e3
-    for (name, us), n in pending.items():
-        out[only or category(name)] += n * us / 1e3
+                claimed.append((op, k.name, k.duration))
+    unclaimed = [(name, us) for (name, us), n in pending.items() for _ in range(n)]
+    return claimed, unclaimed
+
+
+def split_device_time(events: Iterable[Any], only: str | None = None) -> dict[str, float]:
+    """ms of device time per category: every device event once (device_work), by the op
+    that launched it, else by its name; all of it in `only` when given."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    claimed, unclaimed = device_work(list(events))
+    for op, name, us in claimed:
+        out[only or launched_category(op, name)] += us / 1e3
+    for name, us in unclaimed:
+        out[only or category(name)] += us / 1e3
     return out
 
 
