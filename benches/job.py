@@ -33,7 +33,7 @@ from benches.console import print_devices as print_devices
 from benches.console import print_kernels as print_kernels
 from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
-from benches.results import ResultWriter, collect_metadata
+from benches.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.retime import case_id, case_key
 from benches.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing import TimingConfig
@@ -333,6 +333,12 @@ def run(args: argparse.Namespace, argv: list[str],
         console.print(f"[yellow]warning[/yellow]: {w}")
     if model.kind == "cpu" and present.kind != "cpu":
         present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
+    if model.kind == "cpu" and not args.check_only:
+        import torch
+
+        busy = busy_cpu_warning(load_average(), os.cpu_count(), torch.get_num_threads())
+        if busy:
+            console.print(f"[yellow]warning[/yellow]: {busy}")
     if old_meta is not None and old_meta.get("detected_key") not in (None, present.key):
         raise RequestError(f"cannot resume a run of '{old_meta.get('detected_key')}' on "
                            f"'{present.key}'")

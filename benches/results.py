@@ -59,6 +59,32 @@ def _fp8_accum() -> str | None:
     return mode() if callable(mode) else None
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (runnable processes, this one included), None where the
+    platform has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_cpu_warning(load: float | None, cores: int | None, threads: int) -> str | None:
+    """A warning when other processes already keep the cores busy as a CPU run starts: a
+    parallel op then waits a scheduler slice for a descheduled thread, and rows read as
+    multiples of ~8 ms (seen on a 2-core VM: add at 2^16 elements 0.3 ms quiet, up to
+    18 ms beside one busy process; one thread removed the stalls).  `load` includes this
+    process, which is runnable while it starts, hence the one subtracted."""
+    if load is None or not cores or threads < 2:
+        return None
+    others = load - 1
+    if others < cores - threads + 0.5:
+        return None
+    return (f"the CPU is busy before the run (load average {load:g} on {cores} cores): "
+            f"torch's {threads} threads will wait for each other, and times may jump by "
+            "~8 ms scheduler slices; a quiet machine, or OMP_NUM_THREADS set to the idle "
+            "cores, gives steadier rows")
+
+
 def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, Any]:
     try:
         import triton
@@ -86,6 +112,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "gpu_memory_gb": p.memory_gb,
         "cpu_cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "load_avg_1m": load_average(),  # as the run started (busy_cpu_warning)
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -211,3 +211,21 @@ def test_results_json_has_no_nan(cpu_run):
     text = (cpu_run / "results.json").read_text()
     json.loads(text)  # strict JSON
     assert "NaN" not in text and "Infinity" not in text
+
+
+@pytest.mark.parametrize("load, cores, threads, warns", [
+    (1.0, 2, 2, False),  # this process alone
+    (1.4, 2, 2, False),
+    (1.6, 2, 2, True),  # another process keeps one of the 2 cores busy
+    (5.0, 2, 1, False),  # one thread waits for no other thread: shared, not stalled
+    (3.0, 16, 8, False),  # 8 threads, 13 idle cores
+    (10.0, 16, 8, True),
+    (None, 2, 2, False),  # no load average on this platform
+])
+def test_a_busy_cpu_is_said_before_the_run(load, cores, threads, warns):
+    from benches.results import busy_cpu_warning
+
+    got = busy_cpu_warning(load, cores, threads)
+    assert (got is not None) == warns
+    if warns:
+        assert f"load average {load:g} on {cores} cores" in got
