@@ -364,6 +364,11 @@ ARCH_CONFIGS: dict[int, dict[str, list[triton.Config]]] = {10: SM100_CONFIGS}
 _INTERP = {"fwd": _cfg(32, 16, 1, 4), "dkdv": _cfg(16, 32, 1, 4), "dq": _cfg(32, 16, 1, 4)}
 
 
+# Triton's NVIDIA backend (min_dot_size) rejects an 8-bit tl.dot with K < 32 at compile
+# time; q k^T has K = D.  The CPU interpreter accepts any K, so this is checked here.
+FP8_MIN_HEAD_DIM = 32
+
+
 def head_dim_ok(d: int) -> bool:
     """Head dims the kernels tile: a power of two from 16 (tl.dot's minimum) to 256."""
     return 16 <= d <= 256 and d & (d - 1) == 0
@@ -421,6 +426,10 @@ def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
     if v.shape != q.shape or not (v.is_contiguous() or v.transpose(-1, -2).is_contiguous()):
         raise ValueError("attention kernels need v as (B, H, S, D), row- or column-major")
     one = scales is None
+    if not one and d < FP8_MIN_HEAD_DIM:
+        raise UnsupportedShape(f"the Triton fp8 attention forward tiles head dims from "
+                               f"{FP8_MIN_HEAD_DIM}, not D={d} (an 8-bit tl.dot sums at "
+                               f"least 32 terms on NVIDIA GPUs)")
     sq, sk, sv = (lse, lse, lse) if one else scales  # unread when SCALED is off
     consts = {"HEAD_DIM": d, "CAUSAL": causal, "SCALED": not one, **_flags(q),
               "MBITS": store_round_bits(o), "PBITS": store_round_bits(v)}
