@@ -48,7 +48,13 @@ from kernels.spec import (
     quantize,
     randn,
 )
-from kernels.triton_utils import round_for_store, run_launch, store_round_bits, tile_config
+from kernels.triton_utils import (
+    grouped_tile,
+    run_launch,
+    store_round_bits,
+    store_tile,
+    tile_config,
+)
 
 
 @triton.jit
@@ -57,24 +63,8 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SCALED: tl.constexpr,
                   FP8_FAST: tl.constexpr, MBITS: tl.constexpr):
-    # Grouped ordering: consecutive programs walk GROUP_M row-blocks down a column of
-    # C-tiles before moving right, so the A and B tiles they share are still in L2.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % per_group) % group_rows)
-    pid_n = (pid % per_group) // group_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, am, bn = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
-    # Rows/cols past the edge wrap around (modulo) instead of being masked: the loads
-    # stay unmasked and in bounds, and the masked store drops the duplicates.
-    am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
     a_ptrs = A + am.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = B + offs_k[:, None] * stride_bk + bn.to(tl.int64)[None, :] * stride_bn
 
@@ -96,10 +86,7 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
         b_ptrs += BLOCK_K * stride_bk
     if SCALED:
         acc = acc * (tl.load(SA) * tl.load(SB))
-
-    c_ptrs = C + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, round_for_store(acc, MBITS).to(C.dtype.element_ty), mask=mask)
+    store_tile(C, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, MBITS)
 
 
 _cfg = tile_config

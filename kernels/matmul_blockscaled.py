@@ -39,7 +39,13 @@ from kernels.spec import (
     UnsupportedShape,
     block_scaled_native,
 )
-from kernels.triton_utils import round_for_store, run_launch, store_round_bits, tile_config
+from kernels.triton_utils import (
+    grouped_tile,
+    run_launch,
+    store_round_bits,
+    store_tile,
+    tile_config,
+)
 
 
 @triton.jit
@@ -53,21 +59,7 @@ def blockscaled_matmul_kernel(A, B, SA, SB, GA, GB, C, M, N, KB, KS, S_TILES,
     # per byte); KS: block scales per row (K / G); S_TILES: 4-column tiles per row of the
     # blocked scales.  Masks compare with KB and KS themselves, whose divisibility Triton
     # sees (a K // PACK in the mask cut the operand copies to 32 bits).
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % per_group) % group_rows)
-    pid_n = (pid % per_group) // group_rows
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Edge rows/cols wrap (modulo) as in matmul_kernel: loads stay in bounds, the masked
-    # store drops the duplicates.
-    am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_m, offs_n, am, bn = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     BLOCK_KB: tl.constexpr = BLOCK_K // PACK
     BLOCK_KS: tl.constexpr = BLOCK_K // G
     offs_kb = tl.arange(0, BLOCK_KB)  # stored bytes along K
@@ -94,10 +86,7 @@ def blockscaled_matmul_kernel(A, B, SA, SB, GA, GB, C, M, N, KB, KS, S_TILES,
         b_ptrs += BLOCK_KB * stride_bk
     if TENSOR_SCALE:
         acc = acc * (tl.load(GA) * tl.load(GB))
-
-    c_ptrs = C + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(c_ptrs, round_for_store(acc, MBITS).to(C.dtype.element_ty), mask=mask)
+    store_tile(C, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, MBITS)
 
 
 _cfg = tile_config

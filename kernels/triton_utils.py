@@ -37,6 +37,38 @@ def round_for_store(x, MBITS: tl.constexpr):
     return x
 
 
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile of an M x N output, in grouped order: consecutive programs
+    walk GROUP_M row-blocks down a column of tiles before moving right, so the A and B
+    tiles they share are still in L2.  Returns (offs_m, offs_n, am, bn): the tile's rows
+    and columns, and the same wrapped modulo M and N (with contiguity hints) for the
+    loads: rows/cols past the edge re-read valid ones, so loads stay unmasked along M and
+    N and in bounds, and store_tile's mask drops the duplicates."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % group_rows)
+    pid_n = (pid % per_group) // group_rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    return offs_m, offs_n, am, bn
+
+
+@triton.jit
+def store_tile(C, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, MBITS: tl.constexpr):
+    """Write the fp32 tile `acc` to C (rows offs_m, columns offs_n) in C's dtype, masked
+    to the M x N output; MBITS: store_round_bits."""
+    c_ptrs = C + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, round_for_store(acc, MBITS).to(C.dtype.element_ty), mask=mask)
+
+
 # How this process's kernels were decorated: jit returns an InterpretedFunction when
 # TRITON_INTERPRET=1 was set at import (kernels.spec.interpreter_enabled reads this).
 KERNELS_INTERPRETED: bool = type(round_for_store).__name__ == "InterpretedFunction"
