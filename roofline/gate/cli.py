@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,9 +24,9 @@ from roofline.gate.rules import (
     DEFAULT_BASELINES_DIR,
     DEFAULT_THRESHOLDS,
     CompareError,
-    _one_line,
     _status,
     check_threshold,
+    cli_exit_code,
 )
 from roofline.gate.runs import compare_runs
 from roofline.schema import (
@@ -152,25 +151,12 @@ def _cmd_promote(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`compare` / `promote` entry point (argv[0] is the command); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def command() -> int:
         args = _parser().parse_args(argv)
         return _cmd_compare(args) if args.cmd == "compare" else _cmd_promote(args)
-    except SystemExit as e:  # --help exits through argparse
-        return e.code if isinstance(e.code, int) else 0
-    except (CompareError, RunLoadError, DeviceError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
-              file=sys.stderr)
-        return 2
-    except Exception as e:
-        # A CI gate must answer with an exit code, not a traceback; set ROOFLINE_DEBUG=1
-        # to see the traceback while debugging.
-        if os.environ.get("ROOFLINE_DEBUG"):
-            raise
-        print(f"error: unexpected {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-        return 2
+
+    return cli_exit_code(command, (CompareError, RunLoadError, DeviceError))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ of its inputs (threshold, --allow, a row's times and samples)."""
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -187,6 +189,30 @@ def _row_name(row: Mapping[str, Any]) -> str:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def cli_exit_code(command: Callable[[], int],
+                  expected: tuple[type[Exception], ...]) -> int:
+    """Run a command-line entry point to its exit code: the `expected` errors (bad
+    input) and OSError are one `error:` line and exit 2; anything else is one
+    `error: unexpected ...` line and exit 2 too, since a CI step must answer with an
+    exit code, not a traceback (ROOFLINE_DEBUG=1 re-raises it while debugging)."""
+    try:
+        return command()
+    except SystemExit as e:  # --help exits through argparse
+        return e.code if isinstance(e.code, int) else 0
+    except expected as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
+              file=sys.stderr)
+        return 2
+    except Exception as e:
+        if os.environ.get("ROOFLINE_DEBUG"):
+            raise
+        print(f"error: unexpected {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return 2
 
 
 def _status(df: pd.DataFrame) -> pd.Series:

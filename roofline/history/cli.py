@@ -12,13 +12,13 @@ missing library), never a traceback.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from roofline.gate import Retime, append_step_summary
+from roofline.gate.rules import cli_exit_code
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -159,26 +159,13 @@ def _cmd_html(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -> int:
     """The `history` command (argv without the word `history`); returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def command() -> int:
         args = _parser().parse_args(argv)
         if args.cmd == "add":
             return _cmd_add(args)
         if args.cmd == "report":
             return _cmd_report(args, retimer)
         return _cmd_html(args)
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
-    except HistoryError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
-              file=sys.stderr)
-        return 2
-    except Exception as e:
-        # Set ROOFLINE_DEBUG=1 to see the traceback while debugging.
-        if os.environ.get("ROOFLINE_DEBUG"):
-            raise
-        print(f"error: unexpected {type(e).__name__}: {' '.join(str(e).split())}",
-              file=sys.stderr)
-        return 2
+
+    return cli_exit_code(command, (HistoryError,))
