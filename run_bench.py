@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from benches.interrupt import Terminated, exit_code, exit_now, sigterm_raises
+from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate import CompareError, check_threshold, threshold_help
@@ -148,7 +148,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        with sigterm_raises():
+        with signals_raise():
             return _main(argv)
     except (KeyboardInterrupt, Terminated) as e:
         # Reached only outside a run's own handling (start-up, listings, inspect): the

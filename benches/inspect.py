@@ -57,6 +57,7 @@ from benches.inspect_read import (
     tma_of,
 )
 from benches.inspect_report import print_table, summary_lines, write_files
+from benches.interrupt import python_handlers_back
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
 # count sizes the launches (dot's number of partial sums), and the per-block shared
@@ -234,6 +235,8 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
         row["error"] = (f"{type(e).__name__}: {msg[0] if msg else ''}"
                         + (f" ({diag})" if diag else ""))[:300]
         return row
+    finally:
+        python_handlers_back()  # the compile installed LLVM's signal handlers: out again
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     regs, spill_st, spill_ld, advisories, ptxas_v = _ptxas_report(ptx, cc, options)
     lines = tensor_load_lines(ttgir, options.num_warps)

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -31,22 +32,120 @@ class PeerStopped(Terminated):
         self.why = why
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+class _Stopping:
+    """The process-wide state of the handlers that `signals_raise` installs: whether a
+    first signal has been raised (the run is unwinding, keeping its rows), and the pipe
+    in which Python's C-level handler notes each signal as it arrives."""
+
+    raised: BaseException | None = None
+    noted = False
+    wake_r: int | None = None
+
+
+def _first_arrived(signum: int) -> int:
+    """The signal that arrived first among those pending.  Python runs the handlers of
+    signals pending together in signal-number order (SIGINT, 2, before SIGTERM, 15),
+    whatever their order of arrival; its C handler writes each signal's number to the
+    wakeup fd as it arrives, so the pipe tells the true order."""
+    if _Stopping.wake_r is None:
+        return signum
+    try:
+        seen = os.read(_Stopping.wake_r, 512)
+    except (BlockingIOError, OSError):
+        return signum
+    for b in seen:
+        if b in (signal.SIGINT, signal.SIGTERM):
+            return b
+    return signum
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """SIGINT raises KeyboardInterrupt and SIGTERM Terminated, once.  A signal that
+    follows (GNU `timeout` signals the process, then its whole group; a user presses
+    Ctrl-C again) lands while the first one unwinds the run and writes its results:
+    raised there, it would cut that writing short, so it is noted and dropped."""
+    first = _first_arrived(signum)
+    if _Stopping.raised is not None:
+        if not _Stopping.noted:
+            _Stopping.noted = True
+            with contextlib.suppress(OSError, ValueError):
+                os.write(2, b"stopping already: the results are being written\n")
+        return
+    _Stopping.raised = Terminated() if first == signal.SIGTERM else KeyboardInterrupt()
+    raise _Stopping.raised
 
 
 @contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises Terminated in the main thread."""
-    try:
-        old = signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:  # not the main thread: leave signal handling alone
-        yield
+def signals_raise() -> Iterator[None]:
+    """Within the block, the first SIGINT or SIGTERM raises (KeyboardInterrupt,
+    Terminated) in the main thread and later ones are dropped; outside it, the handlers
+    that were there before."""
+    _Stopping.raised, _Stopping.noted = None, False
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers: leave signal handling alone
         return
+    r, w = os.pipe()
+    for fd in (r, w):
+        os.set_blocking(fd, False)
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    _Stopping.wake_r = r
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+        signal.set_wakeup_fd(old_fd)
+        _Stopping.wake_r = None
+        os.close(r)
+        os.close(w)
+
+
+def python_handlers_back() -> None:
+    """Put Python's own SIGINT and SIGTERM handlers back at the C level.
+
+    A Triton compile in this process (a JIT launch, an autotuning candidate,
+    `triton.compile`) runs LLVM, which installs C handlers of its own for SIGINT and
+    SIGTERM over Python's and keeps them until one fires; Python still believes its
+    handler is there.  A signal then reaches LLVM's handler, and a second one in quick
+    succession (GNU `timeout` signals the process, then its group) can end the process
+    at once: no row written, no word said.  Setting each handler again to what Python
+    holds reinstalls Python's C trampoline (signal.signal always calls sigaction)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; the next call there will
+    for s in (signal.SIGINT, signal.SIGTERM):
+        h = signal.getsignal(s)
+        if h is not None:  # None: a handler not set from Python, left as it is
+            signal.signal(s, h)
+
+
+def _after_compile(*args: object, **kwargs: object) -> None:
+    python_handlers_back()
+
+
+def restore_handlers_after_compiles() -> None:
+    """Have every Triton JIT compile in this process (launches and autotuning alike) put
+    Python's handlers back as soon as it is done, through Triton's post-compile hook (a
+    hook already set is kept and called first).  Without Triton, or with a Triton that
+    has no such hook, nothing is done: the runner's per-row call still applies."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return
+    rt = getattr(knobs, "runtime", None)
+    if rt is None or not hasattr(rt, "jit_post_compile_hook"):
+        return
+    prior = rt.jit_post_compile_hook
+    if prior is _after_compile or getattr(prior, "restores_handlers", False):
+        return
+
+    def hook(*args: object, **kwargs: object) -> object:
+        out = prior(*args, **kwargs) if prior is not None else None
+        python_handlers_back()
+        return out
+
+    hook.restores_handlers = True  # type: ignore[attr-defined]
+    rt.jit_post_compile_hook = hook if prior is not None else _after_compile
 
 
 def exit_code(e: BaseException) -> int:

@@ -401,6 +401,7 @@ def run(args: argparse.Namespace, argv: list[str],
                                         force=args.remeasure_ceilings,
                                         log=lambda m: console.print(m))
             meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
+            writer.flush()  # results.json holds the ceilings before the first row
         stage = "sweep"
         _sweep(todo, len(cases), cfg, writer, present, model, run_dir)
         meta["complete"] = True

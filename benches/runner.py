@@ -40,7 +40,11 @@ from benches.gpu_monitor import gpu_monitor, time_unthrottled
 from benches.gpu_monitor import nvml_handle as nvml_handle
 from benches.gpu_monitor import nvml_snapshot as nvml_snapshot
 from benches.gpu_monitor import stop_gpu_monitor as stop_gpu_monitor
-from benches.interrupt import signal_name
+from benches.interrupt import (
+    python_handlers_back,
+    restore_handlers_after_compiles,
+    signal_name,
+)
 from benches.results import ResultWriter as ResultWriter
 from benches.results import collect_metadata as collect_metadata
 from benches.timing import (
@@ -357,6 +361,7 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     together.  An interrupt (or any exception) yields the chunk's rows timed so far,
     over the rounds they completed (n_samples says how many), before it propagates."""
     budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
+    restore_handlers_after_compiles()
     if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
         yield from _iterate_serial(cases, cfg, budget)
         return
@@ -415,6 +420,7 @@ def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
             return row, None
     granted = budget.row(cases_left)
     row = run_case(case, cfg, cache, granted)
+    python_handlers_back()  # a compile the hook did not see (e.g. async) left LLVM's
     budget.record(case, row, granted)
     return row, granted.plan
 
