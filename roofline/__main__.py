@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote,plan,targets,history} ...\n"
+    "usage: python -m roofline {plot,compare,promote,plan,targets,finalize,history} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  plot RUN RUN... --devices     several devices' roofs and points on one figure\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
@@ -14,6 +14,8 @@ USAGE = (
     "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"
     "                                model size, tokens, days and memory (plan --help)\n"
     "  targets RUN [RUN ...]         DESIGN.md section 7's ratios: met, missed, not measured\n"
+    "  finalize RUN                  a run killed before results.json: its journal's rows\n"
+    "                                written whole, summary and figures (still incomplete)\n"
     "  history {add,report,html} ... every run kept per device, change points, dashboard"
 )
 
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from roofline.targets import main as targets_main
 
         return targets_main(rest)
+    if cmd == "finalize":
+        from roofline.finalize import main as finalize_main
+
+        return finalize_main(rest)
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
         # harness's GEMM timing into the planner (DESIGN.md section 2).

@@ -132,12 +132,16 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
 def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
     """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
 
-    Reads metadata["ceilings"] (format in roofline/ceilings.py).  A run written without
-    that key falls back on the device table for the datasheet and on the rows'
-    meas_peak_* columns for the measured values, so older runs still plot."""
+    Reads metadata["ceilings"] (format in roofline/ceilings.py) as written once the run
+    measured them (`ceilings_ready`, or any value in it: a source left empty then was
+    none).  A run without them there (written before that key, or cut short before its
+    ceilings reached results.json: its rows, read from the journal, carry them) falls
+    back on the device table for the datasheet and on the rows' meas_peak_* columns for
+    the measured values."""
     out: dict[str, Ceiling] = {}
     ceil = meta.get("ceilings")
-    if isinstance(ceil, dict):
+    if isinstance(ceil, dict) and (meta.get("ceilings_ready")
+                                   or any(ceil.get(s) for s in ("datasheet", "measured"))):
         for source in ("datasheet", "measured"):
             c = _ceiling_from(source, ceil.get(source))
             if c is not None:

@@ -27,10 +27,12 @@ from kernels.spec import PLAIN_DTYPES
 from roofline.devices import ROOF_CLASS
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
+from roofline.gate.runs import incomplete_reasons
 from roofline.report import _table
 from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
 from roofline.schema import (
     KEY,
+    ROWS_JOURNAL,
     RunLoadError,
     atomic_write_text,
     load_run,
@@ -87,19 +89,35 @@ class Run:
     rows: list[dict[str, Any]]
     copy_gbps: float | None  # measured ceilings' hbm_gbps (a large device copy)
     datasheet_gbps: float | None
+    incomplete: tuple[str, ...] = ()  # why the run is not whole (empty: it is)
 
     @property
     def name(self) -> str:
         return str(self.meta.get("run_id") or Path(self.path).name)
 
+    @property
+    def label(self) -> str:
+        """'quick' or 'quick (incomplete: ...)'."""
+        return self.name + (f" (incomplete: {'; '.join(self.incomplete)})"
+                            if self.incomplete else "")
+
 
 def load(path: str) -> Run:
+    """A run as the targets read it: an unfinished run (killed before it wrote
+    results.json whole) from its row journal, its ceilings from its rows where the
+    metadata has none, and labelled incomplete."""
     meta, df = load_run(path)
     d = clean_rows(df)
     ceil = run_ceilings(meta, d)
     measured, sheet = ceil.get("measured"), ceil.get("datasheet")
+    why = incomplete_reasons(meta)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    if (folder / ROWS_JOURNAL).exists():
+        # Killed outright (SIGKILL, a lost machine): results.json was never rewritten.
+        why = [w for w in why if w != "incomplete"] + [
+            f"cut short, its {len(d)} rows read from its row journal"]
     return Run(path, meta, d.to_dict("records"), measured.hbm_gbps if measured else None,
-               sheet.hbm_gbps if sheet else None)
+               sheet.hbm_gbps if sheet else None, tuple(why))
 
 
 def _num(x: Any) -> float | None:
@@ -195,15 +213,42 @@ class Check:
         return next((v for v in (MISSED, NOT_MEASURED) if v in verdicts), MET)
 
     def cells(self) -> list[str]:
-        measured = "; ".join("-" if p.value is None else f"{p.value:.3f}{p.unit}"
+        measured = "; ".join("-" if p.value is None else f"{_value_text(p)}{p.unit}"
                              for p in self.parts)
         needs = "; ".join(f">= {p.need:.2f}{p.unit}" for p in self.parts)
-        notes = [f"{p.unit.strip()}: {(p.need - p.value) / p.need:.1%} short"
+        notes = [f"{p.unit.strip()}: {_short_text(p)} short"
                  if p.verdict == MISSED else p.why
                  for p in self.parts if p.verdict != MET]
         notes = list(dict.fromkeys(notes))  # parts not measured for one reason: said once
         verdict = self.verdict + (f": {'; '.join(notes)}" if notes else "")
         return [self.target, self.case, measured, needs, verdict]
+
+
+def _value_text(p: Part) -> str:
+    """The measured ratio with 3 decimals, or as many more as it takes for a miss never
+    to print as its need (0.9496 against 0.95: "0.9496", not "0.950")."""
+    assert p.value is not None
+    for digits in range(3, 8):
+        text = f"{p.value:.{digits}f}"
+        if p.verdict != MISSED or float(text) < p.need:
+            return text
+    return repr(p.value)
+
+
+def _short_text(p: Part) -> str:
+    """How far a miss is short of its need, in percent, never printed as 0."""
+    assert p.value is not None
+    short = (p.need - p.value) / p.need
+    for digits in range(1, 6):
+        text = f"{short:.{digits}%}"
+        if float(text.rstrip("%")) > 0:
+            return text
+    return f"{short:.2e}"
+
+
+def _tag(run: Run) -> str:
+    """The run's name in a table cell, marked where the run is incomplete."""
+    return run.name + (", incomplete run" if run.incomplete else "")
 
 
 def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: float,
@@ -236,7 +281,7 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
         why = f"run {ok[-1][1].name} has no measured copy bandwidth"
     else:
         _, run, row = max(timed, key=by_size)
-        check.case = f"{row['shape']}, {_size(_num(row.get('bytes')))} ({run.name}" \
+        check.case = f"{row['shape']}, {_size(_num(row.get('bytes')))} ({_tag(run)}" \
                      f"{_throttled(row)})"
         copy.value = float(row["gbps"]) / run.copy_gbps
         torch_rows = _find([run], kernel, "torch", dtype, _dims(row))
@@ -268,7 +313,7 @@ def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Chec
         c = [r for j, _, r in torch_rows if j == i and _ok(r, "tflops")]
         if t and c:
             part.value = float(t[0]["tflops"]) / float(c[0]["tflops"])
-            check.case = f"{t[0]['shape']} ({runs[i].name}{_throttled(t[0], c[0])})"
+            check.case = f"{t[0]['shape']} ({_tag(runs[i])}{_throttled(t[0], c[0])})"
             return check
     whys = []
     for provider, found in (("triton", triton_rows), ("torch", torch_rows)):
@@ -301,7 +346,7 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
         sdpa.why = peak.why = why + f" at S={seq}, D={ATTENTION_HEAD_DIM}"
         return check
     _, run, row = ok[-1]
-    check.case = f"{row['shape']} ({run.name}{_throttled(row)})"
+    check.case = f"{row['shape']} ({_tag(run)}{_throttled(row)})"
     top = _num(row.get("peak_tflops"))
     peak.value = float(row["tflops"]) / top if top else None
     peak.why = "" if top else "the row has no bf16 peak"
@@ -391,7 +436,10 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
 
 
 def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
-    """Whether a fleet run has the plain run's rows (same keys, same statuses)."""
+    """Whether a fleet run has the plain run's rows (same keys, same statuses).  A run
+    that is incomplete (cut short, interrupted) lacks the rows it never reached: rows
+    only in the other run are then not a difference, and the two are compared on the
+    rows both hold, which the answer says."""
     def keyed(run: Run) -> dict[tuple, str]:
         # A case's cold and warm rows are two rows (schema.ROW_ID): one must not hide
         # the other.  Keyed by mode_tag ("" for the device's native mode, which a row
@@ -402,13 +450,21 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
     a, b = keyed(plain), keyed(fleet)
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
     status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
-    if not (only_a or only_b or status):
-        return True, f"same {len(a)} rows, same statuses"
-    groups = ((only_a, "only in the plain run"), (only_b, "only in the fleet run"),
+    cut = [f"the {what} run is incomplete ({'; '.join(run.incomplete)})"
+           for run, what in ((plain, "plain"), (fleet, "fleet")) if run.incomplete]
+    unexplained_a = only_a if not fleet.incomplete else []  # the fleet never reached them
+    unexplained_b = only_b if not plain.incomplete else []
+    if not (unexplained_a or unexplained_b or status):
+        if not cut:
+            return True, f"same {len(a)} rows, same statuses"
+        return True, (f"the {len(a.keys() & b.keys())} rows both hold have the same "
+                      f"statuses; {', '.join(cut)}: {len(only_a)} rows only in the plain "
+                      f"run and {len(only_b)} only in the fleet run are not compared")
+    groups = ((unexplained_a, "only in the plain run"), (unexplained_b, "only in the fleet run"),
               (status, "with another status"))
     parts = [f"{len(keys)} {what} (first: {' '.join(k for k in keys[0] if k)})"
              for keys, what in groups if keys]
-    return False, "; ".join(parts)
+    return False, "; ".join(parts + cut)
 
 
 def read_steps(path: str) -> list[list[str]]:
@@ -435,7 +491,7 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     counts = {v: sum(c.verdict == v for c in found) for v in (MET, MISSED, NOT_MEASURED)}
     devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
     lines = ["# Performance targets (DESIGN.md section 7; attention and row ops)", ""]
-    lines += [f"- `{r.path}`: {r.name}, {r.meta.get('device_name') or '?'}"
+    lines += [f"- `{r.path}`: {r.label}, {r.meta.get('device_name') or '?'}"
               + (f", fp8 accumulation {r.meta['fp8_accum']}" if r.meta.get("fp8_accum")
                  else "") for r in runs]
     if not runs:
@@ -452,6 +508,11 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     if fleet is not None:
         lines += ["", "## One-rank fleet run against the plain run", "",
                   f"{'same rows' if fleet[0] else 'ROWS DIFFER'}: {fleet[1]}"]
+    cut = [r for r in runs if r.incomplete]
+    if cut:
+        lines += ["", "## Incomplete runs", "",
+                  *(f"- {r.name}: {'; '.join(r.incomplete)}: targets it did not reach "
+                    "are not measured, not missed" for r in cut)]
     if steps is not None:
         failed = sum(s[1] in ("fail", "timeout") for s in steps)
         lines += ["", f"## Steps: {len(steps) - failed} of {len(steps)} passed or skipped", "",

@@ -118,7 +118,8 @@ def incomplete_reasons(meta: dict[str, Any]) -> list[str]:
         why = meta.get("abort_reason")
         reasons.append(f"aborted ({' '.join(str(why).split())})" if why else "aborted")
     if meta.get("complete") is False and not reasons:
-        reasons.append("incomplete")
+        reasons.append(f"cut short ({meta['cut_short']})" if meta.get("cut_short")
+                       else "incomplete")
     return reasons
 
 

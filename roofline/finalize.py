@@ -1,0 +1,103 @@
+"""`python -m roofline finalize RUN`: a run killed before it wrote results.json whole
+(SIGKILL, a lost machine, a job's hard time limit) made readable as any other run.
+
+Its rows are those of its row journal (every row it finished); they go into results.json
+and results.csv, then summary.md and the figures are drawn.  The run stays what it was:
+incomplete (`complete` false, `cut_short` saying how it ended), so the gate and the
+targets never take it for a whole run, and `run_bench.py --resume RUN` can still finish
+it.  Its ceilings stay as measured: a run cut before they reached its metadata has them
+in every row (meas_peak_*), where the readers find them (roofline.rows.run_ceilings).
+Nothing is lost: the journal is removed only once results.json holds each of its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from roofline.schema import (
+    ALL_COLUMNS,
+    RESULTS_CSV,
+    RESULTS_JSON,
+    ROOFLINE_PNG,
+    ROWS_JOURNAL,
+    SCALING_PNG,
+    RunLoadError,
+    atomic_write_text,
+    journal_rows,
+    read_doc,
+    resolve_results_json,
+)
+
+USAGE = "python -m roofline finalize RUN [--no-plots]"
+
+
+class FinalizeError(ValueError):
+    """A run that cannot be finalized (one-line message, exit 2)."""
+
+
+def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
+    """Write RUN's results.json and results.csv whole from its journal, then its
+    summary and figures; (run folder, rows).  Refused where there is no journal (the
+    run wrote results.json whole itself) or the journal holds fewer rows than
+    results.json (something else rewrote it: nothing is replaced)."""
+    path = resolve_results_json(run)
+    folder = path.parent
+    journal = folder / ROWS_JOURNAL
+    if not journal.exists():
+        raise FinalizeError(f"{folder} has no row journal ({ROWS_JOURNAL}): its results.json "
+                            "is whole already")
+    doc = read_doc(path)  # checked as any run; its rows are the journal's when longer
+    rows = journal_rows(journal)
+    written = len(json.loads(path.read_text())["rows"])
+    if len(rows) < written:
+        raise FinalizeError(f"{folder}: its journal holds {len(rows)} rows, results.json "
+                            f"{written}: left as it is")
+    meta = dict(doc.get("metadata") or {})
+    if meta.get("complete") is True:
+        raise FinalizeError(f"{folder}: the run says it is complete, yet has a journal: "
+                            "left as it is")
+    meta["complete"] = False
+    meta["cut_short"] = (f"ended before it wrote {RESULTS_JSON} whole; finalized from its "
+                         f"row journal ({len(rows)} rows) on "
+                         f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+    atomic_write_text(folder / RESULTS_JSON,
+                      json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
+    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
+    atomic_write_text(folder / RESULTS_CSV, df.to_csv(index=False))
+    journal.unlink()  # results.json holds every row it held
+    from roofline.report import write_summary
+
+    if plots:
+        import matplotlib.pyplot as plt
+
+        from roofline.plot import plot_roofline, plot_scaling
+
+        plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
+        plt.close(plot_scaling(meta, df, folder / SCALING_PNG))
+    write_summary(folder, meta, df)
+    return folder, len(rows)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {USAGE}\n{__doc__}")
+        return 0 if argv else 2
+    args = [a for a in argv if a != "--no-plots"]
+    bad = [a for a in args if a.startswith("-")]
+    if bad or len(args) != 1:
+        what = f"unknown option {bad[0]}" if bad else f"expected one RUN, got {len(args)}"
+        print(f"error: {what} (usage: {USAGE})", file=sys.stderr)
+        return 2
+    try:
+        folder, n = finalize(args[0], plots="--no-plots" not in argv)
+    except (FinalizeError, RunLoadError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{folder}: {n} rows written whole from its journal; still incomplete "
+          f"(run_bench.py --resume {folder} finishes it)")
+    return 0
