@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import math
 import os
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -109,17 +108,18 @@ def run_acceptance(args: argparse.Namespace, argv: list[str]) -> int:
     """One rank's part; returns its exit code (rank 0: the fleet's verdict's)."""
     from benches.fleet import dist as fdist
     from benches.fleet.liveness import FleetError
+    from benches.fleet.rank_io import say_line
 
     try:
         me = fdist.start(args.dist_timeout, args.device)
     except FleetError as e:
         fdist.stop()
-        print(f"error: {e}", file=sys.stderr)
+        say_line(f"error: {e}")
         return e.code
     try:
         return _run(me, args, argv)
     except FleetError as e:
-        print(f"error: rank {me.rank} on {me.host}: {e}", file=sys.stderr)
+        say_line(f"error: rank {me.rank} on {me.host}: {e}")
         return e.code
     finally:
         fdist.stop()
