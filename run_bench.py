@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+from benches.fleet.rank_io import say_line
 from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
@@ -205,13 +206,13 @@ def _main(argv: list[str]) -> int:
             return _run_and_add(args, argv)
         return job.run(args, argv)
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_line(f"error: {e}")  # one write: under torchrun every rank says it at once
         return 2
     except Exception as e:  # the library's one-line errors (bad shape, device, baseline)
         from benches.job import USER_ERRORS
 
         if isinstance(e, USER_ERRORS):
-            print(f"error: {e}", file=sys.stderr)
+            say_line(f"error: {e}")
             return 2
         raise
     finally:
@@ -247,9 +248,9 @@ def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
         made = [p.parent for p in set(out.glob("*/*/results.json")) - before
                 if args.run_id is None or p.parent.name == args.run_id]
     if len(made) != 1:
-        print(f"error: --history: {len(made)} new run folders under {out} (another run "
-              "wrote there at the same time?): add this run with python -m roofline "
-              "history add RUN", file=sys.stderr)
+        say_line(f"error: --history: {len(made)} new run folders under {out} (another run "
+                 "wrote there at the same time?): add this run with python -m roofline "
+                 "history add RUN")
         return max(code, 2)
     if code not in (0, 1):  # 1: failed rows, a whole run all the same
         print(f"note: the run did not finish: not added to {args.history} (resume it with "
@@ -258,7 +259,7 @@ def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         added = add_run(made[0], args.history)
     except HistoryError as e:
-        print(f"error: --history: {e}", file=sys.stderr)
+        say_line(f"error: --history: {e}")
         return 2
     print(f"history: run #{added.seq} of {added.path} ({added.rows} rows)")
     return code

@@ -8,13 +8,16 @@ What is measured, and with what (each a library made for it):
   a synchronous optimizer step there); warm-up steps first (lazy init, optimizer state);
   median and 20th/80th percentiles of the timed steps;
 - FLOPs: torch.utils.flop_counter.FlopCounterMode over one step, forward, backward and
-  the optimizer apart.  An op it does not count on this device (the CPU's fused SDPA
-  kernel counts 0) is counted with the counter's own formula for that op
-  (sdpa_flop_count / sdpa_backward_flop_count: the full T x T square, the backward
-  recomputing the scores as FlashAttention does), and the result says so.  When SDPA
+  the optimizer apart, with the model's causal attention counted as what a causal kernel
+  computes, half the T x T square (benches/step_flops.py; the counter alone counts the
+  whole square).  An op it does not count on this device (the CPU's fused SDPA kernel
+  counts 0) is counted with the counter's own formula for that op (sdpa_flop_count /
+  sdpa_backward_flop_count, the backward recomputing the scores as FlashAttention does),
+  halved the same way, and the result says so.  When SDPA
   runs on its math backend (no fused kernel accepts the inputs, e.g. a head dim that is
   no multiple of 8 in bf16 on a GPU), the counter sees its batched matmuls instead:
-  those are the attention's FLOPs, filed as attention, and no formula is added on top;
+  the full square, which that backend multiplies before masking, filed as attention,
+  and no formula is added on top;
 - memory: parameters, gradients and optimizer state from the tensors themselves (exact);
   the distinct storages autograd saves during the forward
   (torch.autograd.graph.saved_tensors_hooks), parameters excluded, split into
@@ -25,7 +28,8 @@ What is measured, and with what (each a library made for it):
   op's self CPU time (on a CPU) counted once and put in one category (GEMMs, attention,
   norms and elementwise, loss, optimizer, other) by the op that launched it
   (benches/step_profile.py); the same events split by kernel family and pass for
-  `--explain` (benches/step_explain.py).
+  `--explain`, and each GEMM's time per call by shape and pass, for the plan's table of
+  the step's GEMMs (benches/step_explain.py).
 
 Before anything is built, the step's memory estimate (roofline.plan.step:
 training state, activations by Korthikanti et al.'s estimate, logits, weight casts) is
@@ -50,6 +54,7 @@ from typing import Any
 import torch
 
 from benches.step_explain import profile_step_explained
+from benches.step_flops import attention_formula, flop_counter
 from benches.step_model import StepError, Transformer, check_shape, parameter_count
 from benches.step_profile import CATEGORIES, category
 from benches.timing import time_call_ms
@@ -79,16 +84,6 @@ def _flops_by_category(counter: Any) -> dict[str, int]:
         cat = category(str(op))
         out[cat] = out.get(cat, 0) + int(n)
     return out
-
-
-def _attention_formula(shape: ModelShape, n_blocks: int, batch: int) -> tuple[int, int]:
-    """(forward, backward) FLOPs of the blocks' SDPA by the flop counter's own formulas."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
-    q = (batch, shape.heads, shape.seq_len, shape.head_dim)
-    fwd = sdpa_flop_count(q, q, q)
-    bwd = sdpa_backward_flop_count(q, q, q, q)
-    return n_blocks * int(fwd), n_blocks * int(bwd)
 
 
 def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
@@ -188,16 +183,14 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         samples.append(time_call_ms(step, on_gpu))
 
     # FLOPs, forward / backward / optimizer apart; activations saved by the forward.
-    from torch.utils.flop_counter import FlopCounterMode
-
     opt.zero_grad(set_to_none=True)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    with FlopCounterMode(display=False) as fwd_count:
+    with flop_counter() as fwd_count:
         loss, saved = _saved_bytes(forward, list(model.parameters()), list(model.blocks))
-    with FlopCounterMode(display=False) as bwd_count:
+    with flop_counter() as bwd_count:
         loss.backward()
-    with FlopCounterMode(display=False) as opt_count:
+    with flop_counter() as opt_count:
         opt.step()
     sync()
     peak = torch.cuda.max_memory_allocated() if on_gpu else None
@@ -205,13 +198,15 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     notes = []
     math_backend = any("bmm" in str(op) for op in
                        fwd_count.get_flop_counts().get("Global", {}))
+    counting = None if not n_blocks else "full square" if math_backend else "causal"
     if n_blocks and not fwd.get("attention"):
-        af, ab = _attention_formula(shape, n_blocks, micro_batch)
+        af, ab = attention_formula(shape, n_blocks, micro_batch)
         fwd["attention"], bwd["attention"] = af, ab
         notes.append(f"FlopCounterMode counts no FLOPs for scaled_dot_product_attention on "
                      f"this device ({device}): counted by its formula instead "
                      "(torch.utils.flop_counter.sdpa_flop_count and "
-                     "sdpa_backward_flop_count, full T x T square, backward with recompute)")
+                     "sdpa_backward_flop_count, backward with recompute), halved for "
+                     "the causal mask")
     elif math_backend:
         # SDPA's math backend is a composite of bmm, softmax...: the flop counter sees its
         # batched matmuls, which category() files under attention (no formula on top).
@@ -244,7 +239,9 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
             "time_ms": _percentiles(samples), "flops_forward": fwd, "flops_backward": bwd,
             "flops_optimizer": _flops_by_category(opt_count), "memory": memory,
             "profile_ms": prof["categories"], "profile_explain_ms": prof["explain"],
-            "profile_span_ms": prof["span_ms"], "notes": notes}
+            "profile_span_ms": prof["span_ms"], "gemm_calls": prof["gemm_calls"],
+            "attention_counting": counting,
+            "notes": notes}
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
@@ -414,6 +411,9 @@ def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
               "profile_ms", "profile_explain_ms", "profile_span_ms")}
     whole["params"] = shape.params
     whole["n_blocks"] = L
+    whole["attention_counting"] = part["attention_counting"]
+    # Per call, a GEMM's time needs no extrapolating: the slice runs every kind of them.
+    whole["gemm_calls"] = part["gemm_calls"]
     whole["notes"] = part["notes"] + [
         f"measured on a slice of {k} of {L} blocks and on the embedding and head alone; "
         f"every figure F extrapolated as F(0) + {L} x (F({k}) - F(0)) / {k} (identical "

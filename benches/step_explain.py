@@ -155,6 +155,48 @@ def split_explained(events: list[Any], on_gpu: bool) -> dict[str, dict[str, floa
     return out
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm")
+
+
+def _gemm_dims(op: Any) -> tuple[int, int, int] | None:
+    """(M, N, K) of an mm or addmm from its recorded input shapes: the last two 2-D
+    ones are [M, K] and [K, N] (addmm's bias and scalars come first and last)."""
+    mats = [s for s in (getattr(op, "input_shapes", None) or []) if len(s) == 2]
+    if len(mats) < 2 or mats[-2][1] != mats[-1][0]:
+        return None
+    (m, k), (_, n) = mats[-2], mats[-1]
+    return int(m), int(n), int(k)
+
+
+def gemm_calls(events: list[Any], on_gpu: bool) -> dict[str, dict[str, float]]:
+    """The GEMMs of a profiled forward and backward by roofline.plan.arithmetic.gemm_key
+    (pass, output sides, reduction): {"ms": their time, "calls": how many}.  A GEMM is an
+    mm or addmm op (the model's linear layers fold their tokens into one, tested); its
+    time is, on a GPU, the device time of the kernels it launched (cuBLAS may launch more
+    than one), on a CPU its self CPU time."""
+    from roofline.plan.arithmetic import gemm_key
+
+    times: dict[int, tuple[Any, float]] = {}
+    if on_gpu:
+        claimed, _ = device_work([e for e in events if e.name != SPAN])
+        for op, _name, us in claimed:
+            if op.name in GEMM_OPS:
+                times[id(op)] = (op, times.get(id(op), (op, 0.0))[1] + us)
+    else:
+        times = {id(op): (op, op.self_cpu_time_total) for op in events
+                 if op.name in GEMM_OPS and not _is_device(op)}
+    out: dict[str, dict[str, float]] = {}
+    for op, us in times.values():
+        dims = _gemm_dims(op)
+        if dims is None:
+            continue
+        entry = out.setdefault(gemm_key("backward" if _backward(op) else "forward", *dims),
+                               {"ms": 0.0, "calls": 0})
+        entry["ms"] += us / 1e3
+        entry["calls"] += 1
+    return out
+
+
 def span_ms(events: list[Any], on_gpu: bool) -> float:
     """The profiled call's own time: on a CPU the SPAN range's length; on a GPU the
     device timeline from the first kernel's start to the last one's end."""
@@ -178,7 +220,8 @@ def profile_step_explained(forward_backward: Callable[[], None],
     `categories` (the step's coarse split), `explain` (category -> pass -> ms), and
     `span_ms`, the two profiled calls' own time, of which what the categories leave is
     in no op (on a CPU the interpreter between ops and the profiler's recording; on a
-    GPU the device idle between kernels)."""
+    GPU the device idle between kernels); and `gemm_calls`, the forward and backward's
+    GEMMs by shape and pass."""
     zero_grad()
     fb = profile_events(forward_backward, on_gpu)
     opt = profile_events(optimizer_step, on_gpu)
@@ -187,4 +230,5 @@ def profile_step_explained(forward_backward: Callable[[], None],
     explain = split_explained(fb, on_gpu)
     explain["optimizer/elementwise"]["optimizer"] += opt_ms["optimizer"]
     span = span_ms(fb, on_gpu) + span_ms(opt, on_gpu)
-    return {"categories": coarse, "explain": explain, "span_ms": span}
+    return {"categories": coarse, "explain": explain, "span_ms": span,
+            "gemm_calls": gemm_calls(fb, on_gpu)}

@@ -336,13 +336,3 @@ def test_usage_errors_are_one_line_and_exit_2(argv, says, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and says in err[0]
 
-
-def test_the_readme_shows_the_rules_in_force():
-    """One source of truth: README's table is the one every report prints."""
-    from pathlib import Path
-
-    from benches.fleet.acceptance_report import rules_table
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    missing = [line for line in rules_table(Thresholds()) if line not in readme]
-    assert not missing

@@ -104,3 +104,40 @@ def test_an_existing_run_is_refused_without_a_verdict(run):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 2 and all("exists already" in ln for ln in errors)
     assert (folder / "acceptance.json").read_bytes() == before
+
+
+def test_error_lines_of_two_ranks_never_interleave():
+    """Two processes sharing one stderr pipe, Python's stderr unbuffered (as under
+    torchrun here): each line is one write, text and newline together.  print() writes
+    them apart, and the other process's line lands between them (hundreds of 4000
+    lines with print)."""
+    code = ("import sys\nfrom benches.fleet.rank_io import say_line\n"
+            "for i in range(2000): say_line(f'error: rank {sys.argv[1]} line {i} ' + 'x' * 60)")
+    r, w = os.pipe()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k)], cwd=ROOT, env=env,
+                              stderr=w) for k in (0, 1)]
+    os.close(w)
+    with open(r, "rb") as f:
+        lines = f.read().decode().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    whole = [ln for ln in lines if ln.startswith("error: rank ") and ln.count("error:") == 1
+             and ln.endswith("x" * 60)]
+    assert len(lines) == len(whole) == 4000
+
+
+def test_every_error_line_of_a_rank_goes_through_say_line():
+    """No print(..., file=sys.stderr) left in the fleet's modules or the entry point."""
+    import ast
+
+    files = [*sorted((ROOT / "benches" / "fleet").glob("*.py")), ROOT / "run_bench.py"]
+    bare = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
+                    and any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr"
+                            and isinstance(node.args[0], ast.JoinedStr)
+                            and ast.unparse(node.args[0]).startswith("f'error:")
+                            for k in node.keywords if node.args)):
+                bare.append(f"{path.name}:{node.lineno}")
+    assert not bare

@@ -95,15 +95,15 @@ def _kernel_flops(kernels: list[StepKernel], family: str, passes: tuple[str, ...
 def _matches_the_step(kernels: list[StepKernel], m: dict) -> bool:
     """The step kernels' FLOPs (count x the family's own formula at the shape) against
     FlopCounterMode's count of the real step: GEMMs forward and backward exactly; the
-    attention (counted on a CPU by the counter's SDPA formulas, full square) at half,
-    as the family counts a causal mask."""
+    attention (counted on a CPU by the counter's SDPA formulas, halved for the causal
+    mask) exactly, as the family counts a causal mask."""
     gemm = (_kernel_flops(kernels, "matmul", ("forward",)) == m["flops_forward"]["gemm"]
             and _kernel_flops(kernels, "matmul", ("backward",))
             == m["flops_backward"]["gemm"])
     attn_counted = m["flops_forward"]["attention"] + m["flops_backward"]["attention"]
-    attn = (2 * _kernel_flops(kernels, "attention_bwd", ("forward", "backward"))
+    attn = (_kernel_flops(kernels, "attention_bwd", ("forward", "backward"))
             == attn_counted
-            and 2 * _kernel_flops(kernels, "attention", ("forward",))
+            and _kernel_flops(kernels, "attention", ("forward",))
             == m["flops_forward"]["attention"])
     return gemm and attn
 

@@ -49,10 +49,12 @@ def test_small_models_too(shape):
 def test_forward_gemm_flops_are_2_x_gemm_params_x_tokens(tiny):
     tokens = 2 * TINY.seq_len
     assert tiny["flops_forward"]["gemm"] == 2 * TINY.matmul_params * tokens
-    # Attention by its formula: Q K^T and the weighted sum of V, 2 T^2 hd each per head.
-    hd = TINY.head_dim
+    # Attention by its formula, causal: Q K^T and the weighted sum of V, 2 T^2 hd each
+    # per head and sequence over the whole square, half of it kept by the mask.
+    hd, T = TINY.head_dim, TINY.seq_len
     assert tiny["flops_forward"]["attention"] == \
-        TINY.n_layers * 2 * TINY.heads * 2 * (2 * TINY.seq_len**2 * hd)
+        TINY.n_layers * 2 * TINY.heads * 2 * (2 * T**2 * hd) // 2
+    assert tiny["attention_counting"] == "causal"
 
 
 def test_backward_gemms_are_twice_the_forward(tiny):
@@ -152,6 +154,13 @@ def test_the_cli_measures_a_step(capsys, tmp_path, monkeypatch):
     assert {"plan.md", "plan.json", "step.png"} <= files
     md = (tmp_path / "p" / "plan.md").read_text()
     assert "Training step: FLOPs against the lecture's accounting" in md and "step.png" in md
+    # Each of the step's GEMMs timed per call in the step's own profile: the table has
+    # no dashes, and their time adds up to (at most) the step's GEMM category.
+    assert all(g["ms"] and g["note"] == "profiled in the step" for g in plan["gemms"])
+    assert "profiled inside the measured step" in plan["gemms_timed"]
+    gemm_ms = plan["step_measured"]["report"]["categories"]
+    gemm_ms = next(c["ms"] for c in gemm_ms if c["category"] == "gemm")
+    assert 0.5 * gemm_ms < plan["step"]["ms"] <= gemm_ms * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("extra, needle", [

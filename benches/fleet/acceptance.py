@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import math
 import os
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -109,17 +108,18 @@ def run_acceptance(args: argparse.Namespace, argv: list[str]) -> int:
     """One rank's part; returns its exit code (rank 0: the fleet's verdict's)."""
     from benches.fleet import dist as fdist
     from benches.fleet.liveness import FleetError
+    from benches.fleet.rank_io import say_line
 
     try:
         me = fdist.start(args.dist_timeout, args.device)
     except FleetError as e:
         fdist.stop()
-        print(f"error: {e}", file=sys.stderr)
+        say_line(f"error: {e}")
         return e.code
     try:
         return _run(me, args, argv)
     except FleetError as e:
-        print(f"error: rank {me.rank} on {me.host}: {e}", file=sys.stderr)
+        say_line(f"error: rank {me.rank} on {me.host}: {e}")
         return e.code
     finally:
         fdist.stop()
@@ -148,15 +148,16 @@ def _folder(me: Any, args: argparse.Namespace) -> Path:
     return folder
 
 
-def _device(me: Any, args: argparse.Namespace) -> tuple[str, float | None]:
-    """(device name, expected busbw GB/s): the device model's NVLink figure per direction
-    (roofline/devices.py, as the fleet run's collectives roof) unless --expected-busbw."""
+def _device(me: Any, args: argparse.Namespace) -> tuple[str, str, float | None]:
+    """(device key, device name, expected busbw GB/s): the device model's NVLink figure
+    per direction (roofline/devices.py, as the fleet run's collectives roof) unless
+    --expected-busbw."""
     from roofline.devices import DEVICES, detect, host_cpu
 
     present = detect() if me.device == "cuda" else host_cpu()
     model = DEVICES.get(present.key)
     link = model.nvlink_gbps if model is not None else None
-    return present.name, args.expected_busbw or link
+    return present.key, present.name, args.expected_busbw or link
 
 
 def _nvml(me: Any) -> tuple[Any, Any, str]:
@@ -181,7 +182,7 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
     from benches.fleet import acceptance_stress as stress
     from benches.fleet import dist as fdist
     from benches.fleet.acceptance_nvml import read_passive, read_pcie, stress_summary
-    from benches.fleet.acceptance_report import say, write_reports
+    from benches.fleet.acceptance_report import finish
     from benches.fleet.acceptance_rules import judge_fleet
     from benches.fleet.folder import SLOW_FACTOR, versions
     from benches.fleet.run import TEST_SLOW
@@ -191,7 +192,7 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
     settings = {k: getattr(args, k) for k in _FLAGS}
     fdist.agree("versions and request", {**versions(args), **settings})
     folder = _folder(me, args)
-    name, expected = _device(me, args)
+    key, name, expected = _device(me, args)
     nv, h, why = _nvml(me)
     monitor = GpuMonitor(nv, h).start() if nv is not None else None
     slow = SLOW_FACTOR if os.environ.get(TEST_SLOW) == str(me.rank) else 1.0
@@ -211,7 +212,8 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
                                               wrong=wrong, midway=midway)
     t1 = time.monotonic()
     record: dict[str, Any] = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
-                              "device": me.device, "device_name": name, "stress": results,
+                              "device": me.device, "device_key": key, "device_name": name,
+                              "stress": results,
                               "nvml": None, "nvml_why": why, "stress_nvml": None}
     if monitor is not None:
         monitor.stop()
@@ -241,6 +243,4 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
            "world": me.world, "backend": me.backend, "settings": settings,
            "stress_dtypes": list(dtypes), "stress_seconds_per_dtype": seconds,
            "seconds": time.monotonic() - t_begin, **judged, "ranks": every}
-    write_reports(folder, doc, t, plot_png=not args.no_plots)
-    say(doc, folder)
-    return int(judged["exit_code"])
+    return finish(folder, doc, t, plot_png=not args.no_plots)

@@ -2,7 +2,9 @@
 acceptance.md (one line per node and per GPU, every check's value and verdict, worst
 first; then why, and the rules in force), acceptance.png (the same grid, coloured by
 verdict), and rank 0's console lines ending with `verdict: ...`.  Files are written
-atomically into the run's own folder (made empty before measuring)."""
+atomically into the run's own folder (made empty before measuring).  The figure comes
+last and is optional: one that cannot be drawn is a warning line, never a lost verdict
+line or exit code."""
 
 from __future__ import annotations
 
@@ -11,10 +13,22 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benches.fleet.acceptance_rules import EXIT_CODE, OK, Thresholds, rules
+from benches.fleet.acceptance_rules import (
+    CRITICAL,
+    EXIT_CODE,
+    NA,
+    OK,
+    UNKNOWN,
+    WARN,
+    Thresholds,
+    rules,
+)
+from benches.fleet.rank_io import say_line
 
 JSON, MD, PNG = "acceptance.json", "acceptance.md", "acceptance.png"
-COLORS = {"OK": "#b7e1b0", "WARN": "#f7d774", "CRITICAL": "#ef8a80", "UNKNOWN": "#d0d0d0"}
+# One colour per verdict (acceptance_rules.VERDICTS; a test holds the two together).
+COLORS = {OK: "#b7e1b0", WARN: "#f7d774", CRITICAL: "#ef8a80", UNKNOWN: "#d0d0d0",
+          NA: "#f4f4f4"}
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -117,13 +131,27 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 def write_reports(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bool = True
                   ) -> None:
+    """acceptance.json and .md, then the figure; a figure that fails is a warning line
+    on stderr (the verdict stands on the two documents)."""
     from roofline.schema import atomic_write_text
 
     doc = {**doc, "rules": [asdict(r) for r in rules(t)]}
     atomic_write_text(folder / JSON, json.dumps(doc, indent=1, default=str) + "\n")
     atomic_write_text(folder / MD, markdown(doc, t))
     if plot_png:
-        plot(doc, folder / PNG)
+        try:
+            plot(doc, folder / PNG)
+        except Exception as e:  # a figure is no reason to lose the verdict
+            say_line(f"warning: {folder / PNG} not drawn ({type(e).__name__}: {e}); the "
+                     f"verdict stands in {folder / MD}")
+
+
+def finish(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bool = True) -> int:
+    """Rank 0's end: the reports, the console lines ending with the verdict line, and
+    the verdict's exit code."""
+    write_reports(folder, doc, t, plot_png)
+    say(doc, folder)
+    return EXIT_CODE[doc["verdict"]]
 
 
 def say(doc: dict[str, Any], folder: Path) -> None:

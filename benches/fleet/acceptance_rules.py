@@ -7,8 +7,11 @@ its exit codes 0, 1, 2 and 3.  A reading NVML cannot give (no NVML, a call the G
 driver does not support, a CPU rank) is UNKNOWN, never OK; the worst verdict wins, and
 UNKNOWN ranks below WARN, so a fleet is UNKNOWN only when nothing is WARN or CRITICAL
 and something could not be read.  A check that does not apply to the hardware (NVLink on
-a PCIe card that NVML says has none, busbw on a node of one GPU) is N/A: shown, never
-judged, so a healthy one-GPU node or a PCIe fleet can still be OK.
+a GPU that NVML says has none, busbw on a node of one GPU) is N/A: shown, never judged,
+so a healthy one-GPU node or a PCIe fleet can still be OK.  No NVLink reported is what
+a PCIe card says, and also an NVLink (SXM) part whose links this machine cannot see, as
+for one GPU passed into a VM: alone on its node that is N/A, beside other GPUs of its
+node WARN.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 OK, WARN, CRITICAL, UNKNOWN = "OK", "WARN", "CRITICAL", "UNKNOWN"
 NA = "N/A"  # the check does not apply to this hardware; left out of every verdict
+VERDICTS = (OK, WARN, CRITICAL, UNKNOWN, NA)  # every verdict a check can get
 SEVERITY = {OK: 0, UNKNOWN: 1, WARN: 2, CRITICAL: 3}
 EXIT_CODE = {OK: 0, WARN: 1, CRITICAL: 2, UNKNOWN: 3}  # GCM's (Nagios') codes
 
@@ -89,7 +93,8 @@ def rules(t: Thresholds) -> tuple[Rule, ...]:
              "the maximum of GPU and host", "width below the maximum", "Imbue (PCIe link "
              "width and speed)"),
         Rule("nvlink", "nvmlDeviceGetNvLinkState of every link the GPU reports",
-             "a reported link down, as on every GPU of this model", "fewer links up than "
+             "a reported link down, as on every GPU of this model; or no link reported on "
+             "an NVLink (SXM) model beside other GPUs of its node", "fewer links up than "
              "another GPU of the same model in the fleet", "Imbue (NVLink up)"),
         Rule("throttle", "clock-event reasons sampled every 0.1 s during the stress "
              f"({', '.join(THROTTLE_REASONS)}; sw_power_cap reported only)",
@@ -221,14 +226,26 @@ def pcie_link(r: dict[str, Any]) -> Check:
     return Check("pcie_link", value, OK)
 
 
-def nvlink(r: dict[str, Any], most_up: int | None) -> Check:
-    """`most_up`: the most links up on any GPU of the same model in the fleet."""
+def nvlink(r: dict[str, Any], most_up: int | None, model: str | None = None,
+           neighbours: int = 0) -> Check:
+    """`most_up`: the most links up on any GPU of the same model in the fleet; `model`:
+    the device model's name when it is an NVLink (SXM) part, else None; `neighbours`:
+    the other GPUs of its node."""
     links, up = r.get("nvlink_links"), r.get("nvlink_up")
-    if links == 0:
-        return Check("nvlink", "none", NA, "NVML reports no NVLink on this GPU (a PCIe card)")
-    if not links or up is None:
+    if links == 0 and not most_up:
+        if model is None:
+            return Check("nvlink", "none", NA, "NVML reports no NVLink: a PCIe card, or "
+                         "links not visible (as for one GPU in a VM)")
+        if not neighbours:
+            return Check("nvlink", "none", NA, f"NVML reports no NVLink, though the "
+                         f"{model} has it: links not visible, as for one GPU in a VM "
+                         "(alone on its node, nothing to link to)")
+        return Check("nvlink", "none", WARN, f"NVML reports no NVLink beside {neighbours} "
+                     f"other GPU(s) of its node, though the {model} has it: links not "
+                     "visible (a VM) or not set up")
+    if links is None or up is None:
         return _unknown("nvlink", "no NVLink state readable")
-    value = f"{up}/{links} up"
+    value = f"{up}/{links} up" if links else "none"
     if most_up is not None and up < most_up:
         return Check("nvlink", value, CRITICAL, f"{up} links up, another GPU of this "
                                                  f"model has {most_up}")
@@ -367,6 +384,17 @@ def _model(r: dict[str, Any]) -> str:
     return str(r.get("device_name"))
 
 
+def _nvlink_model(r: dict[str, Any]) -> str | None:
+    """The device model's name where it is joined by NVLink (an SXM part: the device
+    table gives it an NVLink figure), else None; by the rank's device key, else its
+    name."""
+    from roofline.devices import DEVICES, match_sku
+
+    key = r.get("device_key") or match_sku(_model(r))
+    model = DEVICES.get(key)
+    return model.name if model is not None and model.nvlink_gbps else None
+
+
 def _passive(r: dict[str, Any], fleet: list[dict[str, Any]]) -> list[Check]:
     nv, s = r.get("nvml"), r.get("stress_nvml")
     if nv is None:
@@ -376,8 +404,10 @@ def _passive(r: dict[str, Any], fleet: list[dict[str, Any]]) -> list[Check]:
     ups = [x["nvml"].get("nvlink_up") for x in peers]
     most_up = max((u for u in ups if u is not None), default=None)
     drivers = [(x.get("nvml") or {}).get("driver") for x in fleet]
+    neighbours = sum(x["host"] == r["host"] for x in fleet) - 1
     return [ecc_mode(nv), ecc_errors(nv), memory_retire(nv), pcie_link(nv),
-            nvlink(nv, most_up), throttle(s), power_limit(nv), temperature(nv, s),
+            nvlink(nv, most_up, _nvlink_model(r), neighbours), throttle(s), power_limit(nv),
+            temperature(nv, s),
             agreement("driver", nv.get("driver"), drivers, CRITICAL),
             agreement("vbios", nv.get("vbios"), [x["nvml"].get("vbios") for x in peers],
                       WARN)]

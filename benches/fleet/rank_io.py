@@ -62,13 +62,10 @@ class RankOutput:
 
     def say(self, line: str) -> None:
         """One line on the terminal's stderr (and in this rank's log)."""
-        _flush()
-        if self._saved is None:
-            print(line, file=sys.stderr, flush=True)
-            return
-        print(line, file=sys.stderr, flush=True)  # the log
-        with contextlib.suppress(OSError):
-            os.write(self._saved[1], (line + "\n").encode())
+        say_line(line)  # the terminal on rank 0, the log on the others
+        if self._saved is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._saved[1], (line + "\n").encode())
 
     def close(self) -> None:
         if self._saved is None:
@@ -83,6 +80,18 @@ class RankOutput:
             if f is not None:
                 f.close()
         self._capture = self._file = None
+
+
+def say_line(line: str) -> None:
+    """`line` and its newline on stderr in one write.  The ranks of a fleet share the
+    terminal's stderr, and print() writes the text and the newline apart (two write
+    calls when Python's stderr is unbuffered: PYTHONUNBUFFERED, -u), so another rank's
+    line could land between them; a pipe keeps a write of up to PIPE_BUF (4096) bytes
+    whole."""
+    _flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _flush() -> None:

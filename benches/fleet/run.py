@@ -44,7 +44,6 @@ import argparse
 import copy
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -56,7 +55,7 @@ from benches.fleet import dist as fdist
 from benches.fleet.dist import FleetError, FleetRefused, Rank
 from benches.fleet.folder import own_rows, versions, write_folder
 from benches.fleet.liveness import Liveness
-from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals
+from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
@@ -79,7 +78,7 @@ def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
         me = fdist.start(args.dist_timeout, args.device)
     except FleetError as e:
         fdist.stop()
-        print(f"error: {e}", file=sys.stderr)  # every rank: nothing else has been said
+        say_line(f"error: {e}")  # every rank: nothing else has been said
         return e.code
     out = RankOutput(me.rank)
     fleet: _Fleet | None = None

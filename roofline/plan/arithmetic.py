@@ -90,15 +90,56 @@ def train_flops(params: float, tokens: float) -> dict[str, float]:
             "total": 6 * params * tokens}
 
 
-def attention_score_flops(shape: ModelShape, tokens: float) -> float:
+# The share of the S x S square of attention scores a causal mask keeps, as
+# FlashAttention's benchmarks and the harness's attention kernels (kernels/attention.py)
+# count it: half.  The diagonal's S / 2 more pairs, and the whole diagonal tiles a causal
+# kernel computes, are left out: under 2% at S = 8192 and 128-wide tiles.
+CAUSAL_SHARE = 0.5
+
+
+def attention_score_flops(shape: ModelShape, tokens: float, causal: bool = False) -> float:
     """Training FLOPs of the attention scores, which 6 N D leaves out.
 
     Per token and layer going forward: Q K^T is 2 S d_attn and the weighted sum of V
     another 2 S d_attn (d_attn = heads x head_dim = d_model), the full S x S square as in
-    Chinchilla's appendix F; backward is twice forward.  A causal kernel that skips the
-    masked half (FlashAttention) does about half of this."""
+    Chinchilla's appendix F and PaLM's 12 L H Q T; backward is twice forward.  `causal`:
+    CAUSAL_SHARE of it, what a causal kernel that skips the masked half (FlashAttention)
+    computes."""
     d_attn = shape.heads * shape.head_dim
-    return 3 * 4 * shape.n_layers * shape.seq_len * d_attn * tokens
+    full = 3 * 4 * shape.n_layers * shape.seq_len * d_attn * tokens
+    return full * CAUSAL_SHARE if causal else full
+
+
+def over_peak(tflops: float | None, peak_tflops: float | None) -> bool:
+    """A rate above its device's peak.  Against a datasheet peak no kernel runs that
+    fast: the FLOPs count work that did not run, or the time misses work that did."""
+    return bool(tflops and peak_tflops and tflops > peak_tflops)
+
+
+def rate_text(tflops: float | None, peak_tflops: float | None, peak_source: str = "datasheet",
+              fmt: str = ".3g") -> str:
+    """A TFLOP/s figure as a table prints it: one above a datasheet peak is flagged as
+    an accounting error, never printed as a plain figure; above a measured peak (the
+    best of a few square GEMMs, no hardware limit) it says so."""
+    if tflops is None:
+        return "-"
+    if not over_peak(tflops, peak_tflops):
+        return format(tflops, fmt)
+    if peak_source == "datasheet":
+        return f"accounting error: {tflops:{fmt}} > peak {peak_tflops:.4g}"
+    return f"{tflops:{fmt}} (above the measured peak {peak_tflops:.4g})"
+
+
+def fraction_text(x: float | None, peak_source: str = "datasheet") -> str:
+    """An MFU-like fraction of the peak: over 100% of a datasheet peak is an accounting
+    error, as rate_text."""
+    if x is None:
+        return "-"
+    if x <= 1:
+        return f"{x:.1%}"
+    if peak_source == "datasheet":
+        return f"accounting error: {x:.1%} of peak"
+    return f"{x:.1%} (of a measured peak)"
 
 
 def days_for(flops: float, gpus: int, peak_tflops: float, mfu: float) -> float:
@@ -151,9 +192,22 @@ class Gemm:
     def flops(self) -> int:
         return 2 * self.M * self.N * self.K  # DESIGN.md section 4, as kernels/matmul.py
 
+    @property
+    def key(self) -> str:
+        return gemm_key("forward" if self.phase == "forward" else "backward",
+                        self.M, self.N, self.K)
+
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shape": self.shape, "flops": self.flops,
                 "flops_per_step": self.flops * self.count}
+
+
+def gemm_key(pass_: str, m: int, n: int, k: int) -> str:
+    """A GEMM as a profiled step tells it apart: its pass (forward or backward), the two
+    sides of its output in either order (a linear layer's weight gradient comes out as
+    dW^T = dY^T X, N x K where the planner says K x N) and its reduction length."""
+    a, b = sorted((m, n))
+    return f"{pass_} {a}x{b} K={k}"
 
 
 def step_gemms(shape: ModelShape, micro_batch: int) -> list[Gemm]:

@@ -37,7 +37,7 @@ from roofline.plan.flags import _ArgError, build_parser, model_from_args, parse_
 from roofline.plan.model import ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
 from roofline.plan.sources import _ceilings_for, gemms_from_run, peak_of
-from roofline.plan.step import step_report
+from roofline.plan.step import gemms_from_step, step_report
 
 # parse_count and model_from_args are the flags' (roofline/plan/flags.py), kept here too for
 # those who import them from the planner's command.
@@ -129,14 +129,14 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         if not on_gpu and args.dtype != "fp32":
             warnings.append(f"the step ran in fp32 on the CPU (--dtype {args.dtype} applies "
                             "to GPU steps)")
+        device_bytes = device_memory_bytes(device, args.gpu_memory_gb)[0]
         result = measure_step(shape, args.micro_batch, "cuda" if on_gpu else "cpu",
-                              step_dtype, args.measure_layers,
-                              device_memory_bytes(device, args.gpu_memory_gb)[0],
-                              args.steps, log)
+                              step_dtype, args.measure_layers, device_bytes, args.steps, log)
         peak, peak_source = peak_of(device, step_dtype, log)
         bpp_policy = args.bytes_per_param if args.bytes_per_param is not None else \
             float(sum(policy_items(args.policy, weight_format).values()))
-        report = step_report(shape, result, peak, bpp_policy)
+        report = step_report(shape, result, peak, bpp_policy, device_bytes, peak_source)
+        gemms_timed = gemms_from_step(gemms, result.get("gemm_calls"), peak)
         ceilings = None if DEVICES[device].peaks_tflops else \
             _ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
         step_measured = {"report": report, "measurement": result, "ceilings": ceilings}
@@ -153,7 +153,8 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         mfu_from = (f"--measure step: {report['step_ms']:.4g} ms per step of "
                     f"{int(report['tokens_per_step'])} tokens on {DEVICES[device].name}"
                     + (f", extrapolated from {args.measure_layers} of {shape.n_layers} "
-                       "blocks" if report["slice"] else ""))
+                       "blocks" if report["slice"] else "")
+                    + "; PaLM's 6 N + 12 L H Q T, the full attention square")
     elif args.measure:
         if measure_gemms is None:
             raise PlanError("--measure times GEMMs through the benchmark harness: run it as "
@@ -164,6 +165,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         device = measured["device_key"]
         peak, peak_source = measured["peak_tflops"], measured["peak_source"]
         mfu_source, mfu_from = "measured", f"--measure: timed now on {measured['device_name']}"
+        gemms_timed = "each timed alone (--measure)"
     elif args.from_run:
         measured = gemms_from_run(gemms, args.from_run, args.dtype, args.provider)
         run_key = measured["device_key"]
@@ -179,6 +181,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
             peak, peak_source = peak_of(device, args.dtype, log)
             warnings.append(f"MFU measured on '{run_key}' applied to '{device}'")
         mfu_source, mfu_from = "measured", f"--from-run {args.from_run}"
+        gemms_timed = f"the nearest matmul rows of {args.from_run}"
         if measured["worst_shape_ratio"] > 2:
             sizes = ";".join(sorted({g.shape for g in gemms}))
             warnings.append(
@@ -190,6 +193,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         device = args.device or "h100"
         peak, peak_source = peak_of(device, args.dtype, log)
         mfu_source, mfu_from = "assumed", "--mfu" if args.mfu else "default assumption"
+        gemms_timed = "not timed: --measure, --from-run RUN or --measure step times them"
 
     step = summarize_step(gemms, peak)
     mfu = step["mfu"] if measured is not None else (args.mfu or DEFAULT_MFU)
@@ -197,7 +201,11 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         mfu = step_measured["report"]["mfu"]
     if measured is not None and not mfu:
         raise PlanError("no measured MFU could be derived")
-    if mfu > 1:
+    if mfu > 1 and peak_source == "datasheet":
+        warnings.append(f"MFU {mfu:.0%} is above 100% of the {peak:.4g} TFLOP/s datasheet "
+                        "peak: an accounting error (FLOPs counted that did not run, or a "
+                        "time that misses work), not a rate")
+    elif mfu > 1:
         warnings.append(f"MFU {mfu:.0%} is above 100%: the {peak:.4g} TFLOP/s peak is a "
                         "measurement (the best of a few square GEMMs; no datasheet), not a "
                         "hardware limit")
@@ -297,6 +305,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         "micro_batch": args.micro_batch,
         "step": step,
         "gemms": [g.as_dict() for g in gemms],
+        "gemms_timed": gemms_timed if gemms else None,
         "warnings": warnings,
     }
     if measured is not None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from roofline.ceilings import Ceilings
-from roofline.plan.arithmetic import step_gemms
+from roofline.plan.arithmetic import over_peak, rate_text, step_gemms
 from roofline.plan.model import ModelShape
 
 EXPLAIN_CATEGORIES = ("gemm", "attention", "norm", "loss/softmax", "optimizer/elementwise",
@@ -205,9 +205,10 @@ def explain_report(kernels: list[StepKernel], measured: dict[str, Any],
             "peak_source": measured.get("peak_source")}
 
 
-def _place(c: dict[str, Any]) -> tuple[str, str, str]:
+def _place(c: dict[str, Any], peak_source: str | None) -> tuple[str, str, str]:
     """(alone, in the step, ceiling) in the bound's unit: TFLOP/s against a compute
-    peak, GB/s against memory bandwidth; each rate with its fraction of the ceiling."""
+    peak, GB/s against memory bandwidth; each rate with its fraction of the ceiling, a
+    rate above the compute peak flagged (arithmetic.rate_text)."""
     if c["bound"] is None:
         return "-", "-", "-"
     compute = c["bound"] == "compute"
@@ -216,6 +217,8 @@ def _place(c: dict[str, Any]) -> tuple[str, str, str]:
     ceiling = f"{c['roof_class']} {peak:.3g} {unit}" if compute else f"memory {peak:.3g} {unit}"
 
     def fmt(x: float | None) -> str:
+        if compute and over_peak(x, peak):
+            return rate_text(x, peak, peak_source or "datasheet")
         return "-" if x is None else f"{x:.3g} ({x / peak:.0%})"
     return fmt(c["alone"][key]), fmt(c["in_step"][key]), ceiling
 
@@ -234,7 +237,7 @@ def explain_sections(x: dict[str, Any]) -> list[tuple[str, list[str], list[list[
     for c in x["categories"]:
         if not c["profiled_total_ms"] and not c["kernels"]:
             continue
-        alone, in_step, ceiling = _place(c)
+        alone, in_step, ceiling = _place(c, x.get("peak_source"))
         covered = "+".join(_SHORT[p] for p in c["passes"]) if c["alone_ms"] is not None \
             else "-"
         main.append([c["category"], _ms(c["profiled_total_ms"]),

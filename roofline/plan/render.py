@@ -4,6 +4,8 @@
 import sys
 from typing import Any
 
+from roofline.plan.arithmetic import fraction_text, rate_text
+
 
 def si(x: float | None, unit: str = "") -> str:
     """124.4M, 70.6B, 15.0T, 6.30e+24 for FLOPs-sized numbers."""
@@ -58,7 +60,8 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     rows += [["device", f"{plan['gpus']} x {plan['device_name']}", plan["device"]],
              [f"peak {plan['dtype']} per device", f"{plan['peak_tflops']:.4g} TFLOP/s",
               plan["peak_source"]],
-             ["MFU", _pct(plan["mfu"]), f"{plan['mfu_source']} ({plan['mfu_from']})"]]
+             ["MFU", fraction_text(plan["mfu"], plan["peak_source"]),
+              f"{plan['mfu_source']} ({plan['mfu_from']})"]]
     if plan["days"] is not None:
         rows.append(["days = 6ND / (G x peak x MFU)", f"{plan['days']:.1f}",
                      f"{plan['days_with_attention']:.1f} with attention scores"
@@ -91,8 +94,12 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
     rows.append(["bytes per parameter", f"{plan['bytes_per_param']:g}", plan["policy"]])
     if plan["static_bytes"] is not None:
         fits = {True: "fits", False: "does NOT fit", None: "?"}[plan["fits"]]
-        rows.append(["static bytes (N x B)", gb(plan["static_bytes"]),
-                     f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])}"])
+        note = f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])}"
+        step_fit = ((plan.get("step_measured") or {}).get("report") or {}).get("memory_fit")
+        if step_fit:
+            note += (f" (the state alone; the measured step peaks at {gb(step_fit['peak'])}: "
+                     f"{'fits' if step_fit['fits'] else 'does NOT fit'})")
+        rows.append(["static bytes (N x B)", gb(plan["static_bytes"]), note])
     rows.append(["memory", f"{plan['gpus']} x {gb(plan['gpu_memory_bytes'])}",
                  plan["gpu_memory_source"]])
     rows.append(["most parameters that fit", si(plan["max_params_fit"]),
@@ -103,19 +110,21 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                      "in fp32"])
     out.append((f"Memory ({plan['policy']})", ["", "value", "note"], rows))
     if plan["gemms"]:
-        st = plan["step"]
+        st, peak, src = plan["step"], plan["peak_tflops"], plan["peak_source"]
         rows = []
         for g in plan["gemms"]:
             meas = g["measured_shape"] if g["measured_shape"] and g["note"] != "exact" else ""
             rows.append([g["name"], g["phase"], g["shape"], str(g["count"]),
-                         f"{g['flops']:.3g}", "-" if g["tflops"] is None else f"{g['tflops']:.4g}",
-                         _pct(g["mfu"]), "-" if g["ms"] is None else f"{g['ms']:.4g}",
+                         f"{g['flops']:.3g}", rate_text(g["tflops"], peak, src, ".4g"),
+                         fraction_text(g["mfu"], src), "-" if g["ms"] is None else f"{g['ms']:.4g}",
                          _pct(g["share"]), meas])
         if st["ms"] is not None:
             rows.append(["step (matmuls only)", "", f"{st['tokens']} tokens", "",
-                         f"{st['gemm_flops']:.3g}", f"{st['tflops']:.4g}", _pct(st["mfu"]),
-                         f"{st['ms']:.4g}", "100%", ""])
-        out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']})",
+                         f"{st['gemm_flops']:.3g}", rate_text(st["tflops"], peak, src, ".4g"),
+                         fraction_text(st["mfu"], src), f"{st['ms']:.4g}", "100%", ""])
+        timed = plan.get("gemms_timed") or ""
+        out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']}"
+                    f"{'; ' + timed if timed else ''})",
                     ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
                      "run shape"], rows))
     c = plan.get("communication")

@@ -8,10 +8,14 @@ points of step.png).  The measurements come from benches/step.py.
 Conventions, stated once:
 - model FLOPs per token = 6 N + 12 L H Q T (PaLM appendix B, nanoGPT's estimate_mfu):
   N counts every parameter (embeddings too), the attention term the full T x T square
-  (no causal halving), forward 4 L H Q T, backward twice that;
-- MFU = model FLOPs per second / peak; HFU = counted FLOPs per second / peak (what ran,
-  the backward's recomputed attention scores included);
+  (no causal halving), forward 4 L H Q T, backward twice that; MFU beside it with the
+  attention term causal, 6 N + 6 L H Q T, half the square, what a causal model needs;
+- MFU = model FLOPs per second / peak; HFU = counted FLOPs per second / peak (what ran:
+  causal attention as half the square, the backward's recomputed attention scores
+  included; benches/step_flops.py);
 - GEMMs' MFU = the step's counted GEMM FLOPs over the GEMMs' own profiled time / peak;
+- a rate above a datasheet peak is an accounting error (over_peak), flagged, never
+  printed as a figure;
 - bytes: a GEMM moves (M K + K N + M N) elements of the compute dtype (the planner's
   step_gemms list: forward, input- and weight-gradient GEMMs); attention as
   FlashAttention does, 4 B T d elements going forward (q, k, v, o) and 8 B T d back
@@ -19,7 +23,9 @@ Conventions, stated once:
 - activations, estimated: Korthikanti et al. 2022 (table 2, no parallelism, no
   recomputation) store 34 s b h + 5 a s^2 b bytes per layer in 16-bit; SDPA keeps no
   score matrix, so 34 h bytes per token and layer, times (activation bytes / 2); the same
-  estimate sizes the memory check before a step is measured (step_memory_estimate).
+  estimate sizes the memory check before a step is measured (step_memory_estimate);
+- memory: the step's peak allocated (extrapolated from a slice where one was measured)
+  against the device's memory, and what would fit (memory_fit).
 """
 
 from __future__ import annotations
@@ -27,7 +33,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from roofline.plan.arithmetic import attention_score_flops, step_gemms
+from roofline.plan.arithmetic import (
+    Gemm,
+    attention_score_flops,
+    fraction_text,
+    over_peak,
+    rate_text,
+    step_gemms,
+)
 from roofline.plan.model import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -102,6 +115,90 @@ def what_fits(shape: ModelShape, n_blocks: int, micro_batch: int, dtype: str,
     return {"measure_layers": None, "micro_batch": batch, "seq_len": seq}
 
 
+# The residual stream a block takes in is fp32 under autocast (the embedding is fp32 and
+# x + a 16-bit output is fp32): T x d_model x 4 bytes per block, what activation
+# checkpointing keeps of a block.
+RESIDUAL_BYTES = 4
+# The most GPUs memory_fit looks at for FSDP.
+FSDP_MAX_GPUS = 1024
+
+
+def memory_fit(shape: ModelShape, m: dict[str, Any], device_bytes: float | None
+               ) -> dict[str, Any] | None:
+    """The step's peak allocated against the device's memory and, estimated from the
+    same measurement, the peak under each way to bring it down (None without a peak,
+    i.e. on a CPU, or without the device's memory):
+    - activation checkpointing per block: the blocks' saved activations go, each block
+      keeps its input (T d 4 B) and one block's activations live again while it is
+      recomputed in the backward;
+    - FSDP over N GPUs: parameters, gradients and optimizer state sharded N ways, the
+      rest of the peak (activations, weight casts, temporaries) per GPU as it is: the
+      fewest GPUs that fit;
+    - a smaller micro-batch: the peak less the training state and the weight casts
+      scales with the tokens of a step: the most tokens that fit, as a micro-batch of
+      whole sequences or, under one sequence, the longest sequence at micro-batch 1."""
+    mem = m["memory"]
+    peak = mem.get("peak_allocated")
+    if not peak or not device_bytes:
+        return None
+    L, tokens = shape.n_layers, float(m["tokens"])
+    state = mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
+    casts = mem.get("weight_casts") or 0.0
+    blocks = mem.get("activations_in_blocks") or 0.0
+    rest = peak - state
+    ckpt = peak - blocks + L * tokens * shape.d_model * RESIDUAL_BYTES + blocks / L
+    fsdp = next((n for n in range(2, FSDP_MAX_GPUS + 1) if state / n + rest <= device_bytes),
+                None)
+    per_token = (peak - state - casts) / tokens
+    room = device_bytes - state - casts
+    most = int(room / per_token) if per_token > 0 and room > 0 else 0
+    batch = min(most // shape.seq_len, m["micro_batch"] - 1) or None
+    seq = min(most, shape.seq_len - 1) if not batch and most else None
+    smaller = batch * shape.seq_len if batch else seq
+    return {"peak": peak, "device": device_bytes, "fits": peak <= device_bytes,
+            "state": state, "rest": rest, "checkpointing": ckpt,
+            "checkpointing_fits": ckpt <= device_bytes, "fsdp_gpus": fsdp,
+            "fsdp_peak": state / fsdp + rest if fsdp else None,
+            "micro_batch": batch, "seq_len": seq, "fixed": state + casts,
+            "smaller_peak": state + casts + per_token * smaller if smaller else None}
+
+
+def _memory_rows(f: dict[str, Any] | None, gb: Any) -> list[list[str]]:
+    """The verdict and, for a step that does not fit, what would."""
+    if f is None:
+        return []
+    verdict = (f"yes: {gb(f['peak'])} of {gb(f['device'])}" if f["fits"]
+               else f"NO: {gb(f['peak'])} > {gb(f['device'])}")
+    rows = [["fits in the device's memory", verdict,
+             "the peak allocated against the device's memory (the allocator reserves "
+             "a little more)"]]
+    if f["fits"]:
+        return rows
+    fits = {True: "fits", False: "does NOT fit"}
+    rows.append(["with activation checkpointing", gb(f["checkpointing"]),
+                 f"{fits[f['checkpointing_fits']]} (estimate: each block keeps its "
+                 "input and recomputes the rest in the backward)"])
+    if f["fsdp_gpus"]:
+        rows.append([f"with FSDP over {f['fsdp_gpus']} GPUs", gb(f["fsdp_peak"]),
+                     f"fits (estimate: the training state, {gb(f['state'])}, sharded "
+                     f"{f['fsdp_gpus']} ways; the rest, {gb(f['rest'])}, per GPU)"])
+    else:
+        rows.append(["with FSDP", "-", f"does NOT fit over any number of GPUs: the "
+                     f"peak less the training state, {gb(f['rest'])}, is more than "
+                     "the memory"])
+    scales = "the peak less the training state and weight casts scales with the tokens"
+    if f["micro_batch"]:
+        rows.append([f"with micro-batch {f['micro_batch']}", gb(f["smaller_peak"]),
+                     f"fits (estimate: {scales})"])
+    elif f["seq_len"]:
+        rows.append([f"with micro-batch 1 x {f['seq_len']} tokens", gb(f["smaller_peak"]),
+                     f"fits (estimate: {scales}; one sequence is the smallest micro-batch)"])
+    else:
+        rows.append(["with a smaller micro-batch", "-", "does NOT fit at any size: the "
+                     f"training state and weight casts alone are {gb(f['fixed'])}"])
+    return rows
+
+
 def _total(d: dict[str, float] | None) -> float:
     return float(sum((d or {}).values()))
 
@@ -110,14 +207,41 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
+def gemms_from_step(gemms: list[Gemm], calls: dict[str, dict[str, float]] | None,
+                    peak_tflops: float) -> str:
+    """Give each of the step's GEMMs its time per call in the profiled step
+    (measure_step's `gemm_calls`, by gemm_key), its TFLOP/s and MFU; says how they were
+    timed, or why some are not (rows of the same key share their mean: the same shape)."""
+    if not calls:
+        return ("not timed one by one: this measurement has no GEMM times by shape "
+                "(--measure times each alone)")
+    missing = []
+    for g in gemms:
+        c = calls.get(g.key)
+        if not c or not c["calls"] or not c["ms"]:
+            missing.append(f"{g.name} {g.phase}")
+            continue
+        g.ms = c["ms"] / c["calls"]
+        g.tflops = g.flops / (g.ms * 1e-3) / 1e12
+        g.mfu = g.tflops / peak_tflops
+        g.note = "profiled in the step"
+    how = "ms per call, profiled inside the measured step"
+    if missing:
+        how += f"; not found in its profile: {', '.join(missing)}"
+    return how
+
+
 def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
-                policy_bytes_per_param: float) -> dict[str, Any]:
-    """The report's numbers from benches.step.measure_step's result `m`."""
+                policy_bytes_per_param: float, device_bytes: float | None = None,
+                peak_source: str = "datasheet") -> dict[str, Any]:
+    """The report's numbers from benches.step.measure_step's result `m`, on a device
+    of `device_bytes` of memory whose peak is `peak_tflops` (from `peak_source`)."""
     n, tokens, L = float(shape.params), float(m["tokens"]), shape.n_layers
     fwd, bwd = _total(m["flops_forward"]), _total(m["flops_backward"])
     opt = _total(m["flops_optimizer"])
     counted = fwd + bwd + opt
     attn = attention_score_flops(shape, 1.0)  # per token, 12 L H Q T
+    attn_causal = attention_score_flops(shape, 1.0, causal=True)
     model_per_token = 6 * n + attn
     t_s = m["time_ms"]["median"] / 1e3
     peak = peak_tflops * 1e12
@@ -139,9 +263,10 @@ def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
                  "attention": m["flops_forward"].get("attention", 0)
                  + m["flops_backward"].get("attention", 0)}.get(cat)
         nbytes = {"gemm": gemm_bytes, "attention": attn_bytes}.get(cat)
+        tflops = flops / (ms / 1e3) / 1e12 if flops and ms else None
         categories.append({"category": cat, "ms": ms, "share": ms / prof_total,
-                           "flops": flops, "bytes": nbytes,
-                           "tflops": flops / (ms / 1e3) / 1e12 if flops and ms else None,
+                           "flops": flops, "bytes": nbytes, "tflops": tflops,
+                           "over_peak": over_peak(tflops, peak_tflops),
                            "intensity": flops / nbytes if flops and nbytes else None})
     gemm_ms = prof.get("gemm", 0.0)
     return {
@@ -151,17 +276,22 @@ def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
         "flops_forward": fwd, "flops_backward": bwd, "flops_optimizer": opt,
         "counted_per_token": (fwd + bwd) / tokens,
         "six_n_per_token": 6 * n, "attention_per_token": attn,
+        "attention_causal_per_token": attn_causal,
+        "attention_counting": m.get("attention_counting"),
         "counted_over_6n": ratio_6n,
         "counted_over_6n_attn": (fwd + bwd) / tokens / model_per_token,
+        "counted_over_6n_attn_causal": (fwd + bwd) / tokens / (6 * n + attn_causal),
         "six_n_holds": abs(ratio_6n - 1) <= SIX_N_TOLERANCE,
         "backward_over_forward": bwd / fwd if fwd else None,
         "gemm_backward_over_forward": (m["flops_backward"].get("gemm", 0)
                                        / m["flops_forward"]["gemm"])
         if m["flops_forward"].get("gemm") else None,
         "mfu": model_per_token * tokens / t_s / peak,
+        "mfu_causal": (6 * n + attn_causal) * tokens / t_s / peak,
         "hfu": counted / t_s / peak,
         "gemm_mfu": gemm_flops / (gemm_ms / 1e3) / peak if gemm_ms else None,
-        "peak_tflops": peak_tflops,
+        "peak_tflops": peak_tflops, "peak_source": peak_source,
+        "memory_fit": memory_fit(shape, m, device_bytes),
         "bytes_per_param_measured": state / n if mem["parameters"] else None,
         "bytes_per_param_policy": policy_bytes_per_param,
         "optimizer_bytes_per_param": mem["optimizer_state"] / n,
@@ -170,6 +300,18 @@ def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
         "memory": mem, "categories": categories, "notes": list(m.get("notes") or []),
         "slice": m.get("measured_layers") != L,
     }
+
+
+# What HFU's counted FLOPs hold of the attention, by the measurement's
+# attention_counting (None: measured before the causal count, or no block measured).
+_HFU = {
+    "causal": "what ran: causal attention as half the square, the backward's "
+              "recomputed scores included",
+    "full square": "what ran: SDPA's math backend multiplies the full square before "
+                   "masking it; recomputation included",
+    None: "what FlopCounterMode counted: fused attention as the full square, causal or "
+          "not; recomputation included",
+}
 
 
 def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[str],
@@ -181,7 +323,11 @@ def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[s
         ["FLOPs per token, counted (fwd + bwd)", si(r["counted_per_token"]), ""],
         ["6 N", si(r["six_n_per_token"]), f"counted / 6N = {r['counted_over_6n']:.3f}"],
         ["6 N + 12 L H Q T", si(r["six_n_per_token"] + r["attention_per_token"]),
-         f"counted / (6N + attn) = {r['counted_over_6n_attn']:.3f}"],
+         f"PaLM's, the full attention square: counted / it = "
+         f"{r['counted_over_6n_attn']:.3f}"],
+        ["6 N + 6 L H Q T", si(r["six_n_per_token"] + r["attention_causal_per_token"]),
+         f"causal attention, half the square: counted / it = "
+         f"{r['counted_over_6n_attn_causal']:.3f}"],
         ["6 N D holds here", holds, ""],
         ["backward / forward, counted", f"{r['backward_over_forward']:.3f}",
          "lecture: 2 (attention backward recomputes the scores: 2.5 for it)"],
@@ -190,13 +336,20 @@ def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[s
         ["optimizer FLOPs counted", si(r["flops_optimizer"]),
          "AdamW is elementwise: FlopCounterMode counts matmul-like ops only"],
     ]
+    src = r.get("peak_source", "datasheet")
     speed = [
         ["step time", f"{r['step_ms']:.4g} ms", f"p20 {r['step_ms_p20']:.4g}, "
                                                  f"p80 {r['step_ms_p80']:.4g}"],
         ["tokens / s per device", si(r["tokens_per_s"]), ""],
-        ["MFU (6N + attention)", _pct(r["mfu"]), f"of {r['peak_tflops']:.4g} TFLOP/s"],
-        ["HFU (counted FLOPs)", _pct(r["hfu"]), "recomputation included"],
-        ["GEMMs' own MFU", _pct(r["gemm_mfu"]) if r["gemm_mfu"] else "-",
+        ["MFU (PaLM: 6N + 12 L H Q T)", fraction_text(r["mfu"], src),
+         f"of {r['peak_tflops']:.4g} TFLOP/s; its attention term counts the full T x T "
+         "square, of which a causal step computes half"],
+        ["MFU (6N + causal attention)", fraction_text(r.get("mfu_causal"), src),
+         "6 N + 6 L H Q T: the attention term over the half of the square a causal "
+         "mask keeps"],
+        ["HFU (counted FLOPs)", fraction_text(r["hfu"], src),
+         _HFU.get(r.get("attention_counting"), _HFU[None])],
+        ["GEMMs' own MFU", fraction_text(r["gemm_mfu"], src),
          "counted GEMM FLOPs over their profiled time"],
     ]
     mem = r["memory"]
@@ -219,12 +372,14 @@ def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[s
          f"estimate (34 h bytes in 16-bit, Korthikanti et al.): "
          f"{gb(r['activations_estimate_per_token_per_layer'])}"],
         ["peak allocated", gb(mem["peak_allocated"]) if mem.get("peak_allocated")
-         else "-", "torch.cuda.max_memory_allocated" if mem.get("peak_allocated")
-         else "GPU only"],
+         else "-", ("torch.cuda.max_memory_allocated" + (", extrapolated from the slice"
+                                                         if r["slice"] else ""))
+         if mem.get("peak_allocated") else "GPU only"],
+        *_memory_rows(r.get("memory_fit"), gb),
     ]
     split = [[c["category"], f"{c['ms']:.3g}", _pct(c["share"]),
               si(c["flops"]) if c["flops"] else "-", gb(c["bytes"]) if c["bytes"] else "-",
-              f"{c['tflops']:.3g}" if c["tflops"] else "-"]
+              rate_text(c["tflops"], r["peak_tflops"], src)]
              for c in sorted(r["categories"], key=lambda c: -c["ms"])]
     return [
         ("Training step: FLOPs against the lecture's accounting", ["", "value", "note"],

@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from roofline.devices import ROOF_CLASS
+from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.plot import marker_area, roofline_axes
 from roofline.rows import run_ceilings
 from roofline.style import save_figure
@@ -47,12 +48,18 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
     xlim = (min(xs) / 8, max(xs) * 8) if xs else (0.1, 1e4)
     ylim = (min(ys) / 8, max(ys) * 8) if ys else (1e-3, 1e4)
     fig, ax = roofline_axes(ceilings, rc, xlim, ylim)
+    src = report.get("peak_source", "datasheet")
     for c in points:
+        # A point above the peak is an accounting error: drawn hollow, said so.
+        wrong = over_peak(c["tflops"], report["peak_tflops"])
+        color = _COLORS.get(c["category"], "0.4")
+        rate = rate_text(c["tflops"], report["peak_tflops"], src)
         ax.scatter([c["intensity"]], [c["tflops"]], s=[marker_area(c["share"])],
-                   color=_COLORS.get(c["category"], "0.4"), alpha=0.6, edgecolors="black",
-                   linewidths=0.5, zorder=4, gid=f"step:{c['category']}",
-                   label=f"{c['category']}: {c['share']:.1%} of the step, "
-                         f"{c['tflops']:.3g} TFLOP/s")
+                   facecolors="none" if wrong else color, alpha=0.6,
+                   edgecolors=color if wrong else "black", linewidths=1.5 if wrong else 0.5,
+                   zorder=4, gid=f"step:{c['category']}",
+                   label=f"{c['category']}: {c['share']:.1%} of the step, {rate}"
+                         + ("" if rate.startswith("accounting") else " TFLOP/s"))
     if explain:
         _explain_points(ax, explain, placed)
         _explain_bars(fig, ax, explain)
