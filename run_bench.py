@@ -33,20 +33,40 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _registry_lists() -> dict[str, str]:
+    """The names --help lists, from the registries themselves (kernels, dtypes, providers,
+    device models), so a new one is listed by its registry line alone.  Imported only
+    for --help: the kernel modules must load after TRITON_INTERPRET is settled."""
+    from benches.inspect import ARCHES
+    from benches.shapes import PRESETS
+    from kernels import PROVIDERS, REGISTRY
+    from kernels.spec import DTYPE_NAMES
+    from roofline.devices import DEVICES
+
+    devices = [k for k in DEVICES if k not in ("cpu", "gpu")]
+    return {"kernels": ",".join(REGISTRY), "dtypes": ",".join(DTYPE_NAMES),
+            "providers": ",".join(PROVIDERS), "devices": ", ".join(devices),
+            "sizes": "|".join(PRESETS), "arches": ", ".join(ARCHES)}
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Lists are validated against the registries once they are imported (benches.job).
+    names = _registry_lists() if {"-h", "--help"} & set(argv) else {
+        k: f"see --{'list-devices' if k == 'devices' else 'list'}"
+        for k in ("kernels", "dtypes", "providers", "devices", "sizes", "arches")}
     p.add_argument("--device", default="auto",
-                   help="device model: auto (detect), cpu, h100, h100-pcie, h100-nvl, h200, "
-                        "a100, l40s, l4, b200, gb200, gpu (unlisted GPU: measured "
-                        "ceilings); --list-devices shows them")
-    # Lists are validated against the kernel registry once it is imported (benches.job).
+                   help=f"device model: auto (detect), cpu, {names['devices']}, gpu (an "
+                        "unlisted GPU: measured ceilings); --list-devices shows their peaks")
     p.add_argument("--dtypes", default="all",
-                   help="comma list of fp32,tf32,fp16,bf16,fp8,fp8e5 (fp8 = e4m3); default all")
+                   help=f"comma list of {names['dtypes']} (fp8 = e4m3, fp8e5 = e5m2); "
+                        "default all")
     p.add_argument("--kernels", default="all",
-                   help="comma list of add,mul,gelu,gelu_erf,dot,matvec,matmul; default all")
-    p.add_argument("--providers", default="all", help="torch,triton; default both")
+                   help=f"comma list of {names['kernels']}; default all")
+    p.add_argument("--providers", default="all",
+                   help=f"comma list of {names['providers']}; default all")
     p.add_argument("--sizes", default="default",
-                   help="quick|default|full, or explicit shapes separated by ';', e.g. "
+                   help=f"{names['sizes']}, or explicit shapes separated by ';', e.g. "
                         "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
     p.add_argument("--cache", default=None, metavar="MODES",
                    help="comma list of cold,warm: cold = caches flushed (GPU) or rotated "
@@ -120,7 +140,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="compile every Triton kernel x config x dtype for --arch (no GPU "
                         "needed) and report registers, spills, shared memory, MMA, loads")
     p.add_argument("--arch", default="sm_90",
-                   help="--inspect target: sm_80, sm_89, sm_90, sm_100 (B200 class: tcgen05 "
+                   help=f"--inspect target: {names['arches']} (sm_100: B200 class, tcgen05 "
                         "MMA, tensor memory)")
     args = p.parse_args(argv)
     problem = check_args(args)

@@ -136,6 +136,31 @@ def test_list_shows_every_family_provider_and_dtype(capsys):
     assert "2 M N K" in out and "(M K + K N) b_in + M N b_out" in out
 
 
+def test_help_lists_every_registered_name(capsys, monkeypatch):
+    """Every kernel, dtype, provider, device model, size preset and inspect arch in
+    --help comes from its registry (the H200's --help listed 7 of 12 kernels, 6 of 9
+    dtypes and no h200-nvl)."""
+    from benches.inspect import ARCHES
+    from benches.shapes import PRESETS
+    from kernels import PROVIDERS, REGISTRY
+    from kernels.spec import DTYPE_NAMES
+    from roofline.devices import DEVICES
+
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no wrapped names
+    with pytest.raises(SystemExit) as e:
+        run_bench.parse_args(["--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"KERNELS comma list of {','.join(REGISTRY)};" in text
+    assert f"DTYPES comma list of {','.join(DTYPE_NAMES)} " in text
+    assert f"PROVIDERS comma list of {','.join(PROVIDERS)};" in text
+    devices = text.split("--device DEVICE device model:", 1)[1].split(" --dtypes ", 1)[0]
+    assert all(f" {k}," in devices for k in DEVICES)
+    assert f"--sizes SIZES {'|'.join(PRESETS)}," in text
+    arch = text.split("--arch ARCH --inspect target:", 1)[1]
+    assert all(f"{a}," in arch or f"{a} (" in arch for a in ARCHES)
+
+
 def test_list_devices_shows_ridges(capsys):
     assert run_bench.main(["--list-devices"]) == 0
     out = capsys.readouterr().out
