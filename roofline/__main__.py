@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in ("compare", "promote"):
         from roofline.gate import main as compare_main
 
-        return compare_main([cmd, *rest])
+        return compare_main([cmd, *rest], retimer=_retimer)
     if cmd == "targets":
         from roofline.targets import main as targets_main
 
@@ -54,15 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "history":
         from roofline.history.cli import main as history_main
 
-        return history_main(rest, retimer=_history_retimer)
+        return history_main(rest, retimer=_retimer)
     print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
     return 2
 
 
-def _history_retimer(device, meta, rows):
-    """`history report --retime`: the harness's re-timing (benches/retime.py in child
-    processes, the rounds and spacing of run_bench.py --compare), wired here as plan's
-    measurements are."""
+def _retimer(device, meta, rows):
+    """`compare --retime` and `history report --retime`: the harness's re-timing
+    (benches/retime.py in child processes, the rounds and spacing of run_bench.py
+    --compare), wired here as plan's measurements are."""
     from pathlib import Path
 
     from benches.job import RETIME_ROUNDS, RETIME_SPACING_S

@@ -537,6 +537,27 @@ def test_retime_confirms_when_every_round_is_slower(
     assert f"**{expected}**" in report and "re-timed 1 row" in report
 
 
+@pytest.mark.parametrize("factor, code", [(1.0, 0), (1.3, 1)])
+def test_compare_cli_retimes_with_the_wired_retimer(
+        base: Path, tmp_path: Path, factor: float, code: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m roofline compare --retime`: the command line's retimer re-times the
+    row that looks slower; the rows of the run, on its device, are what it is given."""
+    run = write_run(tmp_path / "run", base_rows(scale={3: 1.3}), created=LATER)
+    given: list[tuple[str, int]] = []
+
+    def factory(device: str, meta: dict, rows: list) -> Any:
+        given.append((device, len(rows)))
+        return lambda keys: {k: [spread_samples(0.2 * factor)] * 3 for k in keys}
+
+    assert main(["compare", str(base), str(run), "--retime"], retimer=factory) == code
+    assert given == [("h100", len(base_rows()))]
+    assert "re-timed 1 row" in capsys.readouterr().out
+    # Without the harness wired in (the gate's own entry point), --retime is refused.
+    assert main(["compare", str(base), str(run), "--retime"]) == 2
+    assert "--retime needs the benchmark harness" in capsys.readouterr().err
+
+
 def test_retime_not_called_without_slower_rows(base: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     run = write_run(tmp_path / "run", base_rows(), created=LATER)

@@ -24,11 +24,12 @@ from roofline.gate.rules import (
     DEFAULT_BASELINES_DIR,
     DEFAULT_THRESHOLDS,
     CompareError,
+    RetimerFactory,
     _status,
     check_threshold,
     cli_exit_code,
 )
-from roofline.gate.runs import compare_runs
+from roofline.gate.runs import compare_runs, confirm_slower
 from roofline.schema import (
     RESULTS_JSON,
     RunLoadError,
@@ -64,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", metavar="PATH",
                    help="write the run's results in github-action-benchmark "
                    "customBiggerIsBetter format here")
+    c.add_argument("--retime", action="store_true",
+                   help="re-time the rows that look slower on this machine (the run's "
+                   "device) before calling them regressions, as run_bench.py --compare "
+                   "does")
     pr = sub.add_parser("promote", help="make RUN the stored baseline of its device",
                         description="Copy RUN's results.json to <baselines>/<device>.json, "
                         "keeping the replaced one in <baselines>/history/.")
@@ -119,11 +124,22 @@ def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str]) -> None
                                "baseline): choose another path")
 
 
-def _cmd_compare(args: argparse.Namespace) -> int:
+def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> int:
     threshold = check_threshold(args.threshold)
     check_outputs({"--md": args.md, "--json": args.json}, [args.baseline, args.run])
+    if args.retime and retimer is None:
+        raise CompareError("--retime needs the benchmark harness: run it as "
+                           "python -m roofline compare")
     result = compare_runs(args.baseline, args.run, threshold,
                           args.allow_device_mismatch, allow=args.allow)
+    if args.retime:
+        assert retimer is not None and result.run_df is not None
+        try:
+            retime = retimer(str(result.run_meta.get("device_key")), result.run_meta,
+                             result.run_df.to_dict("records"))
+        except ValueError as e:  # a run of another device than this machine's
+            raise CompareError(str(e)) from None
+        confirm_slower(result, retime)
     markdown = render_markdown(result)
     if args.md:
         _write(args.md, markdown)
@@ -148,13 +164,15 @@ def _cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`compare` / `promote` entry point (argv[0] is the command); returns the exit code."""
+def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -> int:
+    """`compare` / `promote` entry point (argv[0] is the command); returns the exit code.
+    `retimer` (wired by the command line, see roofline/__main__.py) makes a Retime for
+    a run's rows: compare --retime needs it."""
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def command() -> int:
         args = _parser().parse_args(argv)
-        return _cmd_compare(args) if args.cmd == "compare" else _cmd_promote(args)
+        return _cmd_compare(args, retimer) if args.cmd == "compare" else _cmd_promote(args)
 
     return cli_exit_code(command, (CompareError, RunLoadError, DeviceError))
 

@@ -93,6 +93,9 @@ Key = tuple[str, str, str, str, str]
 
 # run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
 Retime = Callable[[list[Key]], Mapping[Key, list[list[float]]]]
+# (device key, a run's metadata, its rows) -> the Retime of that run's rows on this
+# machine; the command line wires the harness's (roofline/__main__.py).
+RetimerFactory = Callable[[str, dict, list], Retime]
 
 
 class CompareError(ValueError):
