@@ -77,6 +77,46 @@ def test_script_writes_the_steps_file_the_summary_reads() -> None:
     assert "results/baselines/$DEVICE.json" in text and "-m roofline compare" in text
 
 
+def _step_table() -> list[tuple[str, int, int]]:
+    """(step, cap, expected seconds) from the script's own table."""
+    text = SCRIPT.read_text()
+    table = text.split("STEP_TABLE='", 1)[1].split("'", 1)[0]
+    return [(ln.split()[0], int(ln.split()[1]), int(ln.split()[2]))
+            for ln in table.strip().splitlines()]
+
+
+def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
+    """`.ci/gpu --plan` runs nothing (no GPU needed); the caps of every step but the
+    whole suite, plus the summary's reserve, fit the job's default budget, so no step
+    is starved by the others' time on an H100 or H200."""
+    p = _script("--plan")
+    assert p.returncode == 0, p.stderr
+    steps = _step_table()
+    text = SCRIPT.read_text()
+    budget = int(text.split("DEFAULT_BUDGET_S=", 1)[1].split()[0])
+    reserve = int(text.split("SUMMARY_RESERVE_S=", 1)[1].split()[0])
+    assert budget <= 540  # the job within 9 minutes
+    total = sum(cap for name, cap, _ in steps if name != "pytest")
+    assert total + reserve <= budget
+    assert f"caps: {total} s + {reserve} s for the summary = {total + reserve} s of a " \
+           f"{budget} s budget" in p.stdout
+    for name, cap, expect in steps:
+        assert 0 < expect <= cap, name
+        assert f"run_step {name} " in text or f"run_step --log-outside {name} " in text \
+            or f"run_step {name} \\" in text, f"{name} is never run"
+        assert p.stdout.count(f"\n{name} ") == 1, name
+    # What the first H200 job never reached is a step now.
+    for step in ("resume", "cache-modes", "throttle", "acceptance", "ncu", "history",
+                 "pytest-gpu", "pytest"):
+        assert step in dict((n, c) for n, c, _ in steps)
+
+
+def test_a_step_without_its_expected_time_left_is_skipped_with_the_reason() -> None:
+    text = SCRIPT.read_text()
+    assert 'record "$name" skipped 0 "not started: it needs about ${expect} s' in text
+    assert '"$SKIPPED_RC") record "$name" skipped' in text
+
+
 # ---- the summary of saved runs ------------------------------------------------------------
 
 def _row(kernel: str, provider: str, dtype: str, shape: str, nbytes: float, *,
