@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
         # harness's GEMM timing into the planner (DESIGN.md section 2).
-        from benches.plan_gemms import measure_gemms, measure_kernels
-        from benches.step import measure_step
+        from benches.step.gemms import measure_gemms, measure_kernels
+        from benches.step.measure import measure_step
         from roofline.plan import main as plan_main
 
         return plan_main(rest, measure_gemms=measure_gemms, measure_step=measure_step,

@@ -12,11 +12,11 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from benches.step import measure_model
-from benches.step_explain import EXPLAIN_CATEGORIES as PROFILED_CATEGORIES
-from benches.step_explain import PASSES as PROFILED_PASSES
-from benches.step_explain import span_ms, split_explained
-from benches.step_profile import SPAN, split_ms
+from benches.step.explain import EXPLAIN_CATEGORIES as PROFILED_CATEGORIES
+from benches.step.explain import PASSES as PROFILED_PASSES
+from benches.step.explain import span_ms, split_explained
+from benches.step.measure import measure_model
+from benches.step.profile import SPAN, split_ms
 from kernels import REGISTRY
 from roofline.__main__ import main as roofline_main
 from roofline.plan import ModelShape

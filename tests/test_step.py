@@ -10,9 +10,10 @@ import math
 import pytest
 import torch
 
-from benches import step as step_mod
-from benches.step import category, measure_step
-from benches.step_model import StepError, Transformer, parameter_count
+from benches.step import measure as step_mod
+from benches.step.measure import measure_step
+from benches.step.model import StepError, Transformer, parameter_count
+from benches.step.profile import CATEGORIES, category
 from roofline.__main__ import main as roofline_main
 from roofline.plan import PRESETS, ModelShape, attention_score_flops
 from roofline.plan.step import step_report
@@ -75,7 +76,7 @@ def test_time_and_profile(tiny):
     assert tiny["time_ms"]["n"] == 2 and tiny["time_ms"]["median"] > 0
     prof = tiny["profile_ms"]
     assert prof["gemm"] > 0 and prof["optimizer"] > 0
-    assert set(prof) == set(step_mod.CATEGORIES)
+    assert set(prof) == set(CATEGORIES)
 
 
 def test_the_missing_sdpa_count_is_said(tiny):

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benches.step_explain import gemm_calls
-from benches.step_flops import flop_counter
+from benches.step.explain import gemm_calls
+from benches.step.flops import flop_counter
 from roofline.devices import DEVICES, Present
 from roofline.plan import PRESETS, build_parser, build_plan, sections, step_gemms
 from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from benches import step as step_mod
+from benches.step import measure as step_mod
+from benches.step.model import StepError
 from roofline.__main__ import main as roofline_main
 from roofline.plan import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
@@ -104,7 +105,7 @@ def test_on_a_gpu_the_check_uses_its_free_memory(monkeypatch):
                         lambda *a, **k: pytest.fail("measured despite the refusal"))
     assert step_mod.free_memory_bytes("cuda")[0] == 5e9
     shape = replace(BIG, seq_len=2048)  # 15 GB in bf16 by the estimate
-    with pytest.raises(step_mod.StepError, match="5 GB free on the GPU"):
+    with pytest.raises(StepError, match="5 GB free on the GPU"):
         step_mod.measure_step(shape, 8, "cuda", "bf16", device_bytes=80e9)
 
 
@@ -144,7 +145,7 @@ def test_the_cpu_step_runs_under_an_address_space_cap(available, monkeypatch):
         raise MemoryError
     monkeypatch.setattr(step_mod, "measure_model", measure)
     shape = ModelShape("t", 64, 1, 256, 100, 8, 4, 4, tied=False)
-    with pytest.raises(step_mod.StepError, match="ran out of memory"):
+    with pytest.raises(StepError, match="ran out of memory"):
         step_mod.measure_step(shape, 1, "cpu", "fp32")
     with open("/proc/self/statm") as f:
         mapped = int(f.read().split()[0]) * resource.getpagesize()

@@ -45,16 +45,16 @@ __all__ = ["MeasureGemms", "MeasureKernels", "MeasureStep", "build_parser", "bui
            "check_writable", "main", "model_from_args", "out_dir", "parse_count"]
 
 # (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
-# steps, log) -> the step's measurements (benches.step.measure_step).
+# steps, log) -> the step's measurements (benches.step.measure.measure_step).
 MeasureStep = Callable[[ModelShape, int, str, str, "int | None", "float | None", int, Any],
                        dict[str, Any]]
 STEP_DTYPES = ("bf16", "fp16", "fp32")
 
 # (gemms, device key, dtype, provider, timing budget ms, log) -> what was measured; fills
-# each Gemm's ms, tflops and mfu (benches.plan_gemms.measure_gemms).
+# each Gemm's ms, tflops and mfu (benches.step.gemms.measure_gemms).
 MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
 # ([{"kernel", "dtype", "shape"}], device key, provider, timing budget ms, log) -> each
-# request's sweep row (benches.plan_gemms.measure_kernels), for --explain.
+# request's sweep row (benches.step.gemms.measure_kernels), for --explain.
 MeasureKernels = Callable[[list[dict[str, Any]], str, str, "float | None", Any],
                           dict[str, Any]]
 # The step's ops as they run: torch's.
@@ -83,9 +83,9 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
                measure_step: MeasureStep | None = None,
                measure_kernels: MeasureKernels | None = None) -> dict[str, Any]:
     """Everything the plan says, as a JSON-able dict (the --json document).
-    `measure_gemms` times GEMMs on the device present (benches.plan_gemms),
-    `measure_step` runs training steps (benches.step) and `measure_kernels` times the
-    step's kernels for --explain (benches.plan_gemms); without them --measure is
+    `measure_gemms` times GEMMs on the device present (benches.step.gemms),
+    `measure_step` runs training steps (benches.step.measure) and `measure_kernels` times the
+    step's kernels for --explain (benches.step.gemms); without them --measure is
     refused."""
     shape = model_from_args(args)
     params: float | None = float(shape.params) if shape else args.params
@@ -378,7 +378,7 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
          measure_step: MeasureStep | None = None,
          measure_kernels: MeasureKernels | None = None) -> int:
     """`python -m roofline plan ...`; returns the exit code.  The entry point passes
-    benches.plan_gemms.measure_gemms and measure_kernels and benches.step.measure_step
+    benches.step.gemms.measure_gemms and measure_kernels and benches.step.measure.measure_step
     for --measure."""
     parser = build_parser()
     try:

@@ -1,6 +1,6 @@
 """Where a plan's peak and efficiency come from, besides an assumption: the device table
 or measured ceilings, and a saved run's matmul rows (--from-run).  Timing GEMMs now
-(--measure) is benches/plan_gemms.py's job."""
+(--measure) is benches/step/gemms.py's job."""
 
 
 import math

@@ -3,7 +3,7 @@ counted FLOPs per token against 6 N and 6 N + the attention term, backward again
 forward, MFU and HFU of the step beside its GEMMs' own MFU, bytes per parameter of the
 training state, activations per token and layer against an analytic estimate, and the
 step's time split by kind of work, with each kind's FLOPs and bytes where known (the
-points of step.png).  The measurements come from benches/step.py.
+points of step.png).  The measurements come from benches/step/measure.py.
 
 Conventions, stated once:
 - model FLOPs per token = 6 N + 12 L H Q T (PaLM appendix B, nanoGPT's estimate_mfu):
@@ -12,7 +12,7 @@ Conventions, stated once:
   attention term causal, 6 N + 6 L H Q T, half the square, what a causal model needs;
 - MFU = model FLOPs per second / peak; HFU = counted FLOPs per second / peak (what ran:
   causal attention as half the square, the backward's recomputed attention scores
-  included; benches/step_flops.py);
+  included; benches/step/flops.py);
 - GEMMs' MFU = the step's counted GEMM FLOPs over the GEMMs' own profiled time / peak;
 - a rate above a datasheet peak is an accounting error (over_peak), flagged, never
   printed as a figure;
@@ -234,7 +234,7 @@ def gemms_from_step(gemms: list[Gemm], calls: dict[str, dict[str, float]] | None
 def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
                 policy_bytes_per_param: float, device_bytes: float | None = None,
                 peak_source: str = "datasheet") -> dict[str, Any]:
-    """The report's numbers from benches.step.measure_step's result `m`, on a device
+    """The report's numbers from benches.step.measure.measure_step's result `m`, on a device
     of `device_bytes` of memory whose peak is `peak_tflops` (from `peak_source`)."""
     n, tokens, L = float(shape.params), float(m["tokens"]), shape.n_layers
     fwd, bwd = _total(m["flops_forward"]), _total(m["flops_backward"])

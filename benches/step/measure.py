@@ -9,7 +9,7 @@ What is measured, and with what (each a library made for it):
   median and 20th/80th percentiles of the timed steps;
 - FLOPs: torch.utils.flop_counter.FlopCounterMode over one step, forward, backward and
   the optimizer apart, with the model's causal attention counted as what a causal kernel
-  computes, half the T x T square (benches/step_flops.py; the counter alone counts the
+  computes, half the T x T square (benches/step/flops.py; the counter alone counts the
   whole square).  An op it does not count on this device (the CPU's fused SDPA kernel
   counts 0) is counted with the counter's own formula for that op (sdpa_flop_count /
   sdpa_backward_flop_count, the backward recomputing the scores as FlashAttention does),
@@ -27,9 +27,9 @@ What is measured, and with what (each a library made for it):
 - time by kind of work: torch.profiler over one step, each kernel (on a GPU) or each
   op's self CPU time (on a CPU) counted once and put in one category (GEMMs, attention,
   norms and elementwise, loss, optimizer, other) by the op that launched it
-  (benches/step_profile.py); the same events split by kernel family and pass for
+  (benches/step/profile.py); the same events split by kernel family and pass for
   `--explain`, and each GEMM's time per call by shape and pass, for the plan's table of
-  the step's GEMMs (benches/step_explain.py).
+  the step's GEMMs (benches/step/explain.py).
 
 Before anything is built, the step's memory estimate (roofline.plan.step:
 training state, activations by Korthikanti et al.'s estimate, logits, weight casts) is
@@ -53,10 +53,10 @@ from typing import Any
 
 import torch
 
-from benches.step_explain import profile_step_explained
-from benches.step_flops import attention_formula, flop_counter
-from benches.step_model import StepError, Transformer, check_shape, parameter_count
-from benches.step_profile import CATEGORIES, category
+from benches.step.explain import profile_step_explained
+from benches.step.flops import attention_formula, flop_counter
+from benches.step.model import StepError, Transformer, check_shape, parameter_count
+from benches.step.profile import CATEGORIES, category
 from benches.timing import time_call_ms
 from roofline.plan import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
@@ -232,7 +232,7 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         "peak_allocated": peak,
     }
     # The same profiled step split two ways: by kind of work, and by kernel family and
-    # pass for --explain (benches/step_explain.py).
+    # pass for --explain (benches/step/explain.py).
     prof = profile_step_explained(lambda: forward().backward(), opt.step,
                                   lambda: opt.zero_grad(set_to_none=True), on_gpu)
     return {"n_blocks": n_blocks, "params": parameter_count(model),

@@ -9,7 +9,7 @@ passes are forward, backward (work under an autograd engine node), the optimizer
 (profiled apart, all of it optimizer/elementwise) and, on a GPU, unattributed (kernels
 no op the profiler saw launched).
 
-A unit of work (a kernel on a GPU, an op's self CPU time on a CPU: benches/step_profile.py)
+A unit of work (a kernel on a GPU, an op's self CPU time on a CPU: benches/step/profile.py)
 goes to the category of the outermost composite op on its path -- attention, the loss,
 a norm (its inner pow, mean, rsqrt... on a CPU are the norm's) -- else the innermost op
 with a category, as the step's own split does.  A backward op's path also holds the
@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from benches.step_profile import (
+from benches.step.profile import (
     CATEGORIES,
     SPAN,
     _is_device,
@@ -43,7 +43,7 @@ EXPLAIN_CATEGORIES = ("gemm", "attention", "norm", "loss/softmax", "optimizer/el
 # "unattributed": GPU kernels no op the profiler saw launched (by name to a category;
 # their pass cannot be told).
 PASSES = ("forward", "backward", "optimizer", "unattributed")
-# The step's coarse categories (benches.step_profile) in the explain ones; norms come
+# The step's coarse categories (benches.step.profile) in the explain ones; norms come
 # out of "norms and elementwise" by name (is_norm).
 _FROM_COARSE = {"gemm": "gemm", "attention": "attention", "loss": "loss/softmax",
                 "optimizer": "optimizer/elementwise",
@@ -133,7 +133,7 @@ def _empty() -> dict[str, dict[str, float]]:
 
 def split_explained(events: list[Any], on_gpu: bool) -> dict[str, dict[str, float]]:
     """ms per explain category and pass (forward or backward) of a profiled forward and
-    backward: the same units of work, each once, as benches.step_profile's split."""
+    backward: the same units of work, each once, as benches.step.profile's split."""
     links = ForwardLinks(events)
     out = _empty()
     work = [e for e in events if e.name != SPAN]
