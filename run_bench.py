@@ -37,7 +37,7 @@ def _registry_lists() -> dict[str, str]:
     """The names --help lists, from the registries themselves (kernels, dtypes, providers,
     device models), so a new one is listed by its registry line alone.  Imported only
     for --help: the kernel modules must load after TRITON_INTERPRET is settled."""
-    from benches.inspect import ARCHES
+    from benches.inspect.compile import ARCHES
     from benches.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
@@ -188,7 +188,7 @@ def _main(argv: list[str]) -> int:
 
         job.validate(args)
         if args.inspect:
-            from benches.inspect import run_inspect
+            from benches.inspect.compile import run_inspect
 
             return run_inspect(args)
         if args.list:

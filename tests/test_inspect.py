@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from benches import inspect as ins
-from benches import inspect_read as ins_read
+from benches.inspect import compile as ins
+from benches.inspect import read as ins_read
 from kernels import DTYPES, REGISTRY
 from kernels.matmul import CONFIGS
 from kernels.spec import BLOCK_SCALED
@@ -114,7 +114,7 @@ def test_sm90_properties_of_point_3(sm90):
 BAD = textwrap.dedent("""
     import dataclasses, sys
     import kernels, kernels.matmul as mm
-    from benches import inspect as ins
+    from benches.inspect import compile as ins
 
     orig = mm.SPEC.make_inputs
 
@@ -225,7 +225,7 @@ def test_unknown_arch_is_a_usage_error():
 SM100 = textwrap.dedent("""
     import sys
     import kernels.matmul as mm
-    from benches import inspect as ins
+    from benches.inspect import compile as ins
 
     # One config per dtype family keeps the test to two compiles.  Set in sm_100's own
     # table: were inspect to compile sm_90's (7 configs each) for sm_100, rows would be 14.
@@ -271,7 +271,7 @@ def test_sm100_matmul_gets_tcgen05_and_tensor_memory(tmp_path):
 NO_SM100 = textwrap.dedent("""
     import sys
     import triton, triton.compiler
-    from benches import inspect as ins
+    from benches.inspect import compile as ins
 
     how = sys.argv[2]
     compile_, backend = triton.compile, triton.compiler.make_backend

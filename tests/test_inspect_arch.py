@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benches import inspect as ins
+from benches.inspect import compile as ins
 from kernels import REGISTRY
 
 # ---- configs per architecture: one choice for --inspect and for a run on that GPU --------

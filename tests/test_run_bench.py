@@ -140,7 +140,7 @@ def test_help_lists_every_registered_name(capsys, monkeypatch):
     """Every kernel, dtype, provider, device model, size preset and inspect arch in
     --help comes from its registry (the H200's --help listed 7 of 12 kernels, 6 of 9
     dtypes and no h200-nvl)."""
-    from benches.inspect import ARCHES
+    from benches.inspect.compile import ARCHES
     from benches.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES

@@ -43,7 +43,7 @@ PROBE = textwrap.dedent("""
 
     import triton
     from triton import knobs
-    from benches import inspect
+    from benches.inspect import compile as inspect
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

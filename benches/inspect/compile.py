@@ -41,22 +41,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benches.inspect_read import (
+from benches.inspect.read import (
     WIDE_LOAD_BITS,
-    _ptxas_report,
-    _sass_report,
     fd2_captured,
     fp8_accumulation,
     global_loads,
     mlir_failure,
     mma_of,
     operands_allow_wide,
+    ptxas_report,
     sass_mma,
+    sass_report,
     tensor_load_lines,
     tensor_memory,
     tma_of,
 )
-from benches.inspect_report import print_table, summary_lines, write_files
+from benches.inspect.report import print_table, summary_lines, write_files
 from benches.interrupt import python_handlers_back
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
@@ -238,14 +238,14 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     finally:
         python_handlers_back()  # the compile installed LLVM's signal handlers: out again
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
-    regs, spill_st, spill_ld, advisories, ptxas_v = _ptxas_report(ptx, cc, options)
+    regs, spill_st, spill_ld, advisories, ptxas_v = ptxas_report(ptx, cc, options)
     lines = tensor_load_lines(ttgir, options.num_warps)
     loads = [(kind, bits, lines[w]) for w, kind, bits in global_loads(ptx) if w in lines]
     family, types, instr = mma_of(ptx)
     if not family:
         family = "FMA only" if launch.matrix_unit else "none"
     tmem_cols, tmem_ops = tensor_memory(ptx)
-    sass = _sass_report(k.asm["cubin"])
+    sass = sass_report(k.asm["cubin"])
     narrow = min((b for _, b, _ in loads), default=0)
     # The narrowest load among those whose tile gives each thread 128 bits or more: the
     # number the check is about (small tiles, e.g. matvec's x, cannot do better).
@@ -455,7 +455,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         cmd = [sys.executable, "-m", "benches.inspect", "--arch", args.arch,
                "--kernels", ",".join(args.kernels), "--dtypes", ",".join(args.dtypes),
                "--out", str(args.out), "--fp8-accum", fp8_accum()]
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]  # the repository root
         return subprocess.run(cmd, env=env, cwd=root).returncode
     code, _ = inspect(list(args.kernels), list(args.dtypes), args.arch, Path(args.out),
                       fp8_accum(), workers=int(os.environ.get("GPUBENCH_INSPECT_WORKERS", 2)))

@@ -315,7 +315,7 @@ def operands_allow_wide(launch: Any, src: Any) -> bool:
     return True
 
 
-def _ptxas_report(ptx: str, cc: int, options: Any) -> tuple[int, int, int, list[str], str]:
+def ptxas_report(ptx: str, cc: int, options: Any) -> tuple[int, int, int, list[str], str]:
     """(registers, spill store bytes, spill load bytes, warnings, ptxas version): ptxas
     run again exactly as Triton runs it (make_cubin), whose -v log it throws away."""
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
@@ -370,7 +370,7 @@ def sass_mma(counts: dict[str, int]) -> str:
     return "+".join(op for op in counts if _SASS_MMA.fullmatch(op))
 
 
-def _sass_report(cubin: bytes) -> dict[str, int] | None:
+def sass_report(cubin: bytes) -> dict[str, int] | None:
     """sass_counts of a cubin, disassembled by the cuobjdump bundled with Triton (None
     when it cannot be read)."""
     from triton import knobs
