@@ -21,7 +21,8 @@ from benches.fleet.rank_io import say_line
 from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
-from roofline.gate import CompareError, check_threshold, threshold_help
+from roofline.gate.cli import threshold_help
+from roofline.gate.rules import CompareError, check_threshold
 
 
 class UsageError(ValueError):

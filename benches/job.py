@@ -50,7 +50,8 @@ from roofline.devices import (
     host_cpu,
     resolve,
 )
-from roofline.gate import CompareError, check_baseline, parse_allow
+from roofline.gate.rules import CompareError, parse_allow
+from roofline.gate.runs import check_baseline
 from roofline.schema import (
     CACHE_MODES,
     DEFAULT_CACHE,
@@ -119,7 +120,8 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     df = writer.frame()
     meta = writer.metadata
     try:
-        from roofline.plot import plot_roofline, plot_scaling
+        from roofline.plot import plot_roofline
+        from roofline.plot_scaling import plot_scaling
         from roofline.report import write_summary
         from roofline.schema import ROOFLINE_PNG, SCALING_PNG
 
@@ -439,7 +441,7 @@ def run(args: argparse.Namespace, argv: list[str],
         return code
     code = 1 if any(r["status"] == "failed" for r in writer.rows) else 0
     if args.compare:
-        from roofline.gate import compare_and_report
+        from roofline.gate.render import compare_and_report
 
         retime = None if cfg.check_only else _retimer(cases, cfg, writer.rows)
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,

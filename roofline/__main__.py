@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "plot":
-        from roofline.plot import main as plot_main
+        from roofline.plot_cli import main as plot_main
 
         return plot_main(rest)
     if cmd in ("compare", "promote"):
-        from roofline.gate import main as compare_main
+        from roofline.gate.cli import main as compare_main
 
         return compare_main([cmd, *rest], retimer=_retimer)
     if cmd == "targets":

@@ -75,7 +75,8 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
     if plots:
         import matplotlib.pyplot as plt
 
-        from roofline.plot import plot_roofline, plot_scaling
+        from roofline.plot import plot_roofline
+        from roofline.plot_scaling import plot_scaling
 
         plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
         plt.close(plot_scaling(meta, df, folder / SCALING_PNG))

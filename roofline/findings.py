@@ -18,7 +18,7 @@ BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]
 
 
-def _finite(x: Any) -> float | None:
+def finite_or_none(x: Any) -> float | None:
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -26,7 +26,7 @@ def _finite(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _order(df: pd.DataFrame) -> pd.DataFrame:
+def in_canonical_order(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in canonical kernel, then dtype order (unknown names after known ones)."""
     k = {v: i for i, v in enumerate(KERNEL_ORDER)}
     d = {v: i for i, v in enumerate(DTYPE_ORDER)}
@@ -35,7 +35,7 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
     return keyed.sort_values(["_k", "kernel", "_d", "dtype"]).drop(columns=["_k", "_d"])
 
 
-def _dict(x: Any) -> dict[str, Any]:
+def as_dict(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
@@ -79,14 +79,14 @@ def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
     """(bytes, name) of the cache a footprint may sit in: the CPU's last-level cache
     (metadata llc_mb), or the GPU's L2."""
     if _is_cpu(meta):
-        mb = _finite(meta.get("llc_mb"))
+        mb = finite_or_none(meta.get("llc_mb"))
         return (mb * 2**20 if mb else None), "last-level cache"
     return l2_bytes(meta), "L2"
 
 
 def _cache_gbps(meta: dict[str, Any]) -> float | None:
-    measured = _dict(_dict(meta.get("ceilings")).get("measured"))
-    v = _finite(measured.get("l2_gbps"))
+    measured = as_dict(as_dict(meta.get("ceilings")).get("measured"))
+    v = finite_or_none(measured.get("l2_gbps"))
     return v if v and v > 0 else None
 
 
@@ -116,7 +116,7 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     kind[roof.notna() & peak.notna() & (roof >= peak * (1 - 1e-9))] = "compute"
     size, _ = cache_bytes(meta)
     gbps = _cache_gbps(meta)
-    dram = _finite(_dict(_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
+    dram = finite_or_none(as_dict(as_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
     if gbps and dram:
         gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
     if size and gbps:
@@ -148,8 +148,8 @@ def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
 def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
     """The likely reason a row beat its roof, most likely first."""
     size, name = cache_bytes(meta)
-    nbytes = _finite(r.get("bytes"))
-    ms = _finite(r.get("ms_median"))
+    nbytes = finite_or_none(r.get("bytes"))
+    ms = finite_or_none(r.get("ms_median"))
     if size and nbytes is not None and nbytes <= size:
         # A cold row was flushed or rotated past: its cache cannot explain it.
         flushed = " (timed warm: back-to-back calls on the same buffers)" \
@@ -159,8 +159,8 @@ def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
     if ms is not None and ms < 0.005:
         return (f"timer resolution: {ms * 1e3:.2g} us per call is close to what the timer "
                 "resolves")
-    if _finite(r.get("peak_tflops")) is None or not _dict(
-            _dict(meta.get("ceilings")).get("datasheet")):
+    if finite_or_none(r.get("peak_tflops")) is None or not as_dict(
+            as_dict(meta.get("ceilings")).get("datasheet")):
         return ("measured ceiling too low: the kernel beat what the ceiling measurement "
                 "reached (re-measure with --remeasure-ceilings)")
     return ("wrong FLOP or byte count (more than the kernel really does), or a datasheet "
@@ -186,7 +186,7 @@ def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.Data
     ok = ok.assign(pct_roof=ok["best_pct"])
     ranked = ok.sort_values(["pct_roof", "tflops"], ascending=False, na_position="last")
     best = ranked.groupby(["kernel", "dtype"], sort=False).head(1)
-    return _order(best)[BEST_COLUMNS].reset_index(drop=True)
+    return in_canonical_order(best)[BEST_COLUMNS].reset_index(drop=True)
 
 
 def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
@@ -208,7 +208,7 @@ def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
     if both.empty:
         return pd.DataFrame(columns=cols)
     both["ratio"] = both["torch_ms"] / both["triton_ms"]
-    return _order(both)[cols].reset_index(drop=True)
+    return in_canonical_order(both)[cols].reset_index(drop=True)
 
 
 def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:

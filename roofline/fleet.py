@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from roofline.schema import atomic_write_text, mode_tag
-from roofline.style import _new_figure, save_figure
+from roofline.style import new_figure, save_figure
 
 DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median
 # Key figures, higher is better: the measured copy bandwidth, the largest matmuls'
@@ -154,7 +154,7 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
     """Left: each device's key figures as ratios to the fleet median, the tolerance band
     shaded; right: busbw against message size per collective (the communication
     roofline), with the link's roof where it is known."""
-    fig = _new_figure(13, 5.2)
+    fig = new_figure(13, 5.2)
     ax = fig.add_subplot(1, 2, 1)
     xs = list(range(len(devices)))
     figures = figures_of(devices)

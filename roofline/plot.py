@@ -22,11 +22,8 @@ and labels (``roof:datasheet:bf16``, ``ridge:measured:fp32``, ``points:bf16:matm
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -35,53 +32,46 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
 from roofline.devices import ROOF_CLASSES
-from roofline.plot_scaling import plot_scaling  # noqa: F401  (an entry point)
 from roofline.rows import (
     DTYPE_ORDER,
     KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
-    _ordered,
-    _panel_classes,
+    canonical_order,
     clean_rows,
     ok_rows,
+    panel_classes,
     run_ceilings,
 )
 from roofline.schema import (
     CACHE,
-    ROOFLINE_PNG,
     ROW_ID,
-    SCALING_PNG,
     WARM,
-    RunLoadError,
     cache_column,
-    check_metrics,
-    load_run,
-    resolve_results_json,
 )
-from roofline.style import (  # noqa: F401  (re-exported)
-    _FASTER,
-    _KERNEL_SIZES,
-    _L2_STYLE,
-    _POINT_SIZE,
-    _ROOF_COLOR,
-    _ROOF_STYLE,
-    _SLOWER,
-    _grid,
-    _kernel_color,
-    _new_figure,
-    _provider_marker,
-    _tidy_grid,
-    _title,
+from roofline.style import (
+    FASTER,
+    KERNEL_SIZES,
+    L2_STYLE,
+    POINT_SIZE,
+    ROOF_COLOR,
+    ROOF_STYLE,
+    SLOWER,
+    draw_grid,
     fmt_gbps,
     fmt_sig,
     fmt_tflops,
+    kernel_color,
+    new_figure,
+    provider_marker,
+    run_title,
     save_figure,
+    tidy_grid,
 )
 
 
-def _limits(points: list[pd.DataFrame], ceilings: dict[str, Ceiling],
-            classes: list[str]) -> tuple[tuple[float, float], tuple[float, float]]:
+def axis_limits(points: list[pd.DataFrame], ceilings: dict[str, Ceiling],
+                classes: list[str]) -> tuple[tuple[float, float], tuple[float, float]]:
     """Shared axis limits: every point, every ridge, and headroom above the top roof for
     the ridge labels."""
     xs: list[float] = [0.05, 10.0]
@@ -109,7 +99,7 @@ def _limits(points: list[pd.DataFrame], ceilings: dict[str, Ceiling],
     return (xlo, xhi), (ylo, top * 12)
 
 
-def _draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
+def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                    xlim: tuple[float, float]) -> None:
     """Slopes and flat roofs of one panel, each ridge marked and labelled.
 
@@ -125,7 +115,7 @@ def _draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
         c = ceilings.get(source)
         if c is None:
             continue
-        style, color = _ROOF_STYLE[source], _ROOF_COLOR[source]
+        style, color = ROOF_STYLE[source], ROOF_COLOR[source]
         tag = "" if source == "datasheet" else " (measured)"
         # Roofs with equal peaks (fp16 and bf16 on every NVIDIA part) are one line.
         by_peak: dict[float, list[str]] = {}
@@ -143,7 +133,7 @@ def _draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
             top = max(by_peak) if by_peak else None
             x_end = top * 1e3 / c.l2_gbps if top else x1
             ax.plot([x0, x_end], [x0 * c.l2_gbps / 1e3, x_end * c.l2_gbps / 1e3],
-                    linestyle=_L2_STYLE, color=color, lw=1.2, zorder=1,
+                    linestyle=L2_STYLE, color=color, lw=1.2, zorder=1,
                     label=f"L2 {source} {fmt_gbps(c.l2_gbps)} GB/s", gid=f"roof:{source}:l2")
         for peak, group in by_peak.items():
             name = "/".join(group)
@@ -197,21 +187,21 @@ def _draw_points(ax: Any, rows: pd.DataFrame, dtype: str, kernels: list[str],
     read as a cold one.  Warm artists' gids and labels end in "warm"."""
     n = 0
     warm = _warm(rows)
-    for kernel in _ordered(rows["kernel"].unique(), KERNEL_ORDER):
-        for provider in _ordered(rows["provider"].unique(), PROVIDER_ORDER):
+    for kernel in canonical_order(rows["kernel"].unique(), KERNEL_ORDER):
+        for provider in canonical_order(rows["provider"].unique(), PROVIDER_ORDER):
             for is_warm in (False, True):
                 sel = rows[(rows["kernel"] == kernel) & (rows["provider"] == provider)
                            & (warm == is_warm)]
                 if sel.empty:
                     continue
-                color = _kernel_color(kernel, kernels)
+                color = kernel_color(kernel, kernels)
                 look: dict[str, Any] = (
                     dict(facecolors="none", edgecolors=color, linewidths=1.2) if is_warm
                     else dict(color=color, edgecolors="white", linewidths=0.5))
                 tag = " warm" if is_warm else ""
                 ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float),
-                           s=_KERNEL_SIZES.get(kernel, _POINT_SIZE),
-                           marker=_provider_marker(provider, providers), alpha=0.85,
+                           s=KERNEL_SIZES.get(kernel, POINT_SIZE),
+                           marker=provider_marker(provider, providers), alpha=0.85,
                            zorder=4, label=f"{kernel} {provider}{tag}",
                            gid=f"points:{dtype}:{kernel}:{provider}" + tag.replace(" ", ":"),
                            **look)
@@ -226,8 +216,8 @@ def _draw_baseline(ax: Any, new: pd.DataFrame, old: pd.DataFrame, dtype: str,
     Changes under 2% get no arrow: at that size they are noise and only add clutter."""
     for (kernel, provider), sel in old.groupby(["kernel", "provider"], sort=True):
         ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float),
-                   s=_KERNEL_SIZES.get(kernel, _POINT_SIZE),
-                   marker=_provider_marker(provider, providers), facecolors="none",
+                   s=KERNEL_SIZES.get(kernel, POINT_SIZE),
+                   marker=provider_marker(provider, providers), facecolors="none",
                    edgecolors="0.55", linewidths=0.8, zorder=3,
                    gid=f"baseline:{dtype}:{kernel}:{provider}")
     # Joined on the row's identity, cache mode included: a warm point never pairs with
@@ -241,7 +231,7 @@ def _draw_baseline(ax: Any, new: pd.DataFrame, old: pd.DataFrame, dtype: str,
         ax.annotate("", xy=(r["intensity_new"], r["tflops_new"]),
                     xytext=(r["intensity_old"], r["tflops_old"]),
                     arrowprops=dict(arrowstyle="->", lw=0.8, shrinkA=2, shrinkB=3,
-                                    color=_FASTER if ratio > 1 else _SLOWER),
+                                    color=FASTER if ratio > 1 else SLOWER),
                     zorder=3.5, gid=f"arrow:{r['kernel']}:{r['provider']}:{dtype}:{r['shape']}"
                     + (":warm" if r[CACHE] else ""))
 
@@ -250,11 +240,11 @@ def _legend(fig: Figure, kernels: list[str], providers: list[str],
             ceilings: dict[str, Ceiling], baseline: bool, warm: bool = False) -> None:
     handles: list[Any] = []
     for k in kernels:
-        size = math.sqrt(_KERNEL_SIZES.get(k, _POINT_SIZE))  # scatter s is area, ms is width
+        size = math.sqrt(KERNEL_SIZES.get(k, POINT_SIZE))  # scatter s is area, ms is width
         handles.append(Line2D([], [], ls="", marker="o", ms=size,
-                              color=_kernel_color(k, kernels), label=k))
+                              color=kernel_color(k, kernels), label=k))
     for p in providers:
-        handles.append(Line2D([], [], ls="", marker=_provider_marker(p, providers), ms=6,
+        handles.append(Line2D([], [], ls="", marker=provider_marker(p, providers), ms=6,
                               color="0.3", label=p))
     # The bandwidths are the same in every panel, so they are stated once, here.
     for source in ("datasheet", "measured"):
@@ -262,10 +252,10 @@ def _legend(fig: Figure, kernels: list[str], providers: list[str],
         if c is None:
             continue
         hbm = f"\nHBM {fmt_gbps(c.hbm_gbps)} GB/s" if c.hbm_gbps else ""
-        handles.append(Line2D([], [], ls=_ROOF_STYLE[source], color=_ROOF_COLOR[source],
+        handles.append(Line2D([], [], ls=ROOF_STYLE[source], color=ROOF_COLOR[source],
                               label=f"{source} roof{hbm}"))
         if c.l2_gbps:
-            handles.append(Line2D([], [], ls=_L2_STYLE, color=_ROOF_COLOR[source],
+            handles.append(Line2D([], [], ls=L2_STYLE, color=ROOF_COLOR[source],
                                   label=f"{source} L2\n{fmt_gbps(c.l2_gbps)} GB/s"))
     if warm:
         handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="0.3", mew=1.2,
@@ -273,8 +263,8 @@ def _legend(fig: Figure, kernels: list[str], providers: list[str],
     if baseline:
         handles.append(Line2D([], [], ls="", marker="o", mfc="none", mec="0.55",
                               label="baseline"))
-        handles.append(Line2D([], [], color=_FASTER, label="faster (>2%)"))
-        handles.append(Line2D([], [], color=_SLOWER, label="slower (>2%)"))
+        handles.append(Line2D([], [], color=FASTER, label="faster (>2%)"))
+        handles.append(Line2D([], [], color=SLOWER, label="slower (>2%)"))
     if handles:
         # Outside the axes: with hundreds of points no corner of a panel is free.
         fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
@@ -292,30 +282,30 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     ok = ok_rows(d)
     old = ok_rows(clean_rows(baseline[1])) if baseline is not None else None
 
-    dtypes = _ordered(d["dtype"].unique(), DTYPE_ORDER) if not d.empty else []
-    kernels = _ordered(ok["kernel"].unique(), KERNEL_ORDER)
-    providers = _ordered(ok["provider"].unique(), PROVIDER_ORDER)
+    dtypes = canonical_order(d["dtype"].unique(), DTYPE_ORDER) if not d.empty else []
+    kernels = canonical_order(ok["kernel"].unique(), KERNEL_ORDER)
+    providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
     if old is not None:
-        kernels = _ordered(set(kernels) | set(old["kernel"].unique()), KERNEL_ORDER)
-        providers = _ordered(set(providers) | set(old["provider"].unique()), PROVIDER_ORDER)
+        kernels = canonical_order(set(kernels) | set(old["kernel"].unique()), KERNEL_ORDER)
+        providers = canonical_order(set(providers) | set(old["provider"].unique()), PROVIDER_ORDER)
 
     # One panel per dtype in the run (a dtype whose rows all failed keeps its panel so the
     # gap is visible); a run with no rows at all gets one panel with every known roof.
     if dtypes:
-        panels = [(dt, d[d["dtype"] == dt], _panel_classes(d[d["dtype"] == dt]))
+        panels = [(dt, d[d["dtype"] == dt], panel_classes(d[d["dtype"] == dt]))
                   for dt in dtypes]
     else:
-        classes = _ordered({k for c in ceilings.values() for k in c.tflops}, ROOF_CLASSES)
+        classes = canonical_order({k for c in ceilings.values() for k in c.tflops}, ROOF_CLASSES)
         panels = [("all dtypes", d, classes)]
 
     all_classes = sorted({c for _, _, cl in panels for c in cl})
     pts = [ok] + ([old] if old is not None and not old.empty else [])
-    xlim, ylim = _limits([p for p in pts if not p.empty], ceilings, all_classes)
+    xlim, ylim = axis_limits([p for p in pts if not p.empty], ceilings, all_classes)
 
-    nrows, ncols = _grid(len(panels))
-    fig = _new_figure(max(4.3 * ncols + 1.6, 8.0), 4.2 * nrows + 0.9)
+    nrows, ncols = draw_grid(len(panels))
+    fig = new_figure(max(4.3 * ncols + 1.6, 8.0), 4.2 * nrows + 0.9)
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
-    used = _tidy_grid(fig, axes, len(panels))
+    used = tidy_grid(fig, axes, len(panels))
     for i, (ax, (dtype, rows, classes)) in enumerate(zip(used, panels, strict=True)):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -327,7 +317,7 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
         ax.set_axisbelow(True)
-        _draw_ceilings(ax, ceilings, classes, xlim)
+        draw_ceilings(ax, ceilings, classes, xlim)
         panel_ok = ok[ok["dtype"] == dtype] if dtypes else ok
         n = _draw_points(ax, panel_ok, dtype, kernels, providers)
         if old is not None:
@@ -350,7 +340,7 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
             ax.set_ylabel("TFLOP/s")
         if i + ncols >= len(panels):
             ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    title = _title(meta, "Roofline")
+    title = run_title(meta, "Roofline")
     if baseline is not None:
         title += f"\nvs baseline {baseline[0].get('run_id') or '?'} (hollow grey)"
     fig.suptitle(title, fontsize=11)
@@ -359,138 +349,3 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     if out is not None:
         save_figure(fig, out)
     return fig
-
-
-# `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
-DEVICES_PNG = "devices.png"
-
-
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints a usage block and exits; the contract is one line and return 2.
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
-
-
-def _outputs(run: str, out: str | None) -> tuple[Path, Path]:
-    """(roofline path, scaling path).  Default: RUN's folder.  --out names the roofline PNG
-    or a folder for it (an existing folder, or a name with no suffix).  The scaling figure
-    goes beside it: scaling.png when the roofline keeps its default name, else
-    <stem>-scaling.png, so two runs plotted into one folder keep both scaling figures."""
-    run_path = Path(run)
-    run_dir = run_path if run_path.is_dir() else run_path.parent
-    if out is None:
-        roof = run_dir / ROOFLINE_PNG
-    else:
-        o = Path(out)
-        is_dir = o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix
-        roof = o / ROOFLINE_PNG if is_dir else o
-    if roof.name == ROOFLINE_PNG:
-        return roof, roof.with_name(SCALING_PNG)
-    return roof, roof.with_name(f"{roof.stem}-scaling{roof.suffix or '.png'}")
-
-
-def main(argv: list[str]) -> int:
-    """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
-    figure with `--devices` (roofline/plot_devices.py); returns the exit code."""
-    usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
-             "plot RUN_A RUN_B [...] --devices [--out PNG]")
-    parser = _Parser(prog="python -m roofline plot", usage=usage,
-                     description="Re-plot a saved run: roofline.png and scaling.png; or "
-                                 "compare devices: several runs' rooflines on one figure.")
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run folder or its results.json (several with --devices)")
-    parser.add_argument("--out", metavar="PNG",
-                        help="roofline PNG path or folder (default: RUN's folder); "
-                             "the scaling figure is written beside it")
-    parser.add_argument("--baseline", metavar="RUN",
-                        help="overlay an earlier run: arrows from its points to this run's")
-    parser.add_argument("--devices", action="store_true",
-                        help=f"one figure ({DEVICES_PNG}, in the first RUN's folder unless "
-                             "--out) with every RUN's roofs and points, one colour per device")
-    try:
-        args = parser.parse_args(argv)
-        if args.devices and len(args.runs) < 2:
-            raise _ArgError(f"--devices compares at least two runs, got {len(args.runs)}")
-        if args.devices and args.baseline:
-            raise _ArgError("--baseline overlays one run; it does not combine with --devices")
-        if not args.devices and len(args.runs) > 1:
-            raise _ArgError(f"{len(args.runs)} runs given: several runs go on one figure "
-                            "only with --devices")
-    except _ArgError as e:
-        print(f"error: {e} (usage: {usage})", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help prints and exits 0
-        return e.code if isinstance(e.code, int) else 0
-    if args.devices:
-        return _main_devices(args.runs, args.out)
-    run = args.runs[0]
-    try:
-        meta, df = load_run(run)
-        check_metrics(df, run)
-        base = load_run(args.baseline) if args.baseline else None
-        if base is not None:
-            check_metrics(base[1], args.baseline)
-    except RunLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    # A hand-edited file may carry metadata that is not an object: plot without it.
-    meta = meta if isinstance(meta, dict) else {}
-    if base is not None and not isinstance(base[0], dict):
-        base = ({}, base[1])
-    roof_png, scaling_png = _outputs(run, args.out)
-    try:
-        plot_roofline(meta, df, roof_png, baseline=base)
-        plot_scaling(meta, df, scaling_png)
-    except OSError as e:
-        print(f"error: cannot write figures: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        # Rows that load but cannot be plotted (hand-edited, wrong types): one line, no
-        # traceback, per the CLI contract.
-        print(f"error: cannot plot {run}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(roof_png)
-    print(scaling_png)
-    return 0
-
-
-def _main_devices(runs: list[str], out: str | None) -> int:
-    """`plot RUN_A RUN_B ... --devices`: every run loaded and checked before anything is
-    drawn, so an unreadable one is refused (one line, exit 2) without a partial figure."""
-    from roofline.plot_devices import plot_devices
-
-    loaded: list[tuple[dict[str, Any], pd.DataFrame]] = []
-    seen: dict[Path, str] = {}
-    try:
-        for run in runs:
-            path = resolve_results_json(run).resolve()
-            if path in seen:
-                raise RunLoadError(f"{run} is the same run as {seen[path]}: give each run once")
-            seen[path] = run
-            meta, df = load_run(run)
-            check_metrics(df, run)
-            loaded.append((meta, df))
-    except RunLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    first = Path(runs[0])
-    png = (first if first.is_dir() else first.parent) / DEVICES_PNG
-    if out is not None:
-        o = Path(out)
-        png = o / DEVICES_PNG if o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix \
-            else o
-    try:
-        plot_devices(loaded, png)
-    except OSError as e:
-        print(f"error: cannot write the figure: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        print(f"error: cannot plot {' '.join(runs)}: {type(e).__name__}: {e}",
-              file=sys.stderr)
-        return 2
-    print(png)
-    return 0

@@ -29,30 +29,30 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
 from roofline.devices import ROOF_CLASSES
-from roofline.plot import _limits
+from roofline.plot import axis_limits
 from roofline.rows import (
     DTYPE_ORDER,
     KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
-    _ordered,
+    canonical_order,
     clean_rows,
     ok_rows,
     run_ceilings,
 )
 from roofline.style import (
-    _KERNEL_SIZES,
-    _POINT_SIZE,
-    _ROOF_STYLE,
-    _device_color,
-    _grid,
-    _new_figure,
-    _provider_marker,
-    _tidy_grid,
+    KERNEL_SIZES,
+    POINT_SIZE,
+    ROOF_STYLE,
+    device_color,
+    draw_grid,
     fmt_gbps,
     fmt_sig,
     fmt_tflops,
+    new_figure,
+    provider_marker,
     save_figure,
+    tidy_grid,
 )
 
 SOURCES = ("datasheet", "measured")
@@ -89,7 +89,7 @@ def device_runs(runs: list[tuple[dict[str, Any], pd.DataFrame]]) -> list[DeviceR
         name = str(meta.get("device_name") or meta.get("gpu_name") or key)
         rows = clean_rows(df)
         out.append(DeviceRun(tag, name, str(meta.get("run_id") or "?"), rows, ok_rows(rows),
-                             run_ceilings(meta, df), _device_color(i)))
+                             run_ceilings(meta, df), device_color(i)))
     return out
 
 
@@ -121,7 +121,7 @@ def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
             # The slope runs up to the highest ridge of the panel; lower roofs cut across it.
             x_end = max(peaks) * 1e3 / c.hbm_gbps if peaks else x1
             ax.plot([x0, x_end], [x0 * c.hbm_gbps / 1e3, x_end * c.hbm_gbps / 1e3],
-                    linestyle=_ROOF_STYLE[source], color=run.color, lw=1.3, zorder=1,
+                    linestyle=ROOF_STYLE[source], color=run.color, lw=1.3, zorder=1,
                     label=f"{run.tag} HBM {source} {fmt_gbps(c.hbm_gbps)} GB/s",
                     gid=f"roof:{run.tag}:{source}:hbm")
         for key, group in groups.items():
@@ -130,7 +130,7 @@ def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
                 continue
             name = "/".join(group)
             ridge = c.ridge(group[0])
-            ax.plot([ridge or x0, x1], [peak, peak], linestyle=_ROOF_STYLE[source],
+            ax.plot([ridge or x0, x1], [peak, peak], linestyle=ROOF_STYLE[source],
                     color=run.color, lw=1.3, zorder=1,
                     label=f"{run.tag} {name} {source} {fmt_tflops(peak)} TFLOP/s",
                     gid=f"roof:{run.tag}:{source}:{name}")
@@ -183,11 +183,11 @@ def _draw_labels(ax: Any, labels: list[tuple[float, str, str, str, Any]]) -> Non
 def _draw_device_points(ax: Any, run: DeviceRun, rows: pd.DataFrame, dtype: str,
                         providers: list[str]) -> int:
     n = 0
-    for provider in _ordered(rows["provider"].unique(), PROVIDER_ORDER):
+    for provider in canonical_order(rows["provider"].unique(), PROVIDER_ORDER):
         sel = rows[rows["provider"] == provider]
-        sizes = [_KERNEL_SIZES.get(k, _POINT_SIZE) for k in sel["kernel"]]
+        sizes = [KERNEL_SIZES.get(k, POINT_SIZE) for k in sel["kernel"]]
         ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float), s=sizes,
-                   marker=_provider_marker(provider, providers), color=run.color,
+                   marker=provider_marker(provider, providers), color=run.color,
                    alpha=0.8, edgecolors="white", linewidths=0.5, zorder=4,
                    label=f"{run.tag} {provider}", gid=f"points:{run.tag}:{dtype}:{provider}")
         n += len(sel)
@@ -202,24 +202,25 @@ def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
     PNG to `out` when given and returns the Figure either way."""
     devs = device_runs(runs)
     every = pd.concat([d.rows for d in devs if not d.rows.empty] or [pd.DataFrame()])
-    dtypes = _ordered(every["dtype"].unique(), DTYPE_ORDER) if not every.empty else []
-    providers = _ordered(set().union(*(set(d.ok["provider"]) for d in devs)), PROVIDER_ORDER)
+    dtypes = canonical_order(every["dtype"].unique(), DTYPE_ORDER) if not every.empty else []
+    providers = canonical_order(set().union(*(set(d.ok["provider"]) for d in devs)), PROVIDER_ORDER)
 
     # A panel's roofs: every class that dtype's rows use on any of the devices.
     if dtypes:
-        panels = [(dt, _ordered(every.loc[every["dtype"] == dt, "roof_class"].dropna().unique(),
-                                ROOF_CLASSES)) for dt in dtypes]
+        panels = [(dt, canonical_order(
+            every.loc[every["dtype"] == dt, "roof_class"].dropna().unique(), ROOF_CLASSES))
+            for dt in dtypes]
     else:
         known = {k for d in devs for c in d.ceilings.values() for k in c.tflops}
-        panels = [("all dtypes", _ordered(known, ROOF_CLASSES))]
+        panels = [("all dtypes", canonical_order(known, ROOF_CLASSES))]
     all_classes = sorted({c for _, cl in panels for c in cl})
     ceilings = {f"{d.tag}:{s}": c for d in devs for s, c in d.ceilings.items()}
-    xlim, ylim = _limits([d.ok for d in devs if not d.ok.empty], ceilings, all_classes)
+    xlim, ylim = axis_limits([d.ok for d in devs if not d.ok.empty], ceilings, all_classes)
 
-    nrows, ncols = _grid(len(panels))
-    fig = _new_figure(max(5.0 * ncols + 2.4, 8.0), 5.0 * nrows + 0.9)
+    nrows, ncols = draw_grid(len(panels))
+    fig = new_figure(max(5.0 * ncols + 2.4, 8.0), 5.0 * nrows + 0.9)
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
-    used = _tidy_grid(fig, axes, len(panels))
+    used = tidy_grid(fig, axes, len(panels))
     for i, (ax, (dtype, classes)) in enumerate(zip(used, panels, strict=True)):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -253,15 +254,15 @@ def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
 
 def _legend(fig: Figure, devs: list[DeviceRun], providers: list[str]) -> None:
     handles: list[Any] = [Line2D([], [], color=d.color, lw=2, label=d.legend) for d in devs]
-    handles += [Line2D([], [], ls="", marker=_provider_marker(p, providers), ms=6,
+    handles += [Line2D([], [], ls="", marker=provider_marker(p, providers), ms=6,
                        color="0.3", label=p) for p in providers]
-    kernels = _ordered(set().union(*(set(d.ok["kernel"]) for d in devs)), KERNEL_ORDER)
-    sizes = sorted({_KERNEL_SIZES.get(k, _POINT_SIZE) for k in kernels})
-    if len(sizes) > 1:  # point size tells kernels apart only where _KERNEL_SIZES does
+    kernels = canonical_order(set().union(*(set(d.ok["kernel"]) for d in devs)), KERNEL_ORDER)
+    sizes = sorted({KERNEL_SIZES.get(k, POINT_SIZE) for k in kernels})
+    if len(sizes) > 1:  # point size tells kernels apart only where KERNEL_SIZES does
         for s in sizes:
-            names = [k for k in kernels if _KERNEL_SIZES.get(k, _POINT_SIZE) == s]
+            names = [k for k in kernels if KERNEL_SIZES.get(k, POINT_SIZE) == s]
             handles.append(Line2D([], [], ls="", marker="o", ms=math.sqrt(s), color="0.5",
                                   label=", ".join(names)))
-    handles += [Line2D([], [], ls=_ROOF_STYLE[s], color="0.3", label=f"{s} roof")
+    handles += [Line2D([], [], ls=ROOF_STYLE[s], color="0.3", label=f"{s} roof")
                 for s in SOURCES]
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)

@@ -22,27 +22,27 @@ from roofline.rows import (
     KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
-    _ordered,
-    _panel_classes,
+    canonical_order,
     clean_rows,
     l2_bytes,
     ok_rows,
+    panel_classes,
     run_ceilings,
 )
 from roofline.schema import WARM, cache_column
 from roofline.style import (
-    _ROOF_COLOR,
-    _ROOF_STYLE,
-    _dtype_color,
-    _fmt_bytes,
-    _new_figure,
-    _PlainLogFormatter,
-    _provider_marker,
-    _tidy_grid,
-    _title,
+    ROOF_COLOR,
+    ROOF_STYLE,
+    PlainLogFormatter,
+    dtype_color,
+    fmt_bytes,
     fmt_gbps,
     fmt_tflops,
+    new_figure,
+    provider_marker,
+    run_title,
     save_figure,
+    tidy_grid,
 )
 
 
@@ -61,16 +61,16 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
     ok = ok[np.isfinite(ok["bytes"]) & (ok["bytes"] > 0)] if "bytes" in ok.columns else ok
     ceilings = run_ceilings(meta, df)
     l2 = l2_bytes(meta)
-    kernels = _ordered(ok["kernel"].unique(), KERNEL_ORDER)
-    dtypes = _ordered(ok["dtype"].unique(), DTYPE_ORDER)
-    providers = _ordered(ok["provider"].unique(), PROVIDER_ORDER)
+    kernels = canonical_order(ok["kernel"].unique(), KERNEL_ORDER)
+    dtypes = canonical_order(ok["dtype"].unique(), DTYPE_ORDER)
+    providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
 
     n = max(1, len(kernels))
     ncols = min(n, 4)
     nrows = math.ceil(n / ncols)
-    fig = _new_figure(max(4.2 * ncols + 1.5, 8.0), 3.6 * nrows + 0.9)
+    fig = new_figure(max(4.2 * ncols + 1.5, 8.0), 3.6 * nrows + 0.9)
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    used = _tidy_grid(fig, axes, n)
+    used = tidy_grid(fig, axes, n)
     if not kernels:
         ax = used[0]
         ax.set_axis_off()
@@ -94,20 +94,20 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
             if sel.empty:
                 continue
             tag = " warm" if is_warm else ""
-            ax.plot(sel[xcol], sel[ycol], marker=_provider_marker(provider, providers),
-                    ms=4, lw=0.8 if is_warm else 1.2, color=_dtype_color(dtype, dtypes),
+            ax.plot(sel[xcol], sel[ycol], marker=provider_marker(provider, providers),
+                    ms=4, lw=0.8 if is_warm else 1.2, color=dtype_color(dtype, dtypes),
                     mfc="none" if is_warm else None,
                     ls="-" if provider == "torch" else "--", zorder=3,
                     label=f"{dtype} {provider}{tag}",
                     gid=f"scaling:{kernel}:{provider}:{dtype}" + tag.replace(" ", ":"))
         if compute:
-            classes = _panel_classes(rows)
+            classes = panel_classes(rows)
             _scaling_roofs(ax, ceilings, {c: c for c in classes}, "TFLOP/s")
             ax.set_xlabel("problem size (FLOPs)")
             ax.set_ylabel("TFLOP/s")
         else:
             _scaling_roofs(ax, ceilings, {"HBM": "hbm_gbps", "L2": "l2_gbps"}, "GB/s")
-            ax.xaxis.set_major_formatter(FuncFormatter(_fmt_bytes))
+            ax.xaxis.set_major_formatter(FuncFormatter(fmt_bytes))
             ax.set_xlabel("footprint (compulsory bytes)")
             ax.set_ylabel("GB/s")
             if l2:
@@ -123,21 +123,21 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
                     ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
         # Plain numbers ("20", "0.6"), not "2 x 10^1": a CPU panel can span under a decade,
         # where matplotlib labels minor ticks in scientific notation.
-        ax.yaxis.set_major_formatter(_PlainLogFormatter())
-        ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False,
+        ax.yaxis.set_major_formatter(PlainLogFormatter())
+        ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False,
                                                         minor_thresholds=(1, 0.5)))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(kernel, fontsize=10)
         ax.tick_params(labelsize=8)
-    fig.suptitle(_title(meta, "Scaling"), fontsize=11)
-    handles: list[Any] = [Line2D([], [], color=_dtype_color(dt, dtypes), lw=2, label=dt)
+    fig.suptitle(run_title(meta, "Scaling"), fontsize=11)
+    handles: list[Any] = [Line2D([], [], color=dtype_color(dt, dtypes), lw=2, label=dt)
                           for dt in dtypes]
-    handles += [Line2D([], [], color="0.3", marker=_provider_marker(p, providers), ms=5,
+    handles += [Line2D([], [], color="0.3", marker=provider_marker(p, providers), ms=5,
                        ls="-" if p == "torch" else "--", label=p) for p in providers]
     if (cache_column(ok) == WARM).any():
         handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ms=5, lw=0.8,
                               label="warm (same buffers)"))
-    handles += [Line2D([], [], color=_ROOF_COLOR[s], ls=_ROOF_STYLE[s], label=f"{s} ceiling")
+    handles += [Line2D([], [], color=ROOF_COLOR[s], ls=ROOF_STYLE[s], label=f"{s} ceiling")
                 for s in ("datasheet", "measured") if s in ceilings]
     if l2:
         handles.append(Line2D([], [], color="0.3", ls="-.", label="L2 size"))
@@ -170,7 +170,7 @@ def _scaling_roofs(ax: Any, ceilings: dict[str, Ceiling], what: dict[str, str],
                 values.setdefault(v, []).append(name)
         for v, names in values.items():
             label = "/".join(names)
-            ax.axhline(v, color=_ROOF_COLOR[source], ls=_ROOF_STYLE[source], lw=1.0, zorder=1,
+            ax.axhline(v, color=ROOF_COLOR[source], ls=ROOF_STYLE[source], lw=1.0, zorder=1,
                        label=f"{label} {source} {fmt(v)} {unit}", gid=f"ceiling:{source}:{label}")
             found.setdefault(label, {})[source] = v
     # Distinct ceilings can still be close on screen (a CPU's fp16 1.46 and bf16 1.38

@@ -19,14 +19,14 @@ import pandas as pd
 from roofline.ceilings import no_roofs
 from roofline.devices import ROOF_CLASSES
 from roofline.findings import (
-    _dict,
-    _finite,
-    _order,
     above_roof_cause,
     above_roof_rows,
+    as_dict,
     best_points,
     cache_bytes,
     cache_gaps,
+    finite_or_none,
+    in_canonical_order,
     launch_bound_rows,
     provider_ratios,
     ratio_summary,
@@ -46,7 +46,7 @@ from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
 
 def _num(x: Any) -> str:
     """989.4, 66.9, 3350, 9.52, 0.000123; '-' for missing."""
-    v = _finite(x)
+    v = finite_or_none(x)
     if v is None:
         return "-"
     if abs(v) >= 1000:
@@ -57,12 +57,12 @@ def _num(x: Any) -> str:
 
 
 def _pct(x: Any, scale: float = 1.0) -> str:
-    v = _finite(x)
+    v = finite_or_none(x)
     return "-" if v is None else f"{v * scale:.1f}%"
 
 
 def _ratio(x: Any) -> str:
-    v = _finite(x)
+    v = finite_or_none(x)
     return "-" if v is None else f"{v:.2f}x"
 
 
@@ -80,7 +80,7 @@ def _shape(r: Any) -> str:
     return f"`{r['shape']}`" + (f" {tag}" if tag else "")
 
 
-def _table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
+def md_table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
     """GitHub markdown table; `align` is one char per column: l or r (default l)."""
     seps = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |"]
@@ -205,13 +205,13 @@ _CLOCK_FACTS = {"clocks": _clocks_fact, "power": _power_fact, "throttle": _throt
 
 def _throttled_section(df: pd.DataFrame) -> str:
     rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
-             _mhz(_finite(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
-            for _, r in _order(throttled_rows(df)).iterrows()]
+             _mhz(finite_or_none(r.get("sm_clock_mhz"))) or "-", r.get("reason") or ""]
+            for _, r in in_canonical_order(throttled_rows(df)).iterrows()]
     return ("Timed while the GPU's SM clock sat below the throttle threshold (the clock-"
             "event reasons NVML gave are in the reason), still so after re-timing: their "
             "times describe a throttled GPU, and the regression gate gives them the "
             "verdict `throttled`.\n\n"
-            + _table(["kernel", "provider", "dtype", "shape", "SM clock", "reason"], rows,
+            + md_table(["kernel", "provider", "dtype", "shape", "SM clock", "reason"], rows,
                      "llllrl"))
 
 
@@ -219,13 +219,13 @@ def _launch_bound_section(df: pd.DataFrame) -> str:
     rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
              f"{float(r['host_us']):.1f}", f"{float(r['ms_median']) * 1e3:.1f}",
              f"{float(r['host_us']) / (float(r['ms_median']) * 1e3):.1f}x"]
-            for _, r in _order(launch_bound_rows(df)).iterrows()]
+            for _, r in in_canonical_order(launch_bound_rows(df)).iterrows()]
     return ("Host dispatch per call (`host_us`: Python and launch, measured apart) longer "
             "than the device time: called back to back, these kernels leave the GPU "
             "waiting for the host, so their real cost is the dispatch. The timings "
             "themselves exclude it (CUDA graphs, or the GPU kept busy after each L2 "
             "flush).\n\n"
-            + _table(["kernel", "provider", "dtype", "shape", "host us/call", "device us",
+            + md_table(["kernel", "provider", "dtype", "shape", "host us/call", "device us",
                       "host / device"], rows, "llllrrr"))
 
 
@@ -263,7 +263,7 @@ def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: Any = None) -
     method = measured.get("method")
     if isinstance(method, dict) and method:
         note += "\n\nMeasured by: " + "; ".join(f"{k}: {_cell(m)}" for k, m in method.items())
-    return _table(["ceiling", "datasheet", "measured", "measured / datasheet"], rows,
+    return md_table(["ceiling", "datasheet", "measured", "measured / datasheet"], rows,
                   "lllr") + note
 
 
@@ -277,7 +277,7 @@ def _best_section(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> str:
     rows = [[r.kernel, r.dtype, r.provider, f"`{r.shape}`", _num(r.tflops), _num(r.gbps),
              _pct(r.mfu, 100), _pct(r.pct_roof), _pct(r.pct_meas_roof), r.roof]
             for r in best.itertuples()]
-    table = _table(["kernel", "dtype", "provider", "shape", "TFLOP/s", "GB/s", "MFU",
+    table = md_table(["kernel", "dtype", "provider", "shape", "TFLOP/s", "GB/s", "MFU",
                     "% of roof", "% of measured roof", "roof"], rows, "llllrrrrrl")
     if (best["roof"] == "cache").any():
         table += ("\n\nroof `cache`: on a CPU no flush runs between samples, so a footprint "
@@ -287,14 +287,14 @@ def _best_section(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> str:
 
 
 def _above_roof_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
-    rows = _order(above_roof_rows(df))
+    rows = in_canonical_order(above_roof_rows(df))
     out = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
-            _pct(r["pct_roof"] if _finite(r.get("pct_roof")) is not None
+            _pct(r["pct_roof"] if finite_or_none(r.get("pct_roof")) is not None
                  else r.get("pct_meas_roof")), r.get("timer"), above_roof_cause(r, meta)]
            for _, r in rows.iterrows()]
     return ("Faster than the roofline allows: a finding to explain, not a best point "
             "(column `above_roof`).\n\n"
-            + _table(["kernel", "provider", "dtype", "shape", "% of roof", "timer",
+            + md_table(["kernel", "provider", "dtype", "shape", "% of roof", "timer",
                       "likely cause"], out, "llllrll"))
 
 
@@ -307,12 +307,12 @@ def _ratio_section(df: pd.DataFrame) -> str:
              f"`{r.largest_shape}`", _ratio(r.ratio_at_largest)] for r in summary.itertuples()]
     head = ("Ratio = torch time / Triton time (> 1: Triton faster), over the shapes where "
             "both providers have an ok row.\n\n")
-    detail = _table(["kernel", "dtype", "shape", "torch ms", "Triton ms", "ratio"],
+    detail = md_table(["kernel", "dtype", "shape", "torch ms", "Triton ms", "ratio"],
                     [[r.kernel, r.dtype, f"`{r.shape}`", f"{r.torch_ms:.4g}",
                       f"{r.triton_ms:.4g}", _ratio(r.ratio)] for r in ratios.itertuples()],
                     "lllrrr")
     # The per-shape table can run to hundreds of rows: folded, so the summary stays short.
-    return (head + _table(["kernel", "dtype", "shapes", "median", "min", "max",
+    return (head + md_table(["kernel", "dtype", "shapes", "median", "min", "max",
                            "largest shape", "at largest"], rows, "llrrrrlr")
             + f"\n\n<details><summary>Per shape ({len(ratios)})</summary>\n\n{detail}\n\n"
               "</details>")
@@ -345,10 +345,10 @@ def _gap_section(df: pd.DataFrame, meta: dict[str, Any]) -> str:
             "much faster the warm time is"
             f"{fits}. Largest gaps first; warm rows are plotted hollow and never "
             "compared with cold ones by the regression gate.\n\n"
-            + _table(header, rows[:GAP_ROWS_SHOWN], "llllrrrrl"))
+            + md_table(header, rows[:GAP_ROWS_SHOWN], "llllrrrrl"))
     if len(rows) > GAP_ROWS_SHOWN:
         text += (f"\n\n<details><summary>All {len(rows)}</summary>\n\n"
-                 + _table(header, rows, "llllrrrrl") + "\n\n</details>")
+                 + md_table(header, rows, "llllrrrrl") + "\n\n</details>")
     return text
 
 
@@ -356,12 +356,12 @@ def _failed_section(df: pd.DataFrame) -> str:
     failed = df[df["status"] == "failed"]
     if failed.empty:
         return "None."
-    failed = _order(failed)
+    failed = in_canonical_order(failed)
     rows = [[r["kernel"], r["provider"], r["dtype"], _shape(r),
-             f"{r['rel_err']:.3g}" if _finite(r.get("rel_err")) is not None else "-",
-             f"{r['tolerance']:.3g}" if _finite(r.get("tolerance")) is not None else "-",
+             f"{r['rel_err']:.3g}" if finite_or_none(r.get("rel_err")) is not None else "-",
+             f"{r['tolerance']:.3g}" if finite_or_none(r.get("tolerance")) is not None else "-",
              r.get("reason")] for _, r in failed.iterrows()]
-    return _table(["kernel", "provider", "dtype", "shape", "rel_err", "tolerance", "reason"],
+    return md_table(["kernel", "provider", "dtype", "shape", "rel_err", "tolerance", "reason"],
                   rows, "llllrrl")
 
 
@@ -377,7 +377,7 @@ def _skipped_section(df: pd.DataFrame) -> str:
         providers = ", ".join(sorted(g["provider"].dropna().astype(str).unique()))
         rows.append([reason, len(g), kernels, providers, dtypes])
     rows.sort(key=lambda r: (-r[1], r[0]))
-    return _table(["reason", "rows", "kernels", "providers", "dtypes"], rows, "lrlll")
+    return md_table(["reason", "rows", "kernels", "providers", "dtypes"], rows, "lrlll")
 
 
 def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
@@ -393,7 +393,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         f"# Benchmark summary: {name}",
         _run_facts(meta),
         "## Ceilings",
-        _ceilings_section(run_ceilings(meta, df), _dict(meta.get("ceilings"))),
+        _ceilings_section(run_ceilings(meta, df), as_dict(meta.get("ceilings"))),
         "## Figures",
         f"![roofline]({ROOFLINE_PNG})\n\n![scaling]({SCALING_PNG})",
         "## Rows",

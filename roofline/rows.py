@@ -83,7 +83,7 @@ def ok_rows(df: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
-def _ordered(values: Iterable[Any], order: Iterable[str]) -> list[str]:
+def canonical_order(values: Iterable[Any], order: Iterable[str]) -> list[str]:
     """Known values in canonical order, then unknown ones sorted (new kernels/dtypes)."""
     present = {str(v) for v in values if isinstance(v, str) and v}
     known = [v for v in order if v in present]
@@ -169,5 +169,5 @@ def l2_bytes(meta: dict[str, Any]) -> float | None:
     return None if mb is None else mb * 2**20
 
 
-def _panel_classes(rows: pd.DataFrame) -> list[str]:
-    return _ordered(rows["roof_class"].dropna().unique(), ROOF_CLASSES)
+def panel_classes(rows: pd.DataFrame) -> list[str]:
+    return canonical_order(rows["roof_class"].dropna().unique(), ROOF_CLASSES)

@@ -31,9 +31,9 @@ _EXTRA_COLORS = ("#5254a3", "#8ca252", "#bd9e39", "#ad494a", "#a55194")
 # add/mul and gelu/gelu_erf have the same intensity by construction and usually the same
 # speed, so one would hide the other: the first of each pair (drawn first) is larger and
 # shows as a ring around the second.  x is never jittered: intensity is exact.
-_KERNEL_SIZES = {"add": 46, "mul": 18, "gelu": 46, "gelu_erf": 18}
+KERNEL_SIZES = {"add": 46, "mul": 18, "gelu": 46, "gelu_erf": 18}
 
-_POINT_SIZE = 28
+POINT_SIZE = 28
 
 _DTYPE_COLORS = {
     "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#ff7f0e", "bf16": "#d62728",
@@ -51,12 +51,12 @@ _DEVICE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c
 _EXTRA_MARKERS = ("s", "D", "v", "P", "X")
 
 # Baseline arrows: this run faster or slower than the baseline.
-_FASTER, _SLOWER = "#2ca02c", "#d62728"
-_ROOF_COLOR = {"datasheet": "0.15", "measured": "0.40"}
+FASTER, SLOWER = "#2ca02c", "#d62728"
+ROOF_COLOR = {"datasheet": "0.15", "measured": "0.40"}
 
-_ROOF_STYLE = {"datasheet": "-", "measured": "--"}
+ROOF_STYLE = {"datasheet": "-", "measured": "--"}
 
-_L2_STYLE = ":"
+L2_STYLE = ":"
 
 DPI = 140
 
@@ -77,14 +77,14 @@ def fmt_gbps(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _fmt_bytes(x: float, _pos_: Any = None) -> str:
+def fmt_bytes(x: float, _pos_: Any = None) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if x >= scale:
             return f"{x / scale:g} {unit}"
     return f"{x:g} B"
 
 
-class _PlainLogFormatter(LogFormatter):
+class PlainLogFormatter(LogFormatter):
     """LogFormatter's choice of which ticks get a label (minor ones only on short axes),
     written as plain numbers: 20, 0.6, 1000 rather than 2x10^1, 6e-01, 10^3."""
 
@@ -92,7 +92,7 @@ class _PlainLogFormatter(LogFormatter):
         return f"{x:g}" if super().__call__(x, pos) else ""
 
 
-def _title(meta: dict[str, Any], what: str) -> str:
+def run_title(meta: dict[str, Any], what: str) -> str:
     name = meta.get("device_name") or meta.get("gpu_name") or meta.get("device_key") or "?"
     key = meta.get("device_key")
     head = f"{what}: {name}" + (f" ({key})" if key and key != name else "")
@@ -111,44 +111,44 @@ def _title(meta: dict[str, Any], what: str) -> str:
     return "\n".join(lines)
 
 
-def _kernel_color(kernel: str, kernels: list[str]) -> str:
+def kernel_color(kernel: str, kernels: list[str]) -> str:
     if kernel in _KERNEL_COLORS:
         return _KERNEL_COLORS[kernel]
     unknown = [k for k in kernels if k not in _KERNEL_COLORS]
     return _EXTRA_COLORS[unknown.index(kernel) % len(_EXTRA_COLORS)]
 
 
-def _provider_marker(provider: str, providers: list[str]) -> str:
+def provider_marker(provider: str, providers: list[str]) -> str:
     if provider in _PROVIDER_MARKERS:
         return _PROVIDER_MARKERS[provider]
     unknown = [p for p in providers if p not in _PROVIDER_MARKERS]
     return _EXTRA_MARKERS[unknown.index(provider) % len(_EXTRA_MARKERS)]
 
 
-def _dtype_color(dtype: str, dtypes: list[str]) -> str:
+def dtype_color(dtype: str, dtypes: list[str]) -> str:
     if dtype in _DTYPE_COLORS:
         return _DTYPE_COLORS[dtype]
     unknown = [d for d in dtypes if d not in _DTYPE_COLORS]
     return _EXTRA_COLORS[unknown.index(dtype) % len(_EXTRA_COLORS)]
 
 
-def _device_color(index: int) -> str:
+def device_color(index: int) -> str:
     return _DEVICE_COLORS[index % len(_DEVICE_COLORS)]
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     # Constrained layout keeps the outside legend, suptitle and shared labels apart.
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _grid(n: int) -> tuple[int, int]:
+def draw_grid(n: int) -> tuple[int, int]:
     ncols = {1: 1, 2: 2, 3: 3, 4: 2}.get(n, 3)
     return math.ceil(n / ncols), ncols
 
 
-def _tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
+def tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
     """Drop the unused cells of a shared grid, and give x tick labels back to a panel that
     now has no panel under it (sharex hid them)."""
     nrows, ncols = axes.shape

@@ -28,7 +28,7 @@ from roofline.devices import ROOF_CLASS
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
 from roofline.gate.runs import incomplete_reasons
-from roofline.report import _table
+from roofline.report import md_table
 from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
 from roofline.schema import (
     KEY,
@@ -500,10 +500,10 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
         lines.append(f"- The targets are set for an H100 SXM; these runs are on "
                      f"{', '.join(devices)}.")
     lines += ["", "## Headline figures", "",
-              _table(["figure", "value", "run"], headline(runs)), "",
+              md_table(["figure", "value", "run"], headline(runs)), "",
               f"## Targets: {counts[MET]} met, {counts[MISSED]} missed, "
               f"{counts[NOT_MEASURED]} not measured", "",
-              _table(["Triton", "row", "measured", "needs", "verdict"],
+              md_table(["Triton", "row", "measured", "needs", "verdict"],
                      [c.cells() for c in found])]
     if fleet is not None:
         lines += ["", "## One-rank fleet run against the plain run", "",
@@ -516,7 +516,7 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     if steps is not None:
         failed = sum(s[1] in ("fail", "timeout") for s in steps)
         lines += ["", f"## Steps: {len(steps) - failed} of {len(steps)} passed or skipped", "",
-                  _table(list(STEP_FIELDS), steps, align="llr")]
+                  md_table(list(STEP_FIELDS), steps, align="llr")]
     return "\n".join(lines) + "\n"
 
 

@@ -26,9 +26,8 @@ from benches.runner import _time_case, run_case
 from benches.timing import Rotation, TimingConfig
 from kernels import REGISTRY
 from roofline.ceilings import Ceilings
-from roofline.gate import compare_frames
 from roofline.gate.render import benchmark_entries, render_markdown
-from roofline.gate.verdicts import CompareResult
+from roofline.gate.verdicts import CompareResult, compare_frames
 from roofline.plot import plot_roofline
 from roofline.report import render_summary
 from roofline.schema import ALL_COLUMNS, load_run

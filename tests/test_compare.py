@@ -14,21 +14,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from roofline import compare
-from roofline.compare import (
+from roofline.gate.cli import main
+from roofline.gate.promote import baseline_path
+from roofline.gate.render import compare_and_report
+from roofline.gate.rules import (
     ALLOWABLE,
+    DEFAULT_THRESHOLDS,
     CompareError,
-    Timing,
-    baseline_path,
-    check_baseline,
     check_threshold,
-    compare_and_report,
-    compare_frames,
-    judge,
-    main,
-    min_p_value,
-    row_alpha,
+    default_threshold,
+    parse_allow,
 )
+from roofline.gate.runs import check_baseline, compare_runs
+from roofline.gate.stats import Timing, min_p_value, row_alpha
+from roofline.gate.verdicts import compare_frames, judge
 from roofline.schema import COLUMNS, KEY, SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +106,7 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 
 def verdicts(baseline: Path, run: Path, threshold: float = 5.0,
              **kw: Any) -> dict[tuple, str]:
-    result = compare.compare_runs(baseline, run, threshold, **kw)
+    result = compare_runs(baseline, run, threshold, **kw)
     return {tuple(r[k] for k in KEY): r["verdict"] for r in result.rows.to_dict("records")}
 
 
@@ -369,7 +368,7 @@ def test_skipped_in_both_is_neutral(tmp_path: Path) -> None:
                                    reason="no GPU")]
     base = write_run(tmp_path / "base", rows)
     run = write_run(tmp_path / "run", rows, created=LATER)
-    result = compare.compare_runs(base, run)
+    result = compare_runs(base, run)
     assert result.counts == {"skipped": 1, "same": 4} and result.exit_code == 0
 
 
@@ -486,15 +485,15 @@ def test_allow_values_are_validated(base: Path, capsys: pytest.CaptureFixture[st
     _assert_one_line_error(code, out, err)
     assert "bogus" in err and "newer-baseline" in err
     with pytest.raises(CompareError, match="bogus"):
-        compare.compare_runs(base, base, allow=["bogus"])
-    assert compare.parse_allow(["missing", "incomplete,newer-baseline"]) == {
+        compare_runs(base, base, allow=["bogus"])
+    assert parse_allow(["missing", "incomplete,newer-baseline"]) == {
         "missing", "incomplete", "newer-baseline"}
 
 
 def test_run_drifting_as_a_whole_is_flagged(base: Path, tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", base_rows(scale=dict.fromkeys(range(4), 1.4)),
                     created=LATER)
-    result = compare.compare_runs(base, run)
+    result = compare_runs(base, run)
     assert result.exit_code == 1
     assert any("moved slower past the threshold together" in w for w in result.warnings)
 
@@ -927,17 +926,17 @@ def test_promote_refuses_to_pool_different_sweeps(tmp_path: Path,
 def test_default_threshold_by_device_kind(tmp_path: Path) -> None:
     # Pinned: 5% on a GPU runner, 20% on a CPU (above the shared CI VM's run-to-run
     # noise); an unknown device gets the GPU's (stricter) one.
-    assert compare.DEFAULT_THRESHOLDS == {"cuda": 5.0, "cpu": 20.0}
-    assert compare.default_threshold("h100") == 5.0
-    assert compare.default_threshold("cpu") == 20.0
-    assert compare.default_threshold("tpu-v9") == 5.0 == compare.default_threshold(None)
+    assert DEFAULT_THRESHOLDS == {"cuda": 5.0, "cpu": 20.0}
+    assert default_threshold("h100") == 5.0
+    assert default_threshold("cpu") == 20.0
+    assert default_threshold("tpu-v9") == 5.0 == default_threshold(None)
     # 15% slower everywhere: past the GPU default, within the CPU one.
     for key, verdict in (("h100", "slower"), ("cpu", "same")):
         b = write_run(tmp_path / f"b-{key}", base_rows(), device_key=key)
         r = write_run(tmp_path / f"r-{key}", base_rows(scale={i: 1.15 for i in range(4)}),
                       device_key=key, created=LATER)
-        result = compare.compare_runs(b, r)
-        assert result.threshold == compare.default_threshold(key)
+        result = compare_runs(b, r)
+        assert result.threshold == default_threshold(key)
         assert set(result.rows["verdict"]) == {verdict}
 
 
@@ -971,7 +970,7 @@ def test_ambiguous_rows_past_the_threshold_are_retimed(base: Path, tmp_path: Pat
     wide = list(0.2 * np.geomspace(1.0, 2.2, N))
     rows[3] = make_row(*SPECS[3], None, samples=wide)
     run = write_run(tmp_path / "run", rows, created=LATER)
-    first = compare.compare_runs(base, run, 5.0)
+    first = compare_runs(base, run, 5.0)
     assert first.rows.set_index("shape").loc["M=4096,N=4096,K=4096", "verdict"] == "ambiguous"
     for factor, expected, code in ((1.3, "slower", 1), (1.0, "ambiguous", 0)):
         asked: list[list[tuple]] = []

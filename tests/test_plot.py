@@ -13,10 +13,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline import plot
+from roofline import plot, plot_cli
 from roofline.devices import DEVICES, ROOF_CLASS
 from roofline.metrics import derive
+from roofline.plot_scaling import plot_scaling
 from roofline.schema import ALL_COLUMNS
+from roofline.style import fmt_tflops
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
@@ -193,8 +195,8 @@ def test_one_panel_per_dtype_with_its_roofs(h100_fig):
     labels = {ln.get_label() for ln in gids(h100_fig, "roof:", "lines")}
     for cls in ("fp32", "tf32", "fp16", "bf16", "fp8"):
         peak = H100.peaks_tflops[cls]
-        assert f"{cls} datasheet {plot.fmt_tflops(peak)} TFLOP/s" in labels
-        assert f"{cls} measured {plot.fmt_tflops(peak * MEAS_FRACTION)} TFLOP/s" in labels
+        assert f"{cls} datasheet {fmt_tflops(peak)} TFLOP/s" in labels
+        assert f"{cls} measured {fmt_tflops(peak * MEAS_FRACTION)} TFLOP/s" in labels
     assert "bf16 datasheet 989.4 TFLOP/s" in labels
     assert "HBM datasheet 3350 GB/s" in labels and "HBM measured 3000 GB/s" in labels
     assert "L2 measured 9000 GB/s" in labels
@@ -289,7 +291,7 @@ def test_missing_dtypes_and_zero_ok_rows(tmp_path):
     assert {ln.get_gid() for ln in gids(fig, "roof:datasheet", "lines")} >= {
         "roof:datasheet:fp32", "roof:datasheet:tf32", "roof:datasheet:fp16/bf16",
         "roof:datasheet:fp8", "roof:datasheet:hbm"}
-    fig = plot.plot_scaling(meta, empty, tmp_path / "s.png")
+    fig = plot_scaling(meta, empty, tmp_path / "s.png")
     assert gids(fig, "note:no-ok-rows", "texts") and (tmp_path / "s.png").exists()
 
 
@@ -315,7 +317,7 @@ def test_baseline_overlay_arrows():
 
 def test_scaling_panels_lines_and_l2(h100_run):
     meta, df = h100_run
-    fig = plot.plot_scaling(meta, df)
+    fig = plot_scaling(meta, df)
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul"]
     lines = gids(fig, "scaling:", "lines")
@@ -338,7 +340,7 @@ def test_scaling_close_ceilings_share_a_label():
     meta["ceilings"]["measured"]["tflops"] = {"fp32": 0.36, "fp16": 1.46, "bf16": 1.38}
     rows = [make_row("matmul", "torch", dt, f"M={s},N={s},K={s}", 0.5, meta)
             for dt in ("fp32", "fp16", "bf16") for s in (64, 256)]
-    fig = plot.plot_scaling(meta, pd.DataFrame(rows))
+    fig = plot_scaling(meta, pd.DataFrame(rows))
     labels = {t.get_gid(): t.get_text() for t in gids(fig, "ceiling-label:", "texts")}
     assert labels == {"ceiling-label:fp16;bf16": "fp16 meas. 1.46; bf16 meas. 1.38",
                       "ceiling-label:fp32": "fp32 meas. 0.36"}
@@ -376,7 +378,7 @@ def test_figures_get_the_umask_mode_like_other_files(tmp_path, capsys, umask, mo
     run = write_run(tmp_path / "run", h100_meta(), small_run(h100_meta()))
     old = os.umask(umask)
     try:
-        assert plot.main([str(run)]) == 0
+        assert plot_cli.main([str(run)]) == 0
         atomic_write_text(run / "summary.md", "x\n")
     finally:
         os.umask(old)
@@ -389,7 +391,7 @@ def test_cli_replots_from_json_with_out_and_baseline(tmp_path, capsys):
     run = write_run(tmp_path / "run", meta, small_run(meta))
     base = write_run(tmp_path / "base", h100_meta(run_id="base"), small_run(meta))
     target = tmp_path / "elsewhere" / "fig.png"
-    code = plot.main([str(run / "results.json"), "--out", str(target), "--baseline", str(base)])
+    code = plot_cli.main([str(run / "results.json"), "--out", str(target), "--baseline", str(base)])
     assert code == 0
     scaling = tmp_path / "elsewhere" / "fig-scaling.png"
     assert capsys.readouterr().out.split() == [str(target), str(scaling)]
@@ -399,13 +401,13 @@ def test_cli_replots_from_json_with_out_and_baseline(tmp_path, capsys):
 
 def test_output_paths(tmp_path):
     run = write_run(tmp_path / "run", h100_meta(), [])
-    assert plot._outputs(str(run), None) == (run / "roofline.png", run / "scaling.png")
-    assert plot._outputs(str(run / "results.json"), None) == (run / "roofline.png",
+    assert plot_cli.figure_paths(str(run), None) == (run / "roofline.png", run / "scaling.png")
+    assert plot_cli.figure_paths(str(run / "results.json"), None) == (run / "roofline.png",
                                                               run / "scaling.png")
     # --out naming a folder (existing, or without a suffix) keeps the default file names.
-    assert plot._outputs(str(run), str(tmp_path / "figs")) == (
+    assert plot_cli.figure_paths(str(run), str(tmp_path / "figs")) == (
         tmp_path / "figs" / "roofline.png", tmp_path / "figs" / "scaling.png")
-    assert plot._outputs(str(run), str(tmp_path / "a.png")) == (
+    assert plot_cli.figure_paths(str(run), str(tmp_path / "a.png")) == (
         tmp_path / "a.png", tmp_path / "a-scaling.png")
 
 
@@ -438,7 +440,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys, case):
         rows[0]["tflops"] = "fast"
         meta["ceilings"] = "junk"
         args = [str(write_run(tmp_path / "odd", meta, rows))]
-    code = plot.main(args)
+    code = plot_cli.main(args)
     err = capsys.readouterr().err
     if case == "bad-values":  # a metric that is not a number is refused, named
         assert "'tflops' is 'fast', not a number" in err

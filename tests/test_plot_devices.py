@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from roofline import plot
+from roofline import plot_cli
 from roofline.devices import DEVICES
 from roofline.plot_devices import plot_devices
 from tests.test_plot import (
@@ -188,9 +188,9 @@ def test_cli_devices_figure(tmp_path, capsys):
     assert Path(out[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (a / "roofline.png").exists()  # the per-run figures are not redrawn
     target = tmp_path / "figs" / "cmp.png"
-    assert plot.main([str(a), str(b), "--devices", "--out", str(target)]) == 0
+    assert plot_cli.main([str(a), str(b), "--devices", "--out", str(target)]) == 0
     assert capsys.readouterr().out.split() == [str(target)] and target.exists()
-    assert plot.main([str(a), str(b), "--devices", "--out", str(tmp_path / "dir")]) == 0
+    assert plot_cli.main([str(a), str(b), "--devices", "--out", str(tmp_path / "dir")]) == 0
     assert (tmp_path / "dir" / "devices.png").exists()
 
 
@@ -217,7 +217,7 @@ def test_cli_devices_refusals_one_line_exit_2(tmp_path, capsys, case):
         args = [str(a), str(b), "--devices"]
     else:
         args = [str(a), str(a / "results.json"), "--devices"]
-    code = plot.main(args)
+    code = plot_cli.main(args)
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err

@@ -23,8 +23,8 @@ from benches import runner
 from benches.runner import SweepAborted, _InputCache, run_case
 from benches.timing import summarize
 from kernels.matmul import scaled_mm_rejects
-from roofline import compare
-from roofline import plot as plot_mod
+from roofline import plot_cli
+from roofline.gate.cli import check_outputs, main
 from tests.test_measurement import case, cpu_cfg, raising
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +128,7 @@ def test_compare_refuses_to_write_over_a_run(tmp_path, capsys, target):
     out = {"baseline": base, "run_json": run_dir / "results.json", "run_dir": run_dir,
            "named": tmp_path / "new" / "results.json", "other": other}[target]
     before = {p: p.read_text() for p in (base, run_dir / "results.json", other)}
-    code = compare.main(["compare", str(base), str(run_dir), "--md", str(out)])
+    code = main(["compare", str(base), str(run_dir), "--md", str(out)])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "would overwrite measured results" in err[0]
@@ -136,7 +136,7 @@ def test_compare_refuses_to_write_over_a_run(tmp_path, capsys, target):
 
 
 def test_compare_writes_a_report_to_a_fresh_path(tmp_path):
-    compare.check_outputs({"--md": str(tmp_path / "report.md"), "--json": None},
+    check_outputs({"--md": str(tmp_path / "report.md"), "--json": None},
                           [str(tmp_path / "base.json")])
 
 
@@ -152,7 +152,7 @@ def test_plot_refuses_metrics_that_are_not_numbers(tmp_path, capsys, field, valu
     row[field] = value
     p = tmp_path / "results.json"
     p.write_text(json.dumps({"metadata": {"device_key": "cpu"}, "rows": [row]}))
-    code = plot_mod.main([str(p), "--out", str(tmp_path / "r.png")])
+    code = plot_cli.main([str(p), "--out", str(tmp_path / "r.png")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"'{field}'" in err[0] and "not a number" in err[0]

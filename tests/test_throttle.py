@@ -21,7 +21,10 @@ from benches import gpu_monitor, runner, timing
 from benches.gpu_monitor import ThrottleConfig, run_clock_facts, throttle_state, time_unthrottled
 from benches.runner import _InputCache, run_case
 from kernels import Target
-from roofline import compare
+from roofline.gate.cli import main
+from roofline.gate.promote import promote
+from roofline.gate.rules import CompareError
+from roofline.gate.verdicts import compare_frames
 from roofline.report import render_summary
 from roofline.schema import ALL_COLUMNS
 from tests.test_measurement import case, gpu_cfg
@@ -262,7 +265,7 @@ def _frame(scale: float, throttled: bool) -> pd.DataFrame:
 
 @pytest.mark.parametrize("scale", [1.0, 1.5])  # same speed, and much slower
 def test_a_throttled_row_gets_its_own_verdict(scale):
-    out = compare.compare_frames(_frame(1.0, False), _frame(scale, True), threshold=5)
+    out = compare_frames(_frame(1.0, False), _frame(scale, True), threshold=5)
     v = dict(zip(out["shape"], out["verdict"], strict=True))
     assert v["n=8192"] == "throttled"  # never "same" (silent) nor "slower"
     assert v["n=4096"] == ("same" if scale == 1.0 else "slower")
@@ -277,10 +280,10 @@ def test_throttled_fails_the_gate_unless_allowed(tmp_path, capsys):
                      created="2026-01-01T00:00:00+00:00")
     run = write_run(tmp_path / "run", _frame(1.0, True).to_dict("records"),
                     created="2026-01-02T00:00:00+00:00")
-    assert compare.main(["compare", str(base), str(run)]) == 1
+    assert main(["compare", str(base), str(run)]) == 1
     out = capsys.readouterr().out
     assert "1 throttled" in out and "--allow throttled" in out
-    assert compare.main(["compare", str(base), str(run), "--allow", "throttled"]) == 0
+    assert main(["compare", str(base), str(run), "--allow", "throttled"]) == 0
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -312,11 +315,11 @@ def test_promotion_refuses_throttled_rows_and_pooling_keeps_the_mark(tmp_path):
     clean = write_run(tmp_path / "clean", _frame(1.0, False).to_dict("records"))
     hot = write_run(tmp_path / "hot", _frame(1.0, True).to_dict("records"))
     bl = tmp_path / "bl"
-    with pytest.raises(compare.CompareError, match="1 row.s. timed while the GPU throttled"):
-        compare.promote(hot, baselines_dir=bl)
-    with pytest.raises(compare.CompareError, match="hot has 1 row"):
-        compare.promote([hot, clean], baselines_dir=bl)
-    path, _ = compare.promote([hot, clean], baselines_dir=bl, force=True)
+    with pytest.raises(CompareError, match="1 row.s. timed while the GPU throttled"):
+        promote(hot, baselines_dir=bl)
+    with pytest.raises(CompareError, match="hot has 1 row"):
+        promote([hot, clean], baselines_dir=bl)
+    path, _ = promote([hot, clean], baselines_dir=bl, force=True)
     rows = {r["shape"]: r for r in json.loads(path.read_text())["rows"]}
     assert rows["n=8192"]["throttled"] is True and rows["n=8192"]["pooled_runs"] == 2
     assert rows["n=4096"]["throttled"] is False

@@ -30,10 +30,10 @@ from typing import Any
 from benches.step.profile import (
     CATEGORIES,
     SPAN,
-    _is_device,
-    _path,
     category,
     device_work,
+    event_path,
+    is_device_event,
     profile_events,
     split_ms,
 )
@@ -82,7 +82,7 @@ class ForwardLinks:
         self.by_seq: dict[int, list[Any]] = defaultdict(list)
         for e in events:
             seq = getattr(e, "sequence_nr", -1)
-            if seq is not None and seq >= 0 and not _is_device(e) and not _backward(e):
+            if seq is not None and seq >= 0 and not is_device_event(e) and not _backward(e):
                 self.by_seq[seq].append(e)
 
     def forward_of(self, node: Any) -> Any | None:
@@ -93,11 +93,11 @@ class ForwardLinks:
         if not ops:
             return None
         same = [o for o in ops if _bare(o.name) == _bare(node.name)]
-        return max(same or ops, key=lambda o: len(_path(o)))
+        return max(same or ops, key=lambda o: len(event_path(o)))
 
 
 def _backward(op: Any) -> bool:
-    return any(e.name.startswith(_ENGINE) for e in _path(op))
+    return any(e.name.startswith(_ENGINE) for e in event_path(op))
 
 
 def explain_category(op: Any, links: ForwardLinks, kernel: str | None = None) -> str:
@@ -106,13 +106,13 @@ def explain_category(op: Any, links: ForwardLinks, kernel: str | None = None) ->
     innermost op with a category on its path, then on its forward op's (an autograd
     node's own time, MmBackward0's, is its forward mm's kind); else the kernel's own
     name."""
-    path = _path(op)
+    path = event_path(op)
     linked: list[Any] = []
     for e in path:
         if e.name.startswith(_ENGINE) or "Backward" in e.name:
             fwd = links.forward_of(e)
             if fwd is not None:
-                linked = _path(fwd)
+                linked = event_path(fwd)
                 break
     for chain in (path, linked):
         found = [c for c in (_composite(e.name) for e in chain) if c]
@@ -139,7 +139,7 @@ def split_explained(events: list[Any], on_gpu: bool) -> dict[str, dict[str, floa
     work = [e for e in events if e.name != SPAN]
     if not on_gpu:
         for op in work:
-            if _is_device(op) or getattr(op, "is_async", False) or not op.self_cpu_time_total:
+            if is_device_event(op) or getattr(op, "is_async", False) or not op.self_cpu_time_total:
                 continue
             pas = "backward" if _backward(op) else "forward"
             out[explain_category(op, links)][pas] += op.self_cpu_time_total / 1e3
@@ -184,7 +184,7 @@ def gemm_calls(events: list[Any], on_gpu: bool) -> dict[str, dict[str, float]]:
                 times[id(op)] = (op, times.get(id(op), (op, 0.0))[1] + us)
     else:
         times = {id(op): (op, op.self_cpu_time_total) for op in events
-                 if op.name in GEMM_OPS and not _is_device(op)}
+                 if op.name in GEMM_OPS and not is_device_event(op)}
     out: dict[str, dict[str, float]] = {}
     for op, us in times.values():
         dims = _gemm_dims(op)
@@ -201,13 +201,13 @@ def span_ms(events: list[Any], on_gpu: bool) -> float:
     """The profiled call's own time: on a CPU the SPAN range's length; on a GPU the
     device timeline from the first kernel's start to the last one's end."""
     if on_gpu:
-        dev = [e for e in events if _is_device(e) and not getattr(e, "is_user_annotation",
+        dev = [e for e in events if is_device_event(e) and not getattr(e, "is_user_annotation",
                                                                   False)]
         if not dev:
             return 0.0
         return (max(e.time_range.end for e in dev)
                 - min(e.time_range.start for e in dev)) / 1e3
-    spans = [e for e in events if e.name == SPAN and not _is_device(e)]
+    spans = [e for e in events if e.name == SPAN and not is_device_event(e)]
     return sum(e.cpu_time_total for e in spans) / 1e3
 
 

@@ -63,7 +63,7 @@ def category(op: str) -> str:
     return "other"
 
 
-def _path(op: Any) -> list[Any]:
+def event_path(op: Any) -> list[Any]:
     """The op and its CPU parents, innermost first."""
     out = []
     while op is not None:
@@ -74,7 +74,7 @@ def _path(op: Any) -> list[Any]:
 
 def launched_category(op: Any, kernel: str | None = None) -> str:
     """Category of work launched (or done, on a CPU) by `op`: see the module's docstring."""
-    cats = [category(e.name) for e in _path(op)]
+    cats = [category(e.name) for e in event_path(op)]
     composite = [c for c in cats if c in COMPOSITE]
     if composite:
         return composite[-1]  # the outermost
@@ -84,7 +84,7 @@ def launched_category(op: Any, kernel: str | None = None) -> str:
     return category(kernel) if kernel else "other"
 
 
-def _is_device(ev: Any) -> bool:
+def is_device_event(ev: Any) -> bool:
     from torch.autograd import DeviceType
 
     return ev.device_type != DeviceType.CPU
@@ -96,12 +96,12 @@ def device_work(events: list[Any]) -> tuple[list[tuple[Any, str, float]],
     us)], [(name, us) of the events no op claims]).  A launching op's kernel entry (name,
     duration) claims one of the device events it mirrors.  GPU user annotations
     (record_function ranges mirrored on the GPU timeline) are spans, not work: left out."""
-    device = [e for e in events if _is_device(e) and not getattr(e, "is_user_annotation",
+    device = [e for e in events if is_device_event(e) and not getattr(e, "is_user_annotation",
                                                                   False)]
     pending = Counter((e.name, e.time_range.elapsed_us()) for e in device)
     claimed = []
     for op in events:
-        if _is_device(op):
+        if is_device_event(op):
             continue
         for k in getattr(op, "kernels", ()):
             key = (k.name, k.duration)
@@ -128,7 +128,7 @@ def split_cpu_time(events: Iterable[Any], only: str | None = None) -> dict[str, 
     """ms of self CPU time per category (each op's own time, its children's apart)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     for op in events:
-        if _is_device(op) or getattr(op, "is_async", False):
+        if is_device_event(op) or getattr(op, "is_async", False):
             continue
         us = op.self_cpu_time_total
         if us:

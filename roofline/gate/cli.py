@@ -13,11 +13,11 @@ from typing import NoReturn
 from roofline.devices import DeviceError
 from roofline.gate.promote import promote
 from roofline.gate.render import (
-    _json_text,
-    _write,
     append_step_summary,
     benchmark_entries,
+    json_text,
     render_markdown,
+    write_report,
 )
 from roofline.gate.rules import (
     ALLOWABLE,
@@ -25,9 +25,9 @@ from roofline.gate.rules import (
     DEFAULT_THRESHOLDS,
     CompareError,
     RetimerFactory,
-    _status,
     check_threshold,
     cli_exit_code,
+    status_column,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
 from roofline.schema import (
@@ -142,10 +142,10 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
         confirm_slower(result, retime)
     markdown = render_markdown(result)
     if args.md:
-        _write(args.md, markdown)
+        write_report(args.md, markdown)
     if args.json:
         assert result.run_df is not None
-        _write(args.json, _json_text(benchmark_entries(result.run_df, result.rows)))
+        write_report(args.json, json_text(benchmark_entries(result.run_df, result.rows)))
     append_step_summary(markdown)
     print(markdown)
     return result.exit_code
@@ -154,7 +154,7 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
 def _cmd_promote(args: argparse.Namespace) -> int:
     dest, kept = promote(args.run, args.device, args.baselines, force=args.force)
     _, df = load_run(dest)
-    failed = int((_status(df) == "failed").sum())
+    failed = int((status_column(df) == "failed").sum())
     if failed:
         print(f"note: {failed} rows of this baseline failed correctness", file=sys.stderr)
     if kept is not None:

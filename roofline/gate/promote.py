@@ -14,24 +14,24 @@ import numpy as np
 import pandas as pd
 
 from roofline.devices import DeviceError, get_device_model
-from roofline.gate.render import _write
+from roofline.gate.render import write_report
 from roofline.gate.rules import (
-    _SAFE_KEY,
     DEFAULT_BASELINES_DIR,
     HISTORY_DIR,
+    SAFE_KEY,
     CompareError,
-    _one_line,
-    _row_name,
-    _status,
+    one_line,
+    status_column,
     time_problem,
 )
-from roofline.gate.runs import _read_run, incomplete_reasons, run_device_key
-from roofline.gate.verdicts import _key, _throttled
+from roofline.gate.runs import incomplete_reasons, read_run, run_device_key
+from roofline.gate.verdicts import is_throttled, row_key
 from roofline.schema import (
     SAMPLES,
     RunLoadError,
     load_run,
     resolve_results_json,
+    row_name,
 )
 
 
@@ -82,10 +82,10 @@ def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     from roofline import metrics
 
     last = docs[-1]["rows"]
-    by_run = [{_key(r): r for r in d["rows"] if isinstance(r, dict)} for d in docs]
+    by_run = [{row_key(r): r for r in d["rows"] if isinstance(r, dict)} for d in docs]
     out = []
     for row in last:
-        key = _key(row)
+        key = row_key(row)
         same = [b.get(key) for b in by_run]
         pooled = dict(row)
         if all(r is not None and str(r.get("status")) == "ok"
@@ -100,7 +100,7 @@ def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             pooled["pooled_runs"] = len(same)
             # Samples of a throttled GPU are in the pool: the baseline row says so (the
             # gate gives it the verdict `throttled`), not only when the last run's was.
-            if any(_throttled(r.get("throttled")) for r in same):
+            if any(is_throttled(r.get("throttled")) for r in same):
                 pooled["throttled"] = True
         out.append(pooled)
     return out
@@ -108,11 +108,11 @@ def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _pool_refusals(run: str | Path, device_key: str | None) -> list[str]:
     """Why a run to be pooled into a baseline should not be (bad times always raise)."""
-    meta, df = _read_run(run, "run")
-    for row in df[_status(df) == "ok"].to_dict("records"):
+    meta, df = read_run(run, "run")
+    for row in df[status_column(df) == "ok"].to_dict("records"):
         problem = time_problem(row)
         if problem:
-            raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
+            raise CompareError(f"cannot promote {run}: row {row_name(row)}: {problem}")
     out = [f"{run} is {', '.join(r)}" for r in [incomplete_reasons(meta)] if r]
     if _throttled_count(df):
         out.append(f"{run} has {_throttled_count(df)} row(s) timed while the GPU throttled")
@@ -127,7 +127,7 @@ def _throttled_count(df: pd.DataFrame) -> int:
     comparison of its row `throttled`."""
     if "throttled" not in df.columns:
         return 0
-    return sum(_throttled(v) for v in df.loc[_status(df) == "ok", "throttled"])
+    return sum(is_throttled(v) for v in df.loc[status_column(df) == "ok", "throttled"])
 
 
 def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
@@ -149,12 +149,12 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
     if not runs:
         raise CompareError("promote needs at least one run")
     run = runs[-1]
-    meta, df = _read_run(run, "run")  # validates the file before anything is written
-    ok = df[_status(df) == "ok"]
+    meta, df = read_run(run, "run")  # validates the file before anything is written
+    ok = df[status_column(df) == "ok"]
     for row in ok.to_dict("records"):
         problem = time_problem(row)
         if problem:
-            raise CompareError(f"cannot promote {run}: row {_row_name(row)}: {problem}")
+            raise CompareError(f"cannot promote {run}: row {row_name(row)}: {problem}")
     refusals = []
     for other in runs[:-1]:  # every pooled run passes the same checks as the last one
         refusals += _pool_refusals(other, run_device_key(meta, df))
@@ -170,13 +170,13 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
         try:
             device = get_device_model(device).key
         except DeviceError as e:
-            raise CompareError(_one_line(e)) from None
+            raise CompareError(one_line(e)) from None
     run_key = run_device_key(meta, df)
     key = device or run_key
     if not key:
         raise CompareError(f"cannot tell the device of {run} (no device_key in its metadata); "
                            "pass --device KEY")
-    if not _SAFE_KEY.fullmatch(key):
+    if not SAFE_KEY.fullmatch(key):
         raise CompareError(f"device key '{key}' is not usable as a file name; pass --device KEY")
     if run_key and run_key != key:
         refusals.append(f"the run was measured on '{run_key}', not '{key}'")
@@ -199,7 +199,7 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
     doc = json.loads(src.read_text())
     if len(runs) > 1:
         docs = [json.loads(resolve_results_json(r).read_text()) for r in runs]
-        keys = [sorted(_key(r) for r in d["rows"]) for d in docs]
+        keys = [sorted(row_key(r) for r in d["rows"]) for d in docs]
         if any(k != keys[-1] for k in keys):
             raise CompareError("cannot pool runs with different rows: promote runs of "
                                "the same sweep (same --kernels, --dtypes, --sizes)")
@@ -218,5 +218,5 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
     if kept is not None:
         new_meta["replaced_baseline_kept_at"] = str(kept)
     doc["metadata"] = new_meta
-    _write(dest, json.dumps(doc, indent=1) + "\n")
+    write_report(dest, json.dumps(doc, indent=1) + "\n")
     return dest, kept

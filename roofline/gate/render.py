@@ -21,11 +21,11 @@ from roofline.gate.rules import (
     TFLOPS_KERNELS,
     CompareError,
     Retime,
-    _one_line,
-    _rows,
+    one_line,
+    rows_text,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
-from roofline.gate.verdicts import CompareResult, _normalise
+from roofline.gate.verdicts import CompareResult, normalise_rows
 from roofline.schema import (
     DEFAULT_CACHE,
     ROW_ID,
@@ -108,7 +108,7 @@ def retime_line(result: CompareResult) -> str | None:
     if not result.retimed:
         return None
     rounds = f" ({result.rounds} rounds)" if result.rounds else ""
-    return (f"re-timed {_rows(result.retimed)} that looked slower{rounds}: "
+    return (f"re-timed {rows_text(result.retimed)} that looked slower{rounds}: "
             f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not")
 
 
@@ -124,7 +124,7 @@ def _gate_lines(result: CompareResult) -> list[str]:
         if counts.get(verdict):
             state = "allowed" if name in result.allow else "gate failure"
             hint = "" if name in result.allow else f" (--allow {name} to accept)"
-            lines.append(f"{state}: {_rows(counts[verdict])} {verdict}{hint}")
+            lines.append(f"{state}: {rows_text(counts[verdict])} {verdict}{hint}")
     return lines
 
 
@@ -156,9 +156,9 @@ def render_markdown(result: CompareResult) -> str:
             lines += ["", f"### {title} ({len(part)})", "", *_md_table(part, _native(result))]
     counts = result.counts
     same, skipped = counts.get("same", 0), counts.get("skipped", 0)
-    tail = [f"{_rows(same)} the same within ±{t:g}%."]
+    tail = [f"{rows_text(same)} the same within ±{t:g}%."]
     if skipped:
-        tail.append(f"{_rows(skipped)} skipped in this run (not ok in the baseline either, "
+        tail.append(f"{rows_text(skipped)} skipped in this run (not ok in the baseline either, "
                     "or new).")
     lines += ["", " ".join(tail), ""]
     return "\n".join(lines)
@@ -174,7 +174,7 @@ def benchmark_entries(run_df: pd.DataFrame,
     other kernel; extra = the median time and spread, plus the verdict when `verdicts`
     (compare_frames output) is given.
     """
-    df = _normalise(run_df)
+    df = normalise_rows(run_df)
     by_key: dict[tuple[str, ...], dict[str, Any]] = {}
     if verdicts is not None:
         by_key = {tuple(r[k] for k in ROW_ID): r for r in verdicts.to_dict("records")}
@@ -221,14 +221,14 @@ def append_step_summary(markdown: str) -> bool:
     return True
 
 
-def _write(path: str | os.PathLike, text: str) -> None:
+def write_report(path: str | os.PathLike, text: str) -> None:
     try:
         atomic_write_text(path, text)
     except OSError as e:
         raise CompareError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _json_text(entries: Iterable[dict[str, Any]]) -> str:
+def json_text(entries: Iterable[dict[str, Any]]) -> str:
     return json.dumps(list(entries), indent=2) + "\n"
 
 
@@ -276,11 +276,11 @@ def compare_and_report(baseline: str | Path, run_dir: str | Path,
     try:
         out_dir = resolve_results_json(run_dir).parent
     except RunLoadError as e:
-        raise CompareError(f"run: {_one_line(e)}") from None
+        raise CompareError(f"run: {one_line(e)}") from None
     markdown = render_markdown(result)
-    _write(out_dir / COMPARE_MD, markdown)
+    write_report(out_dir / COMPARE_MD, markdown)
     assert result.run_df is not None
-    _write(out_dir / BENCHMARK_JSON, _json_text(benchmark_entries(result.run_df, result.rows)))
+    write_report(out_dir / BENCHMARK_JSON, json_text(benchmark_entries(result.run_df, result.rows)))
     append_step_summary(markdown)
     print(short_summary(result))
     print(f"comparison report: {out_dir / COMPARE_MD}")

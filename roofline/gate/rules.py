@@ -17,7 +17,6 @@ import pandas as pd
 from roofline.devices import DeviceError, get_device_model
 from roofline.schema import (
     SAMPLES,
-    row_name,
 )
 
 # Default threshold (percent, on the ratio of median times) by device kind.  It has to sit
@@ -83,9 +82,9 @@ VERDICT_ORDER: tuple[str, ...] = (
 
 _TIME_COLUMNS = ("ms_median", "ms_p20", "ms_p80")
 
-_NUMERIC = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps")
+NUMERIC_COLUMNS = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps")
 
-_SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # A row's identity across runs: kernel, provider, dtype, shape and cache mode
 # (schema.ROW_ID; verdicts._key builds it).
@@ -147,7 +146,7 @@ def parse_allow(allow: Iterable[str] | str | None) -> frozenset[str]:
     return frozenset(names)
 
 
-def _as_time(v: Any) -> float | None:
+def as_time(v: Any) -> float | None:
     """v as a positive finite float, else None (bools, strings, null, NaN, 0, < 0)."""
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         return None
@@ -155,13 +154,13 @@ def _as_time(v: Any) -> float | None:
     return f if math.isfinite(f) and f > 0 else None
 
 
-def _missing(v: Any) -> bool:
+def is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _parse_samples(v: Any) -> tuple[tuple[float, ...], str | None]:
+def parse_samples(v: Any) -> tuple[tuple[float, ...], str | None]:
     """(samples, problem) of a samples_ms cell; an absent cell is ((), None)."""
-    if _missing(v):
+    if is_missing(v):
         return (), None
     if not isinstance(v, (list, tuple, np.ndarray)):
         return (), f"{SAMPLES} is a {type(v).__name__}, not a list"
@@ -169,7 +168,7 @@ def _parse_samples(v: Any) -> tuple[tuple[float, ...], str | None]:
         return (), f"{SAMPLES} is empty"
     out: list[float] = []
     for i, x in enumerate(v):
-        f = _as_time(x)
+        f = as_time(x)
         if f is None:
             return (), f"{SAMPLES}[{i}] is {x!r}, not a positive time"
         out.append(f)
@@ -181,16 +180,12 @@ def time_problem(row: Mapping[str, Any]) -> str | None:
     p20, p80 or sample), or None when they are fine."""
     for col in _TIME_COLUMNS:
         v = row.get(col)
-        if _as_time(v) is None:
-            return f"{col} is {'missing' if _missing(v) else repr(v)}, not a positive time"
-    return _parse_samples(row.get(SAMPLES))[1]
+        if as_time(v) is None:
+            return f"{col} is {'missing' if is_missing(v) else repr(v)}, not a positive time"
+    return parse_samples(row.get(SAMPLES))[1]
 
 
-def _row_name(row: Mapping[str, Any]) -> str:
-    return row_name(row)
-
-
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
@@ -205,7 +200,7 @@ def cli_exit_code(command: Callable[[], int],
     except SystemExit as e:  # --help exits through argparse
         return e.code if isinstance(e.code, int) else 0
     except expected as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}",
@@ -214,19 +209,19 @@ def cli_exit_code(command: Callable[[], int],
     except Exception as e:
         if os.environ.get("ROOFLINE_DEBUG"):
             raise
-        print(f"error: unexpected {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        print(f"error: unexpected {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         return 2
 
 
-def _status(df: pd.DataFrame) -> pd.Series:
+def status_column(df: pd.DataFrame) -> pd.Series:
     if "status" not in df.columns:
         return pd.Series([""] * len(df), index=df.index)
     return df["status"].fillna("").astype(str).str.strip().str.lower()
 
 
-def _join(a: str, b: str) -> str:
+def join_notes(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
 
 
-def _rows(n: int) -> str:
+def rows_text(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"

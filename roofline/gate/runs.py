@@ -15,31 +15,31 @@ import pandas as pd
 from roofline.gate.rules import (
     CompareError,
     Retime,
-    _as_time,
-    _join,
-    _one_line,
-    _row_name,
-    _rows,
-    _status,
+    as_time,
     check_threshold,
     default_threshold,
+    join_notes,
+    one_line,
     parse_allow,
+    rows_text,
+    status_column,
     time_problem,
 )
 from roofline.gate.stats import Timing, fast_end_ratio
-from roofline.gate.verdicts import CompareResult, Problem, _compare, _key, _sorted
+from roofline.gate.verdicts import CompareResult, Problem, judge_frames, row_key, sort_by_verdict
 from roofline.schema import (
     RunLoadError,
     load_run,
+    row_name,
 )
 
 
-def _read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:
+def read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:
     """load_run with every failure as a one-line CompareError naming the role."""
     try:
         meta, df = load_run(path)
     except RunLoadError as e:
-        raise CompareError(f"{role}: {_one_line(e)}") from None
+        raise CompareError(f"{role}: {one_line(e)}") from None
     except OSError as e:  # e.g. a permission error while probing the path
         raise CompareError(f"{role}: cannot read {path}: {e.strerror or e}") from None
     if not isinstance(meta, dict):  # load_run checks this too; a gate must not trust it
@@ -48,14 +48,14 @@ def _read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.Da
 
 
 def _check_baseline_rows(df: pd.DataFrame, path: str | os.PathLike) -> None:
-    ok = df[_status(df) == "ok"]
+    ok = df[status_column(df) == "ok"]
     if not len(ok):
         raise CompareError(f"baseline {path} has no ok rows (every row skipped or failed): "
                            "nothing to compare with")
     for row in ok.to_dict("records"):
         problem = time_problem(row)
         if problem:
-            raise CompareError(f"baseline {path}: row {_row_name(row)}: {problem}")
+            raise CompareError(f"baseline {path}: row {row_name(row)}: {problem}")
 
 
 def check_baseline(path: str | os.PathLike, device_key: str | None = None,
@@ -68,7 +68,7 @@ def check_baseline(path: str | os.PathLike, device_key: str | None = None,
     non-positive, NaN or non-numeric, or (given device_key, unless
     allow_device_mismatch) was measured on another device.
     """
-    meta, df = _read_run(path, "baseline")
+    meta, df = read_run(path, "baseline")
     _check_baseline_rows(df, path)
     key = run_device_key(meta, df)
     if device_key and key and key != device_key and not allow_device_mismatch:
@@ -177,7 +177,7 @@ def _drift_warnings(rows: pd.DataFrame, threshold: float) -> list[str]:
                        "clocks), or a change every row shares")
     very_fast = int((rows["verdict"].eq("faster") & (rows["ratio"] <= 0.5)).sum())
     if very_fast:
-        out.append(f"{_rows(very_fast)} 2x or more faster than the baseline: if that code "
+        out.append(f"{rows_text(very_fast)} 2x or more faster than the baseline: if that code "
                    "did not change, the baseline was measured on a busy machine and hides "
                    "slowdowns of those rows (promote a new one)")
     return out
@@ -199,7 +199,7 @@ def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
     threshold = check_threshold(threshold)
     allowed = parse_allow(allow)
     base_meta, base_df = check_baseline(baseline)
-    run_meta, run_df = _read_run(run, "run")
+    run_meta, run_df = read_run(run, "run")
     warnings: list[str] = []
     base_key, run_key = run_device_key(base_meta, base_df), run_device_key(run_meta, run_df)
     if base_key and run_key and base_key != run_key:
@@ -213,7 +213,7 @@ def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
         threshold = default_threshold(base_key or run_key)
     problems = _run_problems(base_meta, run_meta, warnings)
     modes = _fp8_modes(base_meta, run_meta, warnings)
-    rows, base_timings, alpha = _compare(base_df, run_df, threshold, None, modes)
+    rows, base_timings, alpha = judge_frames(base_df, run_df, threshold, None, modes)
     warnings += _drift_warnings(rows, threshold)
     return CompareResult(
         rows=rows, threshold=threshold, alpha=alpha, base_meta=base_meta,
@@ -255,39 +255,39 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
     todo = rows.index[looks]
     if not len(todo):
         return
-    keys = [_key(rows.loc[i]) for i in todo]
+    keys = [row_key(rows.loc[i]) for i in todo]
     try:
         fresh = retime(keys) or {}
     except Exception as e:  # a re-timing failure must not hide the regressions found
-        result.warnings.append(f"re-timing failed ({_one_line(e)}): rows kept as they are")
+        result.warnings.append(f"re-timing failed ({one_line(e)}): rows kept as they are")
         return
     result.retimed = len(keys)
     for i, key in zip(todo, keys, strict=True):
         was_slower = rows.loc[i, "verdict"] == "slower"
         base = result.base_timings.get(key)
         rounds = [s for s in (fresh.get(key) or []) if s and all(
-            _as_time(x) is not None for x in s)]
+            as_time(x) is not None for x in s)]
         result.rounds = max(result.rounds, len(rounds))
         if base is None or not rounds:
             if was_slower:
                 result.confirmed += 1
-            rows.loc[i, "note"] = _join(rows.loc[i, "note"], "could not be re-timed")
+            rows.loc[i, "note"] = join_notes(rows.loc[i, "note"], "could not be re-timed")
             continue
         ratios = [_round_ratio(base, r) for r in rounds]
         hits = sum(x > 1.0 + t for x in ratios)
-        note = _join(rows.loc[i, "note"], f"fast end slower in {hits} of {len(rounds)} "
+        note = join_notes(rows.loc[i, "note"], f"fast end slower in {hits} of {len(rounds)} "
                      f"re-timed rounds ({', '.join(f'{x:.3g}x' for x in ratios)})")
         if len(rounds) < CONFIRM_MIN_ROUNDS:
             # Too few rounds to confirm or clear anything: the verdict stands.
             result.confirmed += int(was_slower)
-            rows.loc[i, "note"] = _join(note, f"only {len(rounds)} valid rounds")
+            rows.loc[i, "note"] = join_notes(note, f"only {len(rounds)} valid rounds")
         elif hits == len(rounds):
             result.confirmed += 1
             rows.loc[i, ["verdict", "note"]] = ["slower", note]
         else:
             rows.loc[i, ["verdict", "note"]] = ["not-confirmed" if was_slower
                                                 else "ambiguous", note]
-    result.rows = _sorted(rows)
+    result.rows = sort_by_verdict(rows)
 
 
 # Fewer valid re-timed rounds than this (child processes failed) neither confirm nor

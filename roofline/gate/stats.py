@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from roofline.gate.rules import FAMILY_ALPHA, GROSS_RATIO_FLOOR, ROW_ALPHA_MAX, _as_time
+from roofline.gate.rules import FAMILY_ALPHA, GROSS_RATIO_FLOOR, ROW_ALPHA_MAX, as_time
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,9 @@ class Timing:
 
     def problem(self) -> str | None:
         """Why the times of an ok side are unusable, or None."""
-        if _as_time(self.median) is None:
+        if as_time(self.median) is None:
             return f"median time is {self.median!r}"
-        bad = next((x for x in self.samples if _as_time(x) is None), None)
+        bad = next((x for x in self.samples if as_time(x) is None), None)
         return None if bad is None else f"a sample is {bad!r}"
 
 

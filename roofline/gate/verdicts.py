@@ -34,20 +34,19 @@ from typing import Any
 import pandas as pd
 
 from roofline.gate.rules import (
-    _NUMERIC,
     ALLOWABLE_VERDICTS,
     DEFAULT_THRESHOLD,
     FP8_DTYPES,
+    NUMERIC_COLUMNS,
     REGRESSION_VERDICTS,
     ROW_ALPHA_MAX,
     VERDICT_ORDER,
     CompareError,
     Key,
-    _missing,
-    _parse_samples,
-    _row_name,
-    _status,
     check_threshold,
+    is_missing,
+    parse_samples,
+    status_column,
     time_problem,
 )
 from roofline.gate.stats import (
@@ -65,6 +64,7 @@ from roofline.schema import (
     SAMPLES,
     cache_column,
     row_cache,
+    row_name,
 )
 
 
@@ -178,14 +178,14 @@ def _speed_verdict(base: Timing, new: Timing, threshold_pct: float,
     return "ambiguous", f"{word}, but no raw samples to test (judged on quantiles)"
 
 
-def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+def normalise_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Key columns as strings, timing columns as floats, samples as tuples, one row per
     key (last wins)."""
     df = df.copy()
     for col in KEY:
         df[col] = df[col].astype(str) if col in df.columns else ""
     df[CACHE] = cache_column(df)
-    for col in _NUMERIC:
+    for col in NUMERIC_COLUMNS:
         df[col] = pd.to_numeric(df[col], errors="coerce") if col in df.columns else math.nan
     # Older runs and hand-made frames may lack the GPU clock columns.
     df["sm_clock_mhz"] = pd.to_numeric(df["sm_clock_mhz"], errors="coerce") \
@@ -194,12 +194,12 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
         df["throttled"] = None
     for col in ("status", "reason", "timer"):
         if col in df.columns:
-            df[col] = [("" if _missing(v) else str(v)) for v in df[col]]
+            df[col] = [("" if is_missing(v) else str(v)) for v in df[col]]
         else:
             df[col] = ""
     df["status"] = df["status"].str.strip().str.lower()
     raw = df[SAMPLES] if SAMPLES in df.columns else [None] * len(df)
-    df[SAMPLES] = [_parse_samples(v)[0] for v in raw]
+    df[SAMPLES] = [parse_samples(v)[0] for v in raw]
     return df.drop_duplicates(subset=ROW_ID, keep="last").reset_index(drop=True)
 
 
@@ -224,7 +224,7 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
     )
 
 
-def _key(row: Mapping[str, Any]) -> Key:
+def row_key(row: Mapping[str, Any]) -> Key:
     return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
             row_cache(row))
 
@@ -234,25 +234,25 @@ _OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_
                 "new_status"]
 
 
-def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+def sort_by_verdict(df: pd.DataFrame) -> pd.DataFrame:
     order = {v: i for i, v in enumerate(VERDICT_ORDER)}
     df = df.assign(_order=df["verdict"].map(order).fillna(len(order)))
     return df.sort_values(["_order", *ROW_ID]).drop(columns="_order").reset_index(drop=True)
 
 
-def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
+def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
              alpha: float | None, fp8_accum: tuple[str | None, str | None],
              ) -> tuple[pd.DataFrame, dict[Key, Timing], float]:
-    for row in base_df[_status(base_df) == "ok"].to_dict("records"):
+    for row in base_df[status_column(base_df) == "ok"].to_dict("records"):
         problem = time_problem(row)
         if problem:
-            raise CompareError(f"baseline row {_row_name(row)}: {problem}")
-    invalid = {_key(r): time_problem(r) for r in run_df[_status(run_df) == "ok"]
+            raise CompareError(f"baseline row {row_name(row)}: {problem}")
+    invalid = {row_key(r): time_problem(r) for r in run_df[status_column(run_df) == "ok"]
                .to_dict("records") if time_problem(r)}
     cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
             SAMPLES, "throttled", "sm_clock_mhz"]
-    b = _normalise(base_df)[ROW_ID + cols].assign(_in=True)
-    n = _normalise(run_df)[ROW_ID + cols].assign(_in=True)
+    b = normalise_rows(base_df)[ROW_ID + cols].assign(_in=True)
+    n = normalise_rows(run_df)[ROW_ID + cols].assign(_in=True)
     merged = b.merge(n, on=ROW_ID, how="outer", suffixes=("_b", "_n"))
     # After the outer join, a row absent from one side has NaN in that side's marker.
     merged["_in_b"] = merged["_in_b"].eq(True)
@@ -269,7 +269,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
     for row in records:
         base = _timing(row, "_b", base_mode if modes_differ else None)
         new = _timing(row, "_n", run_mode if modes_differ else None)
-        key = _key(row)
+        key = row_key(row)
         if base is not None:
             base_timings[key] = base
         if new is not None and new.status == "ok" and key in invalid and (
@@ -296,7 +296,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
             "base_status": base.status if base else "",
             "new_status": new.status if new else "",
         })
-    return _sorted(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
+    return sort_by_verdict(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
 
 
 # Timing verdicts that a throttled GPU makes meaningless: the clock, not the code, may
@@ -305,7 +305,7 @@ def _compare(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
 _TIMING_VERDICTS = frozenset({"slower", "faster", "same", "ambiguous"})
 
 
-def _throttled(v: Any) -> bool:
+def is_throttled(v: Any) -> bool:
     return v is True or (isinstance(v, str) and v.strip().lower() == "true")
 
 
@@ -313,7 +313,7 @@ def _throttle_verdict(row: Mapping[str, Any], verdict: str, note: str) -> tuple[
     """`throttled` for a timing verdict of a row that either run timed while the GPU
     throttled (the row's `throttled` column, set by the sweep after its re-timing)."""
     sides = [(name, row.get(f"sm_clock_mhz{sfx}")) for name, sfx in
-             (("baseline", "_b"), ("run", "_n")) if _throttled(row.get(f"throttled{sfx}"))]
+             (("baseline", "_b"), ("run", "_n")) if is_throttled(row.get(f"throttled{sfx}"))]
     if verdict not in _TIMING_VERDICTS or not sides:
         return verdict, note
     where = " and ".join(
@@ -336,7 +336,7 @@ def compare_frames(base_df: pd.DataFrame, run_df: pd.DataFrame,
     unusable times raises CompareError naming it.
     """
     t = check_threshold(threshold)
-    return _compare(base_df, run_df, DEFAULT_THRESHOLD if t is None else t, alpha,
+    return judge_frames(base_df, run_df, DEFAULT_THRESHOLD if t is None else t, alpha,
                     fp8_accum)[0]
 
 

@@ -11,9 +11,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from roofline.devices import ROOF_CLASS
-from roofline.plot import _draw_ceilings
+from roofline.plot import draw_ceilings
 from roofline.rows import run_ceilings
-from roofline.style import _new_figure, fmt_tflops, save_figure
+from roofline.style import fmt_tflops, new_figure, save_figure
 
 _PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}
 _MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share
@@ -65,7 +65,7 @@ def _label_weights(ax: Any, df: pd.DataFrame, top: int = 6) -> None:
 def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
                   ylim: tuple[float, float]) -> tuple[Figure, Any]:
     """One log-log panel with the device's HBM slope and the roof of class `rc`."""
-    fig = _new_figure(8.5, 6.2)
+    fig = new_figure(8.5, 6.2)
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -73,7 +73,7 @@ def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
     ax.set_ylim(*ylim)
     ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
     ax.set_axisbelow(True)
-    _draw_ceilings(ax, ceilings, [rc], xlim)
+    draw_ceilings(ax, ceilings, [rc], xlim)
     return fig, ax
 
 

@@ -1,0 +1,156 @@
+"""`python -m roofline plot`: re-plot a saved run (roofline.png and scaling.png), or
+several runs' rooflines on one figure (--devices)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from roofline.plot import plot_roofline
+from roofline.plot_devices import plot_devices
+from roofline.plot_scaling import plot_scaling
+from roofline.schema import (
+    ROOFLINE_PNG,
+    SCALING_PNG,
+    RunLoadError,
+    check_metrics,
+    load_run,
+    resolve_results_json,
+)
+
+# `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
+DEVICES_PNG = "devices.png"
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints a usage block and exits; the contract is one line and return 2.
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _ArgError(message)
+
+
+def figure_paths(run: str, out: str | None) -> tuple[Path, Path]:
+    """(roofline path, scaling path).  Default: RUN's folder.  --out names the roofline PNG
+    or a folder for it (an existing folder, or a name with no suffix).  The scaling figure
+    goes beside it: scaling.png when the roofline keeps its default name, else
+    <stem>-scaling.png, so two runs plotted into one folder keep both scaling figures."""
+    run_path = Path(run)
+    run_dir = run_path if run_path.is_dir() else run_path.parent
+    if out is None:
+        roof = run_dir / ROOFLINE_PNG
+    else:
+        o = Path(out)
+        is_dir = o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix
+        roof = o / ROOFLINE_PNG if is_dir else o
+    if roof.name == ROOFLINE_PNG:
+        return roof, roof.with_name(SCALING_PNG)
+    return roof, roof.with_name(f"{roof.stem}-scaling{roof.suffix or '.png'}")
+
+
+def main(argv: list[str]) -> int:
+    """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
+    figure with `--devices` (roofline/plot_devices.py); returns the exit code."""
+    usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
+             "plot RUN_A RUN_B [...] --devices [--out PNG]")
+    parser = _Parser(prog="python -m roofline plot", usage=usage,
+                     description="Re-plot a saved run: roofline.png and scaling.png; or "
+                                 "compare devices: several runs' rooflines on one figure.")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run folder or its results.json (several with --devices)")
+    parser.add_argument("--out", metavar="PNG",
+                        help="roofline PNG path or folder (default: RUN's folder); "
+                             "the scaling figure is written beside it")
+    parser.add_argument("--baseline", metavar="RUN",
+                        help="overlay an earlier run: arrows from its points to this run's")
+    parser.add_argument("--devices", action="store_true",
+                        help=f"one figure ({DEVICES_PNG}, in the first RUN's folder unless "
+                             "--out) with every RUN's roofs and points, one colour per device")
+    try:
+        args = parser.parse_args(argv)
+        if args.devices and len(args.runs) < 2:
+            raise _ArgError(f"--devices compares at least two runs, got {len(args.runs)}")
+        if args.devices and args.baseline:
+            raise _ArgError("--baseline overlays one run; it does not combine with --devices")
+        if not args.devices and len(args.runs) > 1:
+            raise _ArgError(f"{len(args.runs)} runs given: several runs go on one figure "
+                            "only with --devices")
+    except _ArgError as e:
+        print(f"error: {e} (usage: {usage})", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help prints and exits 0
+        return e.code if isinstance(e.code, int) else 0
+    if args.devices:
+        return _main_devices(args.runs, args.out)
+    run = args.runs[0]
+    try:
+        meta, df = load_run(run)
+        check_metrics(df, run)
+        base = load_run(args.baseline) if args.baseline else None
+        if base is not None:
+            check_metrics(base[1], args.baseline)
+    except RunLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # A hand-edited file may carry metadata that is not an object: plot without it.
+    meta = meta if isinstance(meta, dict) else {}
+    if base is not None and not isinstance(base[0], dict):
+        base = ({}, base[1])
+    roof_png, scaling_png = figure_paths(run, args.out)
+    try:
+        plot_roofline(meta, df, roof_png, baseline=base)
+        plot_scaling(meta, df, scaling_png)
+    except OSError as e:
+        print(f"error: cannot write figures: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        # Rows that load but cannot be plotted (hand-edited, wrong types): one line, no
+        # traceback, per the CLI contract.
+        print(f"error: cannot plot {run}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(roof_png)
+    print(scaling_png)
+    return 0
+
+
+def _main_devices(runs: list[str], out: str | None) -> int:
+    """`plot RUN_A RUN_B ... --devices`: every run loaded and checked before anything is
+    drawn, so an unreadable one is refused (one line, exit 2) without a partial figure."""
+    loaded: list[tuple[dict[str, Any], pd.DataFrame]] = []
+    seen: dict[Path, str] = {}
+    try:
+        for run in runs:
+            path = resolve_results_json(run).resolve()
+            if path in seen:
+                raise RunLoadError(f"{run} is the same run as {seen[path]}: give each run once")
+            seen[path] = run
+            meta, df = load_run(run)
+            check_metrics(df, run)
+            loaded.append((meta, df))
+    except RunLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    first = Path(runs[0])
+    png = (first if first.is_dir() else first.parent) / DEVICES_PNG
+    if out is not None:
+        o = Path(out)
+        png = o / DEVICES_PNG if o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix \
+            else o
+    try:
+        plot_devices(loaded, png)
+    except OSError as e:
+        print(f"error: cannot write the figure: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        print(f"error: cannot plot {' '.join(runs)}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+    print(png)
+    return 0
