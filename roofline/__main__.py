@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main([cmd, *rest], retimer=_retimer)
     if cmd == "targets":
-        from roofline.targets import main as targets_main
+        from roofline.targets_cli import main as targets_main
 
         return targets_main(rest)
     if cmd == "finalize":

@@ -1,23 +1,16 @@
-"""DESIGN.md section 7's performance targets, read from saved runs' rows: `python -m
-roofline targets [RUN ...] [--steps TSV] [--same-rows PLAIN FLEET] [--md PATH]`.
-
-Pure analysis (nothing is measured): the copy bandwidth each run measured (its
-ceilings' hbm_gbps), cuBLAS bf16 and fp8 TFLOP/s at 8192^3, and each section 7 ratio the
-rows allow, marked met, missed (by how much) or not measured (with why).  Every ratio
-comes from one run: a row against its own run's copy bandwidth, Triton against torch
-rows of the same run, all of the device's native cache mode (cold on a GPU; _find).
-Where several runs hold a qualifying row, the largest footprint counts, then the run
-given last.  `.ci/gpu` writes its summary.md with this, its steps'
-pass/fail (--steps) and whether its one-rank fleet run has a plain run's rows
-(--same-rows) beside them.  A missed target is a finding, not an error: the exit code is
-0 then, 1 only when --same-rows finds the fleet's rows differ, 2 on a usage error.
+"""The performance targets (docs/targets.md) judged from saved runs' rows: the copy
+bandwidth each run measured (its ceilings' hbm_gbps), cuBLAS bf16 and fp8 TFLOP/s at
+8192^3, and each target ratio the rows allow, marked met, missed (by how much) or not
+measured (with why).  Pure analysis: nothing is measured.  Every ratio comes from one
+run: a row against its own run's copy bandwidth, Triton against torch rows of the same
+run, all of the device's native cache mode (cold on a GPU; _find).  Where several runs
+hold a qualifying row, the largest footprint counts, then the run given last.  The
+command line and the summary it writes are roofline/targets_cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,23 +18,17 @@ from typing import Any
 
 from kernels.spec import PLAIN_DTYPES
 from roofline.devices import ROOF_CLASS
-from roofline.gate.cli import check_outputs
-from roofline.gate.rules import CompareError
 from roofline.gate.runs import incomplete_reasons
-from roofline.report import md_table
 from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
 from roofline.schema import (
-    KEY,
     ROWS_JOURNAL,
-    RunLoadError,
-    atomic_write_text,
     load_run,
     mode_tag,
     parse_shape,
     row_cache,
 )
 
-# ---- The targets: DESIGN.md section 7 ("on an H100 SXM, large sizes, in one run"). -----
+# ---- The targets (docs/targets.md: "on an H100 or H200, large sizes, in one run"). ----
 # "Large" for the vector kernels: a footprint (the row's compulsory bytes) of at least
 # 256 MiB, five times the H100's 50 MB L2, so the row streams from HBM.
 LARGE_BYTES = 256 * 2**20
@@ -56,7 +43,7 @@ MATMUL_OF_TORCH = 0.95  # Triton TFLOP/s over torch's on the same shape and run
 BF16_MATMUL_SIZES = (4096, 8192)  # M = N = K; against torch.matmul (cuBLAS)
 FP8_MATMUL_SIZES = (8192,)  # against torch._scaled_mm
 HEADLINE_SIZE = 8192  # cuBLAS bf16 and fp8 TFLOP/s are reported at 8192^3
-# Issue 28's targets for the step's own kernels: the row ops (softmax, layernorm,
+# The step's own kernels: the row ops (softmax, layernorm,
 # rmsnorm) stream at >= 0.9 of the copy bandwidth at >= 64 MiB; Triton attention forward,
 # bf16, head dim 128, S = 4k..16k, at >= 0.9x torch SDPA (flash) and >= 50% of bf16 peak.
 ROW_OPS = ("softmax", "layernorm", "rmsnorm")
@@ -155,7 +142,7 @@ Found = tuple[int, Run, dict[str, Any]]  # (run index, run, row)
 def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
           dims: dict[str, int] | None = None, native: bool = True) -> list[Found]:
     """The rows of a case in the runs.  The targets hold rows timed in their device's
-    native cache mode (cold on a GPU, L2 flushed: what section 7's numbers are; a row
+    native cache mode (cold on a GPU, L2 flushed: what the targets' numbers are; a row
     without a `cache` cell has it, schema.mode_tag), so every row picked, and every pair
     of rows a ratio is taken of, shares that mode: a warm Triton time over a cold torch
     time, or over the cold copy, is no ratio.  native=False: the rows of the other mode."""
@@ -363,7 +350,7 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
 
 
 def checks(runs: Sequence[Run]) -> list[Check]:
-    """Every section 7 ratio a set of runs can hold, in DESIGN.md's order."""
+    """Every target ratio a set of runs can hold, in docs/targets.md's order."""
     def large(r: dict[str, Any]) -> bool:
         return (_num(r.get("bytes")) or 0) >= LARGE_BYTES
 
@@ -433,139 +420,3 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
                 _no_row(runs, "matmul", "torch", dtype, _square(HEADLINE_SIZE))
             out.append([f"{what} {size}", NOT_MEASURED, why])
     return out
-
-
-def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
-    """Whether a fleet run has the plain run's rows (same keys, same statuses).  A run
-    that is incomplete (cut short, interrupted) lacks the rows it never reached: rows
-    only in the other run are then not a difference, and the two are compared on the
-    rows both hold, which the answer says."""
-    def keyed(run: Run) -> dict[tuple, str]:
-        # A case's cold and warm rows are two rows (schema.ROW_ID): one must not hide
-        # the other.  Keyed by mode_tag ("" for the device's native mode, which a row
-        # without a `cache` cell has), so a native row's name reads as it always did.
-        return {(*(str(r.get(k)) for k in KEY), mode_tag(r)): str(r.get("status"))
-                for r in run.rows}
-
-    a, b = keyed(plain), keyed(fleet)
-    only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
-    status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
-    cut = [f"the {what} run is incomplete ({'; '.join(run.incomplete)})"
-           for run, what in ((plain, "plain"), (fleet, "fleet")) if run.incomplete]
-    unexplained_a = only_a if not fleet.incomplete else []  # the fleet never reached them
-    unexplained_b = only_b if not plain.incomplete else []
-    if not (unexplained_a or unexplained_b or status):
-        if not cut:
-            return True, f"same {len(a)} rows, same statuses"
-        return True, (f"the {len(a.keys() & b.keys())} rows both hold have the same "
-                      f"statuses; {', '.join(cut)}: {len(only_a)} rows only in the plain "
-                      f"run and {len(only_b)} only in the fleet run are not compared")
-    groups = ((unexplained_a, "only in the plain run"), (unexplained_b, "only in the fleet run"),
-              (status, "with another status"))
-    parts = [f"{len(keys)} {what} (first: {' '.join(k for k in keys[0] if k)})"
-             for keys, what in groups if keys]
-    return False, "; ".join(parts + cut)
-
-
-def read_steps(path: str) -> list[list[str]]:
-    """.ci/gpu's steps file as [step, status, seconds, log, note] rows."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TargetsError(f"cannot read the steps file {path}: {e}") from None
-    if not lines or lines[0].split("\t") != list(STEP_FIELDS):
-        raise TargetsError(f"{path}: not a steps file (header {' '.join(STEP_FIELDS)})")
-    rows = []
-    for n, line in enumerate(lines[1:], 2):
-        cells = line.split("\t")
-        if len(cells) != len(STEP_FIELDS) or cells[1] not in STEP_STATUSES:
-            raise TargetsError(f"{path}:{n}: expected {len(STEP_FIELDS)} tab-separated "
-                               f"fields with a status of {', '.join(STEP_STATUSES)}")
-        rows.append(cells)
-    return rows
-
-
-def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
-           fleet: tuple[bool, str] | None = None) -> str:
-    found = checks(runs)
-    counts = {v: sum(c.verdict == v for c in found) for v in (MET, MISSED, NOT_MEASURED)}
-    devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
-    lines = ["# Performance targets (DESIGN.md section 7; attention and row ops)", ""]
-    lines += [f"- `{r.path}`: {r.label}, {r.meta.get('device_name') or '?'}"
-              + (f", fp8 accumulation {r.meta['fp8_accum']}" if r.meta.get("fp8_accum")
-                 else "") for r in runs]
-    if not runs:
-        lines.append("- No run to read: see the steps below.")
-    elif devices != ["h100"]:
-        lines.append(f"- The targets are set for an H100 SXM; these runs are on "
-                     f"{', '.join(devices)}.")
-    lines += ["", "## Headline figures", "",
-              md_table(["figure", "value", "run"], headline(runs)), "",
-              f"## Targets: {counts[MET]} met, {counts[MISSED]} missed, "
-              f"{counts[NOT_MEASURED]} not measured", "",
-              md_table(["Triton", "row", "measured", "needs", "verdict"],
-                     [c.cells() for c in found])]
-    if fleet is not None:
-        lines += ["", "## One-rank fleet run against the plain run", "",
-                  f"{'same rows' if fleet[0] else 'ROWS DIFFER'}: {fleet[1]}"]
-    cut = [r for r in runs if r.incomplete]
-    if cut:
-        lines += ["", "## Incomplete runs", "",
-                  *(f"- {r.name}: {'; '.join(r.incomplete)}: targets it did not reach "
-                    "are not measured, not missed" for r in cut)]
-    if steps is not None:
-        failed = sum(s[1] in ("fail", "timeout") for s in steps)
-        lines += ["", f"## Steps: {len(steps) - failed} of {len(steps)} passed or skipped", "",
-                  md_table(list(STEP_FIELDS), steps, align="llr")]
-    return "\n".join(lines) + "\n"
-
-
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
-
-
-def main(argv: list[str]) -> int:
-    """`python -m roofline targets ...`; returns the exit code."""
-    p = _Parser(prog="python -m roofline targets",
-                description="DESIGN.md section 7's ratios from saved runs: met, missed or "
-                            "not measured (exit 0 either way).")
-    p.add_argument("runs", nargs="*", metavar="RUN", help="run folder or results.json")
-    p.add_argument("--steps", metavar="TSV", help=".ci/gpu's steps file: each step's status")
-    p.add_argument("--same-rows", nargs=2, metavar=("PLAIN", "FLEET"),
-                   help="check that a fleet run has a plain run's rows (exit 1 if not)")
-    p.add_argument("--md", metavar="PATH", help="also write the summary here")
-    try:
-        args = p.parse_args(argv)
-    except _ArgError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
-    if not args.runs and not args.steps:
-        print("error: give at least one RUN (or --steps)", file=sys.stderr)
-        return 2
-    try:
-        inputs = [*args.runs, *(args.same_rows or [])]
-        check_outputs({"--md": args.md}, inputs)
-        folders = {(Path(i) if Path(i).is_dir() else Path(i).parent).resolve()
-                   for i in inputs}
-        if args.md and Path(args.md).resolve().parent in folders:
-            raise TargetsError(f"--md {args.md} would write into a run folder: choose "
-                               "another path")
-        runs = [load(r) for r in args.runs]
-        steps = read_steps(args.steps) if args.steps else None
-        fleet = same_rows(load(args.same_rows[0]), load(args.same_rows[1])) \
-            if args.same_rows else None
-        text = render(runs, steps, fleet)
-        if args.md:
-            atomic_write_text(args.md, text)
-    except (TargetsError, RunLoadError, CompareError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(text, end="")
-    return 1 if fleet is not None and not fleet[0] else 0

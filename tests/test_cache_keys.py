@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline import targets
+from roofline import targets, targets_cli
 from roofline.fleet import device_figures, figures_of, find_outliers, render_fleet_md
 from roofline.targets import MET, NOT_MEASURED
 from tests.test_gpu_ci import COPY_GBPS, N26, _mm, _row, _write
@@ -122,10 +122,10 @@ def test_same_rows_keys_a_row_by_its_cache_mode(tmp_path: Path) -> None:
     # The fleet's warm row failed: keyed without the mode it hid behind the cold one.
     failed = {**_warm(cold), "status": "failed", "reason": "rel_err"}
     fleet = targets.load(str(_write(tmp_path / "fleet", [cold, failed])))
-    same, why = targets.same_rows(plain, fleet)
+    same, why = targets_cli.same_rows(plain, fleet)
     assert not same and why == "1 with another status (first: add triton bf16 " \
                                f"n={N26} warm)"
     only_cold = targets.load(str(_write(tmp_path / "cold", [cold])))
-    same, why = targets.same_rows(plain, only_cold)
+    same, why = targets_cli.same_rows(plain, only_cold)
     assert not same and why.startswith("1 only in the plain run")
-    assert targets.same_rows(plain, plain) == (True, "same 2 rows, same statuses")
+    assert targets_cli.same_rows(plain, plain) == (True, "same 2 rows, same statuses")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from roofline import targets
+from roofline import targets, targets_cli
 from roofline.__main__ import main as roofline_main
 from roofline.finalize import finalize
 from roofline.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
@@ -52,7 +52,7 @@ def test_a_cut_run_is_read_from_its_journal_with_its_rows_ceilings(cut: Path) ->
     assert found["dot bf16"].parts[0].value == pytest.approx(0.815, abs=0.001)
     assert found["matvec bf16"].parts[0].value == pytest.approx(0.700, abs=0.001)
     assert "incomplete run" in add.cells()[1]
-    text = targets.render([run])
+    text = targets_cli.render([run])
     assert "no measured copy bandwidth" not in text
     assert "## Incomplete runs" in text and "quick (incomplete: " in text
 
@@ -89,7 +89,7 @@ def test_rows_missing_from_a_complete_run_still_differ(tmp_path: Path) -> None:
         folder.mkdir()
         (folder / RESULTS_JSON).write_text(json.dumps({"metadata": doc["metadata"],
                                                        "rows": rows}))
-    same, why = targets.same_rows(targets.load(str(a)), targets.load(str(b)))
+    same, why = targets_cli.same_rows(targets.load(str(a)), targets.load(str(b)))
     assert not same and why.startswith("1 only in the plain run")
 
 
@@ -166,6 +166,6 @@ def test_copying_the_committed_runs_keeps_them_readable(tmp_path: Path) -> None:
         shutil.copytree(H200 / name, tmp_path / name)
     runs = [targets.load(str(tmp_path / n)) for n in ("quick", "vectors-fp8",
                                                       "matmul-8192", "fp8-precise")]
-    text = targets.render(runs)
+    text = targets_cli.render(runs)
     assert "| cuBLAS bf16 (torch.matmul) 8192^3 | 735 TFLOP/s | matmul-8192 |" in text
     assert "0.9496x _scaled_mm" in text
