@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sys
 
+COMMANDS = ("plot", "compare", "promote", "plan", "targets", "history")
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote,plan,targets,history} ...\n"
+    f"usage: python -m roofline {{{','.join(COMMANDS)}}} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  plot RUN RUN... --devices     several devices' roofs and points on one figure\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
@@ -49,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         from roofline.history.cli import main as history_main
 
         return history_main(rest, retimer=_history_retimer)
-    print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
+    # One line, as every other refusal: what was wrong, and where the usage is.
+    print(f"error: unknown command '{cmd}' (choose from {', '.join(COMMANDS)}; usage: "
+          "python -m roofline --help)", file=sys.stderr)
     return 2
 
 
