@@ -249,6 +249,16 @@ def cpu_ceilings(request, tmp_path_factory) -> Iterator[CpuCeilings]:
     _fail_on_measured(folder, seeded, f"under the {request.param} CPU's ceilings")
 
 
+@pytest.fixture
+def cpu_ceilings_now() -> CpuCeilings:
+    """The CPU whose ceilings a command started now reads: the cpu_ceilings fixture's in
+    a module that takes it, else the session's (--cpu-ceilings)."""
+    path = Path(os.environ[CEILINGS_ENV]) / f"ceilings-{cache_key(host_cpu())}.json"
+    measured = json.loads(path.read_text())
+    kind = next(k for k, c in CPU_CEILINGS.items() if c["tflops"] == measured["tflops"])
+    return CpuCeilings(kind, measured, no_roofs(measured["tflops"]))
+
+
 def _fail_on_measured(folder: Path, seeded: set[str], where: str) -> None:
     """Fails when `folder` holds a CPU cache entry it was not seeded with: a command
     measured this CPU (a key seed_cpu_ceilings does not make).  The entry is removed, so
