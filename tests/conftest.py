@@ -182,8 +182,8 @@ def _results_left_alone(request):
 # ---- the ceilings of two CPUs --------------------------------------------------------------
 
 # Ceilings (roofline.ceilings.measure's document) of two 2-core VMs:
-# - fast-bf16: an Intel Xeon with AVX-512 BF16 and AMX (this project's CI), measured
-#   here: bf16 matmul at 4.9x fp32's rate, fp16 at fp32's, fp8 torch._scaled_mm emulated
+# - fast-bf16: an Intel Xeon with AVX-512 BF16 and AMX (this project's CI VM): bf16
+#   matmul at 4.9x fp32's rate, fp16 at fp32's, fp8 torch._scaled_mm emulated
 #   at 1/2,400 of it (no fp8 roof);
 # - slow-bf16: an AMD EPYC with AVX2 and no AVX-512 BF16: bf16 and fp16 matmul at 1/125
 #   of fp32's rate (no roof), fp8 at half of it.  Its bandwidths were not recorded: the
@@ -223,8 +223,6 @@ def seed_cpu_ceilings(folder: Path, kind: str) -> CpuCeilings:
     under every key a command started here computes (roofline.ceilings.cache_key): any
     torch thread count up to the cores (a fleet rank runs its share of them) and either
     fp8 accumulation mode."""
-    import torch
-
     measured = {**CPU_CEILINGS[kind], "method": {"compute": f"the {kind} CPU of the tests"},
                 "measured_at": "2026-11-26T00:00:00+00:00"}
     folder.mkdir(parents=True, exist_ok=True)
@@ -242,6 +240,7 @@ def cpu_ceilings(request, tmp_path_factory) -> Iterator[CpuCeilings]:
     CPU's ceilings."""
     folder = tmp_path_factory.mktemp(f"ceilings-{request.param}")
     cpu = seed_cpu_ceilings(folder, request.param)
+    (folder / SESSION_MARK).write_text(f"{os.getpid()}\n")  # a child pytest shares it
     seeded = _cpu_entries(folder)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CEILINGS_ENV, str(folder))
