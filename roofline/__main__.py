@@ -1,19 +1,21 @@
 """`python -m roofline plot RUN [--out PNG]`, `python -m roofline compare BASELINE RUN`,
-promote, plan, targets and history."""
+promote, plan, targets, finalize and history: the command line of the readers of saved
+runs, which wires in the harness where one measures (plan --measure, --retime)."""
 
 from __future__ import annotations
 
 import sys
 
+COMMANDS = ("plot", "compare", "promote", "plan", "targets", "finalize", "history")
 USAGE = (
-    "usage: python -m roofline {plot,compare,promote,plan,targets,finalize,history} ...\n"
+    f"usage: python -m roofline {{{','.join(COMMANDS)}}} ...\n"
     "  plot RUN [--out PNG]          re-plot a saved run (folder or results.json)\n"
     "  plot RUN RUN... --devices     several devices' roofs and points on one figure\n"
     "  compare BASELINE RUN [...]    regression verdicts; exit 1 on a regression\n"
     "  promote RUN [--device KEY]    make RUN the stored baseline for its device\n"
     "  plan [--preset|--params|--d-model ...] [--mfu|--measure|--from-run RUN] ...\n"
     "                                model size, tokens, days and memory (plan --help)\n"
-    "  targets RUN [RUN ...]         DESIGN.md section 7's ratios: met, missed, not measured\n"
+    "  targets RUN [RUN ...]         the performance targets: met, missed, not measured\n"
     "  finalize RUN                  a run killed before results.json: its journal's rows\n"
     "                                written whole, summary and figures (still incomplete)\n"
     "  history {add,report,html} ... every run kept per device, change points, dashboard"
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         from roofline.history.cli import main as history_main
 
         return history_main(rest, retimer=_retimer)
-    print(f"error: unknown command '{cmd}'\n{USAGE}", file=sys.stderr)
+    # One line, as every other refusal: what was wrong, and where the usage is.
+    print(f"error: unknown command '{cmd}' (choose from {', '.join(COMMANDS)}; usage: "
+          "python -m roofline --help)", file=sys.stderr)
     return 2
 
 

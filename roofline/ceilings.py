@@ -276,7 +276,11 @@ def measure(present: Present, log=print) -> dict[str, Any]:
     return out
 
 
-def cache_key(present: Present) -> str:
+def cache_key(present: Present, threads: int | None = None,
+              fp8_mode: str | None = None) -> str:
+    """The cache entry of `present` under this process's software, for a process running
+    `threads` torch threads (default: this one's) in fp8 accumulation mode `fp8_mode`
+    (default: the one in force)."""
     import torch
 
     try:
@@ -287,9 +291,12 @@ def cache_key(present: Present) -> str:
         triton_v = "-"
     from kernels.spec import fp8_accum
 
-    # The fp8 ceiling depends on the accumulation mode: one cache entry per mode.
+    # The fp8 ceiling depends on the accumulation mode, and a CPU's on the threads that
+    # ran it (a fleet rank runs its share of the cores): one cache entry for each.
     ident = json.dumps([CACHE_VERSION, present.key, present.name, torch.__version__,
-                        torch.version.cuda, triton_v, torch.get_num_threads(), fp8_accum()])
+                        torch.version.cuda, triton_v,
+                        torch.get_num_threads() if threads is None else threads,
+                        fp8_mode or fp8_accum()])
     return f"{present.key}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
 

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
+from roofline.ceilings import NO_ROOF_BELOW_FP32
 from roofline.devices import ROOF_CLASSES
 from roofline.rows import (
     DTYPE_ORDER,
@@ -151,10 +152,16 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                 xy = (ridge, peak)
             labels.append((peak, text + tag, f"ridge:{source}:{name}", color, xy))
     # Rows held against a roof nobody recorded (e.g. fp16 on a CPU that measured only fp32
-    # and bf16) are plotted without a roof: say so rather than leave the reader guessing.
+    # and bf16), or against a class measured too slow to be one (bf16 on a CPU without
+    # its unit), are plotted without a roof: say which, rather than leave the reader
+    # guessing.
     for cls in classes:
         if not any(cls in c.tflops for c in ceilings.values()):
-            labels.append((0.0, f"{cls}: no ceiling recorded", f"ridge:none:{cls}", "0.4", None))
+            rate = next((c.no_roof[cls] for c in ceilings.values() if cls in c.no_roof), None)
+            text = (f"{cls}: no ceiling recorded" if rate is None else
+                    f"{cls}: no roof (measured {fmt_tflops(rate)} TFLOP/s, under "
+                    f"{NO_ROOF_BELOW_FP32:g}x fp32's)")
+            labels.append((0.0, text, f"ridge:none:{cls}", "0.4", None))
     # Highest roof on top, so leader lines fan out downwards without crossing.
     labels.sort(key=lambda t: -t[0])
     for i, (_, text, gid, color, xy) in enumerate(labels):

@@ -107,6 +107,9 @@ class Ceiling:
     tflops: dict[str, float] = field(default_factory=dict)  # roof class -> TFLOP/s
     hbm_gbps: float | None = None
     l2_gbps: float | None = None
+    # Measured classes that are no roof (ceilings.no_roofs), with the TFLOP/s measured:
+    # left out of `tflops`, kept so readers can say why those rows have none.
+    no_roof: dict[str, float] = field(default_factory=dict)
 
     def ridge(self, roof_class: str) -> float | None:
         """FLOP/byte where the HBM slope meets this roof (TFLOP/s / GB/s x 1e3)."""
@@ -122,10 +125,9 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
     raw = doc.get("tflops") or {}
     tflops = {str(k): v for k, v in ((k, _pos(v)) for k, v in raw.items()) if v is not None} \
         if isinstance(raw, dict) else {}
-    if source == "measured":  # a class slower than fp32 is no roof (ceilings.no_roofs)
-        for rc in no_roofs(tflops):
-            tflops.pop(rc)
-    c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")))
+    # A measured class under 0.1x fp32's rate is no roof (ceilings.no_roofs).
+    no_roof = {rc: tflops.pop(rc) for rc in no_roofs(tflops)} if source == "measured" else {}
+    c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")), no_roof)
     return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
 
 

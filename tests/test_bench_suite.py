@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# A hang guard only.  The child measures the CPU's ceilings unless this session's cache
-# (GPUBENCH_CEILINGS_DIR, inherited) already holds them, which takes minutes on a busy
-# 2-core machine: the test waits for the child to finish, however long that takes.
+# A hang guard only: the test waits for the child to finish, however long that takes on
+# a busy machine.  The child reads the CPU ceilings of this session's cache
+# (GPUBENCH_CEILINGS_DIR, inherited: tests/conftest.py), never measures them.
 HANG_GUARD_S = 1800
 
 

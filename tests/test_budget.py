@@ -182,6 +182,17 @@ def test_a_class_measured_slower_than_fp32_is_no_roof():
     assert set(run_ceilings({"ceilings": c.to_json()})["measured"].tflops) == {"fp32", "bf16"}
 
 
+def test_which_class_is_no_roof_on_a_cpu_with_fast_bf16_and_on_one_without(cpu_ceilings):
+    # The tests' two CPUs (tests/conftest.py): the Xeon's emulated fp8 (1/2,400 of fp32)
+    # and the AVX2 EPYC's bf16 and fp16 (1/125) are no roof; the EPYC's fp8 at 0.46x
+    # fp32's rate (torch._scaled_mm converting near fp32 speed) is one.
+    want = {"fast-bf16": {"fp8"}, "slow-bf16": {"fp16", "bf16"}}[cpu_ceilings.kind]
+    assert set(cpu_ceilings.no_roofs) == want
+    c = Ceilings(None, cpu_ceilings.measured)
+    for rc, tflops in cpu_ceilings.measured["tflops"].items():
+        assert c.peak_tflops(rc) == (None if rc in want else tflops)
+
+
 def test_rows_of_a_class_with_no_roof_report_no_mfu_and_say_why():
     cfg = cpu_cfg(timing=TimingConfig(), ceilings=Ceilings(None, MEASURED))
     mm = case("matmul", "fp16", {"M": 64, "N": 64, "K": 64})  # held against the fp16 roof

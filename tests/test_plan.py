@@ -16,7 +16,6 @@ from roofline.__main__ import main as roofline_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
 def run_plan(capsys, *argv: str) -> dict[str, Any]:
     code = P.main([*argv, "--json", "--no-save"])
     out = capsys.readouterr()
@@ -248,11 +247,8 @@ def test_from_run_without_matmul_rows_or_unreadable(capsys, tmp_path):
     assert "bf16" in run_err(capsys, "--preset", "gpt2-small", "--from-run", str(other))
 
 
-def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, monkeypatch):
-    # The ceilings cache lives in results/.ceilings of the working directory, shared with
-    # run_bench; the repo root keeps it warm between test runs.  fp32: a CPU without a
-    # bf16 unit measures bf16 below fp32, which is then no roof to take an MFU against.
-    monkeypatch.chdir(ROOT)
+def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, cpu_ceilings_now):
+    # fp32: a roof on every CPU (bf16 is none on a CPU without its unit: the test below).
     code = roofline_main(["plan", "--d-model", "256", "--layers", "2", "--seq-len", "128",
                           "--measure", "--device", "cpu", "--dtype", "fp32", "--json",
                           "--rep-ms", "10",
@@ -265,11 +261,43 @@ def test_measure_on_the_cpu_times_the_models_gemms(capsys, tmp_path, monkeypatch
     st = p["step"]
     assert st["tokens"] == 128 and st["mfu"] == pytest.approx(p["mfu"])
     assert math.isclose(sum(g["share"] for g in p["gemms"]), 1.0, rel_tol=1e-9)
-    assert 0 < p["mfu"] < 3  # of the measured CPU peak: a CPU can beat its own estimate
+    # MFU against the CPU's fp32 ceiling, however fast this machine is beside it (the
+    # ceilings are a given CPU's, tests/conftest.py).
+    peak = cpu_ceilings_now.peak("fp32")
+    assert p["peak_tflops"] == peak and p["mfu"] > 0
+    for g in p["gemms"]:
+        assert g["mfu"] == pytest.approx(g["tflops"] / peak, rel=1e-9)
     files = {f.name for f in (tmp_path / "p").iterdir()}
     assert {"plan.md", "plan.json", "plan.png"} <= files
     md = (tmp_path / "p" / "plan.md").read_text()
     assert "measured" in md and "plan.png" in md
+
+
+TINY_PLAN = ["plan", "--d-model", "256", "--layers", "2", "--seq-len", "128", "--measure",
+             "--device", "cpu", "--no-save"]
+
+
+def test_a_cpu_class_with_no_roof_is_refused_saying_why_and_what_to_run(capsys, tmp_path,
+                                                                        cpu_ceilings):
+    """On each CPU (tests/conftest.py): the classes that are no roof (bf16 and fp16 on the
+    AVX2 CPU, whose bf16 matmul runs at 1/125 of fp32's rate; fp8 on the other) are
+    refused before anything is timed, with the measured figures and fp32 to run instead,
+    `plan --measure --device cpu` with its default bf16 included; the others are planned
+    at their measured peak."""
+    tflops = cpu_ceilings.measured["tflops"]
+    for dtype, rc in (("fp32", "fp32"), ("fp16", "fp16"), ("bf16", "bf16"), ("fp8", "fp8")):
+        if cpu_ceilings.peak(rc) is not None:
+            assert P.peak_of("cpu", dtype, print) == (tflops[rc], "measured (no datasheet)")
+            continue
+        default = ["--dtype", dtype] if dtype != "bf16" else []  # bf16: plan's default
+        assert roofline_main([*TINY_PLAN, *default]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err  # refused before anything is timed (nothing logged)
+        assert err[0].startswith(f"error: no {rc} peak for host CPU (")
+        assert f"its {rc} matmul measured {tflops[rc]:.3g} TFLOP/s, under 0.1x fp32's " \
+            f"{tflops['fp32']:.3g}" in err[0]
+        assert err[0].endswith("run with --dtype fp32 instead")
+    assert ("bf16" in cpu_ceilings.no_roofs) == (cpu_ceilings.kind == "slow-bf16")
 
 
 # ---- outputs ----------------------------------------------------------------------------

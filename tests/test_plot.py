@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from roofline import plot, plot_cli
+from roofline.ceilings import no_roofs
 from roofline.devices import DEVICES, ROOF_CLASS
 from roofline.metrics import derive
 from roofline.plot_scaling import plot_scaling
@@ -80,9 +81,11 @@ def make_row(kernel: str, provider: str, dtype: str, shape: str, eff: float,
     flops, nbytes = counts(kernel, dtype, dims)
     cls = ROOF_CLASS[dtype] if kernel == "matmul" else "fp32"
     ds, ms_ = meta["ceilings"]["datasheet"], meta["ceilings"]["measured"]
-    peak = (ds or ms_)["tflops"].get(cls)
+    # A measured class that is no roof gives its rows none (roofline.ceilings.no_roofs).
+    mpeak = None if cls in no_roofs(ms_["tflops"]) else ms_["tflops"].get(cls)
+    peak = ds["tflops"].get(cls) if ds else mpeak
     gbps = (ds or ms_)["hbm_gbps"]
-    mpeak, mgbps = ms_["tflops"].get(cls), ms_["hbm_gbps"]
+    mgbps = ms_["hbm_gbps"]
     roof = derive(flops, nbytes, 1.0, peak, gbps)["roof_tflops"]
     # Achieved = eff x roof, but never faster than a 4 us launch allows (the small-size
     # regime the scaling figure should show).
@@ -269,6 +272,26 @@ def test_cpu_metadata_measured_only():
     assert number(texts["ridge:measured:fp32"], "ridge") == pytest.approx(1.2e3 / 20, rel=0.01)
     assert number(texts["ridge:measured:bf16"], "ridge") == pytest.approx(2.4e3 / 20, rel=0.01)
     assert n_points(fig) == (df["status"] == "ok").sum()
+
+
+def test_a_cpu_class_with_no_roof_says_so_in_its_panel(cpu_ceilings):
+    """On each CPU (tests/conftest.py) a class measured under 0.1x fp32's rate gets no
+    roof line, and its panel says why with the rate, not "no ceiling recorded"."""
+    meta = {**cpu_meta(), "ceilings": {"datasheet": None, "measured": cpu_ceilings.measured}}
+    rows = [make_row("matmul", "torch", dt, "M=64,N=64,K=64", 0.5, meta)
+            for dt in cpu_ceilings.measured["tflops"]]
+    fig = plot.plot_roofline(meta, pd.DataFrame(rows))
+    texts = {t.get_gid(): t.get_text() for t in gids(fig, "ridge:", "texts")}
+    lines = {ln.get_gid() for ln in gids(fig, "roof:", "lines")}
+    assert cpu_ceilings.no_roofs
+    for rc, tflops in cpu_ceilings.measured["tflops"].items():
+        if rc in cpu_ceilings.no_roofs:
+            assert texts[f"ridge:none:{rc}"] == \
+                f"{rc}: no roof (measured {tflops:.3g} TFLOP/s, under 0.1x fp32's)"
+            assert f"roof:measured:{rc}" not in lines
+        else:
+            assert f"ridge:measured:{rc}" in texts and f"roof:measured:{rc}" in lines
+    assert n_points(fig) == len(rows)  # every row is plotted, with a roof or without
 
 
 def test_missing_dtypes_and_zero_ok_rows(tmp_path):

@@ -1,7 +1,7 @@
 """Failures and bad input found by reading the suite against the GPU machines' libraries:
 library errors that poison the CUDA context, shapes rejected for no reason, allocation
-failures, reports written over measurements, unplottable numbers, a Ctrl-C at exit, and
-the reported statistic itself."""
+failures, reports written over measurements, unplottable numbers, a Ctrl-C at exit, the
+reported statistic itself, and an unknown `python -m roofline` command."""
 
 from __future__ import annotations
 
@@ -194,3 +194,20 @@ def test_summarize_reports_the_median_and_the_20th_and_80th_percentiles():
     assert t.samples_ms == (10.0, 1.0, 9.0, 2.0, 8.0, 3.0, 7.0, 4.0, 6.0, 5.0)
     odd = summarize([3.0, 1.0, 2.0], "x")
     assert odd.ms_median == 2.0
+
+
+# ---- python -m roofline ------------------------------------------------------------------
+
+def test_an_unknown_command_is_one_line_naming_the_commands_and_the_usage():
+    from roofline.__main__ import COMMANDS, USAGE
+
+    for argv in (["bogus"], ["--plot"], ["Plot", "run"]):
+        p = subprocess.run([sys.executable, "-m", "roofline", *argv], cwd=ROOT,
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and p.stdout == "", argv
+        assert p.stderr.splitlines() == [
+            f"error: unknown command '{argv[0]}' (choose from {', '.join(COMMANDS)}; "
+            "usage: python -m roofline --help)"]
+    # The usage it points at lists the same commands, each with a line of its own.
+    assert USAGE.startswith(f"usage: python -m roofline {{{','.join(COMMANDS)}}} ...\n")
+    assert all(f"\n  {cmd} " in USAGE for cmd in COMMANDS)

@@ -1,5 +1,7 @@
 """The main job end to end on the CPU: the result contract, metric consistency, bad
-inputs, interrupts, and --check-only."""
+inputs, interrupts, and --check-only.  The run's rows are held under the ceilings of a CPU
+with fast bf16 and of one without (tests/conftest.py: cpu_ceilings): each has a class
+that is no roof, whose rows get no MFU and say why, as its summary does."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ SMALL = "n=4099;M=67,K=129;M=48,N=40,K=72"
 
 
 @pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory) -> Path:
+def cpu_run(tmp_path_factory, cpu_ceilings) -> Path:
     out = tmp_path_factory.mktemp("results")
     code = run_bench.main(["--device", "cpu", "--sizes", SMALL, "--out", str(out),
                            "--run-id", "t1", "--dtypes", "fp32,bf16,fp8,tf32",
@@ -47,12 +49,17 @@ def test_run_folder_honours_the_contract(cpu_run):
     assert {"n=4099", "M=67,K=129", "M=48,N=40,K=72"} == shapes
 
 
-def test_ok_rows_are_correct_and_consistent(cpu_run):
+def test_ok_rows_are_correct_and_consistent(cpu_run, cpu_ceilings):
     _, df = load_run(cpu_run)
     ok = df[df.status == "ok"]
     assert len(ok) > 20
     assert ok.correct.all()
     assert (ok.rel_err <= ok.tolerance).all()
+    # Each CPU has rows of a class that is no roof (fp8 on the fast-bf16 one, bf16 on the
+    # other) and of a reduced-precision class that is one.
+    classes = set(ok.roof_class)
+    assert classes & set(cpu_ceilings.no_roofs)
+    assert {rc for rc in classes - {"fp32"} if cpu_ceilings.peak(rc)}
     for r in ok.itertuples():
         s = r.ms_median * 1e-3
         assert r.ms_p20 <= r.ms_median <= r.ms_p80
@@ -60,10 +67,27 @@ def test_ok_rows_are_correct_and_consistent(cpu_run):
         assert math.isclose(r.tflops, r.flops / s / 1e12, rel_tol=1e-9)
         assert math.isclose(r.gbps, r.bytes / s / 1e9, rel_tol=1e-9)
         assert math.isclose(r.intensity, r.flops / r.bytes, rel_tol=1e-12)
-        assert math.isclose(r.mfu, r.tflops / r.peak_tflops, rel_tol=1e-9)
-        roof = min(r.peak_tflops, r.intensity * r.peak_gbps / 1e3)
+        assert r.peak_gbps == cpu_ceilings.measured["hbm_gbps"]
+        peak = cpu_ceilings.peak(r.roof_class)
+        if peak is None:  # no roof: no MFU, the memory slope alone, and the row says why
+            assert math.isnan(r.peak_tflops) and math.isnan(r.mfu), r
+            roof = r.intensity * r.peak_gbps / 1e3
+            assert f"no {r.roof_class} compute roof here (measured under 0.1x fp32's): " \
+                "no MFU" in r.reason, r
+        else:
+            assert r.peak_tflops == peak
+            assert math.isclose(r.mfu, r.tflops / r.peak_tflops, rel_tol=1e-9)
+            roof = min(r.peak_tflops, r.intensity * r.peak_gbps / 1e3)
+            assert "compute roof" not in str(r.reason)
         assert math.isclose(r.roof_tflops, roof, rel_tol=1e-9)
         assert math.isclose(r.pct_roof, 100 * r.tflops / roof, rel_tol=1e-9)
+
+
+def test_the_summary_says_which_classes_are_no_roof(cpu_run, cpu_ceilings):
+    summary = (cpu_run / "summary.md").read_text()
+    for rc, tflops in cpu_ceilings.measured["tflops"].items():
+        said = f"No {rc} roof: measured {tflops:.3g} TFLOP/s, under 0.1x fp32's"
+        assert (said in summary) == (rc in cpu_ceilings.no_roofs), rc
 
 
 def test_skipped_rows_carry_reasons(cpu_run):

@@ -36,7 +36,7 @@ from roofline.plan.explain import explain_report, step_kernels
 from roofline.plan.flags import _ArgError, build_parser, model_from_args, parse_count
 from roofline.plan.model import ModelShape, PlanError
 from roofline.plan.render import print_tables, render_markdown
-from roofline.plan.sources import _ceilings_for, gemms_from_run, peak_of
+from roofline.plan.sources import ceilings_for, gemms_from_run, peak_of
 from roofline.plan.step import gemms_from_step, step_report
 
 # parse_count and model_from_args are the flags' (roofline/plan/flags.py), kept here too for
@@ -138,7 +138,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         report = step_report(shape, result, peak, bpp_policy, device_bytes, peak_source)
         gemms_timed = gemms_from_step(gemms, result.get("gemm_calls"), peak)
         ceilings = None if DEVICES[device].peaks_tflops else \
-            _ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
+            ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
         step_measured = {"report": report, "measurement": result, "ceilings": ceilings}
         if explain:
             assert measure_kernels is not None

@@ -3,16 +3,21 @@ or measured ceilings, and a saved run's matmul rows (--from-run).  Timing GEMMs 
 (--measure) is benches/step/gemms.py's job."""
 
 
+from __future__ import annotations
+
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from roofline.devices import DEVICES, ROOF_CLASS
+from roofline.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
 
+if TYPE_CHECKING:
+    from roofline.ceilings import Ceilings
 
-def _ceilings_for(key: str, log: Any):
+
+def ceilings_for(key: str, log: Any) -> tuple[DeviceModel, Present, Ceilings]:
     """Ceilings of device `key` with the present device behind them (measured when the
     device has no datasheet, e.g. the CPU), and the Present and DeviceModel."""
     from roofline.ceilings import get_ceilings
@@ -28,6 +33,26 @@ def _ceilings_for(key: str, log: Any):
     return model, present, ceilings
 
 
+def ceilings_peak(model: DeviceModel, present: Present, ceilings: Ceilings,
+                  dtype: str) -> float:
+    """The peak TFLOP/s `ceilings` hold `dtype` to (the datasheet's, else the measured
+    one), or PlanError saying why there is none.  A class measured under 0.1x fp32's rate
+    is no roof (roofline.ceilings.no_roofs: bf16 and fp16 on a CPU without their units),
+    and the refusal says so with the figures, and to plan in fp32."""
+    rc = ROOF_CLASS[dtype]
+    peak = ceilings.peak_tflops(rc)
+    if peak is not None:
+        return peak
+    if model.peaks_tflops:
+        raise PlanError(f"{model.name} has no {dtype} units (no {rc} peak in the table)")
+    where = f"{model.name} ({present.name})"
+    why = ceilings.no_roofs().get(rc)
+    if why:
+        raise PlanError(f"no {rc} peak for {where}: its {rc} matmul {why}; "
+                        "run with --dtype fp32 instead")
+    raise PlanError(f"no {rc} ceiling could be measured on {where}")
+
+
 def peak_of(key: str, dtype: str, log: Any) -> tuple[float, str]:
     """(dense peak TFLOP/s of `dtype` on device `key`, source)."""
     model = DEVICES[key]
@@ -37,14 +62,7 @@ def peak_of(key: str, dtype: str, log: Any) -> tuple[float, str]:
         if peak is None:
             raise PlanError(f"{model.name} has no {dtype} units (no {rc} peak in the table)")
         return peak, "datasheet"
-    _, _, ceilings = _ceilings_for(key, log)
-    peak = ceilings.peak_tflops(rc)
-    if peak is None:
-        # A class measured slower than fp32 is no roof (roofline.ceilings.no_roofs).
-        why = getattr(ceilings, "no_roofs", dict)().get(rc)
-        raise PlanError(f"no {rc} roof on {model.name}: {why}; use --dtype fp32" if why
-                        else f"no {rc} ceiling could be measured on {model.name}")
-    return peak, "measured (no datasheet)"
+    return ceilings_peak(*ceilings_for(key, log), dtype), "measured (no datasheet)"
 
 
 def _log_distance(a: dict[str, int], b: dict[str, int]) -> tuple[float, float]:
