@@ -1,4 +1,4 @@
-"""A CPU row's timing in its cache mode (DESIGN.md sections 5 and 14).
+"""A CPU row's timing in its cache mode (docs/measurement.md).
 
 Warm: every call of a timed block on the same buffers (benches.timing.time_cpu).  Cold:
 each block's calls cycle over the row's inputs and output and copies of them that

@@ -13,7 +13,7 @@ This module only adds what those libraries lack:
   its capture bounded in nodes and time (`graph_plan`, `count_launches`);
 - each provider's host dispatch per call (`host_dispatch_us`), kept out of the flushed
   timer's samples by keeping the GPU busy after each flush (`time_flushed`);
-- the warm twins of those timers (a row's `cache` mode, DESIGN.md section 14): warm =
+- the warm twins of those timers (a row's `cache` mode, docs/measurement.md): warm =
   back-to-back calls on the same buffers, as nvbench's batch measurement: a CUDA graph of
   one copy's calls, CUDA events around calls with no flush (`time_warm`), and on a CPU
   blocks of calls on the same buffers; the cold CPU timer cycles each block's calls over

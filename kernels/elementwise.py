@@ -3,7 +3,7 @@ parametrized by the op, and a spec factory.  Each family module supplies only it
 
 Semantics per dtype: fp32/fp16/bf16 tensors in and out, math in fp32.  fp8 (e4m3 or
 e5m2): inputs with per-tensor scales, math in fp32 on the dequantized values, output
-re-quantized to the same fp8 format with its own per-tensor scale (DESIGN section 4).
+re-quantized to the same fp8 format with its own per-tensor scale (docs/design.md).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return finalize_main(rest)
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
-        # harness's GEMM timing into the planner (DESIGN.md section 2).
+        # harness's GEMM timing into the planner (docs/design.md, Layers).
         from benches.step.gemms import measure_gemms, measure_kernels
         from benches.step.measure import measure_step
         from roofline.plan import main as plan_main

@@ -1,6 +1,6 @@
 """Roofline and scaling figures of a run, and `python -m roofline plot RUN`.
 
-Two figures per run (DESIGN.md sections 1 and 3):
+Two figures per run (docs/design.md):
 
 - roofline.png: log-log, arithmetic intensity (FLOP/byte) against TFLOP/s, one panel per
   benchmark dtype on shared axes.  Each panel draws the ceilings its rows are held

@@ -1,4 +1,4 @@
-"""The result contract (DESIGN.md section 3): row columns, run-folder layout, loading.
+"""The result contract (docs/design.md): row columns, run-folder layout, loading.
 
 Writers (benches/) and readers (roofline plot/compare) both import from here, so a
 column is named in one place only.

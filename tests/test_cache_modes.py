@@ -1,4 +1,4 @@
-"""Cold and warm side by side (issue 27 point 3; DESIGN.md sections 5 and 14): `--cache
+"""Cold and warm side by side (docs/measurement.md): `--cache
 cold,warm` times each row both ways, records `cache` per row, the gate never compares a
 cold row with a warm one, re-timing times a warm row warm, the CPU's cold timer really
 rotates over copies past twice the last-level cache, the GPU's warm timers run back to

@@ -1,5 +1,5 @@
 """Device models for Blackwell (B200, GB200): peaks, ridges, the fp4 roof, detection by
-name, and the --list-devices table (DESIGN.md section 6)."""
+name, and the --list-devices table (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FLOP and byte formulas against hand-counted cases (DESIGN section 4)."""
+"""FLOP and byte formulas against hand-counted cases (docs/design.md)."""
 
 import pytest
 

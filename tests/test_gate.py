@@ -1,5 +1,5 @@
 """Runs that are never lost: exclusive run folders, checks before measuring, signals,
-aborted sweeps and --resume (DESIGN.md section 8)."""
+aborted sweeps and --resume (docs/design.md, Reliability)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python -m roofline plan`: the worked examples of DESIGN.md section 11 to within 2%,
+"""`python -m roofline plan`: the worked examples of docs/plan.md to within 2%,
 the parameter/FLOP/byte accounting it rests on, measured and run-derived MFU, outputs,
 and one-line errors for bad input."""
 
@@ -27,7 +27,7 @@ def close(got: float, want: float, rel: float = 0.02) -> bool:
     return abs(got - want) <= rel * abs(want)
 
 
-# ---- worked examples (DESIGN.md section 11) ---------------------------------------------
+# ---- worked examples (docs/plan.md) ---------------------------------------------
 
 
 def test_70b_on_15t_tokens_on_1024_h100_takes_about_144_days(capsys):

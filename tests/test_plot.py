@@ -28,7 +28,7 @@ MEAS_HBM, MEAS_L2 = 3000.0, 9000.0
 
 
 def counts(kernel: str, dtype: str, dims: dict[str, int]) -> tuple[float, float]:
-    """FLOPs and compulsory bytes per DESIGN.md section 4."""
+    """FLOPs and compulsory bytes per docs/design.md."""
     b = BYTES[dtype]
     if kernel == "matmul":
         m, n, k = dims["M"], dims["N"], dims["K"]

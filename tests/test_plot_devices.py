@@ -40,7 +40,7 @@ def h200_meta() -> dict[str, Any]:
 
 
 def b200_meta() -> dict[str, Any]:
-    """A B200 run: measured bf16 near mamf-finder's 1,745 of 2,250 (DESIGN.md section 6)."""
+    """A B200 run: measured bf16 near mamf-finder's 1,745 of 2,250 (docs/design.md)."""
     return h100_meta(
         run_id="b200-run", device_key="b200", device_name="NVIDIA B200",
         ceilings={"datasheet": {"tflops": dict(B200.peaks_tflops), "hbm_gbps": B200.hbm_gbps,

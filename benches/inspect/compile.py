@@ -1,4 +1,4 @@
-"""Inspect every Triton kernel for a GPU this machine need not have (DESIGN section 10).
+"""Inspect every Triton kernel for a GPU this machine need not have (docs/inspect.md).
 
 `python run_bench.py --inspect [--arch sm_90]` compiles each kernel x autotune config x
 dtype that a GPU run launches, ahead of time, and reads from the result what decides its

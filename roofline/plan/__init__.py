@@ -1,4 +1,4 @@
-"""Resource accounting (DESIGN.md section 11): model shapes and parameter counts, the
+"""Resource accounting (docs/plan.md): model shapes and parameter counts, the
 FLOP and memory arithmetic of a training run, and the plan rendered as text and a figure.
 The measuring a plan asks for (--measure) is done by benches/ and passed in."""
 

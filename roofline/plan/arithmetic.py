@@ -1,4 +1,4 @@
-"""The arithmetic of a training run (DESIGN.md section 11): 6 N D and the attention term,
+"""The arithmetic of a training run (docs/design.md): 6 N D and the attention term,
 days for a FLOP budget and back, compute-optimal sizes, memory per parameter and what
 fits, and one step's GEMMs with their share of the time."""
 
@@ -190,7 +190,7 @@ class Gemm:
 
     @property
     def flops(self) -> int:
-        return 2 * self.M * self.N * self.K  # DESIGN.md section 4, as kernels/matmul.py
+        return 2 * self.M * self.N * self.K  # as kernels/matmul.py counts it
 
     @property
     def key(self) -> str:

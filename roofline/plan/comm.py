@@ -1,4 +1,4 @@
-"""Communication of a training step on G devices (DESIGN.md section 13), in nccl-tests'
+"""Communication of a training step on G devices (docs/design.md, Communication), in nccl-tests'
 terms: a collective of S bytes takes t = S x f(G) / busbw, where busbw is the bus
 bandwidth nccl-tests (and this suite's collective rows) report and f the factor that
 turned algbw = S / t into busbw (doc/PERFORMANCE.md of NVIDIA/nccl-tests):

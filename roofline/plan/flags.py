@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m roofline plan",
                 description="How big a model, on how many tokens, in how many days, in how "
-                            "much memory; MFU assumed or measured (DESIGN.md section 11).")
+                            "much memory; MFU assumed or measured (docs/plan.md).")
     m = p.add_argument_group("model (--params, or a shape, or a preset; shape flags "
                              "override a preset's)")
     m.add_argument("--preset", help=f"published shape: {', '.join(PRESETS)}")

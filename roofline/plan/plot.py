@@ -20,7 +20,7 @@ _MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share
 
 
 def gemm_bytes(g: dict[str, Any], dtype: str) -> float:
-    """Compulsory bytes of a GEMM through the matmul spec (DESIGN.md section 4)."""
+    """Compulsory bytes of a GEMM through the matmul spec (docs/design.md)."""
     from kernels import REGISTRY
 
     return float(REGISTRY["matmul"].nbytes({"M": g["M"], "N": g["N"], "K": g["K"]}, dtype))

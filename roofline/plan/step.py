@@ -1,4 +1,4 @@
-"""What a measured training step says about the lectures' claims (DESIGN.md section 12):
+"""What a measured training step says about the lectures' claims (docs/step.md):
 counted FLOPs per token against 6 N and 6 N + the attention term, backward against
 forward, MFU and HFU of the step beside its GEMMs' own MFU, bytes per parameter of the
 training state, activations per token and layer against an analytic estimate, and the
