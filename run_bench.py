@@ -42,7 +42,7 @@ def _registry_lists() -> dict[str, str]:
     from benches.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
-    from roofline.devices import DEVICES
+    from roofline.model.devices import DEVICES
 
     devices = [k for k in DEVICES if k not in ("cpu", "gpu")]
     return {"kernels": ",".join(REGISTRY), "dtypes": ",".join(DTYPE_NAMES),

@@ -24,10 +24,10 @@ from benches.timing import (
 )
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.spec import Shape
-from roofline import metrics
-from roofline.ceilings import Ceilings
-from roofline.devices import DeviceModel, Present
-from roofline.schema import (
+from roofline.model import metrics
+from roofline.model.ceilings import Ceilings
+from roofline.model.devices import DeviceModel, Present
+from roofline.model.schema import (
     ALL_COLUMNS,
     DEFAULT_CACHE,
     format_shape,
@@ -41,7 +41,7 @@ class Case:
     dtype: str
     shape: Shape
     # "cold" (caches flushed or rotated past between calls) or "warm" (back-to-back calls
-    # on the same buffers): roofline.schema.CACHE_MODES.
+    # on the same buffers): roofline.model.schema.CACHE_MODES.
     cache: str = DEFAULT_CACHE
 
     @property

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernels import REGISTRY
-from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default,
 # so tables do not fold.

@@ -38,7 +38,7 @@ from benches.timing import (
     cpu_rotation,
     time_cpu_rounds,
 )
-from roofline.schema import DEFAULT_CACHE
+from roofline.model.schema import DEFAULT_CACHE
 
 # The timers of CPU rows (same buffers, or a cold row's rotated copies): rows timed in
 # rounds, their samples pooled at the end.

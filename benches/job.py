@@ -28,6 +28,7 @@ from rich.progress import (
 from benches import runner
 from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.cases import Case, RunConfig, build_cases
+from benches.ceilings import get_ceilings
 from benches.console import console, print_summary
 from benches.console import print_devices as print_devices
 from benches.console import print_kernels as print_kernels
@@ -40,8 +41,10 @@ from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
-from roofline.ceilings import Ceilings, get_ceilings
-from roofline.devices import (
+from roofline.gate.rules import CompareError, parse_allow
+from roofline.gate.runs import check_baseline
+from roofline.model.ceilings import Ceilings
+from roofline.model.devices import (
     DEVICES,
     DeviceError,
     DeviceModel,
@@ -50,9 +53,7 @@ from roofline.devices import (
     host_cpu,
     resolve,
 )
-from roofline.gate.rules import CompareError, parse_allow
-from roofline.gate.runs import check_baseline
-from roofline.schema import (
+from roofline.model.schema import (
     CACHE_MODES,
     DEFAULT_CACHE,
     RunLoadError,
@@ -120,10 +121,10 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     df = writer.frame()
     meta = writer.metadata
     try:
+        from roofline.model.schema import ROOFLINE_PNG, SCALING_PNG
         from roofline.plot import plot_roofline
         from roofline.plot_scaling import plot_scaling
         from roofline.report import write_summary
-        from roofline.schema import ROOFLINE_PNG, SCALING_PNG
 
         if plots:
             import matplotlib.pyplot as plt
@@ -236,7 +237,7 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
 def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     """A row's identity: its case and cache mode (a row written before the `cache`
     column: its device's native mode, schema.native_cache), as _case_key and the gate's
-    key (roofline.schema.ROW_ID)."""
+    key (roofline.model.schema.ROW_ID)."""
     return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
             row_cache(row))
 

@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 SEP = "|"
-COLD = "cold"  # roofline.schema.DEFAULT_CACHE (imported lazily with the rest)
+COLD = "cold"  # roofline.model.schema.DEFAULT_CACHE (imported lazily with the rest)
 
 
 def case_key(key: tuple[str, ...] | list[str]) -> tuple[str, str, str, str, str]:
@@ -52,9 +52,9 @@ def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.timing import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
-    from roofline.ceilings import Ceilings
-    from roofline.devices import detect, host_cpu, resolve
-    from roofline.schema import parse_shape
+    from roofline.model.ceilings import Ceilings
+    from roofline.model.devices import detect, host_cpu, resolve
+    from roofline.model.schema import parse_shape
 
     set_fp8_accum(spec["fp8_accum"])
     present = detect()

@@ -72,9 +72,9 @@ from kernels import DTYPES
 from kernels import Target as Target
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
-from roofline import metrics
-from roofline.ceilings import NO_ROOF_BELOW_FP32
-from roofline.schema import DEFAULT_CACHE, SAMPLES
+from roofline.model import metrics
+from roofline.model.ceilings import NO_ROOF_BELOW_FP32
+from roofline.model.schema import DEFAULT_CACHE, SAMPLES
 
 
 def device_memory_bytes(cfg: RunConfig) -> float | None:
@@ -228,7 +228,7 @@ def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
     rc = case.spec.roof_class(case.dtype, cfg.target)
     note = "; ".join(x for x in (note, case.spec.roof_note(case.dtype, cfg.target)) if x)
     if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
-        # Said in the row, where its MFU would be (roofline.ceilings.no_roofs).
+        # Said in the row, where its MFU would be (roofline.model.ceilings.no_roofs).
         no_roof = (f"no {rc} compute roof here (measured under {NO_ROOF_BELOW_FP32:g}x "
                    "fp32's): no MFU")
         if no_roof not in note:

@@ -27,8 +27,8 @@ from benches.timing import TimingConfig, time_gpu
 from kernels import DTYPES, REGISTRY, current_target
 from kernels.spec import Target
 from kernels.triton_utils import prepared_call, run_launch
-from roofline import metrics
-from roofline.schema import format_shape
+from roofline.model import metrics
+from roofline.model.schema import format_shape
 
 TARGET: Target = current_target()
 ON_GPU = TARGET.kind == "cuda"
@@ -47,8 +47,8 @@ def _cases():
 @pytest.fixture(scope="session")
 def ceilings():
     """The run_bench ceilings cache (results/.ceilings): measured once per device."""
-    from roofline.ceilings import get_ceilings
-    from roofline.devices import DEVICES, detect
+    from benches.ceilings import get_ceilings
+    from roofline.model.devices import DEVICES, detect
 
     present = detect()
     cache = Path(__file__).resolve().parent.parent / "results" / ".ceilings"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from benches.results import ResultWriter
-from roofline.schema import ALL_COLUMNS, SAMPLES
+from roofline.model.schema import ALL_COLUMNS, SAMPLES
 
 SAMPLES_PER_ROW = 900
 

@@ -46,13 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         return finalize_main(rest)
     if cmd == "plan":
         # The one place roofline/ reaches into benches/: the command line wires the
-        # harness's GEMM timing into the planner (docs/design.md, Layers).
+        # harness's measurements into the planner (docs/design.md, Layers).
+        from benches.ceilings import device_ceilings
         from benches.step.gemms import measure_gemms, measure_kernels
         from benches.step.measure import measure_step
-        from roofline.plan import main as plan_main
+        from roofline.plan.cli import main as plan_main
+        from roofline.plan.harness import Harness
 
-        return plan_main(rest, measure_gemms=measure_gemms, measure_step=measure_step,
-                         measure_kernels=measure_kernels)
+        return plan_main(rest, Harness(measure_gemms, measure_step, measure_kernels,
+                                       device_ceilings))
     if cmd == "history":
         from roofline.history.cli import main as history_main
 
@@ -71,8 +73,8 @@ def _retimer(device, meta, rows):
 
     from benches.job import RETIME_ROUNDS, RETIME_SPACING_S
     from benches.retime import case_id
-    from roofline.devices import detect
     from roofline.history.retime import make_retimer
+    from roofline.model.devices import detect
 
     factory = make_retimer([sys.executable, "-m", "benches.retime"], RETIME_ROUNDS,
                            RETIME_SPACING_S, detect().key,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.rows import DTYPE_ORDER, KERNEL_ORDER, clean_rows, l2_bytes
-from roofline.schema import WARM, cache_column, native_cache, parse_shape, row_cache
+from roofline.model.rows import DTYPE_ORDER, KERNEL_ORDER, clean_rows, l2_bytes
+from roofline.model.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]

@@ -31,9 +31,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
-from roofline.ceilings import NO_ROOF_BELOW_FP32
-from roofline.devices import ROOF_CLASSES
-from roofline.rows import (
+from roofline.model.ceilings import NO_ROOF_BELOW_FP32
+from roofline.model.devices import ROOF_CLASSES
+from roofline.model.rows import (
     DTYPE_ORDER,
     KERNEL_ORDER,
     PROVIDER_ORDER,
@@ -44,7 +44,7 @@ from roofline.rows import (
     panel_classes,
     run_ceilings,
 )
-from roofline.schema import (
+from roofline.model.schema import (
     CACHE,
     ROW_ID,
     WARM,

@@ -11,10 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.plot import plot_roofline
-from roofline.plot_devices import plot_devices
-from roofline.plot_scaling import plot_scaling
-from roofline.schema import (
+from roofline.model.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
     RunLoadError,
@@ -22,6 +19,9 @@ from roofline.schema import (
     load_run,
     resolve_results_json,
 )
+from roofline.plot import plot_roofline
+from roofline.plot_devices import plot_devices
+from roofline.plot_scaling import plot_scaling
 
 # `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
 DEVICES_PNG = "devices.png"

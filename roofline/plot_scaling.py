@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from roofline.rows import (
+from roofline.model.rows import (
     COMPUTE_KERNELS,
     DTYPE_ORDER,
     KERNEL_ORDER,
@@ -29,7 +29,7 @@ from roofline.rows import (
     panel_classes,
     run_ceilings,
 )
-from roofline.schema import WARM, cache_column
+from roofline.model.schema import WARM, cache_column
 from roofline.style import (
     ROOF_COLOR,
     ROOF_STYLE,

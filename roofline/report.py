@@ -16,8 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.ceilings import no_roofs
-from roofline.devices import ROOF_CLASSES
 from roofline.findings import (
     above_roof_cause,
     above_roof_rows,
@@ -33,8 +31,10 @@ from roofline.findings import (
     throttled_rows,
     warm_rows,
 )
-from roofline.rows import Ceiling, clean_rows, run_ceilings
-from roofline.schema import (
+from roofline.model.ceilings import no_roofs
+from roofline.model.devices import ROOF_CLASSES
+from roofline.model.rows import Ceiling, clean_rows, run_ceilings
+from roofline.model.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
     SUMMARY_MD,

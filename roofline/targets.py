@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from kernels.spec import PLAIN_DTYPES
-from roofline.devices import ROOF_CLASS
 from roofline.gate.runs import incomplete_reasons
-from roofline.rows import DTYPE_ORDER, clean_rows, run_ceilings
-from roofline.schema import (
+from roofline.model.devices import ROOF_CLASS
+from roofline.model.rows import DTYPE_ORDER, clean_rows, run_ceilings
+from roofline.model.schema import (
     ROWS_JOURNAL,
     load_run,
     mode_tag,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
+from roofline.model.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.report import md_table
-from roofline.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.targets import (
     MET,
     MISSED,

@@ -18,8 +18,8 @@ from kernels import REGISTRY
 from kernels import blockscaled as bs
 from kernels import matmul_blockscaled as mb
 from kernels.spec import BLOCK_SCALED, DTYPE_NAMES, DTYPES, Target
-from roofline.ceilings import Ceilings, datasheet_of
-from roofline.devices import DEVICES, Present, host_cpu
+from roofline.model.ceilings import Ceilings, datasheet_of
+from roofline.model.devices import DEVICES, Present, host_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 MATMUL = REGISTRY["matmul"]
@@ -348,7 +348,7 @@ def test_list_shows_the_formats():
 
 
 def test_planner_weight_formats():
-    from roofline.plan import WEIGHT_FORMATS, policy_items
+    from roofline.plan.arithmetic import WEIGHT_FORMATS, policy_items
     from roofline.plan.comm import policy_bytes
 
     assert WEIGHT_FORMATS["nvfp4"] == 0.5625 and WEIGHT_FORMATS["mxfp4"] == 0.53125
@@ -364,14 +364,15 @@ def test_planner_weight_formats():
 
 
 def _plan(*flags: str) -> dict:
-    from roofline.plan import build_parser, build_plan
+    from roofline.plan.cli import build_plan
+    from roofline.plan.flags import build_parser
 
     args = build_parser().parse_args(["--params", "8e9", "--device", "h100", *flags])
     return build_plan(args, log=lambda *a, **k: None)
 
 
 def test_planner_weight_format_flag():
-    from roofline.plan import PlanError
+    from roofline.plan.model import PlanError
 
     base = _plan()
     fp4 = _plan("--weight-format", "nvfp4")

@@ -14,15 +14,15 @@ import time
 import pytest
 
 import run_bench
+from benches import ceilings as ceil_mod
 from benches import runner, timing
 from benches.budget import RowBudget, RunBudget, work
 from benches.runner import _InputCache, iterate, run_case
 from benches.timing import OverBudget, TimingConfig, plan_cpu
-from roofline import ceilings as ceil_mod
-from roofline.ceilings import Ceilings, no_roofs
 from roofline.gate.stats import min_p_value, row_alpha
+from roofline.model.ceilings import Ceilings, no_roofs
+from roofline.model.rows import run_ceilings
 from roofline.report import render_summary
-from roofline.rows import run_ceilings
 from tests.test_measurement import case, cpu_cfg
 
 TWO_S = TimingConfig(row_budget_s=2.0)
@@ -157,7 +157,7 @@ def test_the_cli_refuses_a_budget_that_is_not_a_positive_time(capsys):
 
 def test_the_default_cpu_run_has_a_run_budget_and_a_gpu_run_none(monkeypatch):
     from benches import job
-    from roofline.devices import Present, host_cpu
+    from roofline.model.devices import Present, host_cpu
 
     args = run_bench.parse_args([])
     assert job._run_budget(args, host_cpu()) == 90.0
@@ -217,7 +217,7 @@ def test_a_slow_ceiling_call_is_timed_once_and_stops_the_sizes(monkeypatch):
     monkeypatch.setattr(ceil_mod, "_gemm_fn", gemm)
     monkeypatch.setattr(ceil_mod, "_copy_fn", lambda nbytes, device, reps=1: lambda: None)
     monkeypatch.setattr(ceil_mod, "_time_ms", lambda fn, device, l2_flush=True: 1e-3)
-    from roofline.devices import host_cpu
+    from roofline.model.devices import host_cpu
 
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)
     assert [n for rc, n in sizes if rc == "fp8"] == [256]  # 1024^3 would be 150 s a call

@@ -25,12 +25,12 @@ from benches.cases import Case, Scratch, _InputCache, make_copies
 from benches.runner import _time_case, run_case
 from benches.timing import Rotation, TimingConfig
 from kernels import REGISTRY
-from roofline.ceilings import Ceilings
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
+from roofline.model.ceilings import Ceilings
+from roofline.model.schema import ALL_COLUMNS, load_run
 from roofline.plot import plot_roofline
 from roofline.report import render_summary
-from roofline.schema import ALL_COLUMNS, load_run
 from tests.test_dispatch import FakeGpu
 from tests.test_measurement import FAST, _fake_cuda, case, cpu_cfg, gpu_cfg, with_torch_fn
 

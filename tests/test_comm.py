@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from roofline.plan import main as plan_main
+from roofline.model.schema import ALL_COLUMNS
+from roofline.plan.cli import main as plan_main
 from roofline.plan.comm import BUSBW_FACTOR, collective_seconds, step_communication
-from roofline.schema import ALL_COLUMNS
 
 
 @pytest.mark.parametrize("n, all_reduce, gather", [(2, 1.0, 0.5), (4, 1.5, 0.75),

@@ -28,7 +28,7 @@ from roofline.gate.rules import (
 from roofline.gate.runs import check_baseline, compare_runs
 from roofline.gate.stats import Timing, min_p_value, row_alpha
 from roofline.gate.verdicts import compare_frames, judge
-from roofline.schema import COLUMNS, KEY, SAMPLES
+from roofline.model.schema import COLUMNS, KEY, SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from benches import console
-from roofline import devices
-from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES, detect, match_sku
+from roofline.model import devices
+from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES, detect, match_sku
 
 # Dense TFLOP/s per roof class, HBM TB/s, L2 MB, SMs, NVLink GB/s per direction.
 BLACKWELL = {

@@ -30,9 +30,9 @@ from kernels.triton_utils import (
     prepared_call,
     run_launch,
 )
-from roofline.ceilings import Ceilings
+from roofline.model.ceilings import Ceilings
+from roofline.model.schema import ALL_COLUMNS
 from roofline.report import launch_bound_rows, render_summary
-from roofline.schema import ALL_COLUMNS
 from tests.test_measurement import cpu_cfg, gpu_cfg
 
 

@@ -19,7 +19,6 @@ from benches.step.measure import measure_model
 from benches.step.profile import SPAN, split_ms
 from kernels import REGISTRY
 from roofline.__main__ import main as roofline_main
-from roofline.plan import ModelShape
 from roofline.plan.explain import (
     EXPLAIN_CATEGORIES,
     PASSES,
@@ -28,6 +27,7 @@ from roofline.plan.explain import (
     explain_sections,
     step_kernels,
 )
+from roofline.plan.model import ModelShape
 from roofline.plan.step_plot import plot_step
 from tests.test_plan import ROOT
 

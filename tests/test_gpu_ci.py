@@ -17,7 +17,7 @@ import pytest
 
 from roofline import targets
 from roofline.__main__ import main as roofline_main
-from roofline.schema import COLUMNS
+from roofline.model.schema import COLUMNS
 from roofline.targets import MET, MISSED, NOT_MEASURED
 
 ROOT = Path(__file__).resolve().parents[1]

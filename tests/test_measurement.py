@@ -17,16 +17,16 @@ import pytest
 import torch
 
 import run_bench
+from benches import ceilings as ceil_mod
 from benches import gpu_monitor, runner, timing
 from benches.runner import Case, RunConfig, SweepAborted, _InputCache, run_case
 from benches.timing import TimingConfig
 from kernels import REGISTRY, Target
 from kernels.matmul import UnsupportedShape
 from kernels.spec import DTYPES
-from roofline import ceilings as ceil_mod
-from roofline.ceilings import Ceilings, datasheet_of
-from roofline.devices import DEVICES, Present, host_cpu, match_sku
-from roofline.schema import load_run
+from roofline.model.ceilings import Ceilings, datasheet_of
+from roofline.model.devices import DEVICES, Present, host_cpu, match_sku
+from roofline.model.schema import load_run
 
 FAST = TimingConfig(cpu_min_run_time_s=0.005)
 
@@ -539,7 +539,7 @@ def test_metadata_records_fp8_accumulation_and_llc():
 # ---- point 8: above the roof, cache roof, fp8e5 on a CPU ---------------------------------
 
 def test_above_roof_flag():
-    from roofline.metrics import derive
+    from roofline.model.metrics import derive
 
     # 1 GB at 2 ms = 500 GB/s against a 100 GB/s roof
     assert derive(1e6, 1e9, 2.0, None, 100.0)["above_roof"] is True

@@ -11,13 +11,25 @@ from typing import Any
 
 import pytest
 
-from roofline import plan as P
+from benches.ceilings import device_ceilings
 from roofline.__main__ import main as roofline_main
+from roofline.plan.arithmetic import (
+    GPU_MEMORY_GB,
+    Gemm,
+    device_memory_bytes,
+    matrix_bytes,
+    step_gemms,
+    summarize_step,
+    train_flops,
+)
+from roofline.plan.cli import main
+from roofline.plan.model import PRESETS
+from roofline.plan.sources import peak_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
 def run_plan(capsys, *argv: str) -> dict[str, Any]:
-    code = P.main([*argv, "--json", "--no-save"])
+    code = main([*argv, "--json", "--no-save"])
     out = capsys.readouterr()
     assert code == 0, out.err
     return json.loads(out.out)
@@ -73,7 +85,7 @@ def test_12_d2_l_approximation(capsys, d, layers, want):
 
 
 def test_gpt3_matrix_and_training_flops(capsys):
-    assert close(P.matrix_bytes(49152, 12288, "fp32"), 2.4e9)
+    assert close(matrix_bytes(49152, 12288, "fp32"), 2.4e9)
     p = run_plan(capsys, "--preset", "gpt3-175b", "--tokens", "300e9")
     assert close(p["train_flops"], 3.14e23)
     assert p["model"]["largest_matrix"]["shape"] == [49152, 12288]
@@ -89,24 +101,24 @@ def test_gpt3_matrix_and_training_flops(capsys):
                                             ("gpt3-175b", 175e9),
                                             ("llama3-8b", 8.03e9), ("llama3-70b", 70.6e9)])
 def test_presets_have_their_published_parameter_counts(name, published):
-    assert close(P.PRESETS[name].params, published, 0.01)
+    assert close(PRESETS[name].params, published, 0.01)
 
 
 def test_gated_gqa_itemization_of_llama3_8b():
-    s = P.PRESETS["llama3-8b"]
+    s = PRESETS["llama3-8b"]
     d, f, L = 4096, 14336, 32
     items = s.param_items()
     assert items["mlp"] == L * 3 * d * f  # gate, up and down
     assert items["attention"] == L * (2 * d * d + 2 * d * 1024)  # 8 kv heads of 128
     assert items["lm head"] == items["token embedding"] == 128256 * d  # untied
-    assert P.PRESETS["gpt2-small"].param_items()["lm head"] == 0  # tied
+    assert PRESETS["gpt2-small"].param_items()["lm head"] == 0  # tied
     # The fused qkv GEMM is 4096 -> 6144, the shape the suite's LLM preset times.
     qkv = [w for w in s.weight_matrices() if w[0] == "attn.qkv"][0]
     assert qkv[1:3] == (4096, 6144)
 
 
 def test_training_flops_itemized_and_attention_apart(capsys):
-    f = P.train_flops(1e9, 1e10)
+    f = train_flops(1e9, 1e10)
     assert f["forward"] == 2e19 and f["backward"] == 4e19 and f["total"] == 6e19
     p = run_plan(capsys, "--d-model", "1024", "--layers", "12", "--seq-len", "4096",
                  "--tokens", "1e9")
@@ -117,8 +129,8 @@ def test_training_flops_itemized_and_attention_apart(capsys):
 
 
 def test_step_gemms_are_6_flops_per_matmul_parameter_and_token():
-    s = P.PRESETS["gpt2-small"]
-    gemms = P.step_gemms(s, micro_batch=4)
+    s = PRESETS["gpt2-small"]
+    gemms = step_gemms(s, micro_batch=4)
     t = 4 * 1024
     assert sum(g.flops * g.count for g in gemms) == 6 * t * s.matmul_params
     up = {g.phase: g for g in gemms if g.name == "mlp.up"}
@@ -129,9 +141,9 @@ def test_step_gemms_are_6_flops_per_matmul_parameter_and_token():
 
 
 def test_step_summary_mfu_is_gemm_flops_over_time_and_peak():
-    gemms = [P.Gemm("a", "forward", 1000, 1000, 1000, 2, ms=1.0),
-             P.Gemm("b", "forward", 1000, 1000, 1000, 1, ms=2.0)]
-    st = P.summarize_step(gemms, peak_tflops=10.0)
+    gemms = [Gemm("a", "forward", 1000, 1000, 1000, 2, ms=1.0),
+             Gemm("b", "forward", 1000, 1000, 1000, 1, ms=2.0)]
+    st = summarize_step(gemms, peak_tflops=10.0)
     assert st["ms"] == 4.0
     assert st["tflops"] == pytest.approx(3 * 2e9 / 4e-3 / 1e12)  # 1.5 TFLOP/s
     assert st["mfu"] == pytest.approx(0.15)
@@ -150,12 +162,12 @@ def test_memory_policies(capsys, policy, bpp):
                                      ("h200", 141), ("h200-nvl", 141), ("a100", 80),
                                      ("l40s", 48), ("l4", 24)])
 def test_memory_per_device_is_the_datasheets(key, gb_):
-    assert P.device_memory_bytes(key)[0] == gb_ * 1e9
-    assert P.device_memory_bytes(key, override_gb=10)[0] == 10e9
+    assert device_memory_bytes(key)[0] == gb_ * 1e9
+    assert device_memory_bytes(key, override_gb=10)[0] == 10e9
 
 
 def test_memory_capacity_and_fit(capsys):
-    assert P.GPU_MEMORY_GB["h100"] == 80 and P.GPU_MEMORY_GB["h200"] == 141
+    assert GPU_MEMORY_GB["h100"] == 80 and GPU_MEMORY_GB["h200"] == 141
     p = run_plan(capsys, "--params", "70e9", "--gpus", "8", "--device", "h200",
                  "--policy", "bf16-mixed")
     assert p["gpu_memory_bytes"] == 141e9
@@ -171,7 +183,7 @@ def test_memory_capacity_and_fit(capsys):
 def fake_run(tmp_path: Path, rows: list[tuple[str, str, str, float]], peak: float = 989.4,
              status: str = "ok", name: str = "run") -> Path:
     """A results.json with matmul rows (provider, dtype, shape, tflops)."""
-    from roofline.schema import COLUMNS
+    from roofline.model.schema import COLUMNS
 
     out = []
     for prov, dt, shape, tf in rows:
@@ -213,7 +225,7 @@ def test_from_run_uses_the_nearest_shapes_mfu(capsys, tmp_path):
 
 
 def run_err(capsys, *argv: str) -> str:
-    code = P.main(list(argv))
+    code = main(list(argv))
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()
@@ -287,7 +299,8 @@ def test_a_cpu_class_with_no_roof_is_refused_saying_why_and_what_to_run(capsys, 
     tflops = cpu_ceilings.measured["tflops"]
     for dtype, rc in (("fp32", "fp32"), ("fp16", "fp16"), ("bf16", "bf16"), ("fp8", "fp8")):
         if cpu_ceilings.peak(rc) is not None:
-            assert P.peak_of("cpu", dtype, print) == (tflops[rc], "measured (no datasheet)")
+            assert peak_of("cpu", dtype, print, device_ceilings) == (
+                tflops[rc], "measured (no datasheet)")
             continue
         default = ["--dtype", dtype] if dtype != "bf16" else []  # bf16: plan's default
         assert roofline_main([*TINY_PLAN, *default]) == 2
@@ -307,7 +320,7 @@ def test_unwritable_out_and_help(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert "cannot create" in run_err(capsys, "--params", "1e9", "--out", str(blocker / "p"))
-    assert P.main(["--help"]) == 0
+    assert main(["--help"]) == 0
     assert "--from-run" in capsys.readouterr().out
     assert roofline_main(["plan", "--gpus", "0"]) == 2
 
@@ -315,15 +328,15 @@ def test_unwritable_out_and_help(capsys, tmp_path):
 def test_outputs_are_never_overwritten(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["--preset", "gpt2-small", "--chinchilla", "--gpus", "8"]
-    assert P.main(args) == 0
-    assert P.main(args) == 0
+    assert main(args) == 0
+    assert main(args) == 0
     capsys.readouterr()
     plans = sorted((tmp_path / "results" / "plans").iterdir())
     assert len(plans) == 2 and all((d / "plan.md").exists() for d in plans)
     md = (plans[0] / "plan.md").read_text()
     assert "6 N D" in md and "assumed" in md and "attention scores" in md
     assert "plan.png" not in md  # nothing measured: no figure
-    assert P.main([*args, "--out", str(plans[0])]) == 2
+    assert main([*args, "--out", str(plans[0])]) == 2
     assert capsys.readouterr().err.startswith("error: ")
 
 
@@ -339,12 +352,12 @@ def test_a_failed_plan_leaves_no_folder_behind(capsys, tmp_path, monkeypatch):
 def test_plan_png_sizes_markers_by_share_of_step_time():
     from roofline.plan.plot import marker_area, plot_plan
 
-    gemms = P.step_gemms(P.PRESETS["gpt2-small"], 1)
+    gemms = step_gemms(PRESETS["gpt2-small"], 1)
     for i, g in enumerate(gemms):
         g.ms = 1.0 + i
         g.tflops = g.flops / (g.ms * 1e-3) / 1e12
         g.mfu = g.tflops / 989.4
-    st = P.summarize_step(gemms, 989.4)
+    st = summarize_step(gemms, 989.4)
     plan = {"dtype": "bf16", "device": "h100", "device_name": "NVIDIA H100 SXM5 80GB",
             "gemms": [g.as_dict() for g in gemms], "step": st, "micro_batch": 1,
             "model": {"name": "gpt2-small", "seq_len": 1024}, "mfu_from": "test"}
@@ -371,7 +384,7 @@ def test_days_on_b200_vs_h100_for_a_preset(capsys):
     assert v["gb200"]["vs_plan"] == pytest.approx(2250 / 2500)
     assert v["h100"]["days_with_attention"] == pytest.approx(
         p["days_with_attention"] * 2250 / 989.4)
-    P.main(["--preset", "llama3-8b", "--tokens", "15T", "--device", "b200", "--vs", "h100",
+    main(["--preset", "llama3-8b", "--tokens", "15T", "--device", "b200", "--vs", "h100",
             "--no-save"])
     assert "Days by device" in capsys.readouterr().out
 

@@ -12,7 +12,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from roofline import plot_cli
-from roofline.devices import DEVICES
+from roofline.model.devices import DEVICES
 from roofline.plot_devices import plot_devices
 from tests.test_plot import (
     cpu_meta,

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from roofline import report
-from roofline.devices import DEVICES, ROOF_CLASS
-from roofline.metrics import derive
-from roofline.schema import ALL_COLUMNS, SUMMARY_MD
+from roofline.model.devices import DEVICES, ROOF_CLASS
+from roofline.model.metrics import derive
+from roofline.model.schema import ALL_COLUMNS, SUMMARY_MD
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
@@ -31,7 +31,7 @@ def meta(datasheet: bool = True) -> dict[str, Any]:
 
 def row(kernel: str, provider: str, dtype: str, shape: str, ms: float | None,
         status: str = "ok", reason: str | None = None, rel_err: float = 1e-4) -> dict[str, Any]:
-    """A row made consistent by roofline.metrics.derive (H100 datasheet + 0.8x measured)."""
+    """A row made consistent by roofline.model.metrics.derive (H100 datasheet + 0.8x measured)."""
     dims = [int(p.split("=")[1]) for p in shape.split(",")]
     b = BYTES[dtype]
     if kernel == "matmul":

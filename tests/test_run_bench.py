@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import run_bench
-from roofline.schema import ALL_COLUMNS, COLUMNS, load_run
+from roofline.model.schema import ALL_COLUMNS, COLUMNS, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = "n=4099;M=67,K=129;M=48,N=40,K=72"
@@ -168,7 +168,7 @@ def test_help_lists_every_registered_name(capsys, monkeypatch):
     from benches.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
-    from roofline.devices import DEVICES
+    from roofline.model.devices import DEVICES
 
     monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no wrapped names
     with pytest.raises(SystemExit) as e:

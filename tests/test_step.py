@@ -15,7 +15,8 @@ from benches.step.measure import measure_step
 from benches.step.model import StepError, Transformer, parameter_count
 from benches.step.profile import CATEGORIES, category
 from roofline.__main__ import main as roofline_main
-from roofline.plan import PRESETS, ModelShape, attention_score_flops
+from roofline.plan.arithmetic import attention_score_flops
+from roofline.plan.model import PRESETS, ModelShape
 from roofline.plan.step import step_report
 from tests.test_plan import ROOT
 
@@ -190,6 +191,6 @@ def test_measure_layers_needs_measure_step(capsys):
 
 
 def test_step_error_is_a_plan_error():
-    from roofline.plan import PlanError
+    from roofline.plan.model import PlanError
 
     assert issubclass(StepError, PlanError)

@@ -18,8 +18,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benches.step.explain import gemm_calls
 from benches.step.flops import flop_counter
-from roofline.devices import DEVICES, Present
-from roofline.plan import PRESETS, build_parser, build_plan, sections, step_gemms
+from roofline.model.devices import DEVICES, Present
+from roofline.plan.arithmetic import step_gemms
+from roofline.plan.cli import build_plan
+from roofline.plan.flags import build_parser
+from roofline.plan.harness import Harness
+from roofline.plan.model import PRESETS
+from roofline.plan.render import sections
 from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections
 from tests.test_step_accounting import Events
 
@@ -167,14 +172,14 @@ def test_what_fits_by_the_device_memory(device_gb, expect):
 
 def h200_plan(monkeypatch, measurement: dict) -> dict:
     """build_plan on a faked H200 with the step's measurement given back."""
-    import roofline.devices
+    import roofline.model.devices
 
     h200 = Present("h200", "NVIDIA H200", "cuda", (9, 0), 132, 50.0, 141.0)
-    monkeypatch.setattr(roofline.devices, "detect", lambda: h200)
+    monkeypatch.setattr(roofline.model.devices, "detect", lambda: h200)
     args = build_parser().parse_args(["--preset", "llama3-8b", "--measure", "step",
                                       "--measure-layers", "1", "--no-save"])
     return build_plan(args, log=lambda msg: None,
-                      measure_step=lambda *a: copy.deepcopy(measurement))
+                      harness=Harness(measure_step=lambda *a: copy.deepcopy(measurement)))
 
 
 def test_the_plan_holds_the_static_fit_to_the_measured_peak(monkeypatch):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roofline.ceilings import CACHE_DIR_ENV
+from benches.ceilings import CACHE_DIR_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 600  # a hang guard only: a child pytest of four trivial tests
@@ -25,8 +25,9 @@ GUARDED = Path(os.environ["GPUBENCH_TEST_GUARDED_DIR"])
 
 
 def test_the_cache_is_a_seeded_copy():
-    from roofline.ceilings import Ceilings, get_ceilings
-    from roofline.devices import DEVICES, host_cpu
+    from benches.ceilings import get_ceilings
+    from roofline.model.ceilings import Ceilings
+    from roofline.model.devices import DEVICES, host_cpu
 
     cache = Path(os.environ["{CACHE_DIR_ENV}"])
     assert not cache.is_relative_to(GUARDED)
@@ -40,8 +41,8 @@ def test_the_cache_is_a_seeded_copy():
 
 
 def test_measures_this_cpu():
-    from roofline.ceilings import cache_key
-    from roofline.devices import host_cpu
+    from benches.ceilings import cache_key
+    from roofline.model.devices import host_cpu
 
     cache = Path(os.environ["{CACHE_DIR_ENV}"])
     (cache / f"ceilings-{{cache_key(host_cpu(), 99)}}.json").write_text("{{}}")

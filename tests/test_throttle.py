@@ -25,8 +25,8 @@ from roofline.gate.cli import main
 from roofline.gate.promote import promote
 from roofline.gate.rules import CompareError
 from roofline.gate.verdicts import compare_frames
+from roofline.model.schema import ALL_COLUMNS
 from roofline.report import render_summary
-from roofline.schema import ALL_COLUMNS
 from tests.test_measurement import case, gpu_cfg
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from benches import results
 from benches.results import ResultWriter
-from roofline import schema
-from roofline.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
+from roofline.model import schema
+from roofline.model.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
 
 
 def _row(i: int, n_samples: int = 50) -> dict:

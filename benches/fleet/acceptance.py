@@ -150,9 +150,9 @@ def _folder(me: Any, args: argparse.Namespace) -> Path:
 
 def _device(me: Any, args: argparse.Namespace) -> tuple[str, str, float | None]:
     """(device key, device name, expected busbw GB/s): the device model's NVLink figure
-    per direction (roofline/devices.py, as the fleet run's collectives roof) unless
+    per direction (roofline/model/devices.py, as the fleet run's collectives roof) unless
     --expected-busbw."""
-    from roofline.devices import DEVICES, detect, host_cpu
+    from roofline.model.devices import DEVICES, detect, host_cpu
 
     present = detect() if me.device == "cuda" else host_cpu()
     model = DEVICES.get(present.key)

@@ -388,7 +388,7 @@ def _nvlink_model(r: dict[str, Any]) -> str | None:
     """The device model's name where it is joined by NVLink (an SXM part: the device
     table gives it an NVLink figure), else None; by the rank's device key, else its
     name."""
-    from roofline.devices import DEVICES, match_sku
+    from roofline.model.devices import DEVICES, match_sku
 
     key = r.get("device_key") or match_sku(_model(r))
     model = DEVICES.get(key)

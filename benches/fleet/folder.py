@@ -72,7 +72,7 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
              ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(rows, metadata, device info) of this rank's own run folder; `slow`: the test-only
     slow-rank hook's 10x longer times."""
-    from roofline.schema import read_doc
+    from roofline.model.schema import read_doc
 
     found = sorted(run_root.glob(f"*/{run_id}/results.json"))
     doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
@@ -100,8 +100,8 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
 
     from benches.job import _finish
     from benches.results import ResultWriter
-    from roofline.devices import DEVICES
     from roofline.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
+    from roofline.model.devices import DEVICES
 
     infos = [g[0] for g in gathered]
     rows = [r for g in gathered for r in g[1]] + coll_rows

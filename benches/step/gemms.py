@@ -7,21 +7,22 @@ timed the same way."""
 from dataclasses import fields, replace
 from typing import Any
 
+from benches.ceilings import device_ceilings
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
-from roofline.plan.sources import ceilings_for, ceilings_peak
+from roofline.plan.sources import ceilings_peak
 
 
 def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provider: str,
            rep_ms: float | None, log: Any, what: str, native_cache: bool = False
            ) -> tuple[dict[tuple[str, str, str], dict[str, Any]], dict[str, Any]]:
     """Run (kernel, dtype, shape) requests through the suite's sweep on the device
-    present (`device`: ceilings_for's model, present device and ceilings): ({(kernel,
+    present (`device`: device_ceilings's model, present device and ceilings): ({(kernel,
     dtype, shape string): row}, what was used).  Requests of a family the registry
     lacks, or a dtype or provider it does not have, are left out.  `native_cache`: in
     the device's native cache mode, as run_bench.py times by default (cold on a GPU,
     warm on a CPU); else the sweep's default mode."""
-    from roofline.schema import native_cache as native_mode
+    from roofline.model.schema import native_cache as native_mode
 
     model, present, ceilings = device
     from benches.cases import Case, RunConfig
@@ -79,7 +80,7 @@ def measure_gemms(gemms: list[Gemm], device: str, dtype: str, provider: str,
     """Time the step's GEMM shapes on the device present through the suite's sweep
     (benches.runner), fill each Gemm's ms/tflops/mfu, and return what was used."""
     # The device first: a GPU asked for on a machine without one fails before any import.
-    found_device = ceilings_for(device, log)
+    found_device = device_ceilings(device, log)
     peak = ceilings_peak(*found_device, dtype)
     shapes: dict[str, dict[str, int]] = {}
     for g in gemms:
@@ -111,7 +112,7 @@ def measure_kernels(requests: list[dict[str, Any]], device: str, provider: str,
     `results`, in the requests' order: the request with its sweep `row` (ok, failed or
     skipped, each with its reason), or `why` it was not run: no such family in the
     registry, or no such dtype or provider in it."""
-    found_device = ceilings_for(device, log)  # before any import, as measure_gemms
+    found_device = device_ceilings(device, log)  # before any import, as measure_gemms
     from kernels import REGISTRY
 
     missing = {}

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roofline.plan import ModelShape, PlanError
+from roofline.plan.model import ModelShape, PlanError
 
 
 class StepError(PlanError):

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from roofline.devices import DeviceError
 from roofline.gate.promote import promote
 from roofline.gate.render import (
     append_step_summary,
@@ -30,7 +29,8 @@ from roofline.gate.rules import (
     status_column,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
-from roofline.schema import (
+from roofline.model.devices import DeviceError
+from roofline.model.schema import (
     RESULTS_JSON,
     RunLoadError,
     load_run,

@@ -26,7 +26,7 @@ from roofline.gate.rules import (
 )
 from roofline.gate.runs import compare_runs, confirm_slower
 from roofline.gate.verdicts import CompareResult, normalise_rows
-from roofline.schema import (
+from roofline.model.schema import (
     DEFAULT_CACHE,
     ROW_ID,
     RunLoadError,

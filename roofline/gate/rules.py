@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from roofline.devices import DeviceError, get_device_model
-from roofline.schema import (
+from roofline.model.devices import DeviceError, get_device_model
+from roofline.model.schema import (
     SAMPLES,
 )
 

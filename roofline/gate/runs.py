@@ -27,7 +27,7 @@ from roofline.gate.rules import (
 )
 from roofline.gate.stats import Timing, fast_end_ratio
 from roofline.gate.verdicts import CompareResult, Problem, judge_frames, row_key, sort_by_verdict
-from roofline.schema import (
+from roofline.model.schema import (
     RunLoadError,
     load_run,
     row_name,

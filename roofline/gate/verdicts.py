@@ -57,7 +57,7 @@ from roofline.gate.stats import (
     row_alpha,
     shift_p_value,
 )
-from roofline.schema import (
+from roofline.model.schema import (
     CACHE,
     KEY,
     ROW_ID,

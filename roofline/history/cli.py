@@ -28,7 +28,7 @@ from roofline.history.changepoints import (
 from roofline.history.errors import HistoryError, require
 from roofline.history.series import DeviceSeries, Options, build_series
 from roofline.history.store import DEFAULT_STORE, add_run, load_store, run_document
-from roofline.schema import RESULTS_JSON, atomic_write_text
+from roofline.model.schema import RESULTS_JSON, atomic_write_text
 
 # Builds the re-timing callback for a device's newest run: (device key, its metadata,
 # its rows) -> Retime.  The command line passes it in (roofline/__main__.py wires the

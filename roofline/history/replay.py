@@ -32,7 +32,7 @@ from roofline.history.changepoints import (
     detect,
     new_changes,
 )
-from roofline.schema import SAMPLES, load_run, row_name
+from roofline.model.schema import SAMPLES, load_run, row_name
 
 RUNS = 200
 STEPS = (0.03, 0.05, 0.10, 0.30)

@@ -17,7 +17,7 @@ from typing import Any
 from roofline.gate import Key, Retime
 from roofline.history.cli import RetimerFactory
 from roofline.history.errors import HistoryError
-from roofline.schema import row_cache
+from roofline.model.schema import row_cache
 
 
 def make_retimer(command: Sequence[str], rounds: int, spacing_s: float, present_key: str,

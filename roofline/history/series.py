@@ -21,7 +21,7 @@ from roofline.history.changepoints import (
 )
 from roofline.history.errors import HistoryError
 from roofline.history.store import History
-from roofline.schema import ROW_ID, row_name
+from roofline.model.schema import ROW_ID, row_name
 
 Key = tuple[str, str, str, str, str]
 

@@ -43,7 +43,7 @@ import pandas as pd
 
 from roofline.gate import fast_end, incomplete_reasons, run_device_key, time_problem
 from roofline.history.errors import HistoryError
-from roofline.schema import (
+from roofline.model.schema import (
     KEY,
     ROW_ID,
     SAMPLES,

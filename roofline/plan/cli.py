@@ -8,17 +8,15 @@ import errno
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from roofline.devices import DEVICES, DeviceError
+from roofline.model.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
-    Gemm,
     attention_score_flops,
     budget_flops,
     compute_optimal,
@@ -33,30 +31,14 @@ from roofline.plan.arithmetic import (
 )
 from roofline.plan.comm import plan_communication
 from roofline.plan.explain import explain_report, step_kernels
-from roofline.plan.flags import _ArgError, build_parser, model_from_args, parse_count
-from roofline.plan.model import ModelShape, PlanError
+from roofline.plan.flags import _ArgError, build_parser, model_from_args
+from roofline.plan.harness import DeviceCeilings, Harness
+from roofline.plan.model import PlanError
 from roofline.plan.render import print_tables, render_markdown
-from roofline.plan.sources import ceilings_for, gemms_from_run, peak_of
+from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
 from roofline.plan.step import gemms_from_step, step_report
 
-# parse_count and model_from_args are the flags' (roofline/plan/flags.py), kept here too for
-# those who import them from the planner's command.
-__all__ = ["MeasureGemms", "MeasureKernels", "MeasureStep", "build_parser", "build_plan",
-           "check_writable", "main", "model_from_args", "out_dir", "parse_count"]
-
-# (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
-# steps, log) -> the step's measurements (benches.step.measure.measure_step).
-MeasureStep = Callable[[ModelShape, int, str, str, "int | None", "float | None", int, Any],
-                       dict[str, Any]]
 STEP_DTYPES = ("bf16", "fp16", "fp32")
-
-# (gemms, device key, dtype, provider, timing budget ms, log) -> what was measured; fills
-# each Gemm's ms, tflops and mfu (benches.step.gemms.measure_gemms).
-MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
-# ([{"kernel", "dtype", "shape"}], device key, provider, timing budget ms, log) -> each
-# request's sweep row (benches.step.gemms.measure_kernels), for --explain.
-MeasureKernels = Callable[[list[dict[str, Any]], str, str, "float | None", Any],
-                          dict[str, Any]]
 # The step's ops as they run: torch's.
 EXPLAIN_PROVIDER = "torch"
 
@@ -65,7 +47,7 @@ def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
     """(device key, warnings) of a --measure, either kind: --device, or the device
     present.  DeviceError (one line, exit 2) before anything is measured when --device
     names a GPU and none is present."""
-    from roofline.devices import detect, host_cpu, resolve
+    from roofline.model.devices import detect, host_cpu, resolve
 
     if args.device and args.device != "auto":
         present = host_cpu() if args.device == "cpu" else detect()
@@ -79,14 +61,15 @@ def _stderr(msg: str) -> None:
 
 
 def build_plan(args: argparse.Namespace, log: Any = _stderr,
-               measure_gemms: MeasureGemms | None = None,
-               measure_step: MeasureStep | None = None,
-               measure_kernels: MeasureKernels | None = None) -> dict[str, Any]:
+               harness: Harness | None = None) -> dict[str, Any]:
     """Everything the plan says, as a JSON-able dict (the --json document).
-    `measure_gemms` times GEMMs on the device present (benches.step.gemms),
-    `measure_step` runs training steps (benches.step.measure) and `measure_kernels` times the
-    step's kernels for --explain (benches.step.gemms); without them --measure is
+    The harness (roofline/plan/harness.py) times GEMMs, training steps and the step's
+    kernels on the device present and measures the ceilings of a device without a
+    datasheet; without its functions --measure, --explain and such a device are
     refused."""
+    harness = harness or Harness()
+    measure_gemms, measure_step = harness.measure_gemms, harness.measure_step
+    measure_kernels, device_ceilings = harness.measure_kernels, harness.device_ceilings
     shape = model_from_args(args)
     params: float | None = float(shape.params) if shape else args.params
     gemms = step_gemms(shape, args.micro_batch) if shape else []
@@ -132,13 +115,13 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
         device_bytes = device_memory_bytes(device, args.gpu_memory_gb)[0]
         result = measure_step(shape, args.micro_batch, "cuda" if on_gpu else "cpu",
                               step_dtype, args.measure_layers, device_bytes, args.steps, log)
-        peak, peak_source = peak_of(device, step_dtype, log)
+        peak, peak_source = peak_of(device, step_dtype, log, device_ceilings)
         bpp_policy = args.bytes_per_param if args.bytes_per_param is not None else \
             float(sum(policy_items(args.policy, weight_format).values()))
         report = step_report(shape, result, peak, bpp_policy, device_bytes, peak_source)
         gemms_timed = gemms_from_step(gemms, result.get("gemm_calls"), peak)
         ceilings = None if DEVICES[device].peaks_tflops else \
-            ceilings_for(device, log)[2].to_json()  # cached: measured by peak_of
+            measured_ceilings(device, log, device_ceilings).to_json()  # cached by peak_of
         step_measured = {"report": report, "measurement": result, "ceilings": ceilings}
         if explain:
             assert measure_kernels is not None
@@ -178,7 +161,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
             peak_source = ("datasheet" if DEVICES[device].peaks_tflops
                            else f"measured (no datasheet), run {args.from_run}")
         else:
-            peak, peak_source = peak_of(device, args.dtype, log)
+            peak, peak_source = peak_of(device, args.dtype, log, device_ceilings)
             warnings.append(f"MFU measured on '{run_key}' applied to '{device}'")
         mfu_source, mfu_from = "measured", f"--from-run {args.from_run}"
         gemms_timed = f"the nearest matmul rows of {args.from_run}"
@@ -191,7 +174,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
                 f"--sizes '{sizes}'`")
     else:
         device = args.device or "h100"
-        peak, peak_source = peak_of(device, args.dtype, log)
+        peak, peak_source = peak_of(device, args.dtype, log, device_ceilings)
         mfu_source, mfu_from = "assumed", "--mfu" if args.mfu else "default assumption"
         gemms_timed = "not timed: --measure, --from-run RUN or --measure step times them"
 
@@ -236,7 +219,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
     days_attn = days_for(flops["total"] + attn, args.gpus, peak, mfu) \
         if flops and attn is not None else None
 
-    versus = _versus(args, device, peak, mfu, flops, attn, log)
+    versus = _versus(args, device, peak, mfu, device_ceilings, flops, attn, log)
 
     # Memory.
     if args.bytes_per_param is not None:
@@ -319,6 +302,7 @@ def build_plan(args: argparse.Namespace, log: Any = _stderr,
 
 
 def _versus(args: argparse.Namespace, device: str, peak: float, mfu: float,
+            device_ceilings: DeviceCeilings | None,
             flops: dict[str, float] | None, attn: float | None, log: Any
             ) -> list[dict[str, Any]]:
     """--vs: the plan's days on other devices, for the same tokens, GPU count and MFU
@@ -336,7 +320,7 @@ def _versus(args: argparse.Namespace, device: str, peak: float, mfu: float,
                         "--days) and the model")
     out = []
     for key in [device, *[k for k in keys if k != device]]:
-        p = peak if key == device else peak_of(key, args.dtype, log)[0]
+        p = peak if key == device else peak_of(key, args.dtype, log, device_ceilings)[0]
         days = days_for(flops["total"], args.gpus, p, mfu)
         out.append({"device": key, "name": DEVICES[key].name, "peak_tflops": p,
                     "days": days,
@@ -374,12 +358,9 @@ def check_writable(dest: Path) -> None:
         raise PermissionError(errno.EACCES, "not writable", str(p))
 
 
-def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
-         measure_step: MeasureStep | None = None,
-         measure_kernels: MeasureKernels | None = None) -> int:
-    """`python -m roofline plan ...`; returns the exit code.  The entry point passes
-    benches.step.gemms.measure_gemms and measure_kernels and benches.step.measure.measure_step
-    for --measure."""
+def main(argv: list[str], harness: Harness | None = None) -> int:
+    """`python -m roofline plan ...`; returns the exit code.  The entry point passes the
+    harness (roofline/plan/harness.py) for --measure, --explain and measured ceilings."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -388,7 +369,7 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
         return 2
     except SystemExit as e:  # --help
         return e.code if isinstance(e.code, int) else 0
-    from roofline.schema import RunLoadError, atomic_write_text
+    from roofline.model.schema import RunLoadError, atomic_write_text
 
     dest = None
     try:
@@ -398,8 +379,7 @@ def main(argv: list[str], measure_gemms: MeasureGemms | None = None,
             # not after minutes of timing; made only once there is a plan to write, so a
             # plan refused for its input leaves nothing behind.
             check_writable(dest)
-        plan = build_plan(args, measure_gemms=measure_gemms, measure_step=measure_step,
-                          measure_kernels=measure_kernels)
+        plan = build_plan(args, harness=harness)
     except (PlanError, DeviceError, RunLoadError, OSError) as e:
         what = f"cannot create {dest}: " if isinstance(e, OSError) else ""
         print(f"error: {what}{e}", file=sys.stderr)

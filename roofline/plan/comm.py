@@ -104,7 +104,7 @@ def busbw_row(run: str, op: str = "all_reduce", size: int | None = None) -> dict
     ranks)."""
     import pandas as pd
 
-    from roofline.schema import load_run, parse_shape
+    from roofline.model.schema import load_run, parse_shape
 
     _, df = load_run(run)
     if df.empty or "busbw_gbps" not in df.columns:
@@ -145,7 +145,7 @@ def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: 
                   warnings: list[str]) -> None:
     """Refuse a busbw measured on another kind of device than the plan's (unless
     forced); warn when its backend or rank count is not what the plan's would be."""
-    from roofline.devices import DEVICES
+    from roofline.model.devices import DEVICES
 
     where = (f"{row['device'] or 'an unnamed device'}"
              + (f", {row['backend']}" if row["backend"] else "")

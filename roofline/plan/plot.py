@@ -10,9 +10,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from roofline.devices import ROOF_CLASS
+from roofline.model.devices import ROOF_CLASS
+from roofline.model.rows import run_ceilings
 from roofline.plot import draw_ceilings
-from roofline.rows import run_ceilings
 from roofline.style import fmt_tflops, new_figure, save_figure
 
 _PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}

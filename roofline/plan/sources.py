@@ -2,42 +2,40 @@
 or measured ceilings, and a saved run's matmul rows (--from-run).  Timing GEMMs now
 (--measure) is benches/step/gemms.py's job."""
 
-
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roofline.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
+from roofline.model.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
 
 if TYPE_CHECKING:
-    from roofline.ceilings import Ceilings
+    from roofline.model.ceilings import Ceilings
+    from roofline.plan.harness import DeviceCeilings
 
 
-def ceilings_for(key: str, log: Any) -> tuple[DeviceModel, Present, Ceilings]:
-    """Ceilings of device `key` with the present device behind them (measured when the
-    device has no datasheet, e.g. the CPU), and the Present and DeviceModel."""
-    from roofline.ceilings import get_ceilings
-    from roofline.devices import detect, host_cpu, resolve
+def measured_ceilings(key: str, log: Any, device_ceilings: DeviceCeilings | None
+                      ) -> Ceilings:
+    """The ceilings of device `key` as the harness gives them (measured on the device
+    present where the model has no datasheet), or PlanError where there is no harness."""
+    return _device(key, log, device_ceilings)[2]
 
-    present = host_cpu() if key == "cpu" else detect()
-    model, warnings = resolve(key, present)
-    for w in warnings:
-        log(f"warning: {w}")
-    needs_measure = not model.peaks_tflops
-    ceilings = get_ceilings(model, present, Path("results") / ".ceilings",
-                            measure_ceilings=needs_measure, log=log)
-    return model, present, ceilings
+
+def _device(key: str, log: Any, device_ceilings: DeviceCeilings | None
+            ) -> tuple[DeviceModel, Present, Ceilings]:
+    if device_ceilings is None:
+        raise PlanError(f"the peaks of '{key}' are measured on the device (no datasheet): "
+                        "run the plan through python -m roofline plan")
+    return device_ceilings(key, log)
 
 
 def ceilings_peak(model: DeviceModel, present: Present, ceilings: Ceilings,
                   dtype: str) -> float:
     """The peak TFLOP/s `ceilings` hold `dtype` to (the datasheet's, else the measured
     one), or PlanError saying why there is none.  A class measured under 0.1x fp32's rate
-    is no roof (roofline.ceilings.no_roofs: bf16 and fp16 on a CPU without their units),
+    is no roof (roofline.model.ceilings.no_roofs: bf16 and fp16 on a CPU without their units),
     and the refusal says so with the figures, and to plan in fp32."""
     rc = ROOF_CLASS[dtype]
     peak = ceilings.peak_tflops(rc)
@@ -53,8 +51,10 @@ def ceilings_peak(model: DeviceModel, present: Present, ceilings: Ceilings,
     raise PlanError(f"no {rc} ceiling could be measured on {where}")
 
 
-def peak_of(key: str, dtype: str, log: Any) -> tuple[float, str]:
-    """(dense peak TFLOP/s of `dtype` on device `key`, source)."""
+def peak_of(key: str, dtype: str, log: Any, device_ceilings: DeviceCeilings | None = None
+            ) -> tuple[float, str]:
+    """(dense peak TFLOP/s of `dtype` on device `key`, source): the datasheet's, else the
+    one `device_ceilings` (the harness's) measures."""
     model = DEVICES[key]
     rc = ROOF_CLASS[dtype]
     if model.peaks_tflops:
@@ -62,7 +62,7 @@ def peak_of(key: str, dtype: str, log: Any) -> tuple[float, str]:
         if peak is None:
             raise PlanError(f"{model.name} has no {dtype} units (no {rc} peak in the table)")
         return peak, "datasheet"
-    return ceilings_peak(*ceilings_for(key, log), dtype), "measured (no datasheet)"
+    return ceilings_peak(*_device(key, log, device_ceilings), dtype), "measured (no datasheet)"
 
 
 def _log_distance(a: dict[str, int], b: dict[str, int]) -> tuple[float, float]:
@@ -76,7 +76,7 @@ def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> di
     space over M, N, K); MFU is that row's TFLOP/s over the peak the run held it to."""
     import pandas as pd
 
-    from roofline.schema import load_run, parse_shape
+    from roofline.model.schema import load_run, parse_shape
 
     meta, df = load_run(run)
     if df.empty or "kernel" not in df.columns:

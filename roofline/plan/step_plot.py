@@ -15,10 +15,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from roofline.devices import ROOF_CLASS
+from roofline.model.devices import ROOF_CLASS
+from roofline.model.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.plot import marker_area, roofline_axes
-from roofline.rows import run_ceilings
 from roofline.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}

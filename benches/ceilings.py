@@ -1,20 +1,8 @@
-"""Ceilings: datasheet peaks beside measured ones.
-
-Metadata format (results.json -> metadata["ceilings"]):
-
-    {
-      "datasheet": {"tflops": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
-                               "fp8": 1978.9},
-                    "hbm_gbps": 3350.0, "l2_gbps": null}        # or null (CPU, unlisted GPU)
-      "measured":  {"tflops": {"fp32": ..., "bf16": ...},     # classes that were measured
-                    "hbm_gbps": ..., "l2_gbps": ..., "method": {...}, "measured_at": "..."}
-                                                               # or null when not measured
-    }
-
-Rows use the datasheet value where there is one (peak_tflops, peak_gbps) and the
-measured one beside it (meas_peak_tflops, meas_peak_gbps); a device without a datasheet
-uses the measured values for both.
-"""
+"""The ceilings measured on the device present: a large copy for memory bandwidth, a
+small one for cache bandwidth, the best of large matrix products per roof class for
+compute (what the vendor library reaches is what a kernel can hope for), cached per
+device and software versions.  What they mean, and their format in a run's metadata,
+is roofline/model/ceilings.py."""
 
 from __future__ import annotations
 
@@ -23,13 +11,13 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from roofline.devices import ROOF_CLASSES, DeviceModel, Present
-from roofline.schema import atomic_write_text
+from roofline.model.ceilings import Ceilings, datasheet_of, no_roofs
+from roofline.model.devices import ROOF_CLASSES, DeviceModel, Present
+from roofline.model.schema import atomic_write_text
 
 CACHE_VERSION = 1
 # When set, the one folder every command keeps its ceiling cache in, in place of the one
@@ -37,46 +25,6 @@ CACHE_VERSION = 1
 # `pytest benches/`'s results/.ceilings).  The test suite points it at a temporary cache
 # per session (tests/conftest.py), so running the tests never replaces measured peaks.
 CACHE_DIR_ENV = "GPUBENCH_CEILINGS_DIR"
-
-
-@dataclass
-class Ceilings:
-    datasheet: dict[str, Any] | None
-    measured: dict[str, Any] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"datasheet": self.datasheet, "measured": self.measured}
-
-    def _pick(self, section: dict[str, Any] | None, roof_class: str) -> float | None:
-        tflops = (section or {}).get("tflops", {})
-        if section is self.measured and roof_class in no_roofs(tflops):
-            return None
-        return tflops.get(roof_class)
-
-    def no_roofs(self) -> dict[str, str]:
-        """The measured classes that are no roof (see no_roofs), with why."""
-        return no_roofs((self.measured or {}).get("tflops") or {})
-
-    def peak_tflops(self, roof_class: str) -> float | None:
-        """The peak a row is held against: datasheet where there is one, else measured."""
-        ds = self._pick(self.datasheet, roof_class)
-        return ds if ds is not None else self._pick(self.measured, roof_class)
-
-    def peak_gbps(self) -> float | None:
-        ds = (self.datasheet or {}).get("hbm_gbps")
-        return ds if ds is not None else (self.measured or {}).get("hbm_gbps")
-
-    def meas_tflops(self, roof_class: str) -> float | None:
-        return self._pick(self.measured, roof_class)
-
-    def meas_gbps(self) -> float | None:
-        return (self.measured or {}).get("hbm_gbps")
-
-
-def datasheet_of(model: DeviceModel) -> dict[str, Any] | None:
-    if not model.peaks_tflops and model.hbm_tbps is None:
-        return None
-    return {"tflops": dict(model.peaks_tflops), "hbm_gbps": model.hbm_gbps, "l2_gbps": None}
 
 
 # ---- measurement ---------------------------------------------------------------------
@@ -147,30 +95,6 @@ def _budgeted_ms(fn, device: str) -> float:
         fn()
         return (time.perf_counter() - t0) * 1e3
     return _time_ms(fn, device)
-
-
-# A reduced-precision class measured below this fraction of fp32's rate is no roof.
-# 10x leaves room for a loaded host's noise (seen: 2-3x between two measurements) and
-# for converting paths that still run near fp32 (this suite's 2-core VM: fp8
-# torch._scaled_mm at half fp32's rate), while a software path is far below it (fp16
-# matmul on the same VM: 66x slower than fp32; a CPU without fp8 support: 7,000x).
-NO_ROOF_BELOW_FP32 = 0.1
-
-
-def no_roofs(tflops: dict[str, float]) -> dict[str, str]:
-    """Measured compute ceilings that are no roof, each with why: a reduced-precision
-    class (tf32, fp16, bf16, fp8) measured more than 10x slower than fp32 has no unit of
-    its own on this device (the library emulates it in software), so its rate says how
-    slow that path is, not what the hardware can do; MFU against it would call a
-    crawling kernel efficient (fp8 matmul at 40% "MFU" of a 3.8e-5 TFLOP/s ceiling).
-    Rows of such a class get no compute roof (no MFU), and it is not plotted."""
-    fp32 = tflops.get("fp32")
-    if not fp32:
-        return {}
-    return {rc: (f"measured {v:.3g} TFLOP/s, under {NO_ROOF_BELOW_FP32:g}x fp32's "
-                 f"{fp32:.3g}: no {rc} unit on this device (an emulated path), so no MFU "
-                 "against it")
-            for rc, v in tflops.items() if rc != "fp32" and v < NO_ROOF_BELOW_FP32 * fp32}
 
 
 def _copy_fn(nbytes: int, device: str, reps: int = 1):
@@ -357,3 +281,18 @@ def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
     measured = measure(present, log=log)
     atomic_write_text(path, json.dumps(measured, indent=2))
     return Ceilings(datasheet, measured)
+
+
+def device_ceilings(key: str, log: Any = print) -> tuple[DeviceModel, Present, Ceilings]:
+    """The ceilings of device model `key` with the device present behind them (measured
+    where the model has no datasheet, as a CPU's; cached), and that Present and model:
+    the planner's harness function (roofline/plan/harness.py)."""
+    from roofline.model.devices import detect, host_cpu, resolve
+
+    present = host_cpu() if key == "cpu" else detect()
+    model, warnings = resolve(key, present)
+    for w in warnings:
+        log(f"warning: {w}")
+    ceilings = get_ceilings(model, present, Path("results") / ".ceilings",
+                            measure_ceilings=not model.peaks_tflops, log=log)
+    return model, present, ceilings

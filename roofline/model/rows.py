@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from kernels.spec import DTYPE_NAMES
-from roofline.ceilings import no_roofs
-from roofline.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from roofline.model.ceilings import no_roofs
+from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "softmax",
                                   "layernorm", "rmsnorm", "matvec", "attention",
@@ -134,7 +134,7 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
 def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
     """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
 
-    Reads metadata["ceilings"] (format in roofline/ceilings.py) as written once the run
+    Reads metadata["ceilings"] (format in benches/ceilings.py) as written once the run
     measured them (`ceilings_ready`, or any value in it: a source left empty then was
     none).  A run without them there (written before that key, or cut short before its
     ceilings reached results.json: its rows, read from the journal, carry them) falls

@@ -1,0 +1,41 @@
+"""What the planner asks of the benchmark harness.  The command line
+(roofline/__main__.py) passes the harness's functions in, so that roofline/ never
+imports benches/: the planner is arithmetic over saved or measured numbers, the
+measuring is the harness's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from roofline.model.ceilings import Ceilings
+from roofline.model.devices import DeviceModel, Present
+from roofline.plan.arithmetic import Gemm
+from roofline.plan.model import ModelShape
+
+# (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
+# steps, log) -> the step's measurements (benches.step.measure.measure_step).
+MeasureStep = Callable[[ModelShape, int, str, str, "int | None", "float | None", int, Any],
+                       dict[str, Any]]
+# (gemms, device key, dtype, provider, timing budget ms, log) -> what was measured; fills
+# each Gemm's ms, tflops and mfu (benches.step.gemms.measure_gemms).
+MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[str, Any]]
+# ([{"kernel", "dtype", "shape"}], device key, provider, timing budget ms, log) -> each
+# request's sweep row (benches.step.gemms.measure_kernels), for --explain.
+MeasureKernels = Callable[[list[dict[str, Any]], str, str, "float | None", Any],
+                          dict[str, Any]]
+# (device key, log) -> (its model, the device present, its ceilings: measured where the
+# model has no datasheet, as a CPU's) (benches.ceilings.device_ceilings).
+DeviceCeilings = Callable[[str, Any], tuple[DeviceModel, Present, Ceilings]]
+
+
+@dataclass(frozen=True)
+class Harness:
+    """The harness's functions the planner may call; None where a caller has none (a
+    plan from datasheets alone)."""
+
+    measure_gemms: MeasureGemms | None = None
+    measure_step: MeasureStep | None = None
+    measure_kernels: MeasureKernels | None = None
+    device_ceilings: DeviceCeilings | None = None
