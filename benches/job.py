@@ -122,9 +122,9 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     meta = writer.metadata
     try:
         from roofline.model.schema import ROOFLINE_PNG, SCALING_PNG
-        from roofline.plot import plot_roofline
-        from roofline.plot_scaling import plot_scaling
-        from roofline.report import write_summary
+        from roofline.report.plot import plot_roofline
+        from roofline.report.plot_scaling import plot_scaling
+        from roofline.report.summary import write_summary
 
         if plots:
             import matplotlib.pyplot as plt

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "plot":
-        from roofline.plot_cli import main as plot_main
+        from roofline.report.plot_cli import main as plot_main
 
         return plot_main(rest)
     if cmd in ("compare", "promote"):
@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main([cmd, *rest], retimer=_retimer)
     if cmd == "targets":
-        from roofline.targets_cli import main as targets_main
+        from roofline.report.targets_cli import main as targets_main
 
         return targets_main(rest)
     if cmd == "finalize":
-        from roofline.finalize import main as finalize_main
+        from roofline.report.finalize import main as finalize_main
 
         return finalize_main(rest)
     if cmd == "plan":

@@ -22,7 +22,7 @@ from benches.timing import OverBudget, TimingConfig, plan_cpu
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.model.ceilings import Ceilings, no_roofs
 from roofline.model.rows import run_ceilings
-from roofline.report import render_summary
+from roofline.report.summary import render_summary
 from tests.test_measurement import case, cpu_cfg
 
 TWO_S = TimingConfig(row_budget_s=2.0)

@@ -1,6 +1,6 @@
 """Readers of saved rows that pick or pair rows keep a case's cold and warm rows apart, as
-the gate does: the fleet's per-device figures (roofline/fleet.py) and section 7's targets
-(roofline/targets.py).  A row without a `cache` cell has its device's native mode (cold
+the gate does: the fleet's per-device figures (roofline/report/fleet.py) and section 7's targets
+(roofline/report/targets.py).  A row without a `cache` cell has its device's native mode (cold
 on a GPU, warm on a CPU: roofline.model.schema.native_cache)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline import targets, targets_cli
-from roofline.fleet import device_figures, figures_of, find_outliers, render_fleet_md
-from roofline.targets import MET, NOT_MEASURED
+from roofline.report import targets, targets_cli
+from roofline.report.fleet import device_figures, figures_of, find_outliers, render_fleet_md
+from roofline.report.targets import MET, NOT_MEASURED
 from tests.test_gpu_ci import COPY_GBPS, N26, _mm, _row, _write
 
 # ---- fleet: one set of figures per cache mode --------------------------------------------

@@ -29,8 +29,8 @@ from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
 from roofline.model.ceilings import Ceilings
 from roofline.model.schema import ALL_COLUMNS, load_run
-from roofline.plot import plot_roofline
-from roofline.report import render_summary
+from roofline.report.plot import plot_roofline
+from roofline.report.summary import render_summary
 from tests.test_dispatch import FakeGpu
 from tests.test_measurement import FAST, _fake_cuda, case, cpu_cfg, gpu_cfg, with_torch_fn
 
@@ -573,7 +573,7 @@ def test_the_summary_lists_the_largest_warm_cold_gaps() -> None:
 
 
 def test_warm_rows_that_fit_are_held_against_the_cache_roof() -> None:
-    from roofline.findings import effective_roofs
+    from roofline.report.findings import effective_roofs
 
     df = _frame([{"n": 2**16, "ms": 0.001}, {"n": 2**16, "ms": 0.0005, "cache": "warm"},
                  {"n": 2**25, "ms": 0.2, "cache": "warm"}])

@@ -32,7 +32,7 @@ from kernels.triton_utils import (
 )
 from roofline.model.ceilings import Ceilings
 from roofline.model.schema import ALL_COLUMNS
-from roofline.report import launch_bound_rows, render_summary
+from roofline.report.summary import launch_bound_rows, render_summary
 from tests.test_measurement import cpu_cfg, gpu_cfg
 
 

@@ -20,9 +20,9 @@ import torch
 
 from benches.fleet.collectives import busbw, elements, fill_value
 from benches.fleet.dist import FleetRefused, cpu_threads
-from roofline.fleet import find_outliers
 from roofline.plan.comm import busbw_from_run
 from roofline.plan.model import PlanError
+from roofline.report.fleet import find_outliers
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from roofline import targets
 from roofline.__main__ import main as roofline_main
 from roofline.model.schema import COLUMNS
-from roofline.targets import MET, MISSED, NOT_MEASURED
+from roofline.report import targets
+from roofline.report.targets import MET, MISSED, NOT_MEASURED
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "gpu"

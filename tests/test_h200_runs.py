@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from roofline import targets, targets_cli
 from roofline.__main__ import main as roofline_main
-from roofline.finalize import finalize
 from roofline.model.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
+from roofline.report import targets, targets_cli
+from roofline.report.finalize import finalize
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "h200" / "2026-11-26"

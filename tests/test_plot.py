@@ -13,13 +13,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline import plot, plot_cli
 from roofline.model.ceilings import no_roofs
 from roofline.model.devices import DEVICES, ROOF_CLASS
 from roofline.model.metrics import derive
 from roofline.model.schema import ALL_COLUMNS
-from roofline.plot_scaling import plot_scaling
-from roofline.style import fmt_tflops
+from roofline.report import plot, plot_cli
+from roofline.report.plot_scaling import plot_scaling
+from roofline.report.style import fmt_tflops
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}

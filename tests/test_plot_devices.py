@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from roofline import plot_cli
 from roofline.model.devices import DEVICES
-from roofline.plot_devices import plot_devices
+from roofline.report import plot_cli
+from roofline.report.plot_devices import plot_devices
 from tests.test_plot import (
     cpu_meta,
     cpu_rows,

@@ -9,10 +9,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline import report
 from roofline.model.devices import DEVICES, ROOF_CLASS
 from roofline.model.metrics import derive
 from roofline.model.schema import ALL_COLUMNS, SUMMARY_MD
+from roofline.report import summary as report
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}

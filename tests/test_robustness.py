@@ -23,8 +23,8 @@ from benches import runner
 from benches.runner import SweepAborted, _InputCache, run_case
 from benches.timing import summarize
 from kernels.matmul import scaled_mm_rejects
-from roofline import plot_cli
 from roofline.gate.cli import check_outputs, main
+from roofline.report import plot_cli
 from tests.test_measurement import case, cpu_cfg, raising
 
 ROOT = Path(__file__).resolve().parent.parent

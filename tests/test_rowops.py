@@ -262,9 +262,9 @@ def small_run(tmp_path_factory):
 
 
 def test_small_run_rows_figure_summary_and_gate(small_run, capsys):
-    from roofline import plot
     from roofline.__main__ import main as roofline_main
     from roofline.model.schema import load_run
+    from roofline.report import plot
 
     meta, df = load_run(small_run)
     ok = df[df.status == "ok"]

@@ -26,7 +26,7 @@ from roofline.gate.promote import promote
 from roofline.gate.rules import CompareError
 from roofline.gate.verdicts import compare_frames
 from roofline.model.schema import ALL_COLUMNS
-from roofline.report import render_summary
+from roofline.report.summary import render_summary
 from tests.test_measurement import case, gpu_cfg
 
 

@@ -98,7 +98,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from roofline.style import save_figure
+    from roofline.report.style import save_figure
 
     rows = [(f"node {n['host']}", n) for n in doc["nodes"]] + \
         [(_gpu_label(g), g) for g in doc["gpus"]]

@@ -100,8 +100,8 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
 
     from benches.job import _finish
     from benches.results import ResultWriter
-    from roofline.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
     from roofline.model.devices import DEVICES
+    from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
 
     infos = [g[0] for g in gathered]
     rows = [r for g in gathered for r in g[1]] + coll_rows

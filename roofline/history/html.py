@@ -6,7 +6,7 @@
     OUT/<device>/<family>.html     one chart per series of a kernel family: the median per
                                    run (commits on the x axis) with its p20-p80 band,
                                    change points marked, hover with commit and values
-    OUT/<device>/roofline.png      the roofline of the device's latest run (roofline.plot)
+    OUT/<device>/roofline.png      the roofline of the device's latest run (roofline.report.plot)
 
 The charts are Plotly figures written as HTML (no hand-written JavaScript).  Each chart's
 div carries data-series, and its traces fixed names ("median", "p20-p80", "slower",
@@ -119,13 +119,13 @@ def _figure(s: Series):  # -> plotly Figure
 
 
 def _roofline(d: DeviceSeries, folder: Path) -> str:
-    """The latest run's roofline PNG (roofline.plot), or why there is none."""
+    """The latest run's roofline PNG (roofline.report.plot), or why there is none."""
     newest = d.runs.iloc[-1]
     try:
         meta, df = run_document(d.history.path, int(newest["seq"]))
         import matplotlib.pyplot as plt
 
-        from roofline.plot import plot_roofline
+        from roofline.report.plot import plot_roofline
 
         plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
     except Exception as e:  # a figure problem must not cost the dashboard

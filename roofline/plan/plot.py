@@ -12,8 +12,8 @@ from matplotlib.lines import Line2D
 
 from roofline.model.devices import ROOF_CLASS
 from roofline.model.rows import run_ceilings
-from roofline.plot import draw_ceilings
-from roofline.style import fmt_tflops, new_figure, save_figure
+from roofline.report.plot import draw_ceilings
+from roofline.report.style import fmt_tflops, new_figure, save_figure
 
 _PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}
 _MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share
@@ -79,7 +79,7 @@ def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
 
 def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
     """One panel: the device's HBM slope and the dtype's roof (datasheet solid, measured
-    dashed, from roofline/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
+    dashed, from roofline/report/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
     dtype = plan["dtype"]
     rc = ROOF_CLASS[dtype]
     meas = plan.get("measurement") or {}

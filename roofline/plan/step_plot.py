@@ -19,7 +19,7 @@ from roofline.model.devices import ROOF_CLASS
 from roofline.model.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.plot import marker_area, roofline_axes
-from roofline.style import save_figure
+from roofline.report.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
 _EXPLAIN_COLORS = {"norm": "#2ca02c", "loss/softmax": "#9467bd",

@@ -5,7 +5,7 @@ measured (with why).  Pure analysis: nothing is measured.  Every ratio comes fro
 run: a row against its own run's copy bandwidth, Triton against torch rows of the same
 run, all of the device's native cache mode (cold on a GPU; _find).  Where several runs
 hold a qualifying row, the largest footprint counts, then the run given last.  The
-command line and the summary it writes are roofline/targets_cli.py.
+command line and the summary it writes are roofline/report/targets_cli.py.
 """
 
 from __future__ import annotations

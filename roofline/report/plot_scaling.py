@@ -30,7 +30,7 @@ from roofline.model.rows import (
     run_ceilings,
 )
 from roofline.model.schema import WARM, cache_column
-from roofline.style import (
+from roofline.report.style import (
     ROOF_COLOR,
     ROOF_STYLE,
     PlainLogFormatter,

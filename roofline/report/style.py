@@ -43,7 +43,7 @@ _DTYPE_COLORS = {
 
 _PROVIDER_MARKERS = {"torch": "o", "triton": "^"}
 
-# The cross-device figure (roofline/plot_devices.py): one colour per run, in the order
+# The cross-device figure (roofline/report/plot_devices.py): one colour per run, in the order
 # given, for its roofs and its points alike.
 _DEVICE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
                   "#17becf", "#bcbd22", "#d62728", "#7f7f7f")

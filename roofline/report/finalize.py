@@ -70,13 +70,13 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
     df = pd.DataFrame(rows, columns=ALL_COLUMNS)
     atomic_write_text(folder / RESULTS_CSV, df.to_csv(index=False))
     journal.unlink()  # results.json holds every row it held
-    from roofline.report import write_summary
+    from roofline.report.summary import write_summary
 
     if plots:
         import matplotlib.pyplot as plt
 
-        from roofline.plot import plot_roofline
-        from roofline.plot_scaling import plot_scaling
+        from roofline.report.plot import plot_roofline
+        from roofline.report.plot_scaling import plot_scaling
 
         plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
         plt.close(plot_scaling(meta, df, folder / SCALING_PNG))

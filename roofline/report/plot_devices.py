@@ -1,7 +1,7 @@
 """Several runs' rooflines on one figure: `python -m roofline plot RUN_A RUN_B ... --devices`.
 
 One run per device (H100 vs H200 vs a CPU; a B200 when there is a run of one), one colour
-per run, in the order given.  As in a single run's roofline.png (roofline/plot.py) there
+per run, in the order given.  As in a single run's roofline.png (roofline/report/plot.py) there
 is one panel per benchmark dtype on shared log-log axes; each panel draws, for every run,
 its HBM slope and the flat roofs its rows are held against (every roof class used by
 that dtype's rows in any of the runs, so the devices compare roof for roof), datasheet
@@ -39,8 +39,8 @@ from roofline.model.rows import (
     ok_rows,
     run_ceilings,
 )
-from roofline.plot import axis_limits
-from roofline.style import (
+from roofline.report.plot import axis_limits
+from roofline.report.style import (
     KERNEL_SIZES,
     POINT_SIZE,
     ROOF_STYLE,
@@ -164,7 +164,7 @@ def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
 
 def _draw_labels(ax: Any, labels: list[tuple[float, str, str, str, Any]]) -> None:
     """The label block in the panel's upper-left corner, highest roof first, each label
-    tied to its ridge by a leader line (roofline/plot.py's layout, in device colours)."""
+    tied to its ridge by a leader line (roofline/report/plot.py's layout, in device colours)."""
     labels.sort(key=lambda t: -t[0])
     for i, (_, text, gid, color, xy) in enumerate(labels):
         pos = (0.03, 0.97 - 0.048 * i)

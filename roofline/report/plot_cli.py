@@ -19,9 +19,9 @@ from roofline.model.schema import (
     load_run,
     resolve_results_json,
 )
-from roofline.plot import plot_roofline
-from roofline.plot_devices import plot_devices
-from roofline.plot_scaling import plot_scaling
+from roofline.report.plot import plot_roofline
+from roofline.report.plot_devices import plot_devices
+from roofline.report.plot_scaling import plot_scaling
 
 # `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
 DEVICES_PNG = "devices.png"
@@ -57,7 +57,7 @@ def figure_paths(run: str, out: str | None) -> tuple[Path, Path]:
 
 def main(argv: list[str]) -> int:
     """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
-    figure with `--devices` (roofline/plot_devices.py); returns the exit code."""
+    figure with `--devices` (roofline/report/plot_devices.py); returns the exit code."""
     usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
              "plot RUN_A RUN_B [...] --devices [--out PNG]")
     parser = _Parser(prog="python -m roofline plot", usage=usage,

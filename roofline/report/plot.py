@@ -50,7 +50,7 @@ from roofline.model.schema import (
     WARM,
     cache_column,
 )
-from roofline.style import (
+from roofline.report.style import (
     FASTER,
     KERNEL_SIZES,
     L2_STYLE,

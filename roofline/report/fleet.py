@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from roofline.model.schema import atomic_write_text, mode_tag
-from roofline.style import new_figure, save_figure
+from roofline.report.style import new_figure, save_figure
 
 DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median
 # Key figures, higher is better: the measured copy bandwidth, the largest matmuls'

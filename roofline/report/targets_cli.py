@@ -1,5 +1,5 @@
 """`python -m roofline targets RUN [RUN ...] [--steps TSV] [--same-rows PLAIN FLEET]
-[--md PATH]`: the targets' verdicts (roofline/targets.py) as a summary, with the GPU
+[--md PATH]`: the targets' verdicts (roofline/report/targets.py) as a summary, with the GPU
 job's steps and whether its fleet run has the plain sweep's rows.  A missed target is a
 finding, not an error: the exit code is 0 then, 1 only when --same-rows finds the
 fleet's rows differ, 2 on a usage error."""
@@ -14,8 +14,8 @@ from pathlib import Path
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
 from roofline.model.schema import KEY, RunLoadError, atomic_write_text, mode_tag
-from roofline.report import md_table
-from roofline.targets import (
+from roofline.report.summary import md_table
+from roofline.report.targets import (
     MET,
     MISSED,
     NOT_MEASURED,

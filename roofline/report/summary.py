@@ -16,7 +16,17 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.findings import (
+from roofline.model.ceilings import no_roofs
+from roofline.model.devices import ROOF_CLASSES
+from roofline.model.rows import Ceiling, clean_rows, run_ceilings
+from roofline.model.schema import (
+    ROOFLINE_PNG,
+    SCALING_PNG,
+    SUMMARY_MD,
+    atomic_write_text,
+    mode_tag,
+)
+from roofline.report.findings import (
     above_roof_cause,
     above_roof_rows,
     as_dict,
@@ -31,17 +41,7 @@ from roofline.findings import (
     throttled_rows,
     warm_rows,
 )
-from roofline.model.ceilings import no_roofs
-from roofline.model.devices import ROOF_CLASSES
-from roofline.model.rows import Ceiling, clean_rows, run_ceilings
-from roofline.model.schema import (
-    ROOFLINE_PNG,
-    SCALING_PNG,
-    SUMMARY_MD,
-    atomic_write_text,
-    mode_tag,
-)
-from roofline.style import fmt_gbps, fmt_sig, fmt_tflops
+from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops
 
 
 def _num(x: Any) -> str:
