@@ -23,15 +23,7 @@ from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate.cli import threshold_help
 from roofline.gate.rules import CompareError, check_threshold
-
-
-class UsageError(ValueError):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line and exit 2, never a traceback
-        raise UsageError(message)
+from roofline.model.cli import Parser, UsageError, positive_problem
 
 
 def _registry_lists() -> dict[str, str]:
@@ -51,7 +43,7 @@ def _registry_lists() -> dict[str, str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # Lists are validated against the registries once they are imported (benches.job).
     names = _registry_lists() if {"-h", "--help"} & set(argv) else {
         k: f"see --{'list-devices' if k == 'devices' else 'list'}"
@@ -156,11 +148,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                          f"{args.throttle_threshold:g}")
     if args.fleet_tolerance is not None and not 0 <= args.fleet_tolerance < 100:
         raise UsageError(f"--fleet-tolerance must be in [0, 100), got {args.fleet_tolerance:g}")
-    for flag, v in (("--row-budget", args.row_budget), ("--run-budget", args.run_budget)):
-        if v is not None and not v > 0:  # NaN fails this too
-            raise UsageError(f"{flag} must be a positive number of seconds, got {v:g}")
-    if not args.dist_timeout > 0:
-        raise UsageError(f"--dist-timeout must be positive, got {args.dist_timeout:g}")
+    for flag, v in (("--row-budget", args.row_budget), ("--run-budget", args.run_budget),
+                    ("--dist-timeout", args.dist_timeout)):
+        problem = positive_problem(flag, v, "seconds", infinite_ok=True)
+        if problem:
+            raise UsageError(problem)
     if not 0 <= args.throttle_recovery_delay <= 60:
         raise UsageError(f"--throttle-recovery-delay must be between 0 and 60 seconds, got "
                          f"{args.throttle_recovery_delay:g}")

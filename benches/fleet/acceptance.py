@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import time
 from datetime import datetime
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benches.fleet.acceptance_rules import Thresholds
+from roofline.model.cli import positive_problem
 
 TEST_WRONG = "GPUBENCH_TEST_WRONG_RANK"
 DEFAULT_MINUTES = 2.0
@@ -83,8 +83,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     for flag in ("resume", "compare", "check_only", "inspect"):
         if getattr(args, flag, None):
             return f"--acceptance does not take --{flag.replace('_', '-')}"
-    if not (math.isfinite(args.minutes) and args.minutes > 0):
-        return f"--minutes must be a positive number, got {args.minutes:g}"
+    problem = positive_problem("--minutes", args.minutes)
+    if problem:
+        return problem
     w, c = args.median_warn_pct, args.median_critical_pct
     if not 0 <= w < c < 100:
         return (f"--median-warn and --median-critical must satisfy 0 <= warn < critical < "
@@ -93,10 +94,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if not 0 < c < w <= 100:
         return (f"--busbw-critical and --busbw-warn must satisfy 0 < critical < warn <= "
                 f"100, got {c:g} and {w:g}")
-    e = args.expected_busbw
-    if e is not None and not (math.isfinite(e) and e > 0):
-        return f"--expected-busbw must be a positive GB/s figure, got {e:g}"
-    return None
+    return positive_problem("--expected-busbw", args.expected_busbw, "GB/s")
 
 
 def thresholds(args: argparse.Namespace) -> Thresholds:

@@ -8,7 +8,6 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from roofline.gate.promote import promote
 from roofline.gate.render import (
@@ -29,6 +28,7 @@ from roofline.gate.rules import (
     status_column,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
+from roofline.model.cli import Parser, UsageError
 from roofline.model.devices import DeviceError
 from roofline.model.schema import (
     RESULTS_JSON,
@@ -37,16 +37,8 @@ from roofline.model.schema import (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting, so every usage error
-    becomes the same single `error: ...` line (subparsers inherit this class)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise CompareError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m roofline", description="Compare benchmark runs.")
+    p = Parser(prog="python -m roofline", description="Compare benchmark runs.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{compare,promote}")
     c = sub.add_parser("compare", help="regression verdicts of RUN against BASELINE",
                        description="Regression verdicts of RUN against BASELINE; exit 1 "
@@ -174,7 +166,7 @@ def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -
         args = _parser().parse_args(argv)
         return _cmd_compare(args, retimer) if args.cmd == "compare" else _cmd_promote(args)
 
-    return cli_exit_code(command, (CompareError, RunLoadError, DeviceError))
+    return cli_exit_code(command, (CompareError, UsageError, RunLoadError, DeviceError))
 
 
 if __name__ == "__main__":

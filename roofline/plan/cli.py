@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from roofline.model.cli import UsageError
 from roofline.model.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
@@ -31,7 +32,7 @@ from roofline.plan.arithmetic import (
 )
 from roofline.plan.comm import plan_communication
 from roofline.plan.explain import explain_report, step_kernels
-from roofline.plan.flags import _ArgError, build_parser, model_from_args
+from roofline.plan.flags import build_parser, model_from_args
 from roofline.plan.harness import DeviceCeilings, Harness
 from roofline.plan.model import PlanError
 from roofline.plan.render import print_tables, render_markdown
@@ -364,7 +365,7 @@ def main(argv: list[str], harness: Harness | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except _ArgError as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help

@@ -6,6 +6,7 @@ import argparse
 import math
 from dataclasses import replace
 
+from roofline.model.cli import Parser
 from roofline.model.devices import ROOF_CLASS
 from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES, WEIGHT_FORMATS
 from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
@@ -47,19 +48,9 @@ def _mfu(text: str) -> float:
     return v
 
 
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints a usage block and exits 2; the contract is one line.
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m roofline plan",
-                description="How big a model, on how many tokens, in how many days, in how "
+    p = Parser(prog="python -m roofline plan",
+               description="How big a model, on how many tokens, in how many days, in how "
                             "much memory; MFU assumed or measured (docs/plan.md).")
     m = p.add_argument_group("model (--params, or a shape, or a preset; shape flags "
                              "override a preset's)")

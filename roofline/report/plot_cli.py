@@ -3,7 +3,6 @@ several runs' rooflines on one figure (--devices)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from roofline.model.cli import Parser, UsageError
 from roofline.model.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
@@ -25,16 +25,6 @@ from roofline.report.plot_scaling import plot_scaling
 
 # `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
 DEVICES_PNG = "devices.png"
-
-
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    # argparse prints a usage block and exits; the contract is one line and return 2.
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
 
 
 def figure_paths(run: str, out: str | None) -> tuple[Path, Path]:
@@ -60,7 +50,7 @@ def main(argv: list[str]) -> int:
     figure with `--devices` (roofline/report/plot_devices.py); returns the exit code."""
     usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
              "plot RUN_A RUN_B [...] --devices [--out PNG]")
-    parser = _Parser(prog="python -m roofline plot", usage=usage,
+    parser = Parser(prog="python -m roofline plot", usage=usage,
                      description="Re-plot a saved run: roofline.png and scaling.png; or "
                                  "compare devices: several runs' rooflines on one figure.")
     parser.add_argument("runs", nargs="+", metavar="RUN",
@@ -76,13 +66,13 @@ def main(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
         if args.devices and len(args.runs) < 2:
-            raise _ArgError(f"--devices compares at least two runs, got {len(args.runs)}")
+            raise UsageError(f"--devices compares at least two runs, got {len(args.runs)}")
         if args.devices and args.baseline:
-            raise _ArgError("--baseline overlays one run; it does not combine with --devices")
+            raise UsageError("--baseline overlays one run; it does not combine with --devices")
         if not args.devices and len(args.runs) > 1:
-            raise _ArgError(f"{len(args.runs)} runs given: several runs go on one figure "
+            raise UsageError(f"{len(args.runs)} runs given: several runs go on one figure "
                             "only with --devices")
-    except _ArgError as e:
+    except UsageError as e:
         print(f"error: {e} (usage: {usage})", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help prints and exits 0

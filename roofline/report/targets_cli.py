@@ -6,13 +6,13 @@ fleet's rows differ, 2 on a usage error."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
+from roofline.model.cli import Parser, UsageError
 from roofline.model.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.report.summary import md_table
 from roofline.report.targets import (
@@ -114,18 +114,9 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     return "\n".join(lines) + "\n"
 
 
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise _ArgError(message)
-
-
 def main(argv: list[str]) -> int:
     """`python -m roofline targets ...`; returns the exit code."""
-    p = _Parser(prog="python -m roofline targets",
+    p = Parser(prog="python -m roofline targets",
                 description="The performance targets' ratios from saved runs: met, missed or "
                             "not measured (exit 0 either way).")
     p.add_argument("runs", nargs="*", metavar="RUN", help="run folder or results.json")
@@ -135,7 +126,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--md", metavar="PATH", help="also write the summary here")
     try:
         args = p.parse_args(argv)
-    except _ArgError as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help

@@ -1,0 +1,29 @@
+"""What every command line of the suite shares: bad input is one `error:` line and exit
+2, never argparse's usage block nor a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import NoReturn
+
+
+class UsageError(ValueError):
+    """A command line's bad input: its message is the one line printed after `error:`."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError where it would print its usage and exit, so every
+    refusal of every command is the same single line (subparsers inherit the class)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def positive_problem(flag: str, value: float | None, unit: str = "",
+                     infinite_ok: bool = False) -> str | None:
+    """Why `value` given to `flag` is not a positive number (None when it is, or was not
+    given).  NaN fails; infinity too unless `infinite_ok` (a budget of 'inf': none)."""
+    if value is None or (value > 0 and (infinite_ok or math.isfinite(value))):
+        return None
+    return f"{flag} must be a positive number{f' of {unit}' if unit else ''}, got {value:g}"
