@@ -10,15 +10,21 @@ tested again, until every change point left passes.  Here:
   linear kernel on the series' ranks, i.e. a least-squares fit of piecewise-constant
   ranks: a shared machine's slow spells put outliers of 10x and more into a CPU series,
   and ranks keep one such run from drawing a segment of its own;
-- test: a two-sided Mann-Whitney U test (scipy; exact when a segment has up to 8 runs) of
-  the segment before against the segment after, at the significance level `alpha`.
-  Otava uses Student's t on the values, which a shared machine's outliers break (a slow
-  spell's 10x run is one rank to a rank test, not a variance that hides every step).
-  scipy's call costs ~10 ms on the 2-core VM and a detection tests ~30 segments (the
-  replay benchmark makes hundreds of thousands), so a cheap screen comes first: the
-  t-test of the segments' ranks (Conover and Iman's rank-transform test, O(1) from prefix
-  sums), and only a pair it gives p < SCREEN_P is tested exactly (its p is larger than
+- test, one value per run where the segments are long enough for it: a two-sided
+  Mann-Whitney U test (scipy; exact when a segment has up to 8 runs) of the segment
+  before against the segment after, at the significance level `alpha`.  Otava uses
+  Student's t on the values, which a shared machine's outliers break (a slow spell's
+  10x run is one rank to a rank test, not a variance that hides every step).  scipy's
+  call costs ~10 ms on the 2-core VM and a detection tests ~30 segments (the replay
+  benchmark makes hundreds of thousands), so a cheap screen comes first: the t-test of
+  the segments' ranks (Conover and Iman's rank-transform test, O(1) from prefix sums),
+  and only a pair it gives p < SCREEN_P is tested exactly (its p is larger than
   Mann-Whitney's for small segments, never by 50x);
+- test, where the segments are too short for ranks (a rank test of 3 runs against 8
+  cannot go below 2 / C(11, 3) = 0.012, whatever the step): every run of the shorter
+  segment must stand off the other's level by more than both the run-to-run spread and
+  the runs' own noise allow (roofline.history.noise.level_p_value, from each run's
+  p20, p80 and sample count), at the same `alpha`;
 - size: the ratio of the two segments' medians must be past `min_change` either way
   (symmetric in log-time as the gate's threshold: 1/(1 + m) faster or 1 + m slower).
 
@@ -37,7 +43,9 @@ import numpy as np
 from scipy.special import stdtr
 from scipy.stats import mannwhitneyu, rankdata
 
+from roofline.gate import min_p_value
 from roofline.history.errors import require
+from roofline.history.noise import level_p_value
 
 # Defaults, tuned on the replay benchmark (benches/test_bench_history.py, which reports
 # the false-alarm rate and detection delays they give on recorded CPU noise).
@@ -65,6 +73,7 @@ class ChangePoint:
     p_value: float
     n_before: int
     n_after: int
+    test: str = "rank"  # "rank": one value per run; "level": runs against their noise
 
     @property
     def ratio(self) -> float:
@@ -84,13 +93,17 @@ class ChangePoint:
 def _candidates(ranks: np.ndarray, min_size: int) -> list[int]:
     rpt = require("ruptures", "change-point detection")
     n = len(ranks)
-    # At most a third of the splits min_size allows: k segments of exactly min_size would
-    # leave the optimum no freedom (24 runs, 7 splits: every third run).
-    k = min(MAX_CANDIDATES, n // (3 * min_size))
-    if k < 1 or n < 2 * min_size:
+    if n < 2 * min_size:
         return []
-    algo = rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1)
-    found = [int(b) for b in algo.fit((ranks / n).reshape(-1, 1)).predict(n_bkps=k)[:-1]]
+    # At most a third of the splits min_size allows: k segments of exactly min_size would
+    # leave the optimum no freedom (24 runs, 7 splits: every third run).  Under
+    # 3 x min_size runs the newest possible change point below is the only candidate.
+    k = min(MAX_CANDIDATES, n // (3 * min_size))
+    found = []
+    if k >= 1:
+        algo = rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1)
+        found = [int(b) for b in
+                 algo.fit((ranks / n).reshape(-1, 1)).predict(n_bkps=k)[:-1]]
     # The newest possible change point always stands as a candidate: it is the one CI
     # waits for, and the optimal split of a window may pass it by a run or two (nothing
     # left for refinement to move); with no step there it is dropped as too small.
@@ -181,19 +194,32 @@ def _refine(x: np.ndarray, kept: list[int], min_size: int, test, alpha: float,
     return out
 
 
+def rank_test_can_pass(n_before: int, n_after: int, alpha: float) -> bool:
+    """Whether a two-sided rank test of n_before runs against n_after can reach p < alpha
+    at all (complete separation gives p = 2 / C(n_before + n_after, n_after))."""
+    return 2.0 * min_p_value(n_before, n_after) < alpha
+
+
 def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
            alpha: float = DEFAULT_ALPHA, min_size: int = DEFAULT_MIN_SIZE,
-           window: int | None = DEFAULT_WINDOW) -> list[ChangePoint]:
+           window: int | None = DEFAULT_WINDOW, noise: Sequence[float] | None = None,
+           level_test: bool = True) -> list[ChangePoint]:
     """Change points of a series of positive values (times), oldest first.
 
     Only the newest `window` values are searched (None: all), each change point against
-    its neighbours' segments.  A value that is not a positive finite number raises
+    its neighbours' segments.  `noise`: each run's own noise (median_noise of its p20,
+    p80 and sample count; NaN where unknown).  level_test=False tests every pair of
+    segments by ranks alone, as this module did before the level test (the replay
+    benchmark's "before").  A value that is not a positive finite number raises
     ValueError (the store checks its rows before they get here)."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) and not (np.isfinite(v).all() and (v > 0).all()):
         raise ValueError("change points need positive, finite values")
+    if noise is not None and len(noise) != len(v):
+        raise ValueError("noise needs one value per run")
     offset = 0 if window is None or len(v) <= window else len(v) - window
     x = np.log(v[offset:])
+    own = None if noise is None else np.asarray(noise, dtype=np.float64)[offset:]
     n = len(x)
     if n < 2 * min_size:
         return []
@@ -203,9 +229,16 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
             np.concatenate(([0.0], np.cumsum(ranks * ranks))))
     cache: dict[tuple[int, int, int], tuple[float, float]] = {}
 
+    def by_level(a: int, b: int, c: int) -> bool:
+        return level_test and not rank_test_can_pass(b - a, c - b, alpha)
+
     def test(a: int, b: int, c: int) -> tuple[float, float]:
         if (a, b, c) not in cache:
-            cache[(a, b, c)] = _test(x, sums, a, b, c, threshold)
+            if by_level(a, b, c):
+                log_ratio = float(np.median(x[b:c]) - np.median(x[a:b]))
+                cache[(a, b, c)] = (level_p_value(x, own, a, b, c), log_ratio)
+            else:
+                cache[(a, b, c)] = _test(x, sums, a, b, c, threshold)
         return cache[(a, b, c)]
 
     # Refined once before any test too: a candidate a run or two off a step is tested
@@ -225,7 +258,8 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
         p, _ = test(a, b, c)
         out.append(ChangePoint(index=offset + b, before=float(np.exp(np.median(x[a:b]))),
                                after=float(np.exp(np.median(x[b:c]))), p_value=p,
-                               n_before=b - a, n_after=c - b))
+                               n_before=b - a, n_after=c - b,
+                               test="level" if by_level(a, b, c) else "rank"))
     return out
 
 
