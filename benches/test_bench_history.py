@@ -18,7 +18,8 @@ replaces the recorded runs by log-normal run-to-run noise of a given spread (the
 - test_replay_young: histories of 6, 8, 12 and 20 runs: the alarms the last run of
   unchanged code raises (per 100 runs), and steps of 5, 10 and 30% with 3 runs after
   them at that length (the share seen by then, within 20 runs, the median delay), with
-  the detection before the level test (one value per run, ranks alone) and after.
+  the detection before (`detect(previous=True)`: one value per run, ranks alone) and
+  after.
 
 A benchmark, not a timed test: the figures are reported (printed and in
 benchmark.extra_info), never asserted.  HISTORY_REPLAY_TRIALS sets the trials per step
@@ -130,9 +131,9 @@ def test_replay_young(benchmark, source, row, length):
     got: dict[str, Figures] = {}
 
     def run() -> None:
-        for key, level in (("before", False), ("after", True)):
+        for key, previous in (("before", True), ("after", False)):
             got[key] = measure_short(noise, length, trials=YOUNG_TRIALS,
-                                     null_trials=10 * YOUNG_TRIALS, level_test=level)
+                                     null_trials=10 * YOUNG_TRIALS, previous=previous)
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     for key in ("before", "after"):

@@ -318,7 +318,7 @@ def test_min_change_alpha_and_min_size_are_honoured():
     v = _series(40, 37, 1.3)
     ((c,),) = [detect(v)]
     assert (c.index, c.test) == (37, "rank")
-    assert detect(v, alpha=1e-6, level_test=False) == []
+    assert detect(v, alpha=1e-6, previous=True) == []
     ((c,),) = [detect(v, alpha=1e-6)]
     assert (c.index, c.test) == (37, "level")
     assert detect(v, min_size=4) == []

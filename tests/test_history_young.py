@@ -17,7 +17,7 @@ from roofline.history.store import add_run
 pytest.importorskip("ruptures", reason="the history extra is not installed "
                     "(pip install -e '.[history]')")
 
-from roofline.history.changepoints import detect  # noqa: E402
+from roofline.history.changepoints import detect, young  # noqa: E402
 from roofline.history.detectable import runs_needed, smallest_step  # noqa: E402
 from roofline.history.noise import median_noise  # noqa: E402
 
@@ -158,8 +158,40 @@ def test_a_clear_step_is_seen_by_its_third_run_from_six_runs_up():
         v = _steps(n, n - 3, 1.10, 0.003, seed=n)
         (c,) = detect(v, noise=np.full(n, 0.001))
         assert (c.index, c.test, c.slower) == (n - 3, "level", True)
-        assert detect(v, noise=np.full(n, 0.001), level_test=False) == []
+        assert detect(v, noise=np.full(n, 0.001), previous=True) == []
         assert detect(v[:-1], noise=np.full(n - 1, 0.001)) == []  # 2 runs: not yet
+
+
+def test_a_history_is_young_until_ranks_can_find_a_step_at_its_end():
+    """23 runs: 3 against 20 cannot reach p < 0.001 by ranks (2 / C(23, 3) = 1.1e-3), so
+    the level test decides; from 24 runs (9.9e-4) every pair is tested by ranks."""
+    assert young(23, 3, 1e-3) and not young(24, 3, 1e-3)
+    assert young(40, 3, 1e-6) and not young(12, 3, 0.05)
+    v = _steps(24, 20, 1.10, 0.003)
+    (c,) = detect(v[:23], noise=np.full(23, 0.001))
+    assert (c.index, c.test) == (20, "level")
+    (c,) = detect(v, noise=np.full(24, 0.001))
+    assert (c.index, c.test) == (20, "rank")
+    # A 3-run blip of 20% in the middle: the level test decides every pair of a young
+    # history, none of a long one (where the blip, ranked above the step's runs, hides
+    # the step from the rank test).
+    v[10:13] *= 1.2
+    found = detect(v[:23], noise=np.full(23, 0.001))
+    assert [(c.index, c.test) for c in found] == [(10, "level"), (13, "level"),
+                                                  (20, "level")]
+    assert all(c.test == "rank" for c in detect(v, noise=np.full(24, 0.001)))
+
+
+def test_a_step_once_seen_stays_seen_as_runs_are_added():
+    """A change that vanished for a run would be new again, and fail CI twice: a 10%
+    step at 0.3% noise stays a change point at its run from the 3rd run after it to the
+    12th, across the young history's end (24 runs)."""
+    for at in (8, 14, 20):
+        for seed in range(10):
+            v = _steps(at + 12, at, 1.10, 0.003, seed=seed)
+            for t in range(at + 3, at + 13):
+                found = detect(v[:t], noise=np.full(t, 0.001))
+                assert [c.index for c in found] == [at], (at, seed, t)
 
 
 def test_the_step_must_clear_the_runs_own_noise_and_the_run_to_run_spread():

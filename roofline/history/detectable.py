@@ -8,14 +8,14 @@ spread (roofline.history.noise.spread: run to run, and at least each run's own n
 The step is seen when both tests of the change point pass (changepoints.py):
 - its size: the medians of the two segments are past --min-change apart (the difference
   of two medians of k and n runs has the variance of a mean of about 2 / pi as many);
-- its significance, by the test the change point would use for those segment lengths:
-  the level test (every run of the shorter side beyond the other's level by Student's t
-  at alpha; averaged over the error of that level, which all of them share, and over
-  the spread as the runs estimate it, a chi-square with their degrees of freedom, but
-  never below the runs' own noise), or the rank test (taken as needing complete
-  separation, every new run slower than every old one: what its exact p needs at the
-  shortest segments, and a lower bound on its power where more runs would allow an
-  overlap).
+- its significance, by the test the change point would use for those segment lengths
+  in a history of n + k runs: the level test (every run of the shorter side beyond the
+  other's level by Student's t at alpha; averaged over the error of that level, which
+  all of them share, and over the spread as the runs estimate it, a chi-square with
+  their degrees of freedom, but never below the runs' own noise), or the rank test
+  (taken as needing complete separation, every new run slower than every old one: what
+  its exact p needs at the shortest segments, and a lower bound on its power where
+  more runs would allow an overlap).
 The probability of both is solved for "seen in 9 of 10 such histories" (POWER).  It is a
 model, checked against the replay benchmark (benches/test_bench_history.py)."""
 
@@ -29,7 +29,7 @@ from scipy.integrate import trapezoid
 from scipy.stats import chi2, norm
 from scipy.stats import t as student
 
-from roofline.history.changepoints import rank_test_can_pass
+from roofline.history.changepoints import rank_test_can_pass, young
 from roofline.history.noise import level_scale
 
 POWER = 0.9  # "can see": in 9 of 10 histories with this noise
@@ -79,7 +79,7 @@ def seen_probability(step: float, var: float, n_old: int, k: int, alpha: float,
     sd = math.sqrt(var)
     size = norm.cdf((d - math.log1p(min_change))
                     / (sd * math.sqrt(0.5 * math.pi * (1.0 / k + 1.0 / n_old))))
-    if rank_test_can_pass(n_old, k, alpha):
+    if rank_test_can_pass(n_old, k, alpha) or not young(n_old + k, min_size, alpha):
         return size * _separated(d / sd, n_old, k)
     return size * _level_power(d, sd, own, min(k, n_old), max(k, n_old), alpha)
 
