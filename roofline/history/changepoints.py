@@ -270,20 +270,26 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
 
     # Refined once before any test too: a candidate a run or two off a step is tested
     # against a segment holding both levels, fails and would be pruned before it moved.
-    # Then one drop at a time, each followed by a refinement: the newest candidate can
-    # sit one segment behind a spurious one (balanced splits of ranks: 8 | 18 | 21 of 24
-    # runs, a step at 20), and only once that one is gone can it move onto the step; the
-    # previous way, pruning to the end first, dropped it there and lost the step for a
-    # run or two (the replay's 10% steps at 0.3% noise: 12 such gaps in 100 histories
-    # against 2, unchanged code's false alarms on the CPU's noise no more frequent).
+    # Then one drop at a time, each followed by an unchecked refinement (a checked one
+    # drops every candidate whose better split fails, which with spurious neighbours
+    # still standing is most of them): the newest candidate can sit one segment behind
+    # a spurious one (balanced splits of ranks: 8 | 18 | 21 of 24 runs, a step at 20),
+    # and only once that one is gone can it move onto the step; pruning to the end
+    # first dropped it there and lost the step for a run or two.  Once all pass, the
+    # checked refinement as before.
     kept = _refine(x, _candidates(x, ranks, min_size, short), min_size, test, alpha,
                    threshold, check=False)
     for _ in range(3 * MAX_CANDIDATES):  # prune, refine, again until nothing moves
         pruned = _prune(kept, n, test, alpha, threshold, one=not previous)
+        if pruned != kept and not previous:  # one dropped: the rest move, unchecked
+            kept = _refine(x, pruned, min_size, test, alpha, threshold, check=False)
+            continue
         refined = _refine(x, pruned, min_size, test, alpha, threshold)
         if refined == kept:
             break
         kept = refined
+    if not previous:  # should the loop run out, only change points that pass are kept
+        kept = _prune(kept, n, test, alpha, threshold)
     out = []
     bounds = [0, *kept, n]
     for i in range(1, len(bounds) - 1):
