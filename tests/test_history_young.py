@@ -17,7 +17,7 @@ from roofline.history.store import add_run
 pytest.importorskip("ruptures", reason="the history extra is not installed "
                     "(pip install -e '.[history]')")
 
-from roofline.history.changepoints import detect, young  # noqa: E402
+from roofline.history.changepoints import detect, young, young_runs  # noqa: E402
 from roofline.history.detectable import runs_needed, smallest_step  # noqa: E402
 from roofline.history.noise import median_noise  # noqa: E402
 
@@ -165,7 +165,7 @@ def test_a_clear_step_is_seen_by_its_third_run_from_six_runs_up():
 def test_a_history_is_young_until_ranks_can_find_a_step_at_its_end():
     """23 runs: 3 against 20 cannot reach p < 0.001 by ranks (2 / C(23, 3) = 1.1e-3), so
     the level test decides; from 24 runs (9.9e-4) every pair is tested by ranks."""
-    assert young(23, 3, 1e-3) and not young(24, 3, 1e-3)
+    assert young(23, 3, 1e-3) and not young(24, 3, 1e-3) and young_runs(3, 1e-3) == 23
     assert young(40, 3, 1e-6) and not young(12, 3, 0.05)
     v = _steps(24, 20, 1.10, 0.003)
     (c,) = detect(v[:23], noise=np.full(23, 0.001))

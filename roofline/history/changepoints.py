@@ -224,6 +224,14 @@ def young(n: int, min_size: int, alpha: float) -> bool:
     return not rank_test_can_pass(n - min_size, min_size, alpha)
 
 
+def young_runs(min_size: int, alpha: float) -> int:
+    """The most runs a young history has (23 at the defaults)."""
+    n = 2 * min_size
+    while young(n, min_size, alpha):
+        n += 1
+    return n - 1
+
+
 def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
            alpha: float = DEFAULT_ALPHA, min_size: int = DEFAULT_MIN_SIZE,
            window: int | None = DEFAULT_WINDOW, noise: Sequence[float] | None = None,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roofline.gate import CONFIRM_MIN_ROUNDS, Key, Retime, fast_end
-from roofline.history.changepoints import ChangePoint
+from roofline.history.changepoints import ChangePoint, young_runs
 from roofline.history.detectable import MAX_RUNS
 from roofline.history.series import DeviceSeries, Series
 
@@ -142,9 +142,10 @@ def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = 
                 f"{len(d.series)} series. Change points: a step of at least "
                 f"{o.min_change * 100:g}% between the medians of at least {o.min_size} runs "
                 f"on each side, significant at p < {o.alpha:g} (rank: a rank test of one "
-                "value per run; level, where segments are too short for ranks: every run "
-                "of the shorter one off the other's level, past the run-to-run spread and "
-                f"its own noise), searched in {window}.", ""]
+                "value per run; level: in a history of up to "
+                f"{young_runs(o.min_size, o.alpha)} runs, where segments are too short for "
+                "ranks, every run of the shorter one off the other's level, past the "
+                f"run-to-run spread and its own noise), searched in {window}.", ""]
         new = [(s, c) for s in d.series for c in s.new]
         slow = [(s, c) for s, c in new if c.slower]
         if new:
