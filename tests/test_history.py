@@ -312,12 +312,23 @@ def test_min_change_alpha_and_min_size_are_honoured():
     v = _series(40, 25, 1.04, noise=0.002)
     assert detect(v, min_change=0.05) == []
     assert [c.index for c in detect(v, min_change=0.03)] == [25]
-    # 3 runs at the new level: found with min_size 3 at alpha 1e-3, not at 1e-6, where
-    # no 3 of 40 runs can be significant (smallest two-sided p = 2 / C(40, 3)).
+    # 3 runs at the new level: found with min_size 3 at alpha 1e-3 by ranks; at 1e-6 no
+    # rank test of 3 runs against 37 can pass (2 / C(40, 3) = 2.0e-4), so the level test
+    # decides; with min_size 4 there is no segment of 3 to test.
     v = _series(40, 37, 1.3)
-    assert [c.index for c in detect(v)] == [37]
-    assert detect(v, alpha=1e-6) == []
+    ((c,),) = [detect(v)]
+    assert (c.index, c.test) == (37, "rank")
+    assert detect(v, alpha=1e-6, previous=True) == []
+    ((c,),) = [detect(v, alpha=1e-6)]
+    assert (c.index, c.test) == (37, "level")
     assert detect(v, min_size=4) == []
+    # The level test honours alpha: a step found at alpha just above its p, not below
+    # (3 runs against 8: no rank test passes at 0.01).
+    v = _series(11, 8, 1.08, seed=2)
+    ((c,),) = [detect(v, alpha=0.01)]
+    assert c.test == "level" and 1e-4 < c.p_value < 1e-3
+    assert detect(v, alpha=c.p_value * 0.9) == []
+    assert [x.index for x in detect(v, alpha=c.p_value * 1.1)] == [8]
 
 
 def test_one_slow_outlier_is_not_a_change_point():
@@ -336,9 +347,9 @@ def test_report_fails_on_a_new_slowdown_only(tmp_path, capsys, monkeypatch):
     pytest.importorskip("ruptures")
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    # matmul 1.3x from run 20 on: 4 runs at the new level, as 3 after 20 cannot reach
-    # p < 0.001 (2 / C(23, 3) = 1.1e-3)
-    store = make_store(tmp_path, 24, step_at=20)
+    # matmul 1.3x from run 20 on: new with 3 runs at the new level (the level test: no
+    # rank test of 3 runs against 20 can reach p < 0.001, 2 / C(23, 3) = 1.1e-3)
+    store = make_store(tmp_path, 23, step_at=20)
     md = tmp_path / "report.md"
     assert history(["report", str(store), "--fail-on-new", "--md", str(md)]) == 1
     out = capsys.readouterr().out
@@ -349,7 +360,7 @@ def test_report_fails_on_a_new_slowdown_only(tmp_path, capsys, monkeypatch):
     assert md.read_text() == out and out.strip() in summary.read_text()
     assert history(["report", str(store)]) == 0  # reported, not failed
     # One run later the step is no longer new (--since 1), unless --since covers it.
-    add_run(write_run(tmp_path / "runs", 24, {SERIES[2]: 1.3}), store)
+    add_run(write_run(tmp_path / "runs", 23, {SERIES[2]: 1.3}), store)
     assert history(["report", str(store), "--fail-on-new"]) == 0
     assert history(["report", str(store), "--fail-on-new", "--since", "2"]) == 1
     # Past --min-change only.
@@ -359,7 +370,7 @@ def test_report_fails_on_a_new_slowdown_only(tmp_path, capsys, monkeypatch):
 
 def test_a_new_speed_up_does_not_fail(tmp_path, capsys):
     pytest.importorskip("ruptures")
-    store = make_store(tmp_path, 24, step_at=20, step=0.7)
+    store = make_store(tmp_path, 23, step_at=20, step=0.7)
     assert history(["report", str(store), "--fail-on-new"]) == 0
     assert "1 new speed-up" in capsys.readouterr().out
 
@@ -378,7 +389,7 @@ def test_retiming_confirms_or_clears_a_new_slowdown(tmp_path):
     from roofline.history.report import confirm, exit_code
     from roofline.history.series import Options, build_series
 
-    store = make_store(tmp_path, 24, step_at=20)
+    store = make_store(tmp_path, 23, step_at=20)
     (h,) = load_store(store)
     d = build_series(h, Options())
     (s, c) = d.new_slower[0]

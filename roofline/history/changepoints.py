@@ -4,21 +4,29 @@ how much, and whether the move is significant.
 The method is Apache Otava's (formerly Hunter; MongoDB's change-point work before it):
 a segmentation proposes candidate change points, then each candidate is tested against
 the segments on either side of it, the weakest failing one is dropped and its neighbours
-tested again, until every change point left passes.  Here:
+tested again, until every change point left passes (here each drop is followed by
+moving the change points left onto their best split).  Here:
 
 - candidates: ruptures' KernelCPD (its C implementation of optimal segmentation) with the
   linear kernel on the series' ranks, i.e. a least-squares fit of piecewise-constant
   ranks: a shared machine's slow spells put outliers of 10x and more into a CPU series,
   and ranks keep one such run from drawing a segment of its own;
-- test: a two-sided Mann-Whitney U test (scipy; exact when a segment has up to 8 runs) of
-  the segment before against the segment after, at the significance level `alpha`.
-  Otava uses Student's t on the values, which a shared machine's outliers break (a slow
-  spell's 10x run is one rank to a rank test, not a variance that hides every step).
-  scipy's call costs ~10 ms on the 2-core VM and a detection tests ~30 segments (the
-  replay benchmark makes hundreds of thousands), so a cheap screen comes first: the
-  t-test of the segments' ranks (Conover and Iman's rank-transform test, O(1) from prefix
-  sums), and only a pair it gives p < SCREEN_P is tested exactly (its p is larger than
+- test, one value per run where the segments are long enough for it: a two-sided
+  Mann-Whitney U test (scipy; exact when a segment has up to 8 runs) of the segment
+  before against the segment after, at the significance level `alpha`.  Otava uses
+  Student's t on the values, which a shared machine's outliers break (a slow spell's
+  10x run is one rank to a rank test, not a variance that hides every step).  scipy's
+  call costs ~10 ms on the 2-core VM and a detection tests ~30 segments (the replay
+  benchmark makes hundreds of thousands), so a cheap screen comes first: the t-test of
+  the segments' ranks (Conover and Iman's rank-transform test, O(1) from prefix sums),
+  and only a pair it gives p < SCREEN_P is tested exactly (its p is larger than
   Mann-Whitney's for small segments, never by 50x);
+- test, in a young history (`young`: too short for a rank test to find a step at its
+  newest end) where the segments are too short for ranks (3 runs against 8 cannot go
+  below 2 / C(11, 3) = 0.012, whatever the step): every run of the shorter segment
+  must stand off the other's level by more than both the run-to-run spread and the
+  runs' own noise allow (roofline.history.noise.level_p_value, from each run's p20,
+  p80 and sample count), at the same `alpha`;
 - size: the ratio of the two segments' medians must be past `min_change` either way
   (symmetric in log-time as the gate's threshold: 1/(1 + m) faster or 1 + m slower).
 
@@ -37,7 +45,9 @@ import numpy as np
 from scipy.special import stdtr
 from scipy.stats import mannwhitneyu, rankdata
 
+from roofline.gate import min_p_value
 from roofline.history.errors import require
+from roofline.history.noise import level_p_value
 
 # Defaults, tuned on the replay benchmark (benches/test_bench_history.py, which reports
 # the false-alarm rate and detection delays they give on recorded CPU noise).
@@ -65,6 +75,7 @@ class ChangePoint:
     p_value: float
     n_before: int
     n_after: int
+    test: str = "rank"  # "rank": one value per run; "level": runs against their noise
 
     @property
     def ratio(self) -> float:
@@ -81,16 +92,28 @@ class ChangePoint:
         return self.ratio > 1.0
 
 
-def _candidates(ranks: np.ndarray, min_size: int) -> list[int]:
+def _candidates(x: np.ndarray, ranks: np.ndarray, min_size: int, young: bool) -> list[int]:
+    """Splits to test.  In a young history (see `young`): the best split in log time
+    with an L1 cost (ruptures' exact Dynp), as the least-squares split of ranks is not
+    one there: ranks are evenly spread, and for 8 runs then 4 at a new level it prefers
+    6 | 6 to the step at 8 (a sum of squares of 41 against 47), after which the step's
+    runs cannot be split off again."""
     rpt = require("ruptures", "change-point detection")
     n = len(ranks)
+    if n < 2 * min_size:
+        return []
     # At most a third of the splits min_size allows: k segments of exactly min_size would
     # leave the optimum no freedom (24 runs, 7 splits: every third run).
     k = min(MAX_CANDIDATES, n // (3 * min_size))
-    if k < 1 or n < 2 * min_size:
-        return []
-    algo = rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1)
-    found = [int(b) for b in algo.fit((ranks / n).reshape(-1, 1)).predict(n_bkps=k)[:-1]]
+    found: list[int] = []
+    if young:
+        algo = rpt.Dynp(model="l1", min_size=min_size, jump=1)
+        found = [int(b) for b in
+                 algo.fit(x.reshape(-1, 1)).predict(n_bkps=max(1, k))[:-1]]
+    elif k >= 1:
+        algo = rpt.KernelCPD(kernel="linear", min_size=min_size, jump=1)
+        found = [int(b) for b in
+                 algo.fit((ranks / n).reshape(-1, 1)).predict(n_bkps=k)[:-1]]
     # The newest possible change point always stands as a candidate: it is the one CI
     # waits for, and the optimal split of a window may pass it by a run or two (nothing
     # left for refinement to move); with no step there it is dropped as too small.
@@ -134,13 +157,15 @@ def _l1(x: np.ndarray) -> float:
     return float(np.abs(x - np.median(x)).sum())
 
 
-def _prune(kept: list[int], n: int, test, alpha: float, threshold: float) -> list[int]:
+def _prune(kept: list[int], n: int, test, alpha: float, threshold: float,
+           one: bool = False) -> list[int]:
     """Drop the weakest failing change point and test its neighbours again, until every
-    one left passes (Otava's loop).  Weakest: a step below the minimum first (smallest
-    first), then the largest p.  Size before significance, because a real step next to
-    a spurious candidate a few runs later is tested against that short segment and can
-    fail on p alone (10 runs against 3: p >= 2 / C(13, 3) = 0.007); the spurious one has
-    no step and must go first, so the real one is tested against its whole segment."""
+    one left passes (Otava's loop), or with `one` after the first drop.  Weakest: a step
+    below the minimum first (smallest first), then the largest p.  Size before
+    significance, because a real step next to a spurious candidate a few runs later is
+    tested against that short segment and can fail on p alone (10 runs against 3:
+    p >= 2 / C(13, 3) = 0.007); the spurious one has no step and must go first, so the
+    real one is tested against its whole segment."""
     kept = list(kept)
     while kept:
         bounds = [0, *kept, n]
@@ -154,6 +179,8 @@ def _prune(kept: list[int], n: int, test, alpha: float, threshold: float) -> lis
         if not worst[0]:
             break
         del kept[worst[3]]
+        if one:
+            break
     return kept
 
 
@@ -181,19 +208,51 @@ def _refine(x: np.ndarray, kept: list[int], min_size: int, test, alpha: float,
     return out
 
 
+def rank_test_can_pass(n_before: int, n_after: int, alpha: float) -> bool:
+    """Whether a two-sided rank test of n_before runs against n_after can reach p < alpha
+    at all (complete separation gives p = 2 / C(n_before + n_after, n_after))."""
+    return 2.0 * min_p_value(n_before, n_after) < alpha
+
+
+def young(n: int, min_size: int, alpha: float) -> bool:
+    """Whether a history of n runs is too short for one value per run alone: no rank
+    test can find a step of min_size runs at its newest end (23 runs or fewer at the
+    defaults, 2 / C(24, 3) = 9.9e-4).  A longer history keeps the rank test for every
+    pair of segments, a short one between change points included: there a level test
+    would also let spurious 3-run segments of a noisy CPU series stand and hide a real
+    step behind them (the replay benchmark's long histories)."""
+    return not rank_test_can_pass(n - min_size, min_size, alpha)
+
+
+def young_runs(min_size: int, alpha: float) -> int:
+    """The most runs a young history has (23 at the defaults)."""
+    n = 2 * min_size
+    while young(n, min_size, alpha):
+        n += 1
+    return n - 1
+
+
 def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
            alpha: float = DEFAULT_ALPHA, min_size: int = DEFAULT_MIN_SIZE,
-           window: int | None = DEFAULT_WINDOW) -> list[ChangePoint]:
+           window: int | None = DEFAULT_WINDOW, noise: Sequence[float] | None = None,
+           previous: bool = False) -> list[ChangePoint]:
     """Change points of a series of positive values (times), oldest first.
 
     Only the newest `window` values are searched (None: all), each change point against
-    its neighbours' segments.  A value that is not a positive finite number raises
-    ValueError (the store checks its rows before they get here)."""
+    its neighbours' segments.  `noise`: each run's own noise (median_noise of its p20,
+    p80 and sample count; NaN where unknown).  `previous`: the detection as it was
+    before young histories had their own (ranks alone for every pair of segments,
+    KernelCPD's candidates at every length, every failing candidate pruned before any
+    moves), the replay benchmark's "before".  A value that is not a positive finite
+    number raises ValueError (the store checks its rows before they get here)."""
     v = np.asarray(values, dtype=np.float64)
     if len(v) and not (np.isfinite(v).all() and (v > 0).all()):
         raise ValueError("change points need positive, finite values")
+    if noise is not None and len(noise) != len(v):
+        raise ValueError("noise needs one value per run")
     offset = 0 if window is None or len(v) <= window else len(v) - window
     x = np.log(v[offset:])
+    own = None if noise is None else np.asarray(noise, dtype=np.float64)[offset:]
     n = len(x)
     if n < 2 * min_size:
         return []
@@ -203,21 +262,42 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
             np.concatenate(([0.0], np.cumsum(ranks * ranks))))
     cache: dict[tuple[int, int, int], tuple[float, float]] = {}
 
+    short = not previous and young(n, min_size, alpha)
+
+    def by_level(a: int, b: int, c: int) -> bool:
+        return short and not rank_test_can_pass(b - a, c - b, alpha)
+
     def test(a: int, b: int, c: int) -> tuple[float, float]:
         if (a, b, c) not in cache:
-            cache[(a, b, c)] = _test(x, sums, a, b, c, threshold)
+            if by_level(a, b, c):
+                log_ratio = float(np.median(x[b:c]) - np.median(x[a:b]))
+                cache[(a, b, c)] = (level_p_value(x, own, a, b, c), log_ratio)
+            else:
+                cache[(a, b, c)] = _test(x, sums, a, b, c, threshold)
         return cache[(a, b, c)]
 
     # Refined once before any test too: a candidate a run or two off a step is tested
     # against a segment holding both levels, fails and would be pruned before it moved.
-    kept = _refine(x, _candidates(ranks, min_size), min_size, test, alpha, threshold,
-                   check=False)
-    for _ in range(MAX_CANDIDATES):  # prune, refine, again until nothing moves
-        kept = _prune(kept, n, test, alpha, threshold)
-        refined = _refine(x, kept, min_size, test, alpha, threshold)
+    # Then one drop at a time, each followed by an unchecked refinement (a checked one
+    # drops every candidate whose better split fails, which with spurious neighbours
+    # still standing is most of them): the newest candidate can sit one segment behind
+    # a spurious one (balanced splits of ranks: 8 | 18 | 21 of 24 runs, a step at 20),
+    # and only once that one is gone can it move onto the step; pruning to the end
+    # first dropped it there and lost the step for a run or two.  Once all pass, the
+    # checked refinement as before.
+    kept = _refine(x, _candidates(x, ranks, min_size, short), min_size, test, alpha,
+                   threshold, check=False)
+    for _ in range(3 * MAX_CANDIDATES):  # prune, refine, again until nothing moves
+        pruned = _prune(kept, n, test, alpha, threshold, one=not previous)
+        if pruned != kept and not previous:  # one dropped: the rest move, unchecked
+            kept = _refine(x, pruned, min_size, test, alpha, threshold, check=False)
+            continue
+        refined = _refine(x, pruned, min_size, test, alpha, threshold)
         if refined == kept:
             break
         kept = refined
+    if not previous:  # should the loop run out, only change points that pass are kept
+        kept = _prune(kept, n, test, alpha, threshold)
     out = []
     bounds = [0, *kept, n]
     for i in range(1, len(bounds) - 1):
@@ -225,7 +305,8 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
         p, _ = test(a, b, c)
         out.append(ChangePoint(index=offset + b, before=float(np.exp(np.median(x[a:b]))),
                                after=float(np.exp(np.median(x[b:c]))), p_value=p,
-                               n_before=b - a, n_after=c - b))
+                               n_before=b - a, n_after=c - b,
+                               test="level" if by_level(a, b, c) else "rank"))
     return out
 
 

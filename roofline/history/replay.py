@@ -5,7 +5,13 @@ Noise comes from real runs: a noise fixture holds, for a few rows, the raw sampl
 several identical runs (same code, same machine).  A synthetic run of a row picks one of
 those runs at random and bootstraps its samples (so run-to-run spells and within-run
 spread are both the machine's own), then scales them by the level the scenario injects
-(a step of +x% from one run on, or a drift of +d% per run).
+(a step of +x% from one run on, or a drift of +d% per run).  It keeps what the store
+keeps of a run: the median, and the uncertainty of the median its p20, p80 and sample
+count give (roofline.history.noise).
+
+Two kinds of history: long ones (`measure`: 200 runs, a step at run 100, detection after
+every run from run 20) and young ones (`measure_short`: a step with 3 runs after it when
+the history is `length` runs long, as a CI user meets it in a project's first weeks).
 
 An alarm is what `history report --since 1 --fail-on-new` fails on: a slower change
 point found after run t that the detection without run t did not have.
@@ -32,10 +38,15 @@ from roofline.history.changepoints import (
     detect,
     new_changes,
 )
+from roofline.history.noise import median_noise
 from roofline.model.schema import SAMPLES, load_run, row_name
 
 RUNS = 200
 STEPS = (0.03, 0.05, 0.10, 0.30)
+SHORT_LENGTHS = (6, 8, 12, 20)  # young histories: runs in the store when a step has 3
+SHORT_STEPS = (0.05, 0.10, 0.30)
+SHORT_AFTER = 3  # runs after the step when a young history is `length` runs long
+HORIZON = 20  # runs after a step within which an alarm counts as its detection
 DRIFT_PER_RUN = 0.002
 STEP_AT = 100  # the first run at the new level
 WARMUP = 20  # runs before the first detection
@@ -69,14 +80,19 @@ def median_stat(samples: np.ndarray) -> float:
 
 
 def synthetic(noise_runs: Sequence[np.ndarray], levels: np.ndarray,
-              rng: np.random.Generator, stat: Stat = median_stat) -> np.ndarray:
+              rng: np.random.Generator, stat: Stat = median_stat
+              ) -> tuple[np.ndarray, np.ndarray]:
     """One synthetic series: per run, a random real run's samples bootstrapped, times
-    its level, reduced by `stat` (the median, as the store keeps)."""
-    out = np.empty(len(levels))
+    its level, reduced by `stat` (the median, as the store keeps); and each run's own
+    noise (the standard error of its log median from its p20, p80 and count)."""
+    out, p20, p80, n = (np.empty(len(levels)) for _ in range(4))
     for j, level in enumerate(levels):
         s = noise_runs[rng.integers(len(noise_runs))]
-        out[j] = stat(rng.choice(s, size=len(s), replace=True)) * level
-    return out
+        b = rng.choice(s, size=len(s), replace=True)
+        out[j] = stat(b) * level
+        p20[j], p80[j] = np.percentile(b, [20, 80])
+        n[j] = len(b)
+    return out, median_noise(p20, p80, n)
 
 
 def levels(kind: str, size: float = 0.0, runs: int = RUNS, at: int = STEP_AT) -> np.ndarray:
@@ -100,15 +116,21 @@ class Replay:
     evaluated: int = 0
 
 
-def replay(series: np.ndarray, start: int = WARMUP, stop: int | None = None,
-           **options: Any) -> Replay:
+def _detect(series: tuple[np.ndarray, np.ndarray], t: int, options: dict[str, Any]
+            ) -> list[ChangePoint]:
+    values, noise = series
+    return detect(values[:t], noise=noise[:t], **options)
+
+
+def replay(series: tuple[np.ndarray, np.ndarray], start: int = WARMUP,
+           stop: int | None = None, **options: Any) -> Replay:
     """Detect after each run, with t = start .. stop runs seen, and keep every new
     slower change point as an alarm."""
-    stop = len(series) if stop is None else stop
+    stop = len(series[0]) if stop is None else stop
     out = Replay()
-    before = detect(series[:start - 1], **options)
+    before = _detect(series, start - 1, options)
     for t in range(start, stop + 1):
-        now = detect(series[:t], **options)
+        now = _detect(series, t, options)
         out.alarms += [(t, c) for c in new_changes(now, before) if c.slower]
         before = now
         out.evaluated += 1
@@ -127,13 +149,26 @@ class Figures:
     drift_detected: float = float("nan")  # share of trials with an alarm in 100 runs
 
 
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    return {"min_change": DEFAULT_MIN_CHANGE, "alpha": DEFAULT_ALPHA,
+            "min_size": DEFAULT_MIN_SIZE, "window": DEFAULT_WINDOW, **options}
+
+
+def _delay(series: tuple[np.ndarray, np.ndarray], at: int, options: dict[str, Any]
+           ) -> float:
+    """Runs after the step at `at` until the first alarm at it (inf: none within
+    HORIZON runs)."""
+    r = replay(series, start=at, stop=at + HORIZON, **options)
+    hit = [t - at for t, c in r.alarms if abs(c.index - at) <= SAME_CHANGE_RUNS and t > at]
+    return min(hit) if hit else np.inf
+
+
 def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
             null_trials: int | None = None, steps: Sequence[float] = STEPS,
             within: int = 3, **options: Any) -> Figures:
     """Replay `trials` synthetic series per scenario (null_trials of unchanged code,
     default `trials`) from one row's noise; options go to detect()."""
-    options = {"min_change": DEFAULT_MIN_CHANGE, "alpha": DEFAULT_ALPHA,
-               "min_size": DEFAULT_MIN_SIZE, "window": DEFAULT_WINDOW, **options}
+    options = _options(options)
     rng = np.random.default_rng(seed)
     fig = Figures()
     alarms = runs = 0
@@ -142,16 +177,9 @@ def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
         alarms += len(r.alarms)
         runs += r.evaluated
     fig.false_per_100 = 100.0 * alarms / max(1, runs)
-    horizon = 20
     for size in steps:
-        delays = []
-        for _ in range(trials):
-            s = synthetic(noise_runs, levels("step", size), rng)
-            r = replay(s, start=STEP_AT - 5, stop=STEP_AT + horizon, **options)
-            hit = [t - STEP_AT for t, c in r.alarms
-                   if abs(c.index - STEP_AT) <= SAME_CHANGE_RUNS and t > STEP_AT]
-            delays.append(min(hit) if hit else np.inf)
-        d = np.asarray(delays)
+        d = np.asarray([_delay(synthetic(noise_runs, levels("step", size), rng), STEP_AT,
+                               options) for _ in range(trials)])
         fig.detected[size] = float(np.mean(d <= within))
         fig.detected_ever[size] = float(np.mean(np.isfinite(d)))
         fig.delay[size] = float(np.median(d))
@@ -164,4 +192,31 @@ def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
     d = np.asarray(delays)
     fig.drift_detected = float(np.mean(np.isfinite(d)))
     fig.drift_delay = float(np.median(d))
+    return fig
+
+
+def measure_short(noise_runs: Sequence[np.ndarray], length: int, trials: int,
+                  null_trials: int, seed: int = 0, steps: Sequence[float] = SHORT_STEPS,
+                  **options: Any) -> Figures:
+    """A young history of `length` runs: false alarms per 100 runs are the alarms the
+    `length`-th run of unchanged code raises (null_trials histories); a step has
+    SHORT_AFTER runs after it when the history is `length` runs long, `detected` is the
+    share seen by then, `detected_ever` within HORIZON runs, `delay` the median."""
+    options = _options(options)
+    rng = np.random.default_rng(seed)
+    fig = Figures()
+    alarms = 0
+    for _ in range(null_trials):
+        r = replay(synthetic(noise_runs, levels("none", runs=length), rng), start=length,
+                   **options)
+        alarms += len(r.alarms)
+    fig.false_per_100 = 100.0 * alarms / max(1, null_trials)
+    at = length - SHORT_AFTER
+    for size in steps:
+        lv = levels("step", size, runs=at + HORIZON, at=at)
+        d = np.asarray([_delay(synthetic(noise_runs, lv, rng), at, options)
+                        for _ in range(trials)])
+        fig.detected[size] = float(np.mean(d <= SHORT_AFTER))
+        fig.detected_ever[size] = float(np.mean(np.isfinite(d)))
+        fig.delay[size] = float(np.median(d))
     return fig

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roofline.gate import CONFIRM_MIN_ROUNDS, Key, Retime, fast_end
-from roofline.history.changepoints import ChangePoint
+from roofline.history.changepoints import ChangePoint, young_runs
+from roofline.history.detectable import MAX_RUNS
 from roofline.history.series import DeviceSeries, Series
-
-ALL_LIMIT = 20  # change points listed per device besides the new ones
 
 
 @dataclass
@@ -65,6 +64,65 @@ def _newest(since: int) -> str:
 _HEAD = ("| series | step | change | ms before | ms after | commits (last old..first new) "
          "| first run at new level | runs since | p | note |\n"
          "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |")
+_STATE_HEAD = ("| series | state | change | ms before | ms after | first run at new level "
+               "| runs since | p (test) | commits (last old..first new) |\n"
+               "| --- | --- | ---: | ---: | ---: | --- | ---: | --- | --- |")
+
+
+def _state_rows(s: Series, window: int | None) -> list[str]:
+    """Every change point of a series in the window, newest first, marked new or known;
+    a series without one: steady, its level and the runs it holds."""
+    if not s.changes:
+        held = s.runs["median"].iloc[-window:] if window else s.runs["median"]
+        return [f"| {_cell(s.name)} | steady | - | - | {_ms(float(held.median()))} "
+                f"| - | {len(held)} | - | - |"]
+    out = []
+    for c in reversed(s.changes):
+        state = f"{'new' if c in s.new else 'known'} {'slowdown' if c.slower else 'speed-up'}"
+        before, after = s.commit_range(c)
+        out.append(f"| {_cell(s.name)} | {state} | {_pct(c.change)} | {_ms(c.before)} "
+                   f"| {_ms(c.after)} | {_run(s, c.index)} | {len(s.runs) - c.index} "
+                   f"| {c.p_value:.1e} ({c.test}) | {_commit(before)}..{_commit(after)} |")
+    return out
+
+
+def _state_order(s: Series) -> tuple:
+    """New change points first, then the series whose last change is newest, then steady
+    series by name."""
+    newest = max((c.index - len(s.runs) for c in s.changes), default=None)
+    return (not s.new, newest is None, -(newest or 0), s.name)
+
+
+def _needs(step: float, k: int | None, min_change: float) -> str:
+    if k is not None:
+        return f"{step * 100:g}%: {k}"
+    if step <= min_change * (1 + 1e-9):
+        return f"{step * 100:g}%: none (at --min-change, half such steps measure below it)"
+    return f"{step * 100:g}%: more than {MAX_RUNS}"
+
+
+def _sight(d: DeviceSeries) -> list[str]:
+    """What the history could and could not see, for its length and noise."""
+    o, sg = d.options, d.sight()
+    if not sg.series:
+        return []
+    own = f", {sg.own * 100:.2g}% within a run" if math.isfinite(sg.own) else ""
+    needs = "; ".join(_needs(s, k, o.min_change) for s, k in sg.needed.items())
+    smallest = (f"a step of at least {sg.smallest * 100:.3g}% is seen"
+                if math.isfinite(sg.smallest) else "no step up to 10x is seen")
+    lines = [f"**What this history can see.** With {sg.runs} runs and noise like its median "
+             f"series' ({sg.spread * 100:.2g}% run to run{own}; sd of log time), the runs a "
+             "slowdown after the newest run needs at its new level to be a change point in "
+             f"9 of 10 such histories: {needs}. With {o.min_size} runs after it (the "
+             f"fewest), {smallest}. "
+             f"A step in the newest {o.min_size - 1} runs cannot show yet: no change point "
+             "means no step this large, not no regression."]
+    if sg.too_noisy:
+        shown = ", ".join(sg.too_noisy[:10])
+        more = f" and {len(sg.too_noisy) - 10} more" if len(sg.too_noisy) > 10 else ""
+        lines.append(f"Too noisy to show a 10% step within {MAX_RUNS} runs: "
+                     f"{len(sg.too_noisy)} of {sg.series} series ({shown}{more}).")
+    return [" ".join(lines), ""]
 
 
 def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = None
@@ -83,7 +141,11 @@ def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = 
                 f"newest `{newest.get('run_id')}` ({where}{newest.get('created')}). "
                 f"{len(d.series)} series. Change points: a step of at least "
                 f"{o.min_change * 100:g}% between the medians of at least {o.min_size} runs "
-                f"on each side, rank test p < {o.alpha:g}, searched in {window}.", ""]
+                f"on each side, significant at p < {o.alpha:g} (rank: a rank test of one "
+                "value per run; level: in a history of up to "
+                f"{young_runs(o.min_size, o.alpha)} runs, where segments are too short for "
+                "ranks, every run of the shorter one off the other's level, past the "
+                f"run-to-run spread and its own noise), searched in {window}.", ""]
         new = [(s, c) for s in d.series for c in s.new]
         slow = [(s, c) for s, c in new if c.slower]
         if new:
@@ -99,13 +161,13 @@ def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = 
             out.append("")
         else:
             out += [f"No new change point since {_newest(d.since)}.", ""]
-        old = sorted(((s, c) for s in d.series for c in s.changes if c not in s.new),
-                     key=lambda sc: -sc[1].index)
-        if old:
-            out += [f"Earlier change points ({min(len(old), ALL_LIMIT)} of {len(old)}, "
-                    "newest first):", "", _HEAD]
-            out += [_row(s, c) for s, c in old[:ALL_LIMIT]]
-            out.append("")
+        out += _sight(d)
+        changed = sum(1 for s in d.series if s.changes)
+        out += [f"Every series ({changed} with a change point in {window}, "
+                f"{len(d.series) - changed} steady):", "", _STATE_HEAD]
+        for s in sorted(d.series, key=_state_order):
+            out += _state_rows(s, o.window)
+        out.append("")
         gone = [s.name for s in d.series if s.status not in ("ok", "absent")]
         if gone:
             out += [f"Not ok in the newest run: {', '.join(gone[:20])}"

@@ -19,7 +19,9 @@ from roofline.history.changepoints import (
     detect,
     new_changes,
 )
+from roofline.history.detectable import Sight, sight
 from roofline.history.errors import HistoryError
+from roofline.history.noise import median_noise, spread
 from roofline.history.store import History
 from roofline.model.schema import ROW_ID, row_name
 
@@ -49,9 +51,10 @@ class Options:
                                f"({2 * self.min_size}) runs, got {self.window}")
         return self
 
-    def detect(self, values: np.ndarray) -> list[ChangePoint]:
+    def detect(self, values: np.ndarray, noise: np.ndarray | None = None
+               ) -> list[ChangePoint]:
         return detect(values, min_change=self.min_change, alpha=self.alpha,
-                      min_size=self.min_size, window=self.window)
+                      min_size=self.min_size, window=self.window, noise=noise)
 
 
 @dataclass
@@ -75,6 +78,14 @@ class Series:
         return self.key[0]
 
     @property
+    def noise(self) -> np.ndarray:
+        """Each run's own noise: the standard error of its log median (NaN where the run
+        kept no sample count)."""
+        n = pd.to_numeric(self.runs["n"], errors="coerce").to_numpy(dtype=np.float64)
+        return median_noise(self.runs["p20"].to_numpy(dtype=np.float64),
+                            self.runs["p80"].to_numpy(dtype=np.float64), n)
+
+    @property
     def latest(self) -> float:
         return float(self.runs["median"].iloc[-1]) if len(self.runs) else math.nan
 
@@ -95,6 +106,15 @@ class Series:
         if level.empty:
             level = self.runs["median"].iloc[:-1]
         return float(self.runs["median"].iloc[-1] / level.median() - 1.0)
+
+    def variance(self, window: int | None) -> float:
+        """The variance of a run's log median about its level in the runs the detection
+        searched (the newest `window`), split at the change points: noise.spread, the
+        run-to-run scatter and at least the runs' own noise."""
+        x = np.log(self.runs["median"].to_numpy(dtype=np.float64))
+        offset = 0 if window is None or len(x) <= window else len(x) - window
+        bounds = [offset, *(c.index for c in self.changes if c.index > offset), len(x)]
+        return spread(x, self.noise, bounds)[0]
 
     def timer_changed(self, c: ChangePoint) -> bool:
         t = self.runs["timer"]
@@ -125,6 +145,15 @@ class DeviceSeries:
     def new_slower(self) -> list[tuple[Series, ChangePoint]]:
         return [(s, c) for s in self.series for c in s.new if c.slower]
 
+    def sight(self) -> Sight:
+        """What this history can see (roofline.history.detectable), for noise like its
+        median series'."""
+        o = self.options
+        return sight({s.name: s.variance(o.window) for s in self.series},
+                     {s.name: float(np.nanmedian(s.noise)) if np.isfinite(s.noise).any()
+                      else math.nan for s in self.series},
+                     len(self.runs), o.alpha, o.min_change, o.min_size, o.window)
+
 
 def build_series(history: History, options: Options, since: int = 1) -> DeviceSeries:
     """Every series of a device with its change points; `new` holds those not found
@@ -145,9 +174,10 @@ def build_series(history: History, options: Options, since: int = 1) -> DeviceSe
         s = Series(key=tuple(str(k) for k in key), device=history.device, runs=g,
                    status=newest_status.get(tuple(key), "absent"))
         values = g["median"].to_numpy(dtype=np.float64)
-        s.changes = options.detect(values)
+        noise = s.noise
+        s.changes = options.detect(values, noise)
         older = int((g["pos"] < cutoff).sum())
         if older < len(g):  # the series has points among the newest runs
-            s.new = new_changes(s.changes, options.detect(values[:older]))
+            s.new = new_changes(s.changes, options.detect(values[:older], noise[:older]))
         out.append(s)
     return DeviceSeries(history=history, series=out, since=since, options=options)
