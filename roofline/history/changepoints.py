@@ -45,7 +45,7 @@ import numpy as np
 from scipy.special import stdtr
 from scipy.stats import mannwhitneyu, rankdata
 
-from roofline.gate import min_p_value
+from roofline.gate.stats import min_p_value
 from roofline.history.errors import require
 from roofline.history.noise import level_p_value
 

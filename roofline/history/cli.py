@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
-from roofline.gate import Retime, append_step_summary
-from roofline.gate.rules import cli_exit_code
+from roofline.gate.render import append_step_summary
+from roofline.gate.rules import RetimerFactory, cli_exit_code
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -28,17 +26,8 @@ from roofline.history.changepoints import (
 from roofline.history.errors import HistoryError, require
 from roofline.history.series import DeviceSeries, Options, build_series
 from roofline.history.store import DEFAULT_STORE, add_run, load_store, run_document
+from roofline.model.cli import Parser, UsageError
 from roofline.model.schema import RESULTS_JSON, atomic_write_text
-
-# Builds the re-timing callback for a device's newest run: (device key, its metadata,
-# its rows) -> Retime.  The command line passes it in (roofline/__main__.py wires the
-# harness), so this package never imports benches/.
-RetimerFactory = Callable[[str, dict, list], Retime]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise HistoryError(message)
 
 
 def _detection_options(p: argparse.ArgumentParser, window: int | None) -> None:
@@ -55,7 +44,7 @@ def _detection_options(p: argparse.ArgumentParser, window: int | None) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m roofline history",
+    p = Parser(prog="python -m roofline history",
                 description="Every run kept per device, change points per series, a "
                 "report for CI and a static dashboard.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{add,report,html}")
@@ -168,4 +157,4 @@ def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -
             return _cmd_report(args, retimer)
         return _cmd_html(args)
 
-    return cli_exit_code(command, (HistoryError,))
+    return cli_exit_code(command, (HistoryError, UsageError))

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roofline.gate import CONFIRM_MIN_ROUNDS, Key, Retime, fast_end
+from roofline.gate.rules import Key, Retime
+from roofline.gate.runs import CONFIRM_MIN_ROUNDS
+from roofline.gate.stats import fast_end
 from roofline.history.changepoints import ChangePoint, young_runs
 from roofline.history.detectable import MAX_RUNS
 from roofline.history.series import DeviceSeries, Series

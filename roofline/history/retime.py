@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from roofline.gate import Key, Retime
-from roofline.history.cli import RetimerFactory
+from roofline.gate.rules import Key, Retime, RetimerFactory
 from roofline.history.errors import HistoryError
 from roofline.model.schema import row_cache
 

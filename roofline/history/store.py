@@ -41,7 +41,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from roofline.gate import fast_end, incomplete_reasons, run_device_key, time_problem
+from roofline.gate.rules import time_problem
+from roofline.gate.runs import incomplete_reasons, run_device_key
+from roofline.gate.stats import fast_end
 from roofline.history.errors import HistoryError
 from roofline.model.schema import (
     KEY,
