@@ -166,11 +166,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """The command; `started`: the perf_counter reading at which this process started
+    (the run's time split then counts start-up and imports; default: from job.run on)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         with signals_raise():
-            return _main(argv)
+            return _main(argv, started)
     except (KeyboardInterrupt, Terminated) as e:
         # Reached only outside a run's own handling (start-up, listings, inspect): the
         # sweep itself keeps its rows and returns the same codes.
@@ -179,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], started: float | None = None) -> int:
     switched_on = False
     try:
         args = parse_args(argv)
+        args.started = started
         switched_on = _interpreter_for_check_only(args)
         from benches import job
 
@@ -303,4 +306,6 @@ def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    from benches.phases import process_start
+
+    exit_now(main(started=process_start()))
