@@ -24,7 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from benches import runner
+from benches import runner, triton_cache
 from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.cases import Case, RunConfig, build_cases
 from benches.console import console, print_summary
@@ -329,6 +329,8 @@ def run(args: argparse.Namespace, argv: list[str],
     done = {_row_key(r) for r in resume_rows}
     todo = [c for c in cases if _case_key(c) not in done]
 
+    if present.kind == "cuda" and not cfg.target.interpret:
+        meta["autotune_on_disk"] = triton_cache.keep_tuning()
     code, stage = 0, "ceilings"
     try:
         with split.phase("write"):
@@ -337,11 +339,17 @@ def run(args: argparse.Namespace, argv: list[str],
             c = meta.get("ceilings") or {}
             cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
         else:
-            with split.phase("ceilings"):
-                cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
-                                            measure_ceilings=not args.no_measure_ceilings,
-                                            force=args.remeasure_ceilings,
-                                            log=lambda m: console.print(m))
+            # The sweep's Triton kernels compile in worker processes meanwhile (GPU).
+            ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum())
+            try:
+                with split.phase("ceilings"):
+                    cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
+                                                measure_ceilings=not args.no_measure_ceilings,
+                                                force=args.remeasure_ceilings,
+                                                log=lambda m: console.print(m))
+            finally:
+                if ahead is not None:
+                    meta["compiled_ahead"] = ahead.stop()
             meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
             with split.phase("write"):
                 writer.flush()  # results.json holds the ceilings before the first row
