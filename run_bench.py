@@ -125,6 +125,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_arguments(p)  # --acceptance and its options (benches/fleet/acceptance.py)
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
+    p.add_argument("--estimate", action="store_true",
+                   help="print what the selected sweep would cost on --device, phase by "
+                        "phase, from its plan and earlier runs' rows under --out; "
+                        "nothing is measured")
     p.add_argument("--remeasure-ceilings", action="store_true",
                    help="measure the device's ceilings again instead of using the cache")
     p.add_argument("--no-measure-ceilings", action="store_true",
@@ -194,6 +198,10 @@ def _main(argv: list[str], started: float | None = None) -> int:
             from benches.inspect import run_inspect
 
             return run_inspect(args)
+        if args.estimate:
+            from benches.estimate_report import run_estimate
+
+            return run_estimate(args)
         if args.list:
             job.print_kernels()
             return 0

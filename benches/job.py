@@ -245,6 +245,25 @@ def _run_budget(args: argparse.Namespace, present: Present) -> float | None:
     return None if math.isinf(v) else float(v)
 
 
+def run_config(args: argparse.Namespace, model: DeviceModel, present: Present,
+               interpret: bool | None = None) -> RunConfig:
+    """The run's configuration from the (validated) command line, its ceilings still
+    unknown; `interpret`: Triton's interpreter (default: as this process has it)."""
+    interpret = interpreter_enabled() if interpret is None else interpret
+    return RunConfig(
+        kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
+        sizes=args.sizes if args.explicit_shapes is None else "explicit",
+        explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
+        model=model, present=present,
+        target=Target(present.kind, present.capability, interpret, present.name),
+        ceilings=Ceilings(None, None), timing=_timing_config(args),
+        run_budget_s=_run_budget(args, present),
+        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
+                                recovery_delay_s=args.throttle_recovery_delay),
+        cache=_cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
+    )
+
+
 def run(args: argparse.Namespace, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None) -> int:
     """One run; `on_cases` sees the selected cases before any folder is made or anything
@@ -283,17 +302,7 @@ def run(args: argparse.Namespace, argv: list[str],
         # A bad baseline found after the sweep would waste the whole (GPU) run.
         check_baseline(args.compare, model.key,
                        allow_device_mismatch=args.allow_device_mismatch)
-    target = Target(present.kind, present.capability, interpreter_enabled(), present.name)
-    cfg = RunConfig(
-        kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
-        sizes=args.sizes if args.explicit_shapes is None else "explicit",
-        explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
-        model=model, present=present, target=target, ceilings=Ceilings(None, None),
-        timing=_timing_config(args), run_budget_s=_run_budget(args, present),
-        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
-                                recovery_delay_s=args.throttle_recovery_delay),
-        cache=_cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
-    )
+    cfg = run_config(args, model, present)
     cases = build_cases(cfg)
     if not cases:
         raise RequestError("nothing to run: no selected kernel has a selected dtype and "

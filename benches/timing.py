@@ -185,8 +185,15 @@ def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
     return summarize(samples, timer)
 
 
+# Device time host_dispatch_us may spend on one row's calls: 100 calls up to 0.2 ms each,
+# fewer for longer ones (it was 0.25 s: 20 s of the H200's quick sweep, 80 s of its
+# default one, on calls whose dispatch three bursts of two measure as well).
+DISPATCH_BUDGET_S = 0.02
+
+
 def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
-                     reps: int = 20, repeats: int = 5, budget_s: float = 0.25) -> float:
+                     reps: int = 20, repeats: int = 5,
+                     budget_s: float = DISPATCH_BUDGET_S) -> float:
     """Host time to dispatch one call, in us: the wall time of `reps` back-to-back calls
     with no synchronization between them, divided by `reps`; the median of `repeats`
     such bursts, each after a sync.  On a GPU the calls only enqueue work, so this is the
@@ -196,8 +203,8 @@ def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
 
     Every burst's calls also run on the device before the next burst starts, so a slow
     call (one synchronous call, dispatch plus device, takes `once`) gets fewer: at most
-    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 100 ms matmul
-    costs 6 calls, not 100)."""
+    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 1 ms matmul
+    costs 18 calls, a 100 ms one 6, not 100)."""
     sync()
     call()  # warm: lazy init, JIT cache lookups
     sync()

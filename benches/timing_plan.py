@@ -32,8 +32,9 @@ TIMER_WARM_FALLBACK = "back-to-back events (cudagraph not possible)"
 class TimingConfig:
     warmup_ms: float = 25.0  # do_bench warm-up
     rep_ms: float = 100.0  # measuring time per kernel (do_bench)
-    # every do_bench and CPU row takes at least this many samples (a CUDA-graph row's
-    # sample averages hundreds of calls: gate_min_samples of them suffice)
+    # Every CPU row takes at least this many samples.  A GPU row samples for its time as
+    # do_bench does (rep_ms; a CUDA-graph row graph_rep_ms), at least gate_min_samples:
+    # a floor of 25 cost the H200's quick sweep 9 s on its 24 rows over 4 ms a call.
     min_samples: int = 25
     # Cases whose roofline bound (the fastest the device could possibly run them) is
     # below this are timed as CUDA-graph replays, where launch overhead no longer
@@ -193,11 +194,11 @@ def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
 
 def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
     """Samples of a GPU timing whose samples each take `per_sample_ms` of device time
-    (flush, padding or graph replay included): as do_bench, cfg.rep_ms of them, at least
-    cfg.min_samples and at most cfg.max_samples, within cfg.row_budget_s unless that
-    leaves fewer than cfg.gate_min_samples."""
+    (flush and padding included): as do_bench, cfg.rep_ms of them, at least
+    cfg.gate_min_samples (or cfg.min_samples when lower) and at most cfg.max_samples,
+    within cfg.row_budget_s unless that leaves fewer than that floor."""
     per = max(per_sample_ms, 1e-4)
-    want = max(cfg.min_samples, int(cfg.rep_ms / per))
+    want = max(min(cfg.gate_min_samples, cfg.min_samples), int(cfg.rep_ms / per))
     fit = int(cfg.row_budget_s * 1e3 / per)
     return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
 
