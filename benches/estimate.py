@@ -198,7 +198,7 @@ class Pricer:
             if tunes and key not in self.tuned:
                 self.tuned.add(key)
                 if not kept:
-                    w.add("tune", len(ln.configs) * (sp.tune_candidate_s + 110 * one))
+                    w.add("tune", len(ln.configs) * sp.tune_candidate_s)
                     w.count("tunings")
                 tuned = True
             # compiled: every candidate when timed, the chosen one when the tuning is kept
