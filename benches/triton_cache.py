@@ -47,20 +47,22 @@ def keep_tuning() -> bool:
     return bool(tuning.cache)
 
 
-def compile_jobs(cases: list[Case], cfg: RunConfig) -> list[tuple[str, str, dict[str, int],
-                                                                   int]]:
-    """(kernel, dtype, shape, SM count) of every distinct Triton case the sweep will
-    run on this GPU, in run order (the first rows' kernels first)."""
+Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
+
+
+def compile_jobs(cases: list[Case], cfg: RunConfig) -> list[Job]:
+    """(kernel, dtype, shape, SM count, capability) of every distinct Triton case the
+    sweep will run on this GPU, in run order (the first rows' kernels first)."""
     if cfg.target.kind != "cuda" or cfg.target.interpret:
         return []
     sms = cfg.present.sms or 0
-    seen: dict[tuple[str, str, str], tuple[str, str, dict[str, int], int]] = {}
+    seen: dict[tuple[str, str, str], Job] = {}
     for c in cases:
         if c.provider != "triton" or c.spec.triton_launches is None \
                 or c.spec.skip_reason(c.provider, c.dtype, cfg.target):
             continue
         seen.setdefault((c.spec.name, c.dtype, c.shape_str),
-                        (c.spec.name, c.dtype, dict(c.shape), sms))
+                        (c.spec.name, c.dtype, dict(c.shape), sms, cfg.target.capability))
     return list(seen.values())
 
 
@@ -72,18 +74,19 @@ def _warmup(launch: Any, config: Any) -> None:
 
 
 def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
-                 fp8_mode: str) -> int:
+                 capability: tuple[int, int] | None, fp8_mode: str) -> int:
     """Compile every launch x config of one case into Triton's cache (in a worker);
-    the number compiled."""
+    the number compiled.  The launches are those of a GPU of `capability` (on meta
+    tensors a kernel would build the default candidates, not its architecture's)."""
     from kernels import REGISTRY
-    from kernels.spec import set_fp8_accum
+    from kernels.spec import Target, set_fp8_accum
 
     set_fp8_accum(fp8_mode)
     spec = REGISTRY[kernel]
     inputs = spec.make_inputs(shape, dtype, 0, "meta")
     out = spec.alloc_out(inputs, dtype)
     done = 0
-    for launch in spec.triton_launches(inputs, out, sms):
+    for launch in spec.launches(inputs, out, sms, Target("cuda", capability)):
         for config in launch.configs:
             _warmup(launch, config)
             done += 1
@@ -106,7 +109,7 @@ def default_workers() -> int:
 class CompileAhead:
     """Worker processes compiling `jobs` (compile_jobs) until stop()."""
 
-    def __init__(self, jobs: list[tuple[str, str, dict[str, int], int]], workers: int,
+    def __init__(self, jobs: list[Job], workers: int,
                  fp8_mode: str, context: Any = None,
                  compile_fn: Callable[..., int] = compile_case) -> None:
         ctx = context or multiprocessing.get_context("spawn")

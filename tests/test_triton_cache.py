@@ -31,12 +31,12 @@ def test_the_jobs_are_the_runs_distinct_triton_cases_in_run_order():
     jobs = triton_cache.compile_jobs(cases, cfg)
     want = []
     for c in cases:
-        key = (c.spec.name, c.dtype, dict(c.shape), cfg.present.sms)
+        key = (c.spec.name, c.dtype, dict(c.shape), cfg.present.sms, (9, 0))
         if c.provider == "triton" and c.spec.triton_launches is not None \
                 and not c.spec.skip_reason("triton", c.dtype, cfg.target) and key not in want:
             want.append(key)
     assert jobs == want and len(jobs) > 20
-    assert not any(k == "attention" and d == "fp32" for k, d, _, _ in jobs)  # no variant
+    assert not any(k == "attention" and d == "fp32" for k, d, *_ in jobs)  # no variant
     # a CPU run, or the interpreter, compiles nothing ahead
     cpu = dataclasses.replace(cfg, target=Target("cpu"))
     assert triton_cache.compile_jobs(cases, cpu) == []
@@ -49,15 +49,21 @@ def test_a_case_compiles_each_launch_with_each_candidate(monkeypatch):
     monkeypatch.setattr(triton_cache, "_warmup",
                         lambda launch, config: got.append((launch.name, config_str(config))))
     shape = {"M": 4096, "N": 4096, "K": 4096}
-    n = triton_cache.compile_case("matmul", "bf16", shape, 132, "fast")
+    # IEEE fp32 on a Blackwell (sm_100): candidates of its own
+    n = triton_cache.compile_case("matmul", "fp32", shape, 148, (10, 0), "fast")
     spec = REGISTRY["matmul"]
-    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
-    launches = spec.triton_launches(inputs, spec.alloc_out(inputs, "bf16"), 132)
-    assert got == [(ln.name, config_str(c)) for ln in launches for c in ln.configs]
+    inputs = spec.make_inputs(shape, "fp32", 0, "meta")
+    out = spec.alloc_out(inputs, "fp32")
+    blackwell = spec.launches(inputs, out, 148, Target("cuda", (10, 0)))
+    assert got == [(ln.name, config_str(c)) for ln in blackwell for c in ln.configs]
     assert n == len(got) > 1
+    # the architecture's candidates, which a GPU run tunes over: not the default ones
+    # that meta tensors alone would give
+    default = spec.triton_launches(inputs, out, 148)
+    assert got != [(ln.name, config_str(c)) for ln in default for c in ln.configs]
 
 
-def _fake_compile(kernel, dtype, shape, sms, fp8_mode):
+def _fake_compile(kernel, dtype, shape, sms, capability, fp8_mode):
     if kernel == "boom":
         raise RuntimeError("ptxas failed")
     return len(shape)
@@ -65,8 +71,8 @@ def _fake_compile(kernel, dtype, shape, sms, fp8_mode):
 
 def test_the_workers_run_until_stopped_and_say_what_they_did():
     ctx = multiprocessing.get_context("fork")
-    jobs = [("add", "fp32", {"n": 4096}, 132), ("boom", "bf16", {"n": 1}, 132),
-            ("matmul", "bf16", {"M": 1, "N": 1, "K": 1}, 132)]
+    jobs = [("add", "fp32", {"n": 4096}, 132, (9, 0)), ("boom", "bf16", {"n": 1}, 132, None),
+            ("matmul", "bf16", {"M": 1, "N": 1, "K": 1}, 132, (9, 0))]
     ahead = triton_cache.CompileAhead(jobs, 2, "fast", context=ctx,
                                       compile_fn=_fake_compile)
     for r in ahead.results:
@@ -74,7 +80,7 @@ def test_the_workers_run_until_stopped_and_say_what_they_did():
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
                             "kernels_compiled": 4}
     with pytest.raises(ValueError):  # terminated: takes no more work
-        ahead.pool.apply_async(_fake_compile, ("add", "fp32", {}, 0, "fast"))
+        ahead.pool.apply_async(_fake_compile, ("add", "fp32", {}, 0, None, "fast"))
 
 
 def test_workers_default_to_half_the_cores_shared_by_the_ranks(monkeypatch):
