@@ -2,7 +2,8 @@
 (benches/phases.py): the wall time of the main job, `python run_bench.py` (on a CPU the
 default CPU sweep), against the seconds it spends timing, phase by phase, on a quiet
 machine and beside a busy process per core; and `run_bench.py --estimate`, made just
-before each run from the runs before it, against the run it predicts.
+before each run from a run just before it (in the same conditions), against the run it
+predicts.
 
     pytest benches/test_bench_overhead.py --benchmark-columns=min,max -s
 
@@ -55,17 +56,21 @@ def _run(out: Path, run_id: str) -> tuple[float, dict]:
 @pytest.mark.parametrize("load", ["quiet", "beside a CPU-heavy job"])
 def test_the_main_jobs_time_split(benchmark, tmp_path, load):
     out = tmp_path / "results"
-    _run(out, "first")  # ceilings measured and cached; a run for the estimate to scale
     got: dict = {}
+
+    def runs() -> None:
+        # ceilings measured and cached, and a run for the estimate to scale to, in the
+        # same conditions as the run it predicts
+        _run(out, "first")
+        got["estimate_s"] = _estimate_s(out)
+        got["wall"], got["meta"] = _run(out, "timed")
 
     def run() -> None:
         if load == "quiet":
-            got["estimate_s"] = _estimate_s(out)
-            got["wall"], got["meta"] = _run(out, "timed")
+            runs()
         else:
             with CpuLoad():
-                got["estimate_s"] = _estimate_s(out)
-                got["wall"], got["meta"] = _run(out, "timed")
+                runs()
 
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     split, wall = got["meta"]["time_split_s"], got["wall"]

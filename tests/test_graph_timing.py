@@ -135,3 +135,29 @@ def test_the_issues_slowest_graph_row_costs_a_rotation_not_25(monkeypatch):
     replayed_ms = sum(len(fake.graphs[i].calls) * call_ms for i in fake.replays)
     assert replayed_ms < 200  # ms: one round (159) and the samples, not 4,300
     assert t.n_samples >= 10 and t.ms_median == pytest.approx(call_ms)
+
+
+def test_do_bench_rows_take_their_100_ms_of_samples_at_least_the_gates_10():
+    cfg = TimingConfig()
+    assert timing_plan.sample_count(0.5, cfg) == 200  # rep_ms / per sample
+    assert timing_plan.sample_count(8.0, cfg) == 12  # was 25: 200 ms, not 100
+    assert timing_plan.sample_count(50.0, cfg) == cfg.gate_min_samples == 10
+    # a CPU row keeps its own floor (plan_cpu): min_samples
+    assert cfg.min_samples == 25
+
+
+def test_a_slow_calls_dispatch_costs_the_budget_not_100_calls():
+    import time
+
+    from benches import timing
+
+    calls: list[int] = []
+
+    def call() -> None:  # 1 ms a call, host and device together
+        calls.append(1)
+        time.sleep(0.001)
+
+    timing.host_dispatch_us(call, lambda: None)
+    assert timing.DISPATCH_BUDGET_S == 0.02
+    # a warm and a timed call, then 3 bursts within 20 ms (the old 0.25 s: 100 calls)
+    assert len(calls) <= 2 + 20
