@@ -118,6 +118,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_arguments(p)  # --acceptance and its options (benches/fleet/acceptance.py)
     p.add_argument("--check-only", action="store_true",
                    help="check every selected kernel's correctness, no timing")
+    p.add_argument("--estimate", action="store_true",
+                   help="print what the selected sweep would cost on --device, phase by "
+                        "phase, from its plan and earlier runs' rows under --out; "
+                        "nothing is measured")
     p.add_argument("--remeasure-ceilings", action="store_true",
                    help="measure the device's ceilings again instead of using the cache")
     p.add_argument("--no-measure-ceilings", action="store_true",
@@ -159,11 +163,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """The command; `started`: the perf_counter reading at which this process started
+    (the run's time split then counts start-up and imports; default: from job.run on)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         with signals_raise():
-            return _main(argv)
+            return _main(argv, started)
     except (KeyboardInterrupt, Terminated) as e:
         # Reached only outside a run's own handling (start-up, listings, inspect): the
         # sweep itself keeps its rows and returns the same codes.
@@ -172,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], started: float | None = None) -> int:
     switched_on = False
     try:
         args = parse_args(argv)
+        args.started = started
         switched_on = _interpreter_for_check_only(args)
         from benches import job
 
@@ -184,6 +191,10 @@ def _main(argv: list[str]) -> int:
             from benches.inspect.compile import run_inspect
 
             return run_inspect(args)
+        if args.estimate:
+            from benches.estimate_report import run_estimate
+
+            return run_estimate(args)
         if args.list:
             job.print_kernels()
             return 0
@@ -296,4 +307,6 @@ def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    from benches.phases import process_start
+
+    exit_now(main(started=process_start()))

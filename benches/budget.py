@@ -67,11 +67,13 @@ class RunBudget:
     over: dict[tuple[str, str, str, str], tuple[float, str, float]] = field(
         default_factory=dict)
 
-    def row(self, cases_left: int) -> RowBudget:
-        """The next row's budget, with `cases_left` cases (it included) still to run."""
+    def row(self, cases_left: int, now: float | None = None) -> RowBudget:
+        """The next row's budget, with `cases_left` cases (it included) still to run, at
+        `now` (time.monotonic(); a plan's estimate passes its own clock)."""
         if self.run_s is None:
             return RowBudget()
-        left = self.run_s - (time.monotonic() - self.started)
+        now = time.monotonic() if now is None else now
+        left = self.run_s - (now - self.started)
         return RowBudget(share_s=max(0.0, left) / max(1, cases_left))
 
     def skip_reason(self, case: Case) -> str | None:

@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from benches import runner
+from benches import runner, triton_cache
 from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.cases import Case, RunConfig, build_cases
 from benches.ceilings import get_ceilings
@@ -34,8 +33,16 @@ from benches.console import print_devices as print_devices
 from benches.console import print_kernels as print_kernels
 from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
+from benches.phases import TimeSplit, compiles_booked
 from benches.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.retime import case_id, case_key
+from benches.run_folder import (
+    RequestError,
+    check_run_id,
+    new_run_dir,
+    read_run_doc,
+    writable_dir,
+)
 from benches.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
@@ -58,20 +65,12 @@ from roofline.model.schema import (
     DEFAULT_CACHE,
     RunLoadError,
     format_shape,
-    read_doc,
-    resolve_results_json,
     row_cache,
 )
+from roofline.report.summary import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
-                                             CompareError)
-
-
-class RequestError(ValueError):
-    """A flag value the registry does not know (one-line message)."""
-
-
-USER_ERRORS += (RequestError,)
+                                             CompareError, RequestError)
 
 
 def _choose(value: str | list[str], allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -137,77 +136,12 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
                       f"{type(e).__name__}: {e}")
 
 
-# Run ids become folder names: plain names only, so `--run-id ../../x` cannot write
-# outside --out.
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Rounds of re-timing for rows that look slower than the baseline, interleaved across
 # those rows and at least RETIME_SPACING_S apart, so that one slow spell of a shared
 # machine (seconds long) cannot cover most of a row's rounds; compare.confirm_slower
 # confirms a row only when every round's fast end is past the threshold.
 RETIME_ROUNDS = 5
 RETIME_SPACING_S = 2.0
-
-
-def _check_run_id(run_id: str) -> str:
-    if not _RUN_ID.fullmatch(run_id) or ".." in run_id:
-        raise RequestError(f"--run-id '{run_id}' is not a plain name (letters, digits, "
-                           "'.', '_', '-'; no '/' or '..')")
-    return run_id
-
-
-def _writable_dir(path: Path, what: str) -> Path:
-    """`path` as an existing, writable folder (created if missing), else a one-line error."""
-    if path.exists() and not path.is_dir():
-        raise RequestError(f"{what} {path} exists and is not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RequestError(f"cannot create {what} {path}: {e.strerror or e}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise RequestError(f"{what} {path} is not writable")
-    return path
-
-
-def _new_run_dir(parent: Path, run_id: str | None) -> Path:
-    """Create the run folder exclusively: a run is never written over another one.  An
-    automatic id (a timestamp) takes a -2, -3, ... suffix when two runs start in the same
-    second."""
-    names = [run_id] if run_id else [datetime.now().strftime("%Y%m%d-%H%M%S")]
-    if not run_id:
-        names += [f"{names[0]}-{i}" for i in range(2, 1000)]
-    for name in names:
-        d = parent / name
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            if run_id:
-                raise RequestError(f"run folder {d} already exists: runs are never "
-                                   "overwritten (choose another --run-id, or --resume "
-                                   f"{d})") from None
-        except OSError as e:
-            raise RequestError(f"cannot create run folder {d}: {e.strerror or e}") from None
-    raise RequestError(f"no free run folder name under {parent}")
-
-
-def _read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
-    """(run folder, metadata, rows) of a run to resume, validated."""
-    p = resolve_results_json(path)
-    try:
-        doc = read_doc(p)  # with the rows of its journal, if it was killed mid-run
-    except RunLoadError as e:
-        raise RequestError(f"cannot resume {path}: {e}") from None
-    meta = doc.get("metadata") if isinstance(doc, dict) else None
-    rows = doc.get("rows") if isinstance(doc, dict) else None
-    if not isinstance(meta, dict) or not isinstance(rows, list) \
-            or not all(isinstance(r, dict) for r in rows):
-        raise RequestError(f"cannot resume {path}: not a results.json written by run_bench")
-    for key in ("kernels", "dtypes", "providers", "sizes", "seed", "device_key"):
-        if key not in meta:
-            raise RequestError(f"cannot resume {path}: its metadata lacks '{key}'")
-    if meta.get("complete"):
-        raise RequestError(f"{path} is a complete run: nothing to resume")
-    return p.parent, meta, rows
 
 
 def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
@@ -314,20 +248,42 @@ def _run_budget(args: argparse.Namespace, present: Present) -> float | None:
     return None if math.isinf(v) else float(v)
 
 
+def run_config(args: argparse.Namespace, model: DeviceModel, present: Present,
+               interpret: bool | None = None) -> RunConfig:
+    """The run's configuration from the (validated) command line, its ceilings still
+    unknown; `interpret`: Triton's interpreter (default: as this process has it)."""
+    interpret = interpreter_enabled() if interpret is None else interpret
+    return RunConfig(
+        kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
+        sizes=args.sizes if args.explicit_shapes is None else "explicit",
+        explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
+        model=model, present=present,
+        target=Target(present.kind, present.capability, interpret, present.name),
+        ceilings=Ceilings(None, None), timing=_timing_config(args),
+        run_budget_s=_run_budget(args, present),
+        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
+                                recovery_delay_s=args.throttle_recovery_delay),
+        cache=_cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
+    )
+
+
 def run(args: argparse.Namespace, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None) -> int:
     """One run; `on_cases` sees the selected cases before any folder is made or anything
     measured (a fleet's ranks agree on them there: benches/fleet/run.py)."""
+    # From the process's start when run as the command (start-up and imports count),
+    # else from here (a caller's process: tests, a notebook).
+    split = TimeSplit(start=getattr(args, "started", None))
     # ---- everything the run needs is checked before any ceiling or kernel is measured
     allow = parse_allow(args.allow)
     resume_rows: list[dict[str, Any]] = []
     old_meta: dict[str, Any] | None = None
     if args.resume:
-        run_dir, old_meta, resume_rows = _read_run_doc(args.resume)
+        run_dir, old_meta, resume_rows = read_run_doc(args.resume)
         _apply_resume(args, old_meta)
         validate_lists(args)
     elif args.run_id is not None:
-        _check_run_id(args.run_id)
+        check_run_id(args.run_id)
     if args.fp8_accum:
         kernel_spec.set_fp8_accum(args.fp8_accum)
     present = detect()
@@ -349,17 +305,7 @@ def run(args: argparse.Namespace, argv: list[str],
         # A bad baseline found after the sweep would waste the whole (GPU) run.
         check_baseline(args.compare, model.key,
                        allow_device_mismatch=args.allow_device_mismatch)
-    target = Target(present.kind, present.capability, interpreter_enabled(), present.name)
-    cfg = RunConfig(
-        kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
-        sizes=args.sizes if args.explicit_shapes is None else "explicit",
-        explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
-        model=model, present=present, target=target, ceilings=Ceilings(None, None),
-        timing=_timing_config(args), run_budget_s=_run_budget(args, present),
-        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
-                                recovery_delay_s=args.throttle_recovery_delay),
-        cache=_cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
-    )
+    cfg = run_config(args, model, present)
     cases = build_cases(cfg)
     if not cases:
         raise RequestError("nothing to run: no selected kernel has a selected dtype and "
@@ -368,15 +314,15 @@ def run(args: argparse.Namespace, argv: list[str],
         on_cases(cases)
     out_root = Path(args.out)
     if old_meta is None:
-        out_root = _writable_dir(out_root, "--out")
-        _writable_dir(_ceilings_dir(args, out_root), "ceiling cache")
-        run_dir = _new_run_dir(_writable_dir(out_root / model.key, "device folder"),
+        out_root = writable_dir(out_root, "--out")
+        writable_dir(_ceilings_dir(args, out_root), "ceiling cache")
+        run_dir = new_run_dir(writable_dir(out_root / model.key, "device folder"),
                                args.run_id)
         meta = collect_metadata(cfg, run_dir.name, ["run_bench.py", *argv])
         if cfg.explicit_shapes is not None:
             meta["explicit_shapes"] = [format_shape(s) for s in cfg.explicit_shapes]
     else:
-        _writable_dir(run_dir, "run folder")
+        writable_dir(run_dir, "run folder")
         out_root = run_dir.parent.parent  # <out>/<device>/<run-id>: the ceiling cache's root
         meta = old_meta
         # Rows an interrupt cut short (timed in fewer rounds than the rest) are timed
@@ -386,27 +332,42 @@ def run(args: argparse.Namespace, argv: list[str],
         meta.setdefault("resumed", []).append(
             {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "command": " ".join(["run_bench.py", *argv]),
-             "rows_before": len(resume_rows) + len(short), "retimed_cut_short": len(short)})
+             "rows_before": len(resume_rows) + len(short), "retimed_cut_short": len(short),
+             # the split of the process before (time_split_s: this one's)
+             "time_split_s": meta.pop("time_split_s", None),
+             "wall_s": meta.pop("wall_s", None)})
     meta.update(interrupted=False, aborted=False, abort_reason=None, complete=False)
     writer = ResultWriter(run_dir, meta, resume_rows)
     done = {_row_key(r) for r in resume_rows}
     todo = [c for c in cases if _case_key(c) not in done]
 
+    if present.kind == "cuda" and not cfg.target.interpret:
+        meta["autotune_on_disk"] = triton_cache.keep_tuning()
     code, stage = 0, "ceilings"
     try:
-        writer.flush()  # the folder holds a readable (empty) run from the start
+        with split.phase("write"):
+            writer.flush()  # the folder holds a readable (empty) run from the start
         if meta.get("ceilings_ready"):  # a resumed run keeps the ceilings of its rows
             c = meta.get("ceilings") or {}
             cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
         else:
-            cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
-                                        measure_ceilings=not args.no_measure_ceilings,
-                                        force=args.remeasure_ceilings,
-                                        log=lambda m: console.print(m))
+            # The sweep's Triton kernels compile in worker processes meanwhile (GPU).
+            ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum())
+            try:
+                with split.phase("ceilings"):
+                    cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
+                                                measure_ceilings=not args.no_measure_ceilings,
+                                                force=args.remeasure_ceilings,
+                                                log=lambda m: console.print(m))
+            finally:
+                if ahead is not None:
+                    meta["compiled_ahead"] = ahead.stop()
             meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
-            writer.flush()  # results.json holds the ceilings before the first row
+            with split.phase("write"):
+                writer.flush()  # results.json holds the ceilings before the first row
         stage = "sweep"
-        _sweep(todo, len(cases), cfg, writer, present, model, run_dir)
+        with compiles_booked(split):
+            _sweep(todo, len(cases), cfg, writer, present, model, run_dir, split)
         meta["complete"] = True
     except runner.SweepAborted as e:
         meta.update(aborted=True, abort_reason=f"{e.row['kernel']} {e.row['provider']} "
@@ -427,13 +388,19 @@ def run(args: argparse.Namespace, argv: list[str],
             meta.update(run_clock_facts(during, meta.get("nvml_start"), writer.rows,
                                         cfg.throttle))
     try:
-        writer.close()  # results.json whole: the row journal is no longer needed
-        if code == 0 or stage == "sweep":
-            _finish(writer, run_dir, plots=not args.no_plots)
+        with split.phase("write"):
+            _record_split(meta, split)  # as of summary.md; the final one below
+            writer.close()  # results.json whole: the row journal is no longer needed
+            if code == 0 or stage == "sweep":
+                _finish(writer, run_dir, plots=not args.no_plots)
         print_summary(writer.rows)
         console.print(f"results: {run_dir}")
+        _record_split(meta, split)
+        writer.flush()
+        console.print(time_split_line(meta))
     except (KeyboardInterrupt, Terminated) as e:
         meta.update(interrupted=True, complete=False, signal=signal_name(e))
+        _record_split(meta, split)
         writer.close()
         console.print(f"[yellow]interrupted[/yellow] while writing figures: the {len(writer.rows)} "
                       f"rows are kept in {run_dir}")
@@ -449,6 +416,12 @@ def run(args: argparse.Namespace, argv: list[str],
                                             args.allow_device_mismatch, allow=allow,
                                             retime=retime))
     return code
+
+
+def _record_split(meta: dict[str, Any], split: TimeSplit) -> None:
+    """The run's time split so far into its metadata (benches/phases.py): seconds per
+    phase and the wall time since the process started, which they add up to."""
+    meta.update(time_split_s=split.split(), wall_s=split.wall_s())
 
 
 def _drain(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException
@@ -470,7 +443,7 @@ def _drain(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException
 
 
 def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
-           present: Present, model: DeviceModel, run_dir: Path) -> None:
+           present: Present, model: DeviceModel, run_dir: Path, split: TimeSplit) -> None:
     done0 = total - len(todo)
     console.print(f"{total} cases on {present.name} as '{model.key}' "
                   f"({'check only' if cfg.check_only else 'timed'}) -> {run_dir}"
@@ -482,10 +455,11 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
     with progress:
         task = progress.add_task("benchmarking", total=total, completed=done0)
         series = None
-        rows = runner.iterate(todo, cfg)
+        rows = runner.iterate(todo, cfg, split)
         try:
             for case, row in rows:
-                writer.add(row)
+                with split.phase("write"):
+                    writer.add(row)
                 progress.update(task, advance=1, description=f"{case.label:<48.48}")
                 if not tty and (case.spec.name, case.dtype) != series:
                     # No live bar in logs: one line per (kernel, dtype) series instead.
@@ -496,8 +470,9 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
                     progress.console.print(f"[red]FAILED[/red] {case.label}: "
                                            f"{row['reason']}")
         except (KeyboardInterrupt, Terminated) as e:
-            for _, row in _drain(rows, e):
-                writer.add(row)
+            with split.phase("write"):
+                for _, row in _drain(rows, e):
+                    writer.add(row)
             raise
 
 

@@ -135,7 +135,9 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
                 "one method per (kernel, dtype, shape) for both providers, from its "
                 f"roofline bound: below {t.cudagraph_below_ms} ms, CUDA-graph replays "
                 "over rotated copies of inputs and outputs totalling more than twice the "
-                f"L2 (at least {t.graph_min_calls} calls per graph, time / calls); else "
+                f"L2 (rounds of at least {t.graph_min_calls} calls, split over graphs "
+                f"of ~{t.graph_replay_ms:g} ms replayed in turn; {t.graph_rep_ms:g} ms of "
+                f"replays, at least {t.gate_min_samples}; time / calls); else "
                 "triton.testing.do_bench (CUDA events, L2 flushed between samples)"),
             "cpu_method": f"blocks of calls lasting >= {t.cpu_block_s * 1e3:g} ms (timeit), "
                           f"{t.min_samples} blocks or more, in {t.cpu_rounds} rounds on "

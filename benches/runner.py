@@ -33,40 +33,30 @@ from benches.cases import (
     copies_frozen,
 )
 from benches.cases import build_cases as build_cases
-from benches.failures import SweepAborted, _error_row, _message, is_sticky_cuda_error
+from benches.failures import SweepAborted, _error_row
 from benches.gpu_monitor import GpuMonitor as GpuMonitor
 from benches.gpu_monitor import ThrottleConfig as ThrottleConfig
 from benches.gpu_monitor import gpu_monitor, time_unthrottled
 from benches.gpu_monitor import nvml_handle as nvml_handle
 from benches.gpu_monitor import nvml_snapshot as nvml_snapshot
 from benches.gpu_monitor import stop_gpu_monitor as stop_gpu_monitor
+from benches.gpu_rows import graph_copies, time_gpu_row, timing_method
 from benches.interrupt import (
     python_handlers_back,
     restore_handlers_after_compiles,
     signal_name,
 )
+from benches.phases import TimeSplit
 from benches.results import ResultWriter as ResultWriter
 from benches.results import collect_metadata as collect_metadata
 from benches.timing import (
     TIMER_CPU,
-    TIMER_FLUSHED,
-    TIMER_GRAPH_FALLBACK,
-    TIMER_WARM_FALLBACK,
-    CaptureTooSlow,
     CpuPlan,
     OverBudget,
     Timing,
-    choose_method,
-    count_launches,
     cpu_round_config,
-    graph_plan,
-    host_dispatch_us,
     plan_cpu,
-    rotation_copies,
     summarize,
-    time_cudagraph,
-    time_flushed,
-    time_warm,
 )
 from kernels import DTYPES
 from kernels import Target as Target
@@ -105,14 +95,17 @@ def _sync(target: Target) -> None:
 
 
 def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
-             budget: RowBudget | None = None) -> dict[str, Any]:
+             budget: RowBudget | None = None, split: TimeSplit | None = None
+             ) -> dict[str, Any]:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
     timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error.
 
     On a CPU the checked call is timed: it sizes the row's samples within its budget
     (`budget`: the run's share; its call_s and plan are filled in), and a row whose
-    minimum samples cannot fit the row budget is skipped after its check."""
+    minimum samples cannot fit the row budget is skipped after its check.  `split` books
+    the row's time by phase (benches/phases.py)."""
     budget = budget if budget is not None else RowBudget()
+    split = split if split is not None else TimeSplit()
     row = base_row(case, cfg)
     reason = case.spec.skip_reason(case.provider, case.dtype, cfg.target)
     if reason is None and case.provider == "triton" and cfg.target.kind != "cuda" \
@@ -126,37 +119,42 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
     fn = spec.providers[case.provider].fn
     make_call: MakeCall | None = None
     try:
-        inputs = cache.get(case, cfg)
-        out = spec.alloc_out(inputs, dtype)
+        with split.phase("inputs"):
+            inputs = cache.get(case, cfg)
+            out = spec.alloc_out(inputs, dtype)
         # First call untimed: an autotuned kernel tunes here, running every candidate
         # config into `out`.  Only then is `out` poisoned, so an element the chosen
         # config fails to write stays NaN instead of holding another config's answer.
         launches = _triton_launches(case, cfg, inputs, out)
-        if launches is None:
-            fn(inputs, out)
-            call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
-        else:
-            # A Triton row runs (and records) its chosen configs; re-timing passes the
-            # confirmed row's configs in, so it never tunes to another one.
-            forced = cfg.configs.get(_case_key(case))
-            chosen = parse_configs(launches, forced) if forced else [None] * len(launches)
-            chosen = [run_launch(ln, c) for ln, c in zip(launches, chosen, strict=True)]
-            call = lambda: fn(inputs, out)  # noqa: E731
-            if all(c is not None for c in chosen):
-                row["config"] = configs_text(launches, chosen)
-                make_call = _bound_triton_call(case, cfg, chosen)
-                call = make_call(inputs, out)
-        _sync(cfg.target)
-        out.fill_(float("nan"))
-        t0 = time.perf_counter()
-        result = call()
-        result = out if result is None else result
-        _sync(cfg.target)
-        budget.call_s = time.perf_counter() - t0
-        rel_err = spec.check(result, inputs, dtype, ref=cache.reference(case))
-        # What a library provider ran (SDPA's backend): one more call, untimed.
-        backend = spec.providers[case.provider].backend
-        ran = backend(call) if backend is not None else ""
+        forced = cfg.configs.get(_case_key(case))
+        with split.phase("tune" if _tunes(launches, forced, cfg) else "check"):
+            if launches is None:
+                fn(inputs, out)
+                call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
+            else:
+                # A Triton row runs (and records) its chosen configs; re-timing passes
+                # the confirmed row's configs in, so it never tunes to another one.
+                chosen = parse_configs(launches, forced) if forced else [None] * len(launches)
+                chosen = [run_launch(ln, c) for ln, c in zip(launches, chosen, strict=True)]
+                call = lambda: fn(inputs, out)  # noqa: E731
+                if all(c is not None for c in chosen):
+                    row["config"] = configs_text(launches, chosen)
+                    make_call = _bound_triton_call(case, cfg, chosen)
+                    call = make_call(inputs, out)
+        with split.phase("check"):
+            _sync(cfg.target)
+            out.fill_(float("nan"))
+            t0 = time.perf_counter()
+            result = call()
+            result = out if result is None else result
+            _sync(cfg.target)
+            budget.call_s = time.perf_counter() - t0
+            with split.phase("inputs"):
+                ref = cache.reference(case)
+            rel_err = spec.check(result, inputs, dtype, ref=ref)
+            # What a library provider ran (SDPA's backend): one more call, untimed.
+            backend = spec.providers[case.provider].backend
+            ran = backend(call) if backend is not None else ""
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
@@ -187,9 +185,14 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
     monitor = gpu_monitor() if cfg.target.kind == "cuda" else None
     clocks: dict[str, Any] = {}
     try:
+        with split.phase("inputs"):
+            copies = cpu_rows.row_copies(case, cfg, cache, inputs, out) \
+                or graph_copies(case, cfg, cache, inputs, out)
+
         def timed() -> tuple[Timing, str]:
-            copies = cpu_rows.row_copies(case, cfg, cache, inputs, out)
-            return _time_case(case, cfg, inputs, out, make_call, budget.plan, copies)
+            with split.phase("timing"):
+                return _time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
+                                  split)
 
         if monitor is None:
             timing, note = timed()
@@ -200,6 +203,13 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
     row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
     row.update(clocks)
     return row
+
+
+def _tunes(launches: list[TritonLaunch] | None, forced: str | None, cfg: RunConfig) -> bool:
+    """Whether a row's first call autotunes (a Triton launch with candidates on a GPU,
+    no config forced): its time is the run's `tune`."""
+    return bool(launches) and not forced and cfg.target.kind == "cuda" \
+        and any(len(ln.configs) > 1 for ln in launches)
 
 
 def _triton_launches(case: Case, cfg: RunConfig, inputs: dict[str, Any],
@@ -242,23 +252,6 @@ def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
     return row
 
 
-def timing_method(case: Case, cfg: RunConfig) -> str:
-    """How a (kernel, dtype, shape) is timed on this device: one answer for both
-    providers, from the case's roofline bound under the device model's ceilings."""
-    if cfg.target.kind != "cuda":
-        return TIMER_CPU
-    rc = case.spec.roof_class(case.dtype, cfg.target)
-    c = cfg.ceilings
-    return choose_method(case.spec.flops(case.shape, case.dtype),
-                         case.spec.nbytes(case.shape, case.dtype),
-                         c.peak_tflops(rc), c.peak_gbps(), cfg.timing)
-
-
-def _l2_bytes(cfg: RunConfig) -> int | None:
-    mb = cfg.present.l2_mb or cfg.model.l2_mb
-    return int(mb * 2**20) if mb else None
-
-
 def _plain_call(case: Case) -> MakeCall:
     fn = case.spec.providers[case.provider].fn
     return lambda ins, o: (lambda: fn(ins, o))
@@ -266,91 +259,25 @@ def _plain_call(case: Case) -> MakeCall:
 
 def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
                make_call: MakeCall | None = None, plan: CpuPlan | None = None,
-               copies: Copies | None = None) -> tuple[Timing, str]:
+               copies: Copies | None = None, split: TimeSplit | None = None
+               ) -> tuple[Timing, str]:
     """(timing, note) in the case's cache mode: the note says why a CUDA-graph case fell
     back to do_bench or what bound its graph, that a CPU row's budget cut its samples
     (`plan`: how each CPU round samples, see benches.timing.plan_cpu), or that a cold
     CPU row is cold by size.  `make_call(inputs, out)` gives the provider's call on
     those buffers (a Triton row's is bound once to its chosen configs); on a GPU the
-    timing carries the call's host dispatch time.  A cold CPU row's calls rotate over
-    (inputs, out) and `copies` of them (made here when not given)."""
+    timing carries the call's host dispatch time.  A cold row's calls rotate over
+    (inputs, out) and `copies` of them (made here when not given); `split` gets a CUDA
+    graph's capture time."""
     make_call = make_call or _plain_call(case)
     call = make_call(inputs, out)
-    method = timing_method(case, cfg)
-    if method == TIMER_CPU:
+    if timing_method(case, cfg) == TIMER_CPU:
         return cpu_rows.time_cpu_row(case, cfg, inputs, out, make_call, call, plan, copies)
-    host_us = host_dispatch_us(call, torch.cuda.synchronize)
-    if case.cache == DEFAULT_CACHE:
-        timing, note = _time_gpu(case, cfg, inputs, out, make_call, call, host_us)
-    else:
-        timing, note = _time_gpu_warm(case, cfg, call, host_us)
-    return replace(timing, host_us=host_us), note
+    return time_gpu_row(case, cfg, inputs, out, make_call, call, copies, split)
 
 
-def _time_gpu(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
-              make_call: MakeCall, call: Callable[[], object], host_us: float
-              ) -> tuple[Timing, str]:
-    if timing_method(case, cfg) == TIMER_FLUSHED:
-        return time_flushed(call, cfg.timing, host_us), ""
-    copies = rotation_copies(case.spec.nbytes(case.shape, case.dtype), _l2_bytes(cfg))
-    if copies is None:
-        return _fallback(time_flushed(call, cfg.timing, host_us),
-                         "L2 size unknown: no rotation can be shown to be cold")
-    # Distinct copies of inputs and output, together more than twice the L2, so every
-    # replayed call starts from a cold cache (as do_bench's flush gives).
-    got = _graph_timing(call, cfg, host_us, copies,
-                        lambda: make_call(_clone_inputs(inputs), torch.empty_like(out)))
-    if isinstance(got, tuple):
-        return got
-    return _fallback(time_flushed(call, cfg.timing, host_us), got)
-
-
-def _graph_timing(call: Callable[[], object], cfg: RunConfig, host_us: float, copies: int,
-                  make_copy: Callable[[], Callable[[], object]]) -> tuple[Timing, str] | str:
-    """(timing, note) of a CUDA graph over `call` and copies - 1 more calls (make_copy),
-    sized by graph_plan; else why no graph could be used (the caller times otherwise).
-    The nodes one call adds are counted from a capture of it first, so a call that
-    cannot be captured fails before any copy is made."""
-    calls: list[Callable[[], object]] = [call]
-    try:
-        counted = count_launches(call)
-        total, why = graph_plan(copies, counted or cfg.timing.assumed_launches, host_us,
-                                cfg.timing, counted=counted is not None)
-        if total is not None:
-            calls += [make_copy() for _ in range(copies - 1)]
-            timing = time_cudagraph(calls, cfg.timing, total)
-            return timing, "; ".join(x for x in (why, timing.note) if x)
-    except Exception as e:
-        if is_sticky_cuda_error(e):
-            raise
-        why = str(e) if isinstance(e, CaptureTooSlow) else \
-            f"CUDA-graph timing failed ({_message(e)})"
-        del calls  # any copies, freed before the caller's other timing
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return why
-
-
-def _fallback(t: Timing, why: str) -> tuple[Timing, str]:
-    return (replace(t, timer=TIMER_GRAPH_FALLBACK),
-            f"timed with L2 flushes instead of CUDA graphs: {why}")
-
-
-def _time_gpu_warm(case: Case, cfg: RunConfig, call: Callable[[], object], host_us: float
-                   ) -> tuple[Timing, str]:
-    """A warm GPU row, by the case's method as a cold one: a CUDA graph of back-to-back
-    calls on ONE set of buffers (no rotation, its size bounded as the cold graph's), or
-    CUDA events around back-to-back calls with nothing flushed (time_warm)."""
-    if timing_method(case, cfg) == TIMER_FLUSHED:
-        return time_warm(call, cfg.timing, host_us), ""
-    got = _graph_timing(call, cfg, host_us, 1, lambda: call)
-    if isinstance(got, tuple):
-        return got
-    return (replace(time_warm(call, cfg.timing, host_us), timer=TIMER_WARM_FALLBACK),
-            f"timed back to back without a CUDA graph: {got}")
-
-
-def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str, Any]]]:
+def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
+            ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
     the CUDA context unusable yields its failed row, then SweepAborted is raised: no
     later case could run, and hundreds of follow-on rows would hide the first error.
@@ -359,17 +286,19 @@ def iterate(cases: list[Case], cfg: RunConfig) -> Iterator[tuple[Case, dict[str,
     checked and timed for one round in chunks of about cpu_chunk_s seconds, then every
     further round of the chunk is timed in turn, and the chunk's rows are yielded
     together.  An interrupt (or any exception) yields the chunk's rows timed so far,
-    over the rounds they completed (n_samples says how many), before it propagates."""
+    over the rounds they completed (n_samples says how many), before it propagates.
+    `split` books the sweep's time by phase (benches/phases.py)."""
     budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
+    split = split if split is not None else TimeSplit()
     restore_handlers_after_compiles()
     if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
-        yield from _iterate_serial(cases, cfg, budget)
+        yield from _iterate_serial(cases, cfg, budget, split)
         return
     with copies_frozen():
-        yield from _iterate_chunks(cases, cfg, budget)
+        yield from _iterate_chunks(cases, cfg, budget, split)
 
 
-def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget
+def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
     cache = cpu_rows.sweep_cache(cfg)
@@ -381,7 +310,8 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget
         start = time.monotonic()
         for i, case in enumerate(cases):
             try:
-                row, plan = _budgeted(case, one_round, cache, budget, len(cases) - i)
+                row, plan = _budgeted(case, one_round, cache, budget, len(cases) - i,
+                                      split)
             except SweepAborted as e:
                 yield from _emit(chunk, cfg, "the sweep's abort")
                 yield case, e.row
@@ -394,10 +324,10 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget
             copies = cache.copies if mine and case.cache == DEFAULT_CACHE else None
             chunk.append([case, row, cache.inputs if mine else None, 1, plan, copies])
             if time.monotonic() - start >= cfg.timing.cpu_chunk_s:
-                _later_rounds(chunk, cfg, one_round, cache)
+                _later_rounds(chunk, cfg, one_round, cache, split)
                 yield from _emit(chunk, cfg)
                 start = time.monotonic()
-        _later_rounds(chunk, cfg, one_round, cache)
+        _later_rounds(chunk, cfg, one_round, cache, split)
         yield from _emit(chunk, cfg)
     except GeneratorExit:
         raise  # closed by the consumer: nothing may be yielded any more
@@ -409,7 +339,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget
 
 
 def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
-              cases_left: int) -> tuple[dict[str, Any], CpuPlan | None]:
+              cases_left: int, split: TimeSplit) -> tuple[dict[str, Any], CpuPlan | None]:
     """run_case within the run's budget (benches/budget.py): on a CPU a case whose path
     cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
     if cfg.target.kind != "cuda" and not cfg.check_only:
@@ -419,19 +349,19 @@ def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
             row.update(status="skipped", reason=why)
             return row, None
     granted = budget.row(cases_left)
-    row = run_case(case, cfg, cache, granted)
+    row = run_case(case, cfg, cache, granted, split)
     python_handlers_back()  # a compile the hook did not see (e.g. async) left LLVM's
     budget.record(case, row, granted)
     return row, granted.plan
 
 
-def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget
+def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
     cache = cpu_rows.sweep_cache(cfg)
     try:
         for i, case in enumerate(cases):
             try:
-                row, _ = _budgeted(case, cfg, cache, budget, len(cases) - i)
+                row, _ = _budgeted(case, cfg, cache, budget, len(cases) - i, split)
             except SweepAborted as e:
                 yield case, e.row
                 raise
@@ -441,11 +371,11 @@ def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget
 
 
 def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
-                  cache: _InputCache) -> None:
+                  cache: _InputCache, split: TimeSplit) -> None:
     """Rounds 2..cpu_rounds of a chunk's CPU-timed rows, round by round over the chunk,
     each on fresh copies of the case's inputs and a fresh output.  A row's samples grow
-    by whole rounds only."""
-    cache.clear()
+    by whole rounds only.  The cache keeps its case: the chunk's next one may be its
+    other provider or cache mode, whose inputs and float64 reference it shares."""
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
             case, row, inputs, _, plan, copies = item
@@ -453,9 +383,12 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
                     or inputs is None:
                 continue
             try:
-                ins = _clone_inputs(inputs)
-                out = case.spec.alloc_out(ins, case.dtype)
-                timing, _ = _time_case(case, one_round, ins, out, plan=plan, copies=copies)
+                with split.phase("inputs"):
+                    ins = _clone_inputs(inputs)
+                    out = case.spec.alloc_out(ins, case.dtype)
+                with split.phase("timing"):
+                    timing, _ = _time_case(case, one_round, ins, out, plan=plan,
+                                           copies=copies)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)

@@ -7,10 +7,10 @@ This module only adds what those libraries lack:
 - one timing method per (kernel, dtype, shape), decided from the case's analytic roofline
   bound on this device (`choose_method`), so both providers are timed alike and a row
   keeps its method from run to run;
-- a CUDA-graph timer that is cold and fair (`time_cudagraph`): the graph captures calls
-  over N distinct copies of inputs and outputs that together exceed twice the L2, each
-  call's output stays alive, and the call count does not depend on the provider's speed;
-  its capture bounded in nodes and time (`graph_plan`, `count_launches`);
+- the plan of a CUDA-graph timer that is cold and fair (benches/graph_timing.py
+  captures and replays it): calls over N distinct copies of inputs and outputs that
+  together exceed twice the L2, the call count independent of the provider's speed, the
+  capture bounded in nodes and time (`graph_plan`);
 - each provider's host dispatch per call (`host_dispatch_us`), kept out of the flushed
   timer's samples by keeping the GPU busy after each flush (`time_flushed`);
 - the warm twins of those timers (a row's `cache` mode, docs/measurement.md): warm =
@@ -30,7 +30,6 @@ import itertools
 import math
 import time
 import timeit
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -76,6 +75,9 @@ class Timing:
     # time.monotonic() at the start and end of the samples on the GPU (the NVML window of
     # the row: a CUDA graph's capture and copies, with the GPU idle, stay out of it).
     span: tuple[float, float] | None = None
+    # Seconds the timer spent before its samples that are not part of any measurement
+    # (a CUDA graph's warm-up, capture and uploading replays): the run's `capture`.
+    setup_s: float = 0.0
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
@@ -183,8 +185,15 @@ def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
     return summarize(samples, timer)
 
 
+# Device time host_dispatch_us may spend on one row's calls: 100 calls up to 0.2 ms each,
+# fewer for longer ones (it was 0.25 s: 20 s of the H200's quick sweep, 80 s of its
+# default one, on calls whose dispatch three bursts of two measure as well).
+DISPATCH_BUDGET_S = 0.02
+
+
 def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
-                     reps: int = 20, repeats: int = 5, budget_s: float = 0.25) -> float:
+                     reps: int = 20, repeats: int = 5,
+                     budget_s: float = DISPATCH_BUDGET_S) -> float:
     """Host time to dispatch one call, in us: the wall time of `reps` back-to-back calls
     with no synchronization between them, divided by `reps`; the median of `repeats`
     such bursts, each after a sync.  On a GPU the calls only enqueue work, so this is the
@@ -194,8 +203,8 @@ def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
 
     Every burst's calls also run on the device before the next burst starts, so a slow
     call (one synchronous call, dispatch plus device, takes `once`) gets fewer: at most
-    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 100 ms matmul
-    costs 6 calls, not 100)."""
+    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 1 ms matmul
+    costs 18 calls, a 100 ms one 6, not 100)."""
     sync()
     call()  # warm: lazy init, JIT cache lookups
     sync()
@@ -341,37 +350,6 @@ def time_warm(fn: Callable[[], object], cfg: TimingConfig,
     return replace(summarize(samples, TIMER_WARM), span=(t_start, time.monotonic()))
 
 
-def count_launches(call: Callable[[], object]) -> int | None:
-    """GPU work items (kernels, memsets, copies) one call enqueues: the nodes it adds to
-    a CUDA graph, counted from a capture of one call (CUDAGraph(keep_graph=True), then
-    the driver's cuGraphGetNodes on the uninstantiated graph).  That is exactly what
-    time_cudagraph's capture holds per call, and needs no profiler: torch.profiler's
-    CUPTI session costs a set-up and teardown per case, and CUPTI may drop the first
-    kernels of a session (pytorch/pytorch#192021), which would undercount.  None when the
-    driver cannot be asked; a call that cannot be captured raises (it could not be timed
-    by CUDA graphs either)."""
-    graph = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(graph):
-        call()
-    try:
-        return graph_nodes(graph.raw_cuda_graph()) or None
-    except (OSError, AttributeError, RuntimeError):
-        return None
-
-
-def graph_nodes(raw_graph: int) -> int:
-    """Nodes of a cudaGraph_t (the same handle as the driver's CUgraph)."""
-    import ctypes
-
-    lib = ctypes.CDLL("libcuda.so.1")
-    n = ctypes.c_size_t(0)
-    # cuGraphGetNodes(graph, NULL, &n) returns the node count in n.
-    rc = lib.cuGraphGetNodes(ctypes.c_void_p(raw_graph), None, ctypes.byref(n))
-    if rc != 0:
-        raise RuntimeError(f"cuGraphGetNodes returned CUresult {rc}")
-    return int(n.value)
-
-
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     """Device time of one callable with L2 flushed between samples (what the
     pytest-benchmark suite reports beside its host timing): its host dispatch measured
@@ -379,88 +357,6 @@ def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:
     to dispatch (see time_flushed); Timing.host_us carries it."""
     host_us = host_dispatch_us(fn, torch.cuda.synchronize)
     return replace(time_flushed(fn, cfg, host_us), host_us=host_us)
-
-
-class CaptureTooSlow(RuntimeError):
-    """A CUDA-graph capture passed cfg.max_capture_s before one round over the copies."""
-
-
-def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
-                   total: int | None = None) -> Timing:
-    """Per-call time from CUDA-graph replays: the graph holds graph_calls(len(calls))
-    launches cycling over `calls` (one per rotated copy of inputs and output); each
-    sample is one replay timed with CUDA events, divided by the calls it holds.
-
-    Outputs a call returns are kept referenced for the len(calls) calls that follow it
-    (and the last round's for the graph's life), so an op that allocates a fresh output
-    (F.gelu, torch._scaled_mm) writes as many distinct buffers as the rotation has
-    copies, like a provider that writes into its copy's preallocated output; dropping
-    them would let the graph pool hand one L2-resident block to every call.
-
-    The capture stops at the end of the first whole round after cfg.max_capture_s (the
-    graph then holds fewer calls, said in Timing.note); past it within the first round
-    it raises CaptureTooSlow (fewer calls than the copies would not be cold).  graph_plan
-    predicts the capture time from the dispatch time; this is the guard where capturing
-    costs more than dispatching (allocations during capture, a slow driver).
-    """
-    n = len(calls)
-    total = graph_calls(n, cfg) if total is None else total
-    # Warm-up on a side stream before capture (lazy init, autotuning, JIT): capture must
-    # see only kernel launches.
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    graph = torch.cuda.CUDAGraph()
-    live: deque[object] = deque(maxlen=n)
-    captured = total
-    t_capture = time.perf_counter()
-    with torch.cuda.graph(graph):
-        for j in range(total):
-            live.append(calls[j % n]())
-            done = j + 1
-            if done < total and (done < n or done % n == 0) \
-                    and time.perf_counter() - t_capture > cfg.max_capture_s:
-                captured = done
-                break
-    capture_s = time.perf_counter() - t_capture
-    if captured < n:
-        del graph
-        live.clear()
-        raise CaptureTooSlow(f"capture passed {cfg.max_capture_s:g} s after {captured:,} "
-                             f"of the {n:,} calls of one round over the copies")
-    note = "" if captured == total else (
-        f"capture stopped after {captured:,} of {total:,} calls ({capture_s:.1f} s > "
-        f"{cfg.max_capture_s:g} s)")
-    try:
-        graph.replay()  # the first replay uploads the graph
-        torch.cuda.synchronize()
-        t0 = torch.cuda.Event(enable_timing=True)
-        t1 = torch.cuda.Event(enable_timing=True)
-        t0.record()
-        graph.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        replay_ms = max(t0.elapsed_time(t1), 1e-3)
-        reps = sample_count(replay_ms, cfg)
-        t_start = time.monotonic()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends, strict=True):
-            s.record()
-            graph.replay()
-            e.record()
-        torch.cuda.synchronize()
-        span = (t_start, time.monotonic())
-        samples = [s.elapsed_time(e) / captured for s, e in zip(starts, ends, strict=True)]
-    finally:
-        del graph
-        live.clear()
-    return replace(summarize(samples, TIMER_GRAPH), note=note, span=span)
 
 
 def time_call_ms(call: Callable[[], object], on_gpu: bool) -> float:

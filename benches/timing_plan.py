@@ -31,8 +31,11 @@ TIMER_WARM_FALLBACK = "back-to-back events (cudagraph not possible)"
 @dataclass(frozen=True)
 class TimingConfig:
     warmup_ms: float = 25.0  # do_bench warm-up
-    rep_ms: float = 100.0  # measuring time per kernel (do_bench and graph replays)
-    min_samples: int = 25  # every method returns at least this many samples
+    rep_ms: float = 100.0  # measuring time per kernel (do_bench)
+    # Every CPU row takes at least this many samples.  A GPU row samples for its time as
+    # do_bench does (rep_ms; a CUDA-graph row graph_rep_ms), at least gate_min_samples:
+    # a floor of 25 cost the H200's quick sweep 9 s on its 24 rows over 4 ms a call.
+    min_samples: int = 25
     # Cases whose roofline bound (the fastest the device could possibly run them) is
     # below this are timed as CUDA-graph replays, where launch overhead no longer
     # dominates; the rest by do_bench with the L2 flushed between samples.
@@ -40,6 +43,16 @@ class TimingConfig:
     # Calls per captured graph at least (whole rounds over the rotated copies), so the
     # graph launch itself is < 1% of a replay of microsecond kernels.
     graph_min_calls: int = 200
+    # A CUDA-graph row samples for graph_rep_ms of replays (do_bench_cudagraph's rep),
+    # at least gate_min_samples of them, not a fixed count whatever a replay lasts (25
+    # replays of 159 ms were 4 s of torch's fp8 add at 2^12 on an H200: 10,241 copies).
+    # A rotation whose calls take longer than graph_replay_ms together is captured in
+    # several graphs of consecutive calls, replayed in turn (graph_split), so that one
+    # sample lasts about that long and the calls still meet the copies in rotation
+    # order.  2 ms: ten samples fit in graph_rep_ms, and the few microseconds a graph
+    # launch adds to a replay stay under 0.5% of it.
+    graph_rep_ms: float = 20.0
+    graph_replay_ms: float = 2.0
     # Samples of one GPU timing at most (a 5 us kernel would otherwise take ~1,100 per
     # 100 ms): more than the regression gate can use, and results.json keeps them all.
     max_samples: int = 1000
@@ -181,11 +194,35 @@ def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
 
 def sample_count(per_sample_ms: float, cfg: TimingConfig) -> int:
     """Samples of a GPU timing whose samples each take `per_sample_ms` of device time
-    (flush, padding or graph replay included): as do_bench, cfg.rep_ms of them, at least
-    cfg.min_samples and at most cfg.max_samples, within cfg.row_budget_s unless that
-    leaves fewer than cfg.gate_min_samples."""
+    (flush and padding included): as do_bench, cfg.rep_ms of them, at least
+    cfg.gate_min_samples (or cfg.min_samples when lower) and at most cfg.max_samples,
+    within cfg.row_budget_s unless that leaves fewer than that floor."""
     per = max(per_sample_ms, 1e-4)
-    want = max(cfg.min_samples, int(cfg.rep_ms / per))
+    want = max(min(cfg.gate_min_samples, cfg.min_samples), int(cfg.rep_ms / per))
+    fit = int(cfg.row_budget_s * 1e3 / per)
+    return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
+
+
+def graph_split(total: int, call_ms: float | None, cfg: TimingConfig) -> list[int]:
+    """The calls of each graph that a rotation's `total` calls are captured in, in
+    order: one graph when they last at most cfg.graph_replay_ms together (`call_ms`: the
+    time of one call, from a one-call graph's replay, launch included, so an upper bound;
+    None: unknown, one graph), else as few graphs of equal size (within one call) as
+    keep each replay under it."""
+    if not call_ms or call_ms <= 0 or total * call_ms <= cfg.graph_replay_ms:
+        return [total]
+    per = max(1, int(cfg.graph_replay_ms / call_ms))
+    graphs = -(-total // per)
+    base, extra = divmod(total, graphs)
+    return [base + (i < extra) for i in range(graphs)]
+
+
+def graph_sample_count(replay_ms: float, cfg: TimingConfig) -> int:
+    """Replays a CUDA-graph row times, each `replay_ms` long: cfg.graph_rep_ms of them,
+    at least cfg.gate_min_samples (or cfg.min_samples when lower) and at most
+    cfg.max_samples, within cfg.row_budget_s unless that leaves fewer than the floor."""
+    per = max(replay_ms, 1e-4)
+    want = int(cfg.graph_rep_ms / per)
     fit = int(cfg.row_budget_s * 1e3 / per)
     return max(min(cfg.gate_min_samples, cfg.min_samples), min(want, fit, cfg.max_samples))
 

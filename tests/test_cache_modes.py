@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import run_bench
-from benches import cpu_rows, job, retime, runner, timing
+from benches import cpu_rows, gpu_rows, graph_timing, job, retime, runner, timing
 from benches.cases import Case, Scratch, _InputCache, make_copies
+from benches.graph_timing import GraphProbe
 from benches.runner import _time_case, run_case
 from benches.timing import Rotation, TimingConfig
 from kernels import REGISTRY
@@ -446,18 +447,19 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
                                                             ) -> None:
     seen: list[list[Any]] = []
 
-    def graph(calls: list[Any], cfg: TimingConfig, total: int) -> timing.Timing:
+    def graph(calls: list[Any], cfg: TimingConfig, total: int,
+              call_ms: float | None = None) -> timing.Timing:
         seen.append(list(calls))
         return timing.summarize([0.001] * 25, timing.TIMER_GRAPH)
 
-    monkeypatch.setattr(runner, "time_cudagraph", graph)
-    monkeypatch.setattr(runner, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(runner, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(runner, "count_launches", lambda call: 1)
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
+    monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(gpu_rows, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
     cfg = gpu_cfg()
-    assert runner.timing_method(c, cfg) == timing.TIMER_GRAPH
+    assert gpu_rows.timing_method(c, cfg) == timing.TIMER_GRAPH
     t, note = _time_case(c, cfg, inputs, out)
     assert t.timer == timing.TIMER_GRAPH and t.host_us == 5.0 and note == ""
     assert len(seen) == 1 and len(seen[0]) == 1  # no rotated copies
@@ -467,19 +469,19 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     cold = Case(c.spec, "torch", "fp32", c.shape)
     _time_case(cold, cfg, inputs, out)
     assert len(seen[1]) == timing.rotation_copies(c.spec.nbytes(c.shape, "fp32"),
-                                                  runner._l2_bytes(cfg))
+                                                  gpu_rows.l2_bytes(cfg))
 
 
 def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     got: list[float | None] = []
-    monkeypatch.setattr(runner, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(runner, "time_warm", lambda call, cfg, host_us: (
+    monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us: (
         got.append(host_us), timing.summarize([0.5] * 25, timing.TIMER_WARM))[1])
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 7.0)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 7.0)
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
-    assert runner.timing_method(c, cfg) == timing.TIMER_FLUSHED
+    assert gpu_rows.timing_method(c, cfg) == timing.TIMER_FLUSHED
     t, _ = _time_case(c, cfg, inputs, out)
     assert t.timer == timing.TIMER_WARM and got == [7.0]
 
@@ -489,9 +491,9 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
     def broken(call: Any) -> int:
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(runner, "count_launches", broken)
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(runner, "time_warm", lambda call, cfg, host_us:
+    monkeypatch.setattr(gpu_rows, "probe_call", broken)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us:
                         timing.summarize([0.5] * 25, timing.TIMER_WARM))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})
@@ -505,7 +507,7 @@ def test_a_warm_cudagraph_replays_one_calls_buffers(monkeypatch: pytest.MonkeyPa
     calls: list[int] = []
     cfg = TimingConfig(graph_min_calls=50, min_samples=25, rep_ms=10.0)
     total = timing.graph_calls(1, cfg)
-    t = timing.time_cudagraph([lambda: calls.append(1)], cfg, total)
+    t = graph_timing.time_cudagraph([lambda: calls.append(1)], cfg, total)
     assert t.timer == timing.TIMER_GRAPH and total == cfg.graph_min_calls
     assert len(calls) == 1 + total  # the warm-up call, then the captured ones
 

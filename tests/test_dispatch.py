@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.testing
 
-from benches import job, retime, runner, timing
+from benches import gpu_rows, graph_timing, job, retime, runner, timing
+from benches.graph_timing import GraphProbe
 from benches.runner import Case, _InputCache, run_case
 from benches.test_bench_kernels import bench_metrics
 from benches.timing import TimingConfig, flush_padding_us, graph_plan, host_dispatch_us
@@ -167,8 +168,8 @@ def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
         got["host_us"] = host_us
         return timing.summarize([1.0] * cfg.min_samples, timing.TIMER_FLUSHED)
 
-    monkeypatch.setattr(runner, "time_flushed", flushed)
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 123.0)
+    monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 123.0)
     spec = REGISTRY["add"]
     shape = {"n": 1 << 24}  # long enough for the flushed timer on an H100
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
@@ -200,8 +201,8 @@ def test_graph_plan_bounds_nodes_and_capture_time(copies, launches, host_us, cal
 
 
 def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(runner, "count_launches", lambda call: launches)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(launches, 0.01))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     spec = REGISTRY[kernel]
     inputs = spec.make_inputs(shape, dtype, 0, "cpu")
@@ -217,8 +218,8 @@ def _fake_flushed(seen):
 
 def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     seen = []
-    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
-    monkeypatch.setattr(runner, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
+    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
     case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
     t, note = runner._time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
@@ -229,7 +230,7 @@ def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
 
 def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
     seen = []
-    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp8", {"n": 1 << 12}, None)
     t, note = runner._time_case(case, gpu_cfg(), inputs, out)
     # 8,534 copies x 16 assumed nodes is past 100,000 even for one round
@@ -238,18 +239,18 @@ def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
 
 def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypatch):
     seen = []
-    monkeypatch.setattr(runner, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp32", {"n": 1 << 20}, 1)
     cut = timing.replace(timing.summarize([1e-3] * 25, timing.TIMER_GRAPH),
                          note="capture stopped after 8 of 12 calls")
-    monkeypatch.setattr(runner, "time_cudagraph", lambda calls, cfg, total: cut)
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
     t, note = runner._time_case(case, gpu_cfg(), inputs, out)
     assert t.timer == timing.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
 
-    def too_slow(calls, cfg, total):
-        raise timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
+    def too_slow(calls, cfg, total, call_ms=None):
+        raise graph_timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
 
-    monkeypatch.setattr(runner, "time_cudagraph", too_slow)
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", too_slow)
     t, note = runner._time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
     assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "
@@ -282,15 +283,20 @@ class FakeCapture:
             def elapsed_time(self, end):
                 return 1.0
 
+            def synchronize(self):
+                pass
+
         self.capturing = capturing
-        monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: self.now,
-                                                           monotonic=lambda: self.now))
+        monkeypatch.setattr(graph_timing, "time",
+                            SimpleNamespace(perf_counter=lambda: self.now,
+                                            monotonic=lambda: self.now))
         monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
         monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
         monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
         monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
         monkeypatch.setattr(torch.cuda, "CUDAGraph",
-                            lambda *a, **k: SimpleNamespace(replay=lambda: None))
+                            lambda *a, **k: SimpleNamespace(replay=lambda: None,
+                                                            pool=lambda: (0, 1)))
         monkeypatch.setattr(torch.cuda, "graph", graph)
         monkeypatch.setattr(torch.cuda, "Event", Event)
 
@@ -305,41 +311,44 @@ class FakeCapture:
 def test_a_capture_past_its_time_stops_at_a_round_and_says_so(monkeypatch):
     fake = FakeCapture(monkeypatch)
     cfg = TimingConfig(max_capture_s=0.045)
-    t = timing.time_cudagraph(fake.calls(4, 0.01), cfg, total=12)
+    t = graph_timing.time_cudagraph(fake.calls(4, 0.01), cfg, total=12)
     # 40 ms after the first round (under 45), 80 ms after the second: stop there
     assert fake.captured == 8
     assert t.ms_median == pytest.approx(1.0 / 8)  # a replay over the calls it holds
     assert t.note == "capture stopped after 8 of 12 calls (0.1 s > 0.045 s)"
     fake.captured = 0
-    assert timing.time_cudagraph(fake.calls(4, 0.001), cfg, total=12).note == ""
+    assert graph_timing.time_cudagraph(fake.calls(4, 0.001), cfg, total=12).note == ""
     assert fake.captured == 12
 
 
 def test_a_capture_past_its_time_within_one_round_raises(monkeypatch):
     fake = FakeCapture(monkeypatch)
-    with pytest.raises(timing.CaptureTooSlow, match="after 4 of the 10 calls"):
-        timing.time_cudagraph(fake.calls(10, 0.01), TimingConfig(max_capture_s=0.035),
+    with pytest.raises(graph_timing.CaptureTooSlow, match="after 4 of the 10 calls"):
+        graph_timing.time_cudagraph(fake.calls(10, 0.01), TimingConfig(max_capture_s=0.035),
                               total=20)
 
 
-def test_launches_are_counted_as_the_nodes_of_one_captured_call(monkeypatch):
+def test_a_probe_counts_one_calls_nodes_and_times_its_replay(monkeypatch):
     fake = FakeCapture(monkeypatch)
-    made = []
+    made, replays = [], []
 
     def cuda_graph(keep_graph=False):
         made.append(keep_graph)
-        return SimpleNamespace(raw_cuda_graph=lambda: 0xABC)
+        return SimpleNamespace(raw_cuda_graph=lambda: 0xABC,
+                               replay=lambda: replays.append(1))
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", cuda_graph)
-    monkeypatch.setattr(timing, "graph_nodes", lambda raw: 7 if raw == 0xABC else 0)
-    assert timing.count_launches(fake.calls(1, 0.0)[0]) == 7
+    monkeypatch.setattr(graph_timing, "graph_nodes", lambda raw: 7 if raw == 0xABC else 0)
+    probe = graph_timing.probe_call(fake.calls(1, 0.0)[0])
+    assert probe == graph_timing.GraphProbe(7, 1.0)  # the fake events' 1 ms
     assert made == [True] and fake.captured == 1  # one call, captured, graph kept
+    assert len(replays) == 4  # the uploading replay, then the fastest of three
 
     def no_driver(raw):
         raise OSError("libcuda.so.1: cannot open shared object file")
 
-    monkeypatch.setattr(timing, "graph_nodes", no_driver)
-    assert timing.count_launches(fake.calls(1, 0.0)[0]) is None
+    monkeypatch.setattr(graph_timing, "graph_nodes", no_driver)
+    assert graph_timing.probe_call(fake.calls(1, 0.0)[0]).nodes is None
 
 
 # ---- launch-bound rows in summary.md --------------------------------------------------
@@ -545,8 +554,9 @@ def test_flushed_timing_on_the_gpu_leaves_out_a_slow_dispatch():
 def test_launches_are_counted_on_the_gpu():
     x = torch.randn(1024, device="cuda")
     out = torch.empty_like(x)
-    assert timing.count_launches(lambda: torch.add(x, x, out=out)) == 1
-    assert timing.count_launches(lambda: (out.copy_(x), out.mul_(2), out.add_(1))) == 3
+    assert graph_timing.probe_call(lambda: torch.add(x, x, out=out)).nodes == 1
+    three = graph_timing.probe_call(lambda: (out.copy_(x), out.mul_(2), out.add_(1)))
+    assert three.nodes == 3 and 0 < three.replay_ms < 1.0
 
 
 # ---- the NVML window is the timer's own samples -------------------------------------------
@@ -562,7 +572,7 @@ def test_the_graph_timers_span_leaves_the_capture_out(monkeypatch):
         return torch.empty(1)
 
     before = time.monotonic()
-    t = timing.time_cudagraph([call] * 3, TimingConfig(graph_min_calls=30, min_samples=5))
+    t = graph_timing.time_cudagraph([call] * 3, TimingConfig(graph_min_calls=30, min_samples=5))
     assert t.span is not None and before <= t.span[0] <= t.span[1] <= time.monotonic()
     assert t.span[0] >= max(captured_at)  # every captured call came before the window
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,12 @@ def test_a_two_rank_fleet_gathers_every_row(fleet):
     for r in (0, 1):  # each rank's own run folder is kept too
         assert (folder / "ranks" / f"rank-{r}" / "cpu" / "f1" / "results.json").exists()
     assert f"fleet of 2: {len(rows)} rows in" in p.stdout
+    # every rank's time split, from its own run folder, and said by rank 0
+    for info in meta["fleet"]["ranks"]:
+        split = info["time_split_s"]
+        assert split["timing"] > 0 and sum(split.values()) == pytest.approx(info["wall_s"],
+                                                                           abs=0.01)
+        assert re.search(rf"rank {info['rank']} on \S+: timing \d+ s of \d+ s", p.stdout)
 
 
 def test_rank_0_speaks_and_the_others_write_to_their_folders(fleet):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from benches import job, runner
+from benches import job, run_folder, runner
 from roofline.model.schema import ROWS_JOURNAL, journal_rows, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def test_automatic_ids_never_collide(tmp_path, monkeypatch):
 
             return dt.datetime(2026, 1, 2, 3, 4, 5)
 
-    monkeypatch.setattr(job, "datetime", Frozen)
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
     assert _run(tmp_path) == 0
     assert _run(tmp_path) == 0
     names = sorted(p.name for p in (tmp_path / "cpu").iterdir())

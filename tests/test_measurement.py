@@ -18,7 +18,8 @@ import torch
 
 import run_bench
 from benches import ceilings as ceil_mod
-from benches import gpu_monitor, runner, timing
+from benches import failures, gpu_monitor, gpu_rows, graph_timing, runner, timing, timing_plan
+from benches.graph_timing import GraphProbe
 from benches.runner import Case, RunConfig, SweepAborted, _InputCache, run_case
 from benches.timing import TimingConfig
 from kernels import REGISTRY, Target
@@ -140,10 +141,10 @@ def test_accelerator_error_is_classified_by_message():
     err = torch.AcceleratorError("CUDA error: an illegal memory access was encountered") \
         if hasattr(torch, "AcceleratorError") else RuntimeError(
             "CUDA error: an illegal memory access was encountered")
-    assert runner.is_sticky_cuda_error(err)
-    assert not runner.is_sticky_cuda_error(RuntimeError("CUDA error: invalid argument"))
+    assert failures.is_sticky_cuda_error(err)
+    assert not failures.is_sticky_cuda_error(RuntimeError("CUDA error: invalid argument"))
     # "launch failure" outside a CUDA message is an ordinary exception.
-    assert not runner.is_sticky_cuda_error(ValueError("rocket launch failure"))
+    assert not failures.is_sticky_cuda_error(ValueError("rocket launch failure"))
 
 
 def test_error_while_timing_is_a_failed_row(monkeypatch):
@@ -232,7 +233,7 @@ def test_timing_method_comes_from_the_roofline_bound():
 def _record_timers(monkeypatch) -> list[tuple[str, int]]:
     seen: list[tuple[str, int]] = []
 
-    def graph(calls, cfg, total=None):
+    def graph(calls, cfg, total=None, call_ms=None):
         seen.append((timing.TIMER_GRAPH, len(calls)))
         return timing.summarize([1e-3] * cfg.min_samples, timing.TIMER_GRAPH)
 
@@ -240,11 +241,11 @@ def _record_timers(monkeypatch) -> list[tuple[str, int]]:
         seen.append((timing.TIMER_FLUSHED, 1))
         return timing.summarize([1.0] * cfg.min_samples, timing.TIMER_FLUSHED)
 
-    monkeypatch.setattr(runner, "time_cudagraph", graph)
-    monkeypatch.setattr(runner, "time_flushed", flushed)
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
+    monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
     # No GPU to dispatch to or profile: one launch a call, 5 us to dispatch it.
-    monkeypatch.setattr(runner, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(runner, "count_launches", lambda call: 1)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
     return seen
 
 
@@ -262,7 +263,7 @@ def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, m
     out = spec.alloc_out(inputs, dtype)
     for prov in ("torch", "triton"):
         c = Case(spec, prov, dtype, shape)
-        assert runner.timing_method(c, cfg) == method
+        assert gpu_rows.timing_method(c, cfg) == method
         t, note = runner._time_case(c, cfg, inputs, out)
         assert t.timer == method and note == ""
     assert seen[0] == seen[1] and seen[0][0] == method
@@ -287,10 +288,10 @@ def test_graph_call_count_does_not_depend_on_speed():
 def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     seen = _record_timers(monkeypatch)
 
-    def broken(calls, cfg, total=None):
+    def broken(calls, cfg, total=None, call_ms=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(runner, "time_cudagraph", broken)
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", broken)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     spec = REGISTRY["add"]
@@ -304,8 +305,14 @@ def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
 # ---- point 5: the CUDA-graph timer, with torch.cuda faked -----------------------------
 
 class _FakeGraph:
+    def __init__(self, keep_graph: bool = False) -> None:
+        pass
+
     def replay(self) -> None:
         pass
+
+    def pool(self) -> tuple[int, int]:
+        return (0, 1)
 
 
 class _FakeEvent:
@@ -336,7 +343,7 @@ def _fake_cuda(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "stream", lambda s: _Null())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g: _Null())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: _Null())
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
 
 
@@ -350,7 +357,7 @@ def test_cudagraph_keeps_each_copys_output_alive_and_divides_by_calls(monkeypatc
         def call():
             # Every output of the last n - 1 calls must still be alive: a fresh-output op
             # (F.gelu, _scaled_mm) must not get a recycled, L2-hot block.
-            captured = refs[n:]  # the first n calls are the warm-up, outside the graph
+            captured = refs[2:]  # the first two calls are the warm-up, outside the graph
             if any(r() is None for r in captured[-(n - 1):]):
                 dead_too_soon.append(len(refs))
             t = torch.empty(4)
@@ -359,13 +366,17 @@ def test_cudagraph_keeps_each_copys_output_alive_and_divides_by_calls(monkeypatc
         return call
 
     cfg = TimingConfig(graph_min_calls=50, min_samples=25, rep_ms=10.0)
-    t = timing.time_cudagraph([make_call(j) for j in range(n)], cfg)
+    t = graph_timing.time_cudagraph([make_call(j) for j in range(n)], cfg)
     total = timing.graph_calls(n, cfg)
-    assert len(refs) == n + total  # one warm-up call per copy, then the captured calls
+    # the row's own call and one copy's warm up (the same kernel on buffers of the same
+    # layout), then the captured calls
+    assert len(refs) == 2 + total
     assert not dead_too_soon
     assert t.timer == timing.TIMER_GRAPH
     assert t.ms_median == pytest.approx(_FakeEvent.REPLAY_MS / total)
-    assert t.n_samples >= cfg.min_samples and len(t.samples_ms) == t.n_samples
+    # samples for graph_rep_ms of replays, at least the gate's minimum
+    assert t.n_samples == timing_plan.graph_sample_count(_FakeEvent.REPLAY_MS, cfg) == 10
+    assert len(t.samples_ms) == t.n_samples
 
 
 # ---- issue 11 point 1: raw samples, a sample floor on the CPU --------------------------
@@ -658,6 +669,6 @@ def test_cudagraph_timing_on_gpu_is_cold_and_sampled():
     copies = timing.rotation_copies(2 * x.numel() * 4, l2)
     xs = [x.clone() for _ in range(copies)]
     cfg = TimingConfig()
-    t = timing.time_cudagraph([lambda x=x: F.gelu(x) for x in xs], cfg)
-    assert t.timer == timing.TIMER_GRAPH and t.n_samples >= cfg.min_samples
+    t = graph_timing.time_cudagraph([lambda x=x: F.gelu(x) for x in xs], cfg)
+    assert t.timer == timing.TIMER_GRAPH and t.n_samples >= cfg.gate_min_samples
     assert 0 < t.ms_median < 0.05

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_bench
-from benches import runner
+from benches import failures, runner
 from benches.runner import SweepAborted, _InputCache, run_case
 from benches.timing import summarize
 from kernels.matmul import scaled_mm_rejects
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
     "cuFFT error: CUFFT_EXEC_FAILED",
 ])
 def test_library_execution_failures_abort_the_sweep(msg):
-    assert runner.is_sticky_cuda_error(RuntimeError(msg))
+    assert failures.is_sticky_cuda_error(RuntimeError(msg))
     with pytest.raises(SweepAborted):
         run_case(case(fn=raising(RuntimeError(msg))), cpu_cfg(), _InputCache())
 
@@ -51,7 +51,7 @@ def test_library_execution_failures_abort_the_sweep(msg):
     "CUBLAS_STATUS_INVALID_VALUE when calling cublasGemmEx",
 ])
 def test_library_refusals_are_not_sticky(msg):
-    assert not runner.is_sticky_cuda_error(RuntimeError(msg))
+    assert not failures.is_sticky_cuda_error(RuntimeError(msg))
 
 
 # ---- fp8 _scaled_mm shapes ------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_a_resumed_writer_journals_its_earlier_rows_first(tmp_path):
 
 def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
     """A process killed between flushes: --resume starts from the journal's rows."""
-    from benches.job import _read_run_doc
+    from benches.run_folder import read_run_doc
 
     run = tmp_path / "run"
     meta = {"run_id": "x", "kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"],
@@ -117,7 +117,7 @@ def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
     w.flush()
     for i in range(2):
         w.add(_row(i))
-    folder, _, rows = _read_run_doc(str(run))
+    folder, _, rows = read_run_doc(str(run))
     assert folder == run
     assert [r["shape"] for r in rows] == [_row(0)["shape"], _row(1)["shape"]]
 

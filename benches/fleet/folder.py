@@ -81,7 +81,9 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
     measured = (meta.get("ceilings") or {}).get("measured") or {}
     info = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
             "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
-            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code}
+            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
+            # where the rank's time went (benches/phases.py)
+            "time_split_s": meta.get("time_split_s"), "wall_s": meta.get("wall_s")}
     if slow:
         slow_down(rows, info)
     for r in rows:

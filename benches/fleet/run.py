@@ -57,6 +57,7 @@ from benches.fleet.folder import own_rows, versions, write_folder
 from benches.fleet.liveness import Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
+from roofline.report.summary import time_split_line
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
 TEST_EXIT = "GPUBENCH_TEST_EXIT_RANK"
@@ -368,6 +369,10 @@ class _Fleet:
         n_rows = sum(len(g[1]) for g in gathered) + len(coll_rows)
         print(f"fleet of {me.world}: {n_rows} rows in {self.fleet_dir} "
               f"({len(coll_rows)} collective rows); outliers: {len(outliers)}")
+        for info in (g[0] for g in gathered):
+            line = time_split_line(info)
+            if line:
+                print(f"rank {info['rank']} on {info['host']}: {line}")
         for o in outliers:
             print(f"OUTLIER rank {o['rank']} on {o['host']}: {o['why']}")
         if stop is not None:

@@ -141,6 +141,7 @@ def _run_facts(meta: dict[str, Any]) -> str:
         ("seed", v("seed")),
         ("sizes", v("sizes")),
         ("timing", timing),
+        ("time", time_split_line(meta)),
         ("fp8 accumulation", _FP8_ACCUM.get(str(meta.get("fp8_accum")), meta.get("fp8_accum"))),
     ]
     for key, label in (("capability", "compute capability"), ("sms", "SMs"),
@@ -159,6 +160,21 @@ def _run_facts(meta: dict[str, Any]) -> str:
                                         else val)))
     return "\n".join(f"- **{k}**: {val if k == 'status' else _cell(val)}"
                      for k, val in facts if val is not None)
+
+
+def time_split_line(meta: dict[str, Any]) -> str | None:
+    """"timing N s of M s", then the run's other phases of half a second or more,
+    largest first (metadata.time_split_s, benches/phases.py); None for a run that did
+    not record its split.  The console's last line and summary.md's `time` fact."""
+    split, wall = as_dict(meta.get("time_split_s")), finite_or_none(meta.get("wall_s"))
+    if not split or wall is None:
+        return None
+    rest = sorted(((f, k) for k, v in split.items()
+                   if k != "timing" and (f := finite_or_none(v)) is not None and f >= 0.5),
+                  reverse=True)
+    tail = ", ".join(f"{k} {v:.0f}" for v, k in rest)
+    return (f"timing {finite_or_none(split.get('timing')) or 0.0:.0f} s of {wall:.0f} s"
+            + (f" ({tail})" if tail else ""))
 
 
 def _mhz(v: Any) -> str | None:

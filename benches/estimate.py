@@ -1,0 +1,349 @@
+"""`run_bench.py --estimate`: what a sweep will cost on a device, phase by phase (the
+phases of benches/phases.py), from the plan the sweep runs, without running anything.
+
+The walk takes the sweep's cases (build_cases) in order and, for each row, what the
+sweep would do: its method (gpu_rows.timing_method), its samples (timing_plan's
+sample_count, graph_sample_count, plan_cpu within the run budget, budget.RunBudget),
+its rotation (rotation_copies, graph_calls, graph_split), its Triton compiles and
+autotuning (its launches, built on meta tensors for the device's architecture).  Each
+is priced with the row's call time and host dispatch from a reference run's rows
+(`Reference`) and the device assumptions of benches/estimate_speeds.py.
+
+Two methods: "now" (this code) and "before" (the sweep before the time split was
+recorded: a fixed 25 replays of whole rotations of at least 100 ms of samples, a clone
+per copy and provider, the whole rotation run eagerly before its capture, compiles in
+turn, tuning never kept), each from a cold Triton cache and a warm one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from benches.budget import RowBudget, RunBudget
+from benches.cases import Case, RunConfig
+from benches.estimate_rows import Reference, RowSpeed, row_speed
+from benches.estimate_speeds import DeviceSpeed
+from benches.gpu_rows import rotation_of, timing_method
+from benches.phases import PHASES
+from benches.runner import footprint_reason
+from benches.timing import DISPATCH_BUDGET_S
+from benches.timing_plan import (
+    TIMER_FLUSHED,
+    OverBudget,
+    TimingConfig,
+    cpu_round_config,
+    graph_calls,
+    graph_sample_count,
+    graph_split,
+    plan_cpu,
+    sample_count,
+)
+from kernels.triton_utils import config_str
+from roofline.model.schema import DEFAULT_CACHE
+
+# (method, Triton's cache warm) of each column, in print order.
+PLANS = (("before", False), ("before", True), ("now", False), ("now", True))
+# A graph launch's own device time, added to a call's for the one-call probe's replay.
+GRAPH_LAUNCH_MS = 0.003
+# The method before: every GPU row took at least 25 samples (a graph row's each a
+# replay of its whole rotation, for rep_ms), and measuring a row's host dispatch could
+# take 0.25 s of calls.
+BEFORE = TimingConfig(min_samples=25, graph_rep_ms=100.0, gate_min_samples=25,
+                      graph_replay_ms=math.inf)
+BEFORE_DISPATCH_BUDGET_S = 0.25
+
+
+@dataclass
+class Walk:
+    """The priced plan of one method: seconds per phase, per case, and counts."""
+
+    method: str
+    warm: bool
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    per_case: list[float] = field(default_factory=list)  # cumulative wall after each
+    compile_by_case: list[float] = field(default_factory=list)  # cumulative compile
+    counts: dict[str, int] = field(default_factory=dict)
+    compile_serial_s: float = 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.phases[phase] += seconds
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values())
+
+
+def _launches(case: Case, cfg: RunConfig) -> list[Any]:
+    """A Triton row's launches on meta tensors for the device's architecture ([] for a
+    torch row, or where they cannot be built)."""
+    spec = case.spec
+    if case.provider != "triton" or spec.triton_launches is None:
+        return []
+    try:
+        ins = spec.make_inputs(case.shape, case.dtype, 0, "meta")
+        return spec.launches(ins, spec.alloc_out(ins, case.dtype), cfg.present.sms or 0,
+                             cfg.target)
+    except Exception:
+        return []
+
+
+def _arg_dtypes(launch: Any) -> tuple[str, ...]:
+    return tuple(str(getattr(a, "dtype", type(a).__name__)) for a in launch.args)
+
+
+def _tune_key(launch: Any) -> tuple[Any, ...]:
+    """What Triton's autotuner keys a tuning on: the tune_key arguments' values and the
+    tensors' dtypes (with the candidates: one tuner per candidate list)."""
+    names = getattr(launch.fn, "arg_names", None) or []
+    named = dict(zip(names, launch.args, strict=False))
+    values = tuple(named.get(k) for k in launch.tune_key) if named else \
+        tuple(a for a in launch.args if isinstance(a, int))
+    return (launch.name, launch.tuner, tuple(config_str(c) for c in launch.configs),
+            values, _arg_dtypes(launch))
+
+
+class Pricer:
+    """Walks one method's plan over the cases, pricing each row (see the module)."""
+
+    def __init__(self, cfg: RunConfig, ref: Reference, sp: DeviceSpeed, method: str,
+                 warm: bool, ceilings_cached: bool) -> None:
+        self.cfg, self.ref, self.sp, self.method, self.warm = cfg, ref, sp, method, warm
+        self.walk = Walk(method, warm)
+        self.cases_seen: set[tuple[str, ...]] = set()
+        self.compiled: set[tuple[Any, ...]] = set()
+        self.tuned: set[tuple[Any, ...]] = set()
+        self.timing = cfg.timing if method == "now" else dataclasses.replace(
+            cfg.timing, min_samples=BEFORE.min_samples, graph_rep_ms=BEFORE.graph_rep_ms,
+            gate_min_samples=BEFORE.gate_min_samples, graph_replay_ms=BEFORE.graph_replay_ms)
+        self.dispatch_ms = 1e3 * (DISPATCH_BUDGET_S if method == "now"
+                                  else BEFORE_DISPATCH_BUDGET_S)
+        self.budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s, started=0.0)
+        self.ceilings_s = 0.0 if ceilings_cached else sp.ceilings_s
+
+    def run(self, cases: list[Case]) -> Walk:
+        w = self.walk
+        w.add("other", self.sp.startup_s)
+        w.add("ceilings", self.ceilings_s)
+        self.sweep_start = w.total  # the run budget's clock starts with the sweep
+        for i, case in enumerate(cases):
+            self.row(case, len(cases) - i)
+            w.add("other", self.sp.row_s)
+            w.add("write", self.sp.write_row_s)
+            w.per_case.append(w.total)
+            w.compile_by_case.append(w.phases["compile"])
+        if self.method == "now" and not self.warm and w.compile_serial_s:
+            # compiled ahead by the workers while the ceilings are measured: the sweep
+            # pays for what they could not do by then
+            ahead = min(w.compile_serial_s, self.ceilings_s * self.sp.compile_workers)
+            w.phases["compile"] -= ahead
+            w.per_case = [t - min(ahead, c) for t, c in zip(w.per_case, w.compile_by_case,
+                                                             strict=True)]
+        w.add("write", self.sp.write_end_s)
+        return w
+
+    # ---- one row -------------------------------------------------------------------
+
+    def row(self, case: Case, cases_left: int) -> None:
+        cfg, w = self.cfg, self.walk
+        if case.spec.skip_reason(case.provider, case.dtype, cfg.target) \
+                or footprint_reason(case, cfg) or (
+                    case.provider == "triton" and cfg.target.kind != "cuda"):
+            w.count("skipped")
+            return
+        granted = RowBudget()
+        if cfg.target.kind != "cuda":
+            if self.budget.skip_reason(case) is not None:
+                w.count("skipped")
+                return
+            granted = self.budget.row(cases_left, now=w.total - self.sweep_start)
+        rs = row_speed(case, cfg, self.ref, self.sp)
+        call_s = rs.call_ms * 1e-3
+        self.inputs(case)
+        self.first_call(case, rs)
+        self.check(case, rs)
+        if cfg.target.kind == "cuda":
+            self.gpu_timing(case, rs)
+        else:
+            self.cpu_timing(case, call_s, granted)
+        w.count("rows")
+
+    def inputs(self, case: Case) -> None:
+        """A case's inputs and float64 reference, once for all its rows."""
+        key = (case.spec.name, case.dtype, case.shape_str)
+        if key in self.cases_seen:
+            return
+        self.cases_seen.add(key)
+        nbytes = case.spec.nbytes(case.shape, case.dtype)
+        flops = case.spec.flops(case.shape, case.dtype)
+        self.walk.add("inputs", 3 * nbytes / (self.sp.fill_gbps * 1e9)
+                      + flops / (self.sp.fp64_tflops * 1e12))
+
+    def first_call(self, case: Case, rs: RowSpeed) -> None:
+        """The untimed first call: a Triton row's compiles and autotuning, else a call."""
+        w, sp = self.walk, self.sp
+        launches = _launches(case, self.cfg)
+        one = rs.call_ms * 1e-3 + rs.host_us * 1e-6
+        tuned = False
+        for ln in launches:
+            tunes = len(ln.configs) > 1 and self.cfg.target.kind == "cuda"
+            kept = tunes and self.method == "now" and self.warm
+            key = _tune_key(ln)
+            if tunes and key not in self.tuned:
+                self.tuned.add(key)
+                if not kept:
+                    w.add("tune", len(ln.configs) * sp.tune_candidate_s)
+                    w.count("tunings")
+                tuned = True
+            # compiled: every candidate when timed, the chosen one when the tuning is kept
+            for c in ln.configs[:1] if kept or not tunes else ln.configs:
+                ck = (ln.name, _arg_dtypes(ln), config_str(c))
+                if ck in self.compiled:
+                    continue
+                self.compiled.add(ck)
+                w.count("compiles")
+                if self.warm:
+                    w.add("compile", sp.cached_compile_s)
+                else:
+                    w.add("compile", sp.compile_s)
+                    w.compile_serial_s += sp.compile_s
+        if not tuned:
+            w.add("check", one)
+
+    def check(self, case: Case, rs: RowSpeed) -> None:
+        nbytes = case.spec.nbytes(case.shape, case.dtype)
+        self.walk.add("check", rs.call_ms * 1e-3 + rs.host_us * 1e-6
+                      + 2 * nbytes / (self.sp.fill_gbps * 1e9) + self.sp.sync_s)
+
+    # ---- timing on a GPU --------------------------------------------------------------
+
+    def gpu_timing(self, case: Case, rs: RowSpeed) -> None:
+        w, sp, t = self.walk, self.sp, self.timing
+        call, host_ms = rs.call_ms, rs.host_us * 1e-3
+        eager = max(call, host_ms)  # back-to-back calls: the slower of host and device
+        once = call + host_ms
+        # host_dispatch_us: 100 calls, or what its budget allows (3 bursts of 2 at least)
+        w.add("timing", (2 * once + min(100 * eager, self.dispatch_ms + 6 * once)) * 1e-3)
+        copies = rotation_of(case, self.cfg) if case.cache == DEFAULT_CACHE else 1
+        if timing_method(case, self.cfg) == TIMER_FLUSHED or rs.fallback or copies is None:
+            if rs.fallback:  # its graph was tried first
+                w.add("capture", 2 * once * 1e-3)
+            self.flushed(case, call, rs.host_us)
+            return
+        w.count("graph rows")
+        total = graph_calls(copies, t)
+        cap = rs.host_us * sp.capture_per_host * 1e-6
+        if self.method == "before":
+            w.add("inputs", (copies - 1) * sp.clone_us * 1e-6)
+            w.count("copies made", copies - 1)
+            w.add("capture", copies * eager * 1e-3 + total * cap + 2 * total * call * 1e-3)
+            replay = total * call
+            reps = sample_count(replay, t)
+        else:
+            key = ("copies", case.spec.name, case.dtype, case.shape_str)
+            if copies > 1 and key not in self.cases_seen:
+                self.cases_seen.add(key)
+                nbytes = case.spec.nbytes(case.shape, case.dtype)
+                w.add("inputs", (copies - 1) * (nbytes / (sp.fill_gbps * 1e9)
+                                                + sp.view_us * 1e-6))
+                w.count("copies made", copies - 1)
+            sizes = graph_split(total, call + GRAPH_LAUNCH_MS, t)
+            w.add("capture", (copies - 1) * sp.view_us * 1e-6 + 2 * eager * 1e-3
+                  + 5 * once * 1e-3 + total * cap + total * call * 1e-3)
+            replay = sizes[0] * call
+            reps = graph_sample_count(replay, t)
+        w.count("replays", reps)
+        w.add("timing", (reps + 1) * replay * 1e-3)
+
+    def flushed(self, case: Case, call: float, host_us: float) -> None:
+        """do_bench's loop with the GPU kept busy after each flush (timing.time_flushed);
+        the warm twin without the flush."""
+        flush = self.sp.flush_ms if case.cache == DEFAULT_CACHE else 0.0
+        per = call + flush + (2 * host_us + 10) * 1e-3
+        n = sample_count(per, self.timing)
+        warm_up = int(self.timing.warmup_ms / per) * call
+        self.walk.count("do_bench rows")
+        self.walk.add("timing", (5 * per + warm_up + n * per) * 1e-3)
+
+    # ---- timing on a CPU --------------------------------------------------------------
+
+    def cpu_timing(self, case: Case, call_s: float, granted: RowBudget) -> None:
+        """cpu_rows.time_cpu_row over the rounds, each sized by plan_cpu within the row's
+        share of the run budget; rows past the row budget are skipped after the check."""
+        w, t = self.walk, self.cfg.timing
+        round_cfg = cpu_round_config(t)
+        share = None if granted.share_s is None \
+            else granted.share_s / round_cfg.cpu_rounds_of_row
+        try:
+            plan = plan_cpu(call_s, round_cfg, share)
+        except OverBudget as e:
+            self.budget.record(case, {"status": "skipped", "reason": str(e)},
+                               RowBudget(call_s=call_s))
+            w.count("skipped after the check")
+            return
+        self.budget.record(case, {"status": "ok"}, RowBudget(call_s=call_s))
+        block = t.cpu_block_s
+        if plan.number is None:  # blocks sized to cpu_block_s each round (block_number)
+            per_sample = max(call_s, 1.2 * block)
+            sizing = call_s + 2.2 * block
+        else:
+            per_sample, sizing = call_s, 0.0
+        rounds = max(1, t.cpu_rounds)
+        w.add("timing", rounds * (sizing + plan.samples * per_sample))
+        nbytes = case.spec.nbytes(case.shape, case.dtype)
+        w.add("inputs", (rounds - 1) * nbytes / (self.sp.fill_gbps * 1e9))
+
+
+def estimate(cfg: RunConfig, cases: list[Case], ref: Reference, sp: DeviceSpeed,
+             ceilings_cached: bool, plans: Iterable[tuple[str, bool]] = PLANS
+             ) -> dict[tuple[str, bool], Walk]:
+    """The priced walk of each (method, warm cache) plan over `cases`."""
+    return {(m, warm): Pricer(cfg, ref, sp, m, warm, ceilings_cached).run(cases)
+            for m, warm in plans}
+
+
+def calibrate(walk: Walk, factors: dict[str, float]) -> Walk:
+    """`walk` with each phase scaled by its factor (the cumulative times by the total's)."""
+    before = walk.total
+    for phase, f in factors.items():
+        walk.phases[phase] *= f
+    ratio = walk.total / before if before else 1.0
+    walk.per_case = [t * ratio for t in walk.per_case]
+    return walk
+
+
+def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed
+                ) -> dict[str, float]:
+    """Per phase, what the newest reference run with a time split measured over what
+    this model gives for that run's own cases ({} without such a run, or one of another
+    kind of device): the machine's own speed, which a CPU shared with other jobs can
+    change by 2x.  Factors stay within [0.25, 4]."""
+    meta = ref.split_meta or {}
+    if ref.split is None or meta.get("device_kind") != cfg.target.kind:
+        return {}
+    from benches.cases import build_cases
+    from benches.shapes import parse_sizes
+
+    explicit = meta.get("explicit_shapes")
+    rcfg = dataclasses.replace(
+        cfg, kernels=list(meta.get("kernels") or cfg.kernels),
+        dtypes=list(meta.get("dtypes") or cfg.dtypes),
+        providers=list(meta.get("providers") or cfg.providers),
+        sizes=str(meta.get("sizes") or cfg.sizes),
+        explicit_shapes=parse_sizes(";".join(explicit)) if explicit else None,
+        cache=list(meta.get("cache") or cfg.cache),
+        run_budget_s=meta.get("run_budget_s", cfg.run_budget_s))
+    cached = float(ref.split.get("ceilings") or 0.0) < 1.0
+    model = Pricer(rcfg, ref, sp, "now", True, cached).run(build_cases(rcfg))
+    factors = {}
+    for phase in PHASES:
+        got, want = model.phases[phase], float(ref.split.get(phase) or 0.0)
+        if phase != "ceilings" and got > 0.05 and want > 0:
+            factors[phase] = min(4.0, max(0.25, want / got))
+    return factors

@@ -1,0 +1,162 @@
+"""Where `run_bench.py --estimate` takes a row's speed from: the rows of earlier runs of
+the device (`Reference`), or of another GPU scaled by the two models' roofline bounds;
+between two rows of a series, the line through them (a latency plus work at a rate)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benches.cases import Case, RunConfig
+from benches.estimate_speeds import DeviceSpeed
+from benches.timing_plan import TIMER_GRAPH_FALLBACK, bound_ms
+from kernels.spec import Target
+from roofline.model.ceilings import datasheet_of
+from roofline.model.devices import DEVICES, DeviceModel
+from roofline.model.schema import DEFAULT_CACHE
+
+
+@dataclass
+class Reference:
+    """Rows of earlier runs of a device (the newest row of each case wins), their device
+    model, and the newest run's time split where it recorded one."""
+
+    paths: list[Path] = field(default_factory=list)
+    rows: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
+    model: DeviceModel | None = None
+    l2_mb: float | None = None
+    split: dict[str, float] | None = None
+    split_meta: dict[str, Any] | None = None
+    # the newest incomplete run: (path, rows it holds, its selection), a check of the
+    # estimate
+    cut: tuple[Path, int, tuple[Any, ...]] | None = None
+
+    def series(self, case: Case) -> list[dict[str, Any]]:
+        return [r for k, r in self.rows.items()
+                if k[0] == case.spec.name and k[1] == case.provider and k[2] == case.dtype
+                and k[4] == case.cache]
+
+
+def _row_key(row: dict[str, Any]) -> tuple[str, ...]:
+    return (str(row.get("kernel")), str(row.get("provider")), str(row.get("dtype")),
+            str(row.get("shape")), str(row.get("cache") or DEFAULT_CACHE))
+
+
+def case_key(case: Case) -> tuple[str, ...]:
+    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
+
+
+def selection(meta: dict[str, Any]) -> tuple[Any, ...]:
+    """What a run selected (a RunConfig or a run's metadata): kernels, dtypes,
+    providers, sizes, cache modes."""
+    get = meta.get if isinstance(meta, dict) else lambda k: getattr(meta, k, None)
+    return tuple(tuple(get(k) or ()) if k != "sizes" else get(k)
+                 for k in ("kernels", "dtypes", "providers", "sizes", "cache"))
+
+
+def load_reference(paths: Iterable[Path]) -> Reference:
+    """The rows of these results.json files, oldest first so the newest win."""
+    docs = []
+    for p in paths:
+        try:
+            docs.append((p, json.loads(p.read_text())))
+        except (OSError, ValueError):
+            continue
+    docs.sort(key=lambda d: str(d[1].get("metadata", {}).get("created", "")))
+    ref = Reference()
+    for p, doc in docs:
+        meta, rows = doc.get("metadata") or {}, doc.get("rows") or []
+        ref.paths.append(p)
+        ref.model = DEVICES.get(str(meta.get("device_key"))) or ref.model
+        ref.l2_mb = meta.get("l2_mb") or ref.l2_mb
+        for r in rows:
+            ref.rows[_row_key(r)] = r
+        if isinstance(meta.get("time_split_s"), dict):
+            ref.split, ref.split_meta = meta["time_split_s"], meta
+        if meta.get("complete") is False and rows:
+            ref.cut = (p, len(rows), selection(meta))
+    return ref
+
+
+def find_reference(out_root: Path, model: DeviceModel) -> Reference:
+    """The runs of `model` under out_root (any depth), else, for a GPU, of any GPU."""
+    own = sorted(out_root.glob(f"{model.key}/**/results.json"))
+    if own or model.kind != "cuda":
+        return load_reference(own)
+    gpus = []
+    for p in sorted(out_root.glob("*/**/results.json")):
+        try:
+            kind = json.loads(p.read_text()).get("metadata", {}).get("device_kind")
+        except (OSError, ValueError):
+            continue
+        if kind == "cuda":
+            gpus.append(p)
+    return load_reference(gpus)
+
+
+def _bound(case: Case, model: DeviceModel | None, target: Target) -> float | None:
+    if model is None:
+        return None
+    sheet = datasheet_of(model) or {}
+    rc = case.spec.roof_class(case.dtype, target)
+    return bound_ms(case.spec.flops(case.shape, case.dtype),
+                    case.spec.nbytes(case.shape, case.dtype),
+                    (sheet.get("tflops") or {}).get(rc), sheet.get("hbm_gbps"))
+
+
+@dataclass(frozen=True)
+class RowSpeed:
+    call_ms: float
+    host_us: float
+    fallback: bool = False  # its graph could not be used (the reference row says)
+
+
+def row_speed(case: Case, cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> RowSpeed:
+    """A row's call time and host dispatch: its reference row's (scaled by the two
+    devices' roofline bounds when the reference ran on another model), else its
+    series' fraction of the roof at the nearest size, else the assumptions."""
+    mine = _bound(case, cfg.model, cfg.target)
+    theirs = _bound(case, ref.model, cfg.target)
+    scale = mine / theirs if mine and theirs and ref.model is not cfg.model else 1.0
+    row = ref.rows.get(case_key(case))
+    series = [r for r in ref.series(case) if r.get("ms_median")]
+    hosts = sorted(float(r["host_us"]) for r in series if r.get("host_us"))
+    host = (row or {}).get("host_us") or (hosts[len(hosts) // 2] if hosts else
+                                          sp.host_us.get(case.provider, 10.0))
+    fallback = str((row or {}).get("timer")) == TIMER_GRAPH_FALLBACK
+    if row is not None and row.get("ms_median"):
+        return RowSpeed(float(row["ms_median"]) * scale, float(host), fallback)
+    call = _over_budget_call_s(row)
+    if call is not None:
+        return RowSpeed(call * 1e3, float(host))
+    if series:
+        work = case.spec.flops(case.shape, case.dtype) + case.spec.nbytes(case.shape,
+                                                                            case.dtype)
+        return RowSpeed(_interpolate(series, work) * scale, float(host))
+    return RowSpeed(max(sp.floor_ms, (mine or 0.0) / sp.roof_fraction), float(host))
+
+
+def _interpolate(series: list[dict[str, Any]], work: float) -> float:
+    """A call's ms at `work` (FLOPs + bytes) from its series' rows: a call costs a
+    latency plus work at a rate, so between two rows the line through them; past the
+    largest, its rate (ms in proportion); under the smallest, its ms (the latency)."""
+    pts = sorted((float(r["flops"] or 0) + float(r["bytes"] or 0), float(r["ms_median"]))
+                 for r in series)
+    if work <= pts[0][0]:
+        return pts[0][1]
+    if work >= pts[-1][0]:
+        return pts[-1][1] * work / max(pts[-1][0], 1.0)
+    for (w0, t0), (w1, t1) in zip(pts, pts[1:], strict=False):
+        if w0 <= work <= w1:
+            return t0 + (t1 - t0) * (work - w0) / max(w1 - w0, 1.0)
+    return pts[-1][1]
+
+
+def _over_budget_call_s(row: dict[str, Any] | None) -> float | None:
+    """A skipped row's call time, from its "one call takes X s" reason."""
+    m = re.search(r"one call takes ([0-9.e+-]+) s", str((row or {}).get("reason") or ""))
+    return float(m.group(1)) if m else None

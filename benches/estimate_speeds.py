@@ -1,0 +1,95 @@
+"""What `run_bench.py --estimate` assumes about a device's speed where the sweep's plan
+and a reference run's rows do not say: every such number in one place, each with where
+it comes from.  docs/measurement.md explains the estimate.
+
+A row's own call time and host dispatch come from a reference run's rows (the newest
+results.json of the device model under --out, or of another device scaled by the two
+models' roofline bounds); the numbers here price everything around them.  The GPU
+figures were fit to the GPU runs there are, none of which recorded its phases (an H200,
+2026-11-26: the quick sweep cut at its 219th row after about 150 s; `run_bench.py
+--device h100 --dtypes bf16,fp8` stopped after 79 rows at 50 s and 102 rows at 60 s):
+the method before estimates 148, 54 and 64 s for them.  Only those totals check the
+figures, not how they split them.  A CPU estimate scales the phases by those the newest
+run of this CPU recorded (metadata.time_split_s), where there is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    # Seconds before the sweep that no phase books: interpreter start-up, imports, CUDA
+    # and NVML set-up (the H200's 1-row run with no ceilings took 6 s in all).
+    startup_s: float
+    # Measuring the ceilings (copy, cache copy and one matmul per dtype; 15 s fits the
+    # H200's runs, which measured them each time); a cached file costs nothing.
+    ceilings_s: float
+    # Host (Python and driver) time per call where no row says: torch's eager op, a
+    # Triton launch (the H200's rows: torch 6-9 us, its fp8 casts 50 us, Triton 15-25 us).
+    host_us: dict[str, float] = field(default_factory=lambda: {"torch": 8.0,
+                                                               "triton": 16.0})
+    # Where no row of a kernel, provider and dtype says how fast it runs: this fraction
+    # of its roofline bound, and never under floor_ms (a launch's own latency).
+    roof_fraction: float = 0.5
+    floor_ms: float = 0.002
+    # One Triton compile (a kernel, its specialization and one config), Triton's cache
+    # cold, and loading one from its on-disk cache.
+    compile_s: float = 0.3
+    cached_compile_s: float = 0.01
+    # triton.testing.do_bench per autotuning candidate: its 25 ms warm-up and 100 ms of
+    # samples, their L2 flushes included.
+    tune_candidate_s: float = 0.14
+    # Worker processes compiling ahead (benches/triton_cache.py: half the cores, at
+    # most 8; the H200's host has 16).
+    compile_workers: int = 8
+    # A CUDA-graph capture per captured call, in units of the call's host dispatch (the
+    # same Python and launch path, recorded instead of run).
+    capture_per_host: float = 0.5
+    # Before: one clone per input, an empty output and the provider's call per rotated
+    # copy and provider; now: one view, an input dict and the provider's call.
+    clone_us: float = 15.0
+    view_us: float = 4.0
+    # Zeroing Triton's 256 MB flush buffer (do_bench's L2 flush), per sample.
+    flush_ms: float = 0.06
+    # Making a case's inputs (torch.randn and casts), its float64 reference (flops at
+    # fp64_tflops plus 8-byte traffic at fill_gbps), the comparison: per byte, per flop.
+    fill_gbps: float = 400.0
+    fp64_tflops: float = 30.0
+    # Python around each row not booked to a phase (budget, row dict, NVML window), and
+    # the synchronizations and small copies of a row's check.
+    row_s: float = 0.004
+    sync_s: float = 0.001
+    # Writing a row to the journal and the CSV; the results, summary and figures.
+    write_row_s: float = 0.002
+    write_end_s: float = 3.0
+
+
+# GPU models: the H200 figures, fit as the module says; an H100 runs the same host code
+# (a row's own device time scales by the roofline, see benches/estimate.py).
+GPU = DeviceSpeed(startup_s=5.0, ceilings_s=15.0)
+
+# The 2-core CPU VM (the default run quiet: about 42 s): start-up with torch and the
+# Triton interpreter imported 4-6 s, ceilings measured 9-11 s; an elementwise case of
+# 2^22 fp32 elements (48 MB) takes 0.4 s to make, 0.2 s for its reference and 0.2-0.3 s
+# to compare (0.25 GB/s); CPU rows have no graph, copies or compiles.
+CPU = DeviceSpeed(startup_s=5.0, ceilings_s=10.0, host_us={"torch": 0.0, "triton": 0.0},
+                  fill_gbps=0.25, fp64_tflops=0.02, row_s=0.005, write_row_s=0.003,
+                  write_end_s=3.0)
+
+
+# Compute capability of the GPU models, by key prefix, for the launches an estimate
+# builds (autotuning candidates are per architecture); Hopper where none matches.
+GPU_CAPABILITY = {"a100": (8, 0), "l40": (8, 9), "h100": (9, 0), "h200": (9, 0),
+                  "gh200": (9, 0), "b200": (10, 0), "gb200": (10, 0)}
+
+
+def capability_of(key: str) -> tuple[int, int]:
+    return next((cc for prefix, cc in GPU_CAPABILITY.items() if key.startswith(prefix)),
+                (9, 0))
+
+
+def speed_of(kind: str) -> DeviceSpeed:
+    """The assumptions for a device of `kind` ("cuda" or "cpu")."""
+    return GPU if kind == "cuda" else CPU

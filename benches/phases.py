@@ -1,0 +1,141 @@
+"""Where a run's wall time goes: one accounting object (TimeSplit) that the job and the
+runner open phases on, recorded in results.json as `metadata.time_split_s`.
+
+The phases, in the order a row meets them:
+
+- ceilings: measuring (or loading) the device's ceilings;
+- compile: Triton compiles, as Triton's compilation listener reports them, taken out of
+  whatever phase they happened in (the first call of a row, an autotuner's candidates);
+- tune: the rest of an autotuned Triton row's first call (its candidates timed);
+- inputs: a case's inputs, its float64 reference, the rotated copies its cold rows use,
+  and the fresh buffers of a CPU row's later rounds;
+- check: the first call of a row that is not tuned, the checked call and the comparison;
+- capture: what a CUDA-graph row spends outside its samples (its launches counted, the
+  warm-up round, the captures and the graphs' first replays);
+- timing: the timers themselves (samples, their warm-up and estimates, host dispatch);
+- write: the run's files (rows journal, results, figures, summary);
+- other: everything else (start-up and imports, case building, the console).
+
+Phases are exclusive: one opened inside another pauses it, so the phases and `other`
+add up to the wall time since the process started (on Linux; since the split was made
+elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "write",
+          "other")
+# The phases a run books explicitly; `other` is what is left of the wall time.
+BOOKED = PHASES[:-1]
+
+
+def process_start(clock: Callable[[], float] = time.perf_counter) -> float:
+    """`clock`'s reading when this process started: its age from /proc/self/stat (start
+    time in clock ticks since boot) against CLOCK_BOOTTIME, so that interpreter start-up
+    and imports are counted; `clock()` now where that cannot be read."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            # Fields after the command's closing parenthesis start at field 3 (state);
+            # starttime is field 22.
+            after = f.read().rsplit(")", 1)[1].split()
+        started = int(after[19]) / os.sysconf("SC_CLK_TCK")
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return clock()
+    return clock() - max(0.0, age)
+
+
+class TimeSplit:
+    """Seconds per phase of one process's run (see the module's docstring).
+
+    `phase(name)` books the time spent in its block to `name`; a phase opened inside
+    another pauses the outer one.  `move(seconds, name)` books seconds that were spent
+    inside the open phase to `name` instead (a compile reported by Triton's listener,
+    a timer's capture).  `split()` is the record: every phase, `other` the rest."""
+
+    def __init__(self, start: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.start = clock() if start is None else start
+        self.seconds = dict.fromkeys(BOOKED, 0.0)
+        self._open: list[list[Any]] = []  # [name, since] of each open phase, innermost last
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in self.seconds:
+            raise ValueError(f"unknown phase {name!r} (one of {', '.join(BOOKED)})")
+        now = self.clock()
+        if self._open:  # the outer phase pauses
+            outer = self._open[-1]
+            self.seconds[outer[0]] += now - outer[1]
+        entry = [name, now]
+        self._open.append(entry)
+        try:
+            yield
+        finally:
+            now = self.clock()
+            self.seconds[name] += now - entry[1]
+            # Removed by identity: a generator closed out of order must not pop another.
+            self._open = [e for e in self._open if e is not entry]
+            if self._open:
+                self._open[-1][1] = now  # the outer phase resumes
+
+    def move(self, seconds: float, to: str) -> None:
+        """Book `seconds` spent inside the open phase to `to` instead (at most what the
+        open phase has run since it last started or resumed)."""
+        if seconds <= 0:
+            return
+        if self._open:
+            top = self._open[-1]
+            seconds = min(seconds, self.clock() - top[1])
+            top[1] += seconds
+        self.seconds[to] += seconds
+
+    def split(self) -> dict[str, float]:
+        """Seconds per phase so far (open phases up to now), `other` the rest of the wall
+        time, rounded to milliseconds."""
+        now = self.clock()
+        got = dict(self.seconds)
+        for name, since in self._open:
+            got[name] += now - since
+        wall = now - self.start
+        got["other"] = max(0.0, wall - sum(got.values()))
+        return {k: round(got[k], 3) for k in PHASES}
+
+    def wall_s(self) -> float:
+        return round(self.clock() - self.start, 3)
+
+
+@contextlib.contextmanager
+def compiles_booked(split: TimeSplit) -> Iterator[None]:
+    """Triton's compilation listener books every compile's time (Triton's own timer of
+    it, in microseconds) to `compile`, out of the phase it happened in; a listener set
+    before is kept and called first, and put back at the end.  A Triton without the
+    listener (or none at all) leaves compiles where they happened."""
+    try:
+        from triton import knobs
+
+        comp = knobs.compilation
+        prior = comp.listener
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def listener(*, times: Any = None, **kwargs: Any) -> None:
+        if prior is not None:
+            prior(times=times, **kwargs)
+        total = getattr(times, "total", None)
+        if isinstance(total, int | float):
+            split.move(total * 1e-6, "compile")
+
+    comp.listener = listener
+    try:
+        yield
+    finally:
+        comp.listener = prior

@@ -1,0 +1,162 @@
+"""`run_bench.py --estimate` (benches/estimate*.py): the sweep's plan priced without
+running it.  Held against the one GPU run on record (the H200's quick sweep, cut after
+219 rows at about 150 s), and against a CPU run's own time split."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import run_bench
+from benches import job
+from benches.cases import Case, build_cases
+from benches.estimate import PLANS, calibrate, calibration, estimate
+from benches.estimate_report import target_device
+from benches.estimate_rows import Reference, find_reference, load_reference, row_speed
+from benches.estimate_speeds import CPU, GPU
+from kernels import REGISTRY
+from roofline.model.ceilings import Ceilings, datasheet_of
+from roofline.model.devices import DEVICES
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def _gpu_plan(device: str, *flags: str):
+    args = run_bench.parse_args(["--estimate", "--device", device, *flags])
+    job.validate(args)
+    ref = find_reference(RESULTS, DEVICES[device])
+    meta = json.loads(ref.paths[-1].read_text())["metadata"]
+    model, present = target_device(args, meta)
+    cfg = job.run_config(args, model, present, interpret=False)
+    cfg.ceilings = Ceilings(datasheet_of(model), None)
+    return cfg, build_cases(cfg), ref
+
+
+@pytest.fixture(scope="module")
+def h200_quick():
+    cfg, cases, ref = _gpu_plan("h200", "--sizes", "quick")
+    return cfg, cases, ref, estimate(cfg, cases, ref, GPU, ceilings_cached=False)
+
+
+def test_the_method_before_comes_out_near_what_the_h200_took(h200_quick):
+    """results/h200/2026-11-26/quick: 219 of the quick sweep's 406 rows in the 150 s
+    its step was given (ceilings measured, Triton's cache cold)."""
+    cfg, cases, ref, walks = h200_quick
+    assert len(cases) == 406 and ref.cut is not None and ref.cut[1] == 219
+    assert ref.cut[0].parent.name == "quick"
+    before = walks[("before", False)].per_case[218]
+    assert 130 <= before <= 170, before
+
+
+def test_the_method_now_costs_less_where_it_changed(h200_quick):
+    *_, walks = h200_quick
+    before, cold, warm = walks[("before", False)], walks[("now", False)], walks[("now", True)]
+    for phase in ("timing", "capture", "inputs"):
+        assert cold.phases[phase] < before.phases[phase], phase
+    assert cold.phases["timing"] < 0.5 * before.phases["timing"]
+    # the graph rows' replays: time-sized, not 25 of each whole rotation
+    assert cold.counts["replays"] < 0.5 * before.counts["replays"]
+    # the copies: one set per case, not one per provider
+    assert cold.counts["copies made"] < 0.7 * before.counts["copies made"]
+    # compiled ahead while the ceilings are measured; tuning kept on disk when warm
+    assert cold.phases["compile"] < before.phases["compile"]
+    assert warm.phases["tune"] == 0 < cold.phases["tune"]
+    assert warm.total < cold.total < before.total
+    assert warm.counts.get("tunings", 0) == 0 < cold.counts["tunings"]
+
+
+def test_an_h100_estimate_scales_the_h200_rows_by_the_roofline():
+    cfg, cases, ref = _gpu_plan("h100", "--sizes", "quick", "--kernels", "add",
+                                "--dtypes", "bf16")
+    big = next(c for c in cases if c.shape == {"n": 1 << 26} and c.provider == "torch")
+    h200 = ref.rows[("add", "torch", "bf16", "n=67108864", "cold")]["ms_median"]
+    # bandwidth-bound: 4.8 / 3.35 TB/s slower on the H100's datasheet
+    assert row_speed(big, cfg, ref, GPU).call_ms == pytest.approx(h200 * 4.8 / 3.35)
+    # the rotation past twice the H100's 50 MB L2, not the H200's 60
+    assert ref.model is DEVICES["h200"] and cfg.present.l2_mb == 50
+
+
+def test_a_rows_speed_is_interpolated_along_its_series():
+    spec = REGISTRY["add"]
+
+    def row(n: int, ms: float) -> dict:
+        return {"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": f"n={n}",
+                "cache": "cold", "flops": n, "bytes": 12 * n, "ms_median": ms,
+                "host_us": 7.0, "status": "ok"}
+
+    ref = Reference(rows={("add", "torch", "fp32", f"n={n}", "cold"): row(n, ms)
+                          for n, ms in ((1 << 12, 0.002), (1 << 24, 0.052))},
+                    model=DEVICES["h200"])
+    cfg, *_ = _gpu_plan("h200", "--kernels", "add", "--dtypes", "fp32", "--sizes", "quick")
+
+    def ms(n: int) -> float:
+        return row_speed(Case(spec, "torch", "fp32", {"n": n}), cfg, ref, GPU).call_ms
+
+    assert ms(1 << 10) == 0.002  # under the smallest row: its latency
+    assert ms(1 << 26) == pytest.approx(0.052 * 4)  # past the largest: its rate
+    mid = (1 << 12) + ((1 << 24) - (1 << 12)) // 2
+    assert ms(mid) == pytest.approx(0.027, rel=1e-3)  # the line between them
+    assert row_speed(Case(spec, "torch", "fp32", {"n": 4096}), cfg, ref, GPU).host_us == 7.0
+
+
+def test_the_command_prints_every_phase_and_writes_nothing(capsys, tmp_path):
+    code = run_bench.main(["--estimate", "--device", "h200", "--sizes", "quick",
+                           "--kernels", "add,matvec"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for phase in ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing",
+                  "write", "other", "total"):
+        assert f"│ {phase}" in out, phase
+    for m, warm in PLANS:
+        assert f"{m}, Triton cache {'warm' if warm else 'cold'}: timing " in out
+    assert run_bench.main(["--estimate", "--out", str(tmp_path), "--kernels", "add",
+                           "--sizes", "n=4096"]) == 0
+    assert list(tmp_path.iterdir()) == []  # nothing made, not even a ceiling cache
+
+
+def _cpu_run(tmp: Path, split: dict[str, float]) -> Path:
+    """A CPU run's results.json: its rows (add fp32 at two sizes) and its time split."""
+    rows = [{"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": f"n={n}",
+             "cache": "warm", "flops": n, "bytes": 12 * n, "ms_median": ms,
+             "status": "ok", "timer": "timeit blocks"}
+            for n, ms in ((2048, 0.003), (1 << 22, 4.0))]
+    meta = {"device_key": "cpu", "device_kind": "cpu", "kernels": ["add"],
+            "dtypes": ["fp32"], "providers": ["torch"], "sizes": "explicit",
+            "explicit_shapes": ["n=2048", "n=4194304"], "cache": ["warm"],
+            "run_budget_s": 90.0, "created": "2026-11-26T00:00:00+00:00",
+            "complete": True, "time_split_s": split, "wall_s": sum(split.values())}
+    path = tmp / "cpu" / "r1" / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"metadata": meta, "rows": rows}))
+    return path
+
+
+def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path):
+    split = {"ceilings": 0.0, "compile": 0.0, "tune": 0.0, "inputs": 3.0, "check": 1.5,
+             "capture": 0.0, "timing": 0.3, "write": 0.8, "other": 6.0}
+    ref = load_reference([_cpu_run(tmp_path, split)])
+    args = run_bench.parse_args(["--estimate", "--device", "cpu", "--kernels", "add",
+                                 "--dtypes", "fp32", "--providers", "torch",
+                                 "--sizes", "n=2048;n=4194304"])
+    job.validate(args)
+    model, present = target_device(args)
+    cfg = job.run_config(args, model, present, interpret=False)
+    cases = build_cases(cfg)
+    walk = estimate(cfg, cases, ref, CPU, True, (("now", True),))[("now", True)]
+    # unscaled: the plan's arithmetic; the 4 ms calls take a round of 5 samples each
+    assert walk.counts["rows"] == 2 and walk.phases["timing"] > 5 * 5 * 0.004
+    factors = calibration(cfg, ref, CPU)
+    assert set(factors) == {"inputs", "check", "timing", "write", "other"}
+    calibrate(walk, factors)
+    for phase, want in split.items():
+        assert walk.phases[phase] == pytest.approx(want, rel=1e-6), phase
+    # another selection is priced by the same factors, not copied from the run
+    more = dataclasses.replace(cfg, explicit_shapes=[{"n": 2048}, {"n": 1 << 22},
+                                                     {"n": 1 << 23}])
+    bigger = calibrate(estimate(more, build_cases(more), ref, CPU, True,
+                                (("now", True),))[("now", True)], factors)
+    assert bigger.phases["timing"] > walk.phases["timing"] > 0

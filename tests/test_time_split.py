@@ -1,0 +1,197 @@
+"""Where a run's time goes (benches/phases.py): the accounting object's arithmetic on a
+fake clock, Triton's compiles booked out of the phase they happen in, a real CPU run's
+split against its wall time measured from outside, summary.md's and the console's line,
+and the work each case does once for both its providers and cache modes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from benches import cases as cases_mod
+from benches import gpu_rows, phases, runner, timing
+from benches.graph_timing import GraphProbe
+from benches.phases import PHASES, TimeSplit
+from kernels import REGISTRY
+from roofline.report.summary import render_summary, time_split_line
+from tests.test_measurement import FAST, cpu_cfg, gpu_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_phases_are_exclusive_and_add_up_to_the_wall_time():
+    clock = Clock()
+    split = TimeSplit(start=clock.now - 2.0, clock=clock)  # 2 s of start-up before
+    with split.phase("check"):
+        clock.now += 1.0
+        with split.phase("inputs"):  # pauses check
+            clock.now += 3.0
+        clock.now += 0.5
+        split.move(0.25, "compile")  # spent inside check, booked to compile
+    clock.now += 4.0  # in no phase: other
+    got = split.split()
+    assert list(got) == list(PHASES)
+    assert got["check"] == 1.25 and got["inputs"] == 3.0 and got["compile"] == 0.25
+    assert got["other"] == 6.0 and sum(got.values()) == split.wall_s() == 10.5
+    with pytest.raises(ValueError, match="unknown phase"), split.phase("lunch"):
+        pass
+
+
+def test_a_move_never_takes_more_than_the_open_phase_ran():
+    clock = Clock()
+    split = TimeSplit(clock=clock)
+    with split.phase("tune"):
+        clock.now += 1.0
+        split.move(5.0, "compile")  # a listener's figure larger than the phase itself
+    assert split.split()["tune"] == 0.0 and split.split()["compile"] == 1.0
+
+
+def test_an_open_phase_counts_up_to_now():
+    clock = Clock()
+    split = TimeSplit(clock=clock)
+    with split.phase("timing"):
+        clock.now += 2.0
+        assert split.split()["timing"] == 2.0 and split.split()["other"] == 0.0
+
+
+def test_the_process_start_is_before_now():
+    started = phases.process_start()
+    assert 0 <= time.perf_counter() - started < 3600
+
+
+def test_compiles_are_booked_from_tritons_listener(monkeypatch):
+    from triton import knobs
+
+    clock = Clock()
+    split = TimeSplit(clock=clock)
+    heard: list[bool] = []
+    prior = lambda **kw: heard.append(kw["cache_hit"])  # noqa: E731
+    monkeypatch.setattr(knobs.compilation, "listener", prior)
+    with phases.compiles_booked(split), split.phase("tune"):
+        clock.now += 3.0
+        # what triton.compile reports after a compile: its own timer, microseconds
+        knobs.compilation.listener(src=None, metadata={}, metadata_group={},
+                                   times=SimpleNamespace(total=2_000_000),
+                                   cache_hit=False)
+    assert knobs.compilation.listener is prior and heard == [False]
+    got = split.split()
+    assert got["compile"] == 2.0 and got["tune"] == 1.0
+
+
+def test_the_split_line_says_timing_of_wall():
+    meta = {"time_split_s": {"ceilings": 9.6, "timing": 12.4, "inputs": 0.2,
+                             "write": 2.5, "other": 5.3}, "wall_s": 30.0}
+    assert time_split_line(meta) == "timing 12 s of 30 s (ceilings 10, other 5, write 2)"
+    assert time_split_line({}) is None
+    md = render_summary({**meta, "device_key": "cpu"}, pd_rows())
+    assert "- **time**: timing 12 s of 30 s (ceilings 10, other 5, write 2)" in md
+
+
+def pd_rows():
+    import pandas as pd
+
+    from roofline.model.schema import ALL_COLUMNS
+
+    return pd.DataFrame(columns=ALL_COLUMNS)
+
+
+def test_a_cpu_runs_split_adds_up_to_its_wall_time(tmp_path):
+    """The command as a user runs it, its wall time taken from outside the process."""
+    out = tmp_path / "results"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "run_bench.py", "--kernels", "add,matmul",
+                           "--dtypes", "fp32", "--sizes", "n=65536;M=64,N=64,K=64",
+                           "--no-plots", "--out", str(out), "--run-id", "r"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((out / "cpu" / "r" / "results.json").read_text())["metadata"]
+    split = meta["time_split_s"]
+    assert list(split) == list(PHASES)
+    assert split["timing"] > 0 and split["inputs"] > 0 and split["check"] > 0
+    assert abs(sum(split.values()) - wall) <= 0.05 * wall, (split, wall)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"timing {split['timing']:.0f} s of ")
+    assert "- **time**: timing " in (out / "cpu" / "r" / "summary.md").read_text()
+
+
+# ---- work done once per case ------------------------------------------------------------
+
+def _counting(spec, made: list[str]):
+    """`spec` with make_inputs and reference counted (the inputs made on the CPU, where
+    a faked GPU's case would ask for CUDA), and a second provider ("twin") that is the
+    torch one again: two providers of one case without a GPU."""
+    def make_inputs(shape, dtype, seed, device):
+        made.append("inputs")
+        return spec.make_inputs(shape, dtype, seed, "cpu")
+
+    def reference(*a, **k):
+        made.append("reference")
+        return spec.reference(*a, **k)
+
+    provs = dict(spec.providers)
+    provs["twin"] = provs["torch"]
+    return dataclasses.replace(spec, make_inputs=make_inputs, reference=reference,
+                               providers=provs, triton_launches=None)
+
+
+def test_inputs_and_reference_are_made_once_for_every_row_of_a_case():
+    made: list[str] = []
+    spec = _counting(REGISTRY["add"], made)
+    shape = {"n": 4096}
+    cases = [runner.Case(spec, p, "fp32", shape, mode)
+             for p in ("torch", "twin") for mode in ("cold", "warm")]
+    # a chunk of no time at all: every row ends a chunk (its later rounds run between)
+    cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_rounds=2, cpu_chunk_s=0.0),
+                  cache=["cold", "warm"])
+    rows = [row for _, row in runner.iterate(cases, cfg)]
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert made == ["inputs", "reference"]
+
+
+def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch):
+    made: list[str] = []
+    spec = _counting(REGISTRY["add"], made)
+    seen: list[list] = []
+
+    def graph(calls, cfg, total=None, call_ms=None):
+        seen.append(list(calls))
+        return timing.summarize([1e-3] * 10, timing.TIMER_GRAPH)
+
+    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
+    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
+    monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    blocks: list[int] = []
+    real = cases_mod._make_copies
+    monkeypatch.setattr(cases_mod, "_make_copies", lambda *a: (blocks.append(a[2]),
+                                                               real(*a))[1])
+    cfg = gpu_cfg()
+    cache = runner._InputCache()
+    for prov in ("torch", "twin"):
+        row = runner.run_case(runner.Case(spec, prov, "fp32", {"n": 4096}), cfg, cache)
+        assert row["status"] == "ok", row["reason"]
+    copies = gpu_rows.rotation_of(runner.Case(spec, "torch", "fp32", {"n": 4096}), cfg) - 1
+    assert blocks == [copies] and made == ["inputs", "reference"]
+    assert len(seen) == 2 and len(seen[0]) == len(seen[1]) == copies + 1
+    # the same copies, each provider's own calls on them
+    assert cache.copies is not None and set(cache.copies.calls) == {"torch", "twin"}
+    assert seen[0][1:] == cache.copies.calls["torch"]
+    assert seen[1][1:] == cache.copies.calls["twin"]
