@@ -1,4 +1,4 @@
-"""A GPU row's timing in its cache mode (DESIGN.md sections 5 and 14).
+"""A GPU row's timing in its cache mode (docs/measurement.md).
 
 One method per (kernel, dtype, shape), from its roofline bound on the device model
 (`timing_method`): do_bench with the L2 flushed between samples, or CUDA-graph replays.
