@@ -140,6 +140,28 @@ if KERNELS_INTERPRETED:
     _decode_e4m3_block_scales()
 
 
+# ---- approximate math: one hardware instruction on the GPU, a formula in the interpreter ---
+#
+# The single place that decides it: compiled kernels use the special-function unit's
+# approximations (PTX inline assembly), which the CPU interpreter cannot run; there the same
+# functions come from exact formulas, so a kernel's math is tested on the CPU up to the
+# hardware's documented error.  Kernels use these only where their output's rounding
+# dwarfs that error (each caller says where).
+HW_APPROX = tl.constexpr(not KERNELS_INTERPRETED)
+
+
+@triton.jit
+def tanh_approx(x):
+    """tanh of fp32 `x`: tanh.approx.f32 (one MUFU.TANH; PTX ISA: max relative error
+    2^-10.987) in compiled kernels, 1 - 2 / (exp(2x) + 1) in the interpreter."""
+    if HW_APPROX:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        t = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    return t
+
+
 # One autotuner per (kernel, tuner name, candidate configs), created on first use: its
 # cache of tuned configs lives as long as the process.  The candidates are part of the
 # key because they differ per arch (kernels/matmul.py ARCH_CONFIGS): a tuner built for one
