@@ -111,6 +111,21 @@ def test_sm90_properties_of_point_3(sm90):
     assert data["metadata"]["max_shared"] >= 128 * 1024
 
 
+def test_sm90_dot_programs_are_all_resident(sm90):
+    """kernels/dot.py launches PROGRAMS_PER_SM programs per SM that stride over the
+    whole input: each must fit at once in registers and shared memory, or the last
+    ones run as a second wave on a few SMs."""
+    from kernels.dot import PROGRAMS_PER_SM, WARPS
+
+    _, data = sm90
+    rows = [r for r in data["rows"] if r["kernel"] == "dot"]
+    assert rows
+    for r in rows:
+        allocated = -(-r["registers"] // 8) * 8
+        assert PROGRAMS_PER_SM * WARPS * 32 * allocated <= 65536, r
+        assert PROGRAMS_PER_SM * (r["shared"] + 1024) <= 233472, r  # 228 KB an SM
+
+
 BAD = textwrap.dedent("""
     import dataclasses, sys
     import kernels, kernels.matmul as mm
