@@ -126,6 +126,18 @@ def test_sm90_dot_programs_are_all_resident(sm90):
         assert PROGRAMS_PER_SM * (r["shared"] + 1024) <= 233472, r  # 228 KB an SM
 
 
+def test_sm90_pipelined_matvec_copies_through_shared_memory(sm90):
+    """matvec's STAGES > 1 configs move A and x by cp.async (tl.range pipelining); the
+    STAGES = 1 ones, the plain loop the H200 run measured, by ld.global."""
+    _, data = sm90
+    rows = [r for r in data["rows"] if r["kernel"] == "matvec"]
+    assert {int(dict(kv.split("=") for kv in r["config"].split(","))["STAGES"]) > 1
+            for r in rows} == {False, True}
+    for r in rows:
+        staged = int(dict(kv.split("=") for kv in r["config"].split(","))["STAGES"]) > 1
+        assert ("cp.async" in r["load_kinds"].split(",")) == staged, r["config"]
+
+
 BAD = textwrap.dedent("""
     import dataclasses, sys
     import kernels, kernels.matmul as mm
