@@ -48,6 +48,13 @@ SM100_MATMUL = {
 SM100_MATVEC = [(8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1),
                 (32, 256, 8, 3, 1), (4, 1024, 8, 3, 1), (8, 1024, 8, 2, 1),
                 (16, 128, 4, 4, 1), *PIPELINED_MATVEC]
+# The persistent TMA candidates, offered from sm_90 on where the layout allows them (all
+# of MATMUL_SHAPE's), after the lists above.
+TMA_MATMUL = {"16bit": [(128, 256, 64, 3, 8, "tma"), (256, 128, 64, 3, 8, "tma"),
+                        (128, 128, 64, 4, 8, "tma")],
+              "fp8": [(256, 128, 128, 3, 8, "tma"), (128, 256, 128, 3, 8, "tma"),
+                      (128, 128, 128, 4, 8, "tma")]}
+TMA_FAMILY = {"fp16": "16bit", "bf16": "16bit", "fp8": "fp8", "fp8e5": "fp8"}
 MATMUL_SHAPE = {"M": 4096, "N": 4096, "K": 4096}
 MATVEC_SHAPE = {"M": 4096, "K": 4096}
 
@@ -58,7 +65,7 @@ def _tiles(launch) -> list[tuple[int, ...]]:
         kw = c.kwargs
         if "BLOCK_N" in kw:
             out.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], c.num_stages,
-                        c.num_warps))
+                        c.num_warps) + (("tma",) if kw.get("TMA") else ()))
         else:
             out.append((kw["BLOCK_M"], kw["BLOCK_K"], c.num_warps, c.num_stages,
                         kw["STAGES"]))
@@ -72,7 +79,9 @@ def test_each_arch_tunes_over_its_own_configs_and_sm90_keeps_hoppers(arch):
     matmul = SM100_MATMUL if arch == "sm_100" else HOPPER_MATMUL
     for dtype, want in matmul.items():
         (launch,) = ins._launches("matmul", dtype, MATMUL_SHAPE, arch)
-        assert _tiles(launch) == want, (arch, dtype)
+        tma = TMA_MATMUL.get(TMA_FAMILY.get(dtype, ""), []) if arch in ("sm_90", "sm_100") \
+            else []
+        assert _tiles(launch) == want + tma, (arch, dtype)
     (launch,) = ins._launches("matvec", "bf16", MATVEC_SHAPE, arch)
     assert _tiles(launch) == (SM100_MATVEC if arch == "sm_100" else HOPPER_MATVEC)
     mode = fp8_accum()
