@@ -168,19 +168,6 @@ def tanh_approx(x):
     return t
 
 
-@triton.jit
-def exp2_approx(x):
-    """2^x of fp32 `x`: ex2.approx.ftz.f32 (one MUFU.EX2; results below 2^-126 flush to
-    0, which spares the four-instruction subnormal fix-up that tl.math.exp2's plain
-    ex2.approx.f32 carries) in compiled kernels, tl.math.exp2 in the interpreter."""
-    if HW_APPROX:
-        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x],
-                                      dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        e = tl.math.exp2(x)
-    return e
-
-
 # One autotuner per (kernel, tuner name, candidate configs), created on first use: its
 # cache of tuned configs lives as long as the process.  The candidates are part of the
 # key because they differ per arch (kernels/matmul.py ARCH_CONFIGS): a tuner built for one
