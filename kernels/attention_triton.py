@@ -100,7 +100,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, offs_m, lo, hi, S, stride_s, stride_vs, s
         kv = cols.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
         k = _tile(K + kv, cols[:, None], S, MASKED)
         qk = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
-                 PRECISION, UPCAST) * qk_scale
+                 PRECISION, UPCAST)
         if MASKED:
             keep = cols[None, :] < S
             if CAUSAL:
@@ -108,8 +108,8 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, offs_m, lo, hi, S, stride_s, stride_vs, s
             # Every row keeps key 0 in its first tile, so m_i is finite from then on and
             # exp2(-inf - m) = 0 for the masked entries (never inf - inf).
             qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max, then scale
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # the scale in one FFMA a score
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd
