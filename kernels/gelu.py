@@ -9,8 +9,8 @@ FLOPs per element (a transcendental counts as one):
   erf form:  x*(1/sqrt 2) (1), erf (1), 1+ (1), x* (1), 0.5* (1) = 5
 
 Triton, 16- and 8-bit outputs (APPROX): tanh is the hardware's tanh.approx.f32
-(kernels.triton_utils.tanh_approx, relative error below 2^-10.98, under half an ulp of
-fp16 and far under bf16's and fp8's), and erf(x / sqrt 2) is tanh(x Q(min(x^2, 14))) with
+(kernels.triton_utils.tanh_approx, relative error 2^-10.987, about half an ulp of fp16
+and far under bf16's and fp8's), and erf(x / sqrt 2) is tanh(x Q(min(x^2, 14))) with
 Q a quadratic fitted minimax to erf (max abs error 3.7e-5 over the reals; clamping x^2
 keeps Q positive, and past |x| = 3.74 both sides are 1 within 1.7e-4): a MUFU.TANH and
 seven other instructions per element instead of libdevice's erff (two polynomials and
