@@ -43,17 +43,18 @@ def product_out_dtype(dtype: str) -> torch.dtype:
 
 
 @triton.jit
-def dot_kernel(X, Y, P, TICKET, O, SX, SY, n, BLOCK: tl.constexpr, STAGES: tl.constexpr,
-               PARTS: tl.constexpr, MBITS: tl.constexpr):
+def dot_kernel(X, Y, P, TICKET, O, SX, SY, n, nprog, BLOCK: tl.constexpr,
+               STAGES: tl.constexpr, PARTS: tl.constexpr, MBITS: tl.constexpr):
+    # nprog: the grid size, also passed as an argument so that Triton specializes it (a
+    # multiple of 16, _num_partials) and the final sum loads 128 bits a thread.
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     # Grid-stride loop: program p handles blocks p, p + P, p + 2P, ...  tl.range's
     # pipelining (cp.async into shared memory) keeps STAGES - 1 blocks of x and y in
     # flight while one is summed; a plain loop had one block's first half in flight at a
     # time (ptxas waited on it before issuing the second half's loads).
-    for start in tl.range(pid.to(tl.int64) * BLOCK, n, nprog.to(tl.int64) * BLOCK,
-                          num_stages=STAGES):
+    for start in tl.range(pid.to(tl.int64) * BLOCK, n,
+                          tl.num_programs(0).to(tl.int64) * BLOCK, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
@@ -122,7 +123,7 @@ def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonL
     partials = torch.empty(nparts, dtype=torch.float32, device=x.device)
     return [TritonLaunch(
         fn=dot_kernel,
-        args=(x, y, partials, ticket(x.device), out, inputs["sx"], inputs["sy"], n),
+        args=(x, y, partials, ticket(x.device), out, inputs["sx"], inputs["sy"], n, nparts),
         constexprs={"BLOCK": block, "PARTS": triton.next_power_of_2(nparts),
                     "MBITS": store_round_bits(out)},
         configs=(triton.Config({"STAGES": stages}, num_warps=WARPS),),
