@@ -107,9 +107,15 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, offs_m, lo, hi, S, stride_s, stride_vs, s
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             # Every row keeps key 0 in its first tile, so m_i is finite from then on and
             # exp2(-inf - m) = 0 for the masked entries (never inf - inf).
-            qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: max, then scale
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # the scale in one FFMA a score
+            qk = tl.where(keep, qk, float("-inf")) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            # The row max of the raw scores, scaled once a row (qk_scale > 0), the scale in
+            # exp2's FFMA: one FMUL less a score.  (In the masked tiles too, triton 3.9's
+            # ptxas spills 40 bytes at 128 x 128, D = 128.)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd
