@@ -37,13 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_configs import DELTA_BLOCK_M, INTERP_CONFIGS, configs_for
 from kernels.dot import FP8
 from kernels.spec import (
     Inputs,
     Target,
     TritonLaunch,
     UnsupportedShape,
-    for_arch,
     interpreter_enabled,
     launch_capability,
 )
@@ -100,16 +100,22 @@ def _fwd_tiles(acc, l_i, m_i, q, K, V, offs_m, lo, hi, S, stride_s, stride_vs, s
         kv = cols.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
         k = _tile(K + kv, cols[:, None], S, MASKED)
         qk = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
-                 PRECISION, UPCAST) * qk_scale
+                 PRECISION, UPCAST)
         if MASKED:
             keep = cols[None, :] < S
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= cols[None, :])
             # Every row keeps key 0 in its first tile, so m_i is finite from then on and
             # exp2(-inf - m) = 0 for the masked entries (never inf - inf).
-            qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+            qk = tl.where(keep, qk, float("-inf")) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.math.exp2(qk - m_new[:, None])
+        else:
+            # The row max of the raw scores, scaled once a row (qk_scale > 0), the scale in
+            # exp2's FFMA: one FMUL less a score.  (In the masked tiles too, triton 3.9's
+            # ptxas spills 40 bytes at 128 x 128, D = 128.)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = cols.to(tl.int64)[:, None] * stride_vs + offs_d[None, :] * stride_vd
@@ -319,51 +325,6 @@ def attn_bwd_dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, sm_scale, S, stride_h, strid
              mask=offs_m[:, None] < S)
 
 
-def _cfg(bm: int, bn: int, stages: int, warps: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
-
-
-# Candidates for sm_90 (`python run_bench.py --inspect` compiles each for every default
-# GPU shape; the README's attention section has what it reports).  Forward: BLOCK_M = 128
-# query rows per program as two warpgroups (8 warps, 64 rows each: wgmma's M), K/V tiles
-# of 64 or 128 keys, 2-3 stages of K/V copies in shared memory.  dK/dV: a 128- or 64-key
-# tile whose two fp32 accumulators (dK and dV, keys x D each) are spread over 8 warps, 32
-# queries a step (64 spill 12 bytes at D = 128, causal); k and v stay in shared memory.
-# dQ: 128 queries, 64 keys a step.  The smaller tiles cover short sequences, where big
-# ones leave SMs idle.  Few candidates: each is compiled per head dim and causal flag
-# (constexprs), by the autotuner and by --inspect alike.
-CONFIGS: dict[str, list[triton.Config]] = {
-    "fwd": [_cfg(128, 128, 2, 8), _cfg(128, 64, 3, 8), _cfg(64, 64, 3, 4)],
-    "dkdv": [_cfg(32, 128, 2, 8), _cfg(32, 64, 2, 8)],
-    "dq": [_cfg(128, 64, 2, 8), _cfg(64, 64, 2, 4)],
-    # delta = rowsum(dO o): no loop, no dot; one fixed launch of DELTA_BLOCK_M rows.
-    "delta": [triton.Config({}, num_warps=4)],
-}
-DELTA_BLOCK_M = 64
-# Blackwell (sm_100 class: B200, GB200, B300): tcgen05 keeps S and the O accumulator in
-# tensor memory, but the softmax and the epilogue read them back into registers, and
-# `python run_bench.py --inspect --arch sm_100 --kernels attention,attention_bwd` (triton
-# 3.9, ptxas 13.4; 3.6 compiles them clean) found two Hopper configs that spill there;
-# each is replaced by the nearest one that compiles clean for every dtype, head dim and
-# causal flag with triton 3.6 and 3.9:
-# - forward 128x64 w8 s3: fp8 at D = 128, causal, held to 128 registers, spills 4 B ->
-#   2 stages (106-190 registers, 25-99 KB, with both versions; the same tile and
-#   tensor-memory columns).
-# - delta w4 at D = 128: 72 registers, 12 B (fp16) / 32 B (bf16) spilled -> 8 warps
-#   (32-48 registers: each thread holds half as many elements of o and dO).
-# dK/dV and dQ keep Hopper's lists (clean on sm_100 with both: 46-154 registers).
-SM100_CONFIGS: dict[str, list[triton.Config]] = {
-    **CONFIGS,
-    "fwd": [_cfg(128, 128, 2, 8), _cfg(128, 64, 2, 8), _cfg(64, 64, 3, 4)],
-    "delta": [triton.Config({}, num_warps=8)],
-}
-# Per compute-capability major version; any other GPU (and meta/CPU tensors): CONFIGS.
-ARCH_CONFIGS: dict[int, dict[str, list[triton.Config]]] = {10: SM100_CONFIGS}
-# Under the interpreter: small tiles, so that test shapes of a few dozen rows still take
-# several tiles, diagonal and bounds masks included.
-_INTERP = {"fwd": _cfg(32, 16, 1, 4), "dkdv": _cfg(16, 32, 1, 4), "dq": _cfg(32, 16, 1, 4)}
-
-
 # Triton's NVIDIA backend (min_dot_size) rejects an 8-bit tl.dot with K < 32 at compile
 # time; q k^T has K = D.  The CPU interpreter accepts any K, so this is checked here.
 FP8_MIN_HEAD_DIM = 32
@@ -391,12 +352,6 @@ def _geometry(q: torch.Tensor) -> tuple[int, int, int, int, int]:
     return b, h, s, d, b * h
 
 
-def configs_for(part: str, capability: tuple[int, int] | None) -> list[triton.Config]:
-    """The candidates of one kernel ("fwd", "dkdv", "dq", "delta") on a GPU of
-    `capability` (None: CONFIGS)."""
-    return for_arch(ARCH_CONFIGS, CONFIGS, capability)[part]
-
-
 def _launch(fn, args: tuple, consts: dict, part: str, x: torch.Tensor, s: int, bh: int,
             by: str, tuner: str, operands: dict,
             capability: tuple[int, int] | None) -> TritonLaunch:
@@ -405,7 +360,7 @@ def _launch(fn, args: tuple, consts: dict, part: str, x: torch.Tensor, s: int, b
         fn=fn, args=args, constexprs=consts, configs=tuple(configs_for(part, capability)),
         grid=lambda meta: (triton.cdiv(s, meta[by]), bh),
         tune_key=("S", "HEAD_DIM", "CAUSAL"), tuner=tuner,
-        operands=operands, matrix_unit=True, interp_config=_INTERP[part])
+        operands=operands, matrix_unit=True, interp_config=INTERP_CONFIGS[part])
 
 
 def forward_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

@@ -4,10 +4,11 @@ FLOPs: 2n (a multiply and an add per element).  Bytes: both inputs read once (2 
 the scalar output written once.  Output dtype: the input dtype for fp32/fp16/bf16; bf16
 for fp8 inputs (fp8 products produce bf16 results, as matmul does).  Accumulation is fp32.
 
-Triton: a deterministic two-stage reduction.  Stage 1 runs a fixed number of programs,
-each striding over the input and keeping a BLOCK-wide fp32 accumulator, then writing one
-partial sum; stage 2, one program, sums the partials in a fixed tree order.  The same n
-on the same GPU always gives bit-identical results (no atomics).
+Triton: a deterministic two-stage reduction in one launch.  A fixed number of programs
+(a few per SM) each stride over the input with a BLOCK-wide fp32 accumulator, its loads
+pipelined STAGES deep through shared memory (cp.async), and write one partial sum; the
+program that finishes last, told by an atomic ticket, sums the partials in index order.
+The same n on the same GPU always gives bit-identical results: the atomic only counts.
 """
 
 from __future__ import annotations
@@ -42,56 +43,92 @@ def product_out_dtype(dtype: str) -> torch.dtype:
 
 
 @triton.jit
-def dot_partial_kernel(X, Y, P, n, BLOCK: tl.constexpr):
+def dot_kernel(X, Y, P, TICKET, O, SX, SY, n, nprog, BLOCK: tl.constexpr,
+               STAGES: tl.constexpr, PARTS: tl.constexpr, MBITS: tl.constexpr):
+    # nprog: the grid size, also passed as an argument so that Triton specializes it (a
+    # multiple of 16, _num_partials) and the final sum loads 128 bits a thread.
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    # Grid-stride loop: program p handles blocks p, p + P, p + 2P, ...
-    for start in range(pid.to(tl.int64) * BLOCK, n, nprog.to(tl.int64) * BLOCK):
+    # Grid-stride loop: program p handles blocks p, p + P, p + 2P, ...  tl.range's
+    # pipelining (cp.async into shared memory) keeps STAGES - 1 blocks of x and y in
+    # flight while one is summed; a plain loop had one block's first half in flight at a
+    # time (ptxas waited on it before issuing the second half's loads).
+    for start in tl.range(pid.to(tl.int64) * BLOCK, n,
+                          tl.num_programs(0).to(tl.int64) * BLOCK, num_stages=STAGES):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
         y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
         acc += x * y
     tl.store(P + pid, tl.sum(acc, axis=0))
+    # One thread per program stores the partial and takes a ticket; acq_rel orders the
+    # partial before the ticket, and the last ticket before the reads of every partial
+    # (.cg: from L2, never a stale L1 line).  The last program also re-arms the ticket
+    # for the next launch.  One dot at a time per device: the ticket is shared.
+    done = tl.atomic_add(TICKET, 1, sem="acq_rel", scope="gpu")
+    if done == nprog - 1:
+        offs = tl.arange(0, PARTS)
+        parts = tl.load(P + offs, mask=offs < nprog, other=0.0, cache_modifier=".cg")
+        s = tl.sum(parts, axis=0) * tl.load(SX) * tl.load(SY)
+        tl.store(O, round_for_store(s, MBITS).to(O.dtype.element_ty))
+        tl.store(TICKET, 0)
 
 
-@triton.jit
-def dot_final_kernel(P, O, SX, SY, nparts, BLOCK: tl.constexpr, MBITS: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    parts = tl.load(P + offs, mask=offs < nparts, other=0.0)
-    s = tl.sum(parts, axis=0) * tl.load(SX) * tl.load(SY)
-    tl.store(O, round_for_store(s, MBITS).to(O.dtype.element_ty))
+WARPS = 8
+# Bytes of x and y each thread has in flight: twice what the 0.92-of-copy fp32 rows of
+# the H200 run had (a plain loop, 64), four times the bf16 and fp8 rows' (32, at 0.81).
+IN_FLIGHT = 128
+# Programs per SM: 4 x 8 warps x 32 threads at <= 64 registers fill the register file,
+# and 4 x 32 KB of pipeline buffers (IN_FLIGHT per thread) fit in shared memory, so
+# every program is resident at once (a second wave would leave SMs idle at the end).
+PROGRAMS_PER_SM = 4
+
+
+def block_and_stages(itemsize: int) -> tuple[int, int]:
+    """(BLOCK, STAGES) for inputs of `itemsize` bytes: 16 elements a thread per block (8
+    of fp32: 32 bytes; 16 fp32 accumulators keep fp8 at <= 64 registers), pipelined
+    deep enough that STAGES - 1 blocks of x and y are IN_FLIGHT bytes a thread."""
+    per_thread = min(16, 32 // itemsize)
+    return per_thread * 32 * WARPS, 1 + IN_FLIGHT // (2 * per_thread * itemsize)
+
+
+# The ticket of each device's dot launches: zero between launches (the last program of
+# each launch resets it), allocated once so that a launch costs no memset.
+_TICKETS: dict[str, torch.Tensor] = {}
+
+
+def ticket(device: torch.device) -> torch.Tensor:
+    """The dot ticket of `device` (see dot_kernel), created zeroed on first use."""
+    t = _TICKETS.get(str(device))
+    if t is None:
+        t = _TICKETS[str(device)] = torch.zeros(1, dtype=torch.int32, device=device)
+    return t
 
 
 def _num_partials(n: int, block: int, sms: int) -> int:
-    # On a GPU: enough programs to fill every SM several times over, few enough partials
-    # for one program to sum them.  A multiple of 16, so that Triton specializes the
-    # count as divisible by 16 and the final sum loads 128 bits per thread (568 partials
-    # on a 142-SM L40S gave 32-bit loads).  sms = 0: the CPU interpreter.
-    cap = max(16, 4 * sms // 16 * 16) if sms else 64
+    # On a GPU: PROGRAMS_PER_SM per SM, all resident, each summing n / P elements.  A
+    # multiple of 16, so that Triton specializes the count as divisible by 16 (568
+    # partials on a 142-SM L40S gave 32-bit loads in the final sum).  sms = 0: the CPU
+    # interpreter.
+    cap = max(16, PROGRAMS_PER_SM * sms // 16 * 16) if sms else 64
     return max(1, min(triton.cdiv(n, block), cap))
 
 
 def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
-    """The two launches of a dot on a GPU with `sms` SMs: partial sums, then their sum."""
+    """The one launch of a dot on a GPU with `sms` SMs."""
     x, y = inputs["x"], inputs["y"]
     n = x.numel()
-    block = 4096 if x.element_size() >= 2 else 8192
+    block, stages = block_and_stages(x.element_size())
     nparts = _num_partials(n, block, sms)
     partials = torch.empty(nparts, dtype=torch.float32, device=x.device)
-    return [
-        TritonLaunch(
-            fn=dot_partial_kernel, args=(x, y, partials, n), constexprs={"BLOCK": block},
-            configs=(triton.Config({}, num_warps=8),), grid=lambda meta: (nparts,),
-            operands={"X": (1,), "Y": (1,)}),
-        TritonLaunch(
-            fn=dot_final_kernel, args=(partials, out, inputs["sx"], inputs["sy"], nparts),
-            constexprs={"BLOCK": triton.next_power_of_2(nparts),
-                        "MBITS": store_round_bits(out)},
-            configs=(triton.Config({}, num_warps=4),), grid=lambda meta: (1,),
-            operands={"P": (1,)}),
-    ]
+    return [TritonLaunch(
+        fn=dot_kernel,
+        args=(x, y, partials, ticket(x.device), out, inputs["sx"], inputs["sy"], n, nparts),
+        constexprs={"BLOCK": block, "PARTS": triton.next_power_of_2(nparts),
+                    "MBITS": store_round_bits(out)},
+        configs=(triton.Config({"STAGES": stages}, num_warps=WARPS),),
+        grid=lambda meta: (nparts,),
+        operands={"X": (1,), "Y": (1,)})]
 
 
 def dot_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,8 @@ ELEMENTWISE_DTYPES = tuple(d for d in PLAIN_DTYPES if d != "tf32")  # tf32 is a 
 
 @triton.jit
 def elementwise_kernel(X, Y, O, SX, SY, SO, n, OP: tl.constexpr, ARITY: tl.constexpr,
-                       SCALED: tl.constexpr, BLOCK: tl.constexpr, MBITS: tl.constexpr):
+                       SCALED: tl.constexpr, APPROX: tl.constexpr, BLOCK: tl.constexpr,
+                       MBITS: tl.constexpr):
     # One pass over memory: each program owns BLOCK contiguous elements.  Contiguous
     # aranges let the compiler emit 16-byte vector loads (BLOCK is a multiple of
     # 16 bytes / itemsize x threads).  Offsets in int64 so n > 2^31 cannot overflow.
@@ -49,12 +50,21 @@ def elementwise_kernel(X, Y, O, SX, SY, SO, n, OP: tl.constexpr, ARITY: tl.const
         y = tl.load(Y + offs, mask=mask).to(tl.float32)
         if SCALED:
             y = y * tl.load(SY)
-        r = OP(x, y)
+        r = OP(x, y, APPROX)
     else:
-        r = OP(x, x)
+        r = OP(x, x, APPROX)
     if SCALED:
-        r = r / tl.load(SO)
+        # One reciprocal per program, a multiply per element: a division per element is
+        # div.full.f32, three instructions with its range scaling.
+        r = r * (1.0 / tl.load(SO))
     tl.store(O + offs, round_for_store(r, MBITS).to(O.dtype.element_ty), mask=mask)
+
+
+def approx_ok(out: torch.Tensor) -> bool:
+    """Whether an op may use approximate transcendentals (kernels.triton_utils) for an
+    output like `out`: 16- and 8-bit formats, whose unit roundoff (2^-11 and coarser) is
+    at or above tanh.approx's error; fp32 keeps exact math."""
+    return out.element_size() < 4
 
 
 def _block_for(t: torch.Tensor) -> tuple[int, int]:
@@ -74,7 +84,7 @@ def elementwise_launch(op, arity: int, inputs: Inputs, out: torch.Tensor) -> Tri
         args=(x, y, out, inputs["sx"], inputs.get("sy", inputs["sx"]), inputs["so"], n),
         constexprs={"OP": op, "ARITY": arity,
                     "SCALED": x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2),
-                    "MBITS": store_round_bits(out)},
+                    "APPROX": approx_ok(out), "MBITS": store_round_bits(out)},
         configs=(triton.Config({"BLOCK": block}, num_warps=warps),),
         grid=lambda meta: (triton.cdiv(n, meta["BLOCK"]),),
         operands={"X": (1,), "Y": (1,)} if arity == 2 else {"X": (1,)},
@@ -99,7 +109,8 @@ def elementwise_spec(
 ) -> KernelSpec:
     """Build the spec of an elementwise op.
 
-    triton_op: @triton.jit (x, y) -> r on fp32 blocks (unary ops ignore y).
+    triton_op: @triton.jit (x, y, APPROX) -> r on fp32 blocks (unary ops ignore y;
+      APPROX: approx_ok of the output, approximate transcendentals allowed).
     math: the op on torch tensors of any float dtype (the float64 reference, and the fp32
       math of the eager fp8 path, where torch has no fp8 kernels).
     torch_native: what a user writes in eager PyTorch: (*tensors, out=out) -> tensor.

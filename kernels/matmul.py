@@ -49,7 +49,9 @@ from kernels.spec import (
     randn,
 )
 from kernels.triton_utils import (
+    grouped_coords,
     grouped_tile,
+    round_for_store,
     run_launch,
     store_round_bits,
     store_tile,
@@ -58,11 +60,50 @@ from kernels.triton_utils import (
 
 
 @triton.jit
-def matmul_kernel(A, B, C, SA, SB, M, N, K,
+def _matmul_tma_persistent(A, B, C, SA, SB, M, N, K, stride_am, stride_bk, stride_bn,
+                           stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                           SCALED: tl.constexpr, MBITS: tl.constexpr):
+    """The TMA configs' body: tiles through tensor descriptors (the copy engine moves
+    them, one elected thread issues each copy, mbarriers say when they landed; edges
+    zero-filled on load and clipped on store), each program taking tiles num_programs
+    apart until none is left.  The flattened loop pipelines across tiles, so the next
+    tile's first copies are in flight while this one's result is stored by TMA."""
+    a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[stride_am, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    if SCALED:  # fp8: B stored K-major, an N x K row-major tensor
+        b_desc = tl.make_tensor_descriptor(B, shape=[N, K], strides=[stride_bn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(B, shape=[K, N], strides=[stride_bk, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(C, shape=[M, N], strides=[stride_cm, 1],
+                                       block_shape=[BLOCK_M, BLOCK_N])
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = grouped_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            if SCALED:
+                b = b_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+            else:
+                b = b_desc.load([k * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        if SCALED:
+            acc = acc * (tl.load(SA) * tl.load(SB))
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N],
+                     round_for_store(acc, MBITS).to(C.dtype.element_ty))
+
+
+@triton.jit
+def _matmul_tiles(A, B, C, SA, SB, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SCALED: tl.constexpr,
                   FP8_FAST: tl.constexpr, MBITS: tl.constexpr):
+    """One output tile per program, its A and B tiles loaded by every thread (cp.async
+    pipelined by the compiler)."""
     offs_m, offs_n, am, bn = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = A + am.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
@@ -89,7 +130,29 @@ def matmul_kernel(A, B, C, SA, SB, M, N, K,
     store_tile(C, acc, offs_m, offs_n, M, N, stride_cm, stride_cn, MBITS)
 
 
+@triton.jit
+def matmul_kernel(A, B, C, SA, SB, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, PRECISION: tl.constexpr, SCALED: tl.constexpr,
+                  FP8_FAST: tl.constexpr, MBITS: tl.constexpr, TMA: tl.constexpr = False):
+    if TMA:  # the persistent TMA configs (tma_ok layouts only)
+        _matmul_tma_persistent(A, B, C, SA, SB, M, N, K, stride_am, stride_bk, stride_bn,
+                               stride_cm, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SCALED, MBITS)
+    else:
+        _matmul_tiles(A, B, C, SA, SB, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION,
+                      SCALED, FP8_FAST, MBITS)
+
+
 _cfg = tile_config
+
+
+def _tma_cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
+    """A persistent TMA candidate (matmul_kernel's TMA branch)."""
+    cfg = tile_config(bm, bn, bk, stages, warps)
+    cfg.kwargs["TMA"] = True
+    return cfg
 
 
 
@@ -144,13 +207,47 @@ SM100_CONFIGS: dict[str, list[triton.Config]] = {
 # Per compute-capability major version; any other GPU (and meta/CPU tensors) tunes over
 # CONFIGS.
 ARCH_CONFIGS: dict[int, dict[str, list[triton.Config]]] = {10: SM100_CONFIGS}
+# Persistent TMA candidates, added on sm_90 and later where the layout allows TMA
+# (tma_ok).  The H200's winners as persistent TMA kernels: one program per SM, tiles
+# moved by the copy engine (UTMALDG by one elected thread, mbarrier waits: the K loop has
+# no BAR.SYNC, against two and 12 LDGSTS a thread per step for 128x256x64), the result
+# stored by TMA (UTMASTG) while the next tile's first copies are in flight, 154-161
+# registers instead of 202-220.  Shared memory holds the stages and one output tile:
+# 128x256x64 at 3 stages is 213 KB (4 would need 262 KB, over the 227 KB a block may
+# have).  docs/hopper.md has the SASS.
+TMA_CONFIGS: dict[str, list[triton.Config]] = {
+    "16bit": [_tma_cfg(128, 256, 64, 3, 8), _tma_cfg(256, 128, 64, 3, 8),
+              _tma_cfg(128, 128, 64, 4, 8)],
+    "fp8": [_tma_cfg(256, 128, 128, 3, 8), _tma_cfg(128, 256, 128, 3, 8),
+            _tma_cfg(128, 128, 128, 4, 8)],
+}
+TMA_MIN_CAPABILITY = (9, 0)
 # Under the interpreter: one small tile.
 _INTERP_CONFIG = _cfg(32, 32, 32, 1, 4, group=4)
 
 
-def configs_for(dtype: str, capability: tuple[int, int] | None) -> list[triton.Config]:
-    """The candidates a dtype is tuned over on a GPU of `capability` (None: CONFIGS)."""
-    return for_arch(ARCH_CONFIGS, CONFIGS, capability)[_family(dtype)]
+def configs_for(dtype: str, capability: tuple[int, int] | None,
+                tma: bool = False) -> list[triton.Config]:
+    """The candidates a dtype is tuned over on a GPU of `capability` (None: CONFIGS),
+    with the persistent TMA ones when `tma` (a layout tma_ok allows) and the GPU has
+    TMA."""
+    family = _family(dtype)
+    base = for_arch(ARCH_CONFIGS, CONFIGS, capability)[family]
+    if tma and capability is not None and capability >= TMA_MIN_CAPABILITY:
+        return base + TMA_CONFIGS.get(family, [])
+    return base
+
+
+def tma_ok(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, b_kmajor: bool) -> bool:
+    """Whether tensor descriptors can cover A (row-major), B (K-major when `b_kmajor`,
+    else row-major) and the output (row-major): unit last stride, the other stride and
+    the base 16-byte aligned (what a TMA descriptor requires)."""
+    def rows(t: torch.Tensor, lead: int, unit: int) -> bool:
+        return (t.stride(unit) == 1 and t.stride(lead) * t.element_size() % 16 == 0
+                and t.data_ptr() % 16 == 0)
+
+    return rows(a, 0, 1) and rows(out, 0, 1) and (rows(b, 1, 0) if b_kmajor else
+                                                    rows(b, 0, 1))
 
 
 def _family(dtype: str) -> str:
@@ -179,13 +276,20 @@ def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int,
         "FP8_FAST": fp8_accum() == "fast",
         "MBITS": store_round_bits(out),
     }
+    configs = configs_for(dtype, launch_capability(target, a), tma_ok(a, b, out, fp8))
+
+    def grid(meta: dict) -> tuple[int]:
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        # Persistent TMA: at most one program per SM, each looping over tiles.
+        return (min(tiles, sms or tiles) if meta.get("TMA") else tiles,)
+
     return [TritonLaunch(
         fn=matmul_kernel,
         args=(a, b, out, inputs["sa"], inputs["sb"], m, n, k, *a.stride(), *b.stride(),
               *out.stride()),
         constexprs=flags,
-        configs=tuple(configs_for(dtype, launch_capability(target, a))),
-        grid=lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
+        configs=tuple(configs),
+        grid=grid,
         tune_key=("M", "N", "K"),
         # fp32 and tf32 (same tensor dtype, different math) and the two fp8 modes must
         # never share a tuned config: one autotuner per CONFIGS list (and per arch:
@@ -198,7 +302,10 @@ def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int,
 
 
 def matmul_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
-    for launch in triton_launches(inputs, out, 0):
+    a = inputs["A"]
+    sms = (torch.cuda.get_device_properties(a.device).multi_processor_count
+           if a.device.type == "cuda" else 0)
+    for launch in triton_launches(inputs, out, sms):
         run_launch(launch)
     return out
 

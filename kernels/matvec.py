@@ -5,7 +5,8 @@ FLOPs: 2 M K (a multiply and an add per matrix element).  Bytes: A and x read on
 
 Triton: a blocked row reduction.  Each program owns BLOCK_M rows and walks K in BLOCK_K
 steps with a [BLOCK_M, BLOCK_K] fp32 accumulator, reduced once at the end, so every
-element of A is read exactly once; x is re-read per program but stays in L2.
+element of A is read exactly once; x is re-read per program but stays in L2.  STAGES > 1
+pipelines the steps' loads through shared memory (cp.async), STAGES - 1 tiles ahead.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
 @triton.jit
 def matvec_kernel(A, X, Y, SA, SX, M, K, stride_am, BLOCK_M: tl.constexpr,
-                  BLOCK_K: tl.constexpr, MBITS: tl.constexpr):
+                  BLOCK_K: tl.constexpr, STAGES: tl.constexpr, MBITS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     cols = tl.arange(0, BLOCK_K)
     a_ptrs = A + rows.to(tl.int64)[:, None] * stride_am + cols[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         kmask = (k + cols) < K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & kmask[None, :], other=0.0)
         x = tl.load(X + k + cols, mask=kmask, other=0.0)
@@ -50,24 +51,35 @@ def matvec_kernel(A, X, Y, SA, SX, M, K, stride_am, BLOCK_M: tl.constexpr,
     tl.store(Y + rows, round_for_store(y, MBITS).to(Y.dtype.element_ty), mask=row_mask)
 
 
-def _configs(rows: list[tuple[int, int, int, int]]) -> list[triton.Config]:
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-            for bm, bk, w, s in rows]
+def _configs(rows: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_K, num_warps, num_stages, STAGES) rows as configs."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "STAGES": st}, num_warps=w,
+                          num_stages=s)
+            for bm, bk, w, s, st in rows]
 
 
 # Hopper-oriented candidates: short row blocks keep enough programs in flight for
 # M = 4096 on 132 SMs; wide K blocks give each thread several 16-byte loads per step.
+# The first seven are the plain loop the H200 run tuned over (STAGES = 1: num_stages
+# alone pipelines nothing here, as their SASS shows: each step's loads waited on, then x
+# passed through shared memory to the rows' layout, two barriers a step).  The last
+# three are pipelined: 4 warps at <= 72 registers and <= 27 KB of buffers, so 7 programs
+# an SM (bf16) keep 2-3 tiles each in flight, 144-168 KB an SM against the plain (8 x
+# 1024, 8 warps) config's 48 KB, and read x from the pipeline's buffer in the layout the
+# FMAs want (docs/hopper.md).  None spills, fp32 to fp8, with triton 3.6 or 3.9.
 CONFIGS = _configs([
-    (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
-    (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
+    (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1), (32, 256, 8, 3, 1),
+    (4, 1024, 4, 3, 1), (8, 1024, 8, 2, 1), (16, 128, 4, 4, 1),
+    (8, 512, 4, 4, 4), (16, 256, 4, 4, 4), (8, 256, 4, 5, 5),
 ])
 # Blackwell (sm_100 class): 4 x 1024 with 4 warps spills 8 bytes of bf16 there (triton
 # 3.9's ptxas holds it to 64 registers; `python run_bench.py --inspect --arch sm_100`);
 # with 8 warps it compiles clean for every dtype with triton 3.6 and 3.9 (46-58
 # registers): the same tile, the same 16-byte loads.
 SM100_CONFIGS = _configs([
-    (8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
-    (4, 1024, 8, 3), (8, 1024, 8, 2), (16, 128, 4, 4),
+    (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1), (32, 256, 8, 3, 1),
+    (4, 1024, 8, 3, 1), (8, 1024, 8, 2, 1), (16, 128, 4, 4, 1),
+    (8, 512, 4, 4, 4), (16, 256, 4, 4, 4), (8, 256, 4, 5, 5),
 ])
 # Per compute-capability major version; any other GPU (and meta/CPU tensors): CONFIGS.
 ARCH_CONFIGS: dict[int, list[triton.Config]] = {10: SM100_CONFIGS}
@@ -89,7 +101,7 @@ def triton_launches(inputs: Inputs, out: torch.Tensor, sms: int,
         tuner="matvec",
         # A's rows are walked with contiguous column offsets; x is contiguous.
         operands={"A": ("stride_am", 1), "X": (1,)},
-        interp_config=triton.Config({"BLOCK_M": 16, "BLOCK_K": 64}),
+        interp_config=triton.Config({"BLOCK_M": 16, "BLOCK_K": 64, "STAGES": 1}),
     )]
 
 

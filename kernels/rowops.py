@@ -67,23 +67,38 @@ LOOP_BLOCK_N = 4096
 # elements over 8 warps are 16 per thread, four 128-bit loads of fp32 or two of 16-bit.
 ROW_TILE = 4096
 MAX_WARPS = 16
+# A second candidate for rows that give a thread more than 16 elements at MAX_WARPS (a
+# whole 16384-wide row): 32 warps, 16 elements a thread.  On sm_90 that is 31-32
+# registers instead of 53-59, so two such rows fill an SM's 64 warps where the 16-warp
+# program leaves half of them empty; which one keeps more bytes in flight is timed by the
+# autotuner (docs/hopper.md).
+WIDE_WARPS = 32
 # The CPU interpreter runs programs one after another at a fixed cost each (about 15 ms
 # for a 4096-wide bf16 row), so there one program takes up to 65536 elements.
 INTERP_TILE = 65536
 
 SOFTMAX, LAYERNORM, RMSNORM = 0, 1, 2  # the OP constexpr
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = 2^(x log2 e)
+
+
+@triton.jit
+def _softmax_rows(x, cmask):
+    """softmax of each row of a [ROWS, BLOCK_N] fp32 tile whose columns past N are
+    masked.  Each exponential is taken once and kept for the output: tl.math.exp2 of
+    (x - max) log2 e is ex2.approx.ftz.f32, one MUFU.EX2 (tl.exp adds ptxas's four-
+    instruction subnormal fix-up).  (x log2 e - max log2 e, one FFMA less, loses the low
+    bits of x - max when the row sits far from 0: 2e-5 normwise at x ~ 1000.)"""
+    xm = tl.where(cmask, x, float("-inf"))
+    e = tl.math.exp2((xm - tl.max(xm, axis=1)[:, None]) * LOG2E)
+    return e * (1.0 / tl.sum(e, axis=1))[:, None]
 
 
 @triton.jit
 def _stats(x, cmask, N, eps, OP: tl.constexpr):
     """Per-row (a, c) of a [ROWS, BLOCK_N] fp32 tile whose columns past N are masked:
-    softmax: the row max and 1 / sum(exp(x - max)); layernorm: the mean and
-    1 / sqrt(var + eps); rmsnorm: 1 / sqrt(mean(x^2) + eps) twice (a is unused)."""
-    if OP == 0:
-        xm = tl.where(cmask, x, float("-inf"))
-        a = tl.max(xm, axis=1)
-        c = 1.0 / tl.sum(tl.exp(xm - a[:, None]), axis=1)
-    elif OP == 1:
+    layernorm: the mean and 1 / sqrt(var + eps); rmsnorm: 1 / sqrt(mean(x^2) + eps)
+    twice (a is unused)."""
+    if OP == 1:
         a = tl.sum(x, axis=1) / N  # masked columns were loaded as 0
         # Two passes over the registers (mean, then squares of x - mean): exact where
         # E[x^2] - E[x]^2 would cancel away the digits of a row with a large mean.
@@ -122,8 +137,11 @@ def rowop_kernel(X, W, B, Y, M, N, stride_xm, stride_ym, eps, OP: tl.constexpr,
     # Upcast before any arithmetic: exact for every input format, and the interpreter's
     # bf16 arithmetic is wrong without it.
     x = tl.load(X + rows_in[:, None] * stride_xm + cols, mask=cmask, other=0.0).to(tl.float32)
-    a, c = _stats(x, cmask, N, eps, OP)
-    y = _apply(x, a[:, None], c[:, None], W, B, cols, cmask, OP)
+    if OP == 0:
+        y = _softmax_rows(x, cmask)
+    else:
+        a, c = _stats(x, cmask, N, eps, OP)
+        y = _apply(x, a[:, None], c[:, None], W, B, cols, cmask, OP)
     tl.store(Y + rows_in[:, None] * stride_ym + cols,
              round_for_store(y, MBITS).to(Y.dtype.element_ty),
              mask=(rows < M)[:, None] & cmask)
@@ -239,13 +257,15 @@ OPS: dict[str, RowOp] = {op.name: op for op in [
 
 def rowop_launch(op: RowOp, inputs: Inputs, out: torch.Tensor,
                  max_block_n: int = MAX_BLOCK_N) -> TritonLaunch:
-    """The one launch of a row op: a fixed config chosen by the width, no tuning."""
+    """The one launch of a row op: a config chosen by the width, autotuned only between
+    plan's warps and WIDE_WARPS for rows of more than 16 elements a thread."""
     x = inputs["x"]
     m, n = x.shape
     w = inputs.get("w", x)  # softmax has no parameters: x stands in, never read
     b = inputs.get("b", w)
     looped, rows, block, warps = plan(n, max_block_n)
-    common = dict(constexprs={"OP": op.code, "MBITS": store_round_bits(out)},
+    # The ops share kernels; tuned configs are kept per op (tuner) all the same.
+    common = dict(constexprs={"OP": op.code, "MBITS": store_round_bits(out)}, tuner=op.name,
                   operands={"X": ("stride_xm", 1), **({"W": (1,)} if op.params else {}),
                             **({"B": (1,)} if "b" in op.params else {})})
     if looped:
@@ -254,10 +274,15 @@ def rowop_launch(op: RowOp, inputs: Inputs, out: torch.Tensor,
             configs=(triton.Config({"BLOCK_N": block}, num_warps=warps),),
             grid=lambda meta: (m,), **common)
     interp_rows = min(max(1, INTERP_TILE // block), triton.next_power_of_2(m))
+    candidates = [warps]
+    if rows * block > 16 * 32 * warps and warps < WIDE_WARPS:
+        candidates.append(WIDE_WARPS)
     return TritonLaunch(
         fn=rowop_kernel, args=(x, w, b, out, m, n, x.stride(0), out.stride(0), EPS),
-        configs=(triton.Config({"ROWS": rows, "BLOCK_N": block}, num_warps=warps),),
+        configs=tuple(triton.Config({"ROWS": rows, "BLOCK_N": block}, num_warps=nw)
+                      for nw in candidates),
         grid=lambda meta: (triton.cdiv(m, meta["ROWS"]),),
+        tune_key=("M", "N"),
         interp_config=triton.Config({"ROWS": max(rows, interp_rows), "BLOCK_N": block}),
         **common)
 

@@ -38,21 +38,27 @@ def round_for_store(x, MBITS: tl.constexpr):
 
 
 @triton.jit
-def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's tile of an M x N output, in grouped order: consecutive programs
-    walk GROUP_M row-blocks down a column of tiles before moving right, so the A and B
-    tiles they share are still in L2.  Returns (offs_m, offs_n, am, bn): the tile's rows
-    and columns, and the same wrapped modulo M and N (with contiguity hints) for the
-    loads: rows/cols past the edge re-read valid ones, so loads stay unmasked along M and
-    N and in bounds, and store_tile's mask drops the duplicates."""
-    pid = tl.program_id(0)
+def grouped_coords(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+    """(row-block, column-block) of tile number `tile` of an M x N output in grouped
+    order: consecutive tiles walk GROUP_M row-blocks down a column of tiles before moving
+    right, so the A and B tiles they share are still in L2."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
+    first_m = (tile // per_group) * GROUP_M
     group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % per_group) % group_rows)
-    pid_n = (pid % per_group) // group_rows
+    return first_m + ((tile % per_group) % group_rows), (tile % per_group) // group_rows
+
+
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile of an M x N output, in grouped order (grouped_coords).
+    Returns (offs_m, offs_n, am, bn): the tile's rows and columns, and the same wrapped
+    modulo M and N (with contiguity hints) for the loads: rows/cols past the edge re-read
+    valid ones, so loads stay unmasked along M and N and in bounds, and store_tile's mask
+    drops the duplicates."""
+    pid_m, pid_n = grouped_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
@@ -140,6 +146,28 @@ if KERNELS_INTERPRETED:
     _decode_e4m3_block_scales()
 
 
+# ---- approximate math: one hardware instruction on the GPU, a formula in the interpreter ---
+#
+# The single place that decides it: compiled kernels use the special-function unit's
+# approximations (PTX inline assembly), which the CPU interpreter cannot run; there the same
+# functions come from exact formulas, so a kernel's math is tested on the CPU up to the
+# hardware's documented error.  Kernels use these only where their output's rounding
+# dwarfs that error (each caller says where).
+HW_APPROX = tl.constexpr(not KERNELS_INTERPRETED)
+
+
+@triton.jit
+def tanh_approx(x):
+    """tanh of fp32 `x`: tanh.approx.f32 (one MUFU.TANH; PTX ISA: max relative error
+    2^-10.987) in compiled kernels, 1 - 2 / (exp(2x) + 1) in the interpreter."""
+    if HW_APPROX:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        t = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    return t
+
+
 # One autotuner per (kernel, tuner name, candidate configs), created on first use: its
 # cache of tuned configs lives as long as the process.  The candidates are part of the
 # key because they differ per arch (kernels/matmul.py ARCH_CONFIGS): a tuner built for one
@@ -164,6 +192,21 @@ def _on_gpu(launch: TritonLaunch) -> bool:
     return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in launch.args)
 
 
+def _scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+    """Global scratch for a launch, from torch's caching allocator (no cudaMalloc per
+    launch; under CUDA-graph capture, from the graph's pool).  Its blocks are 512-byte
+    aligned, past any `alignment` Triton asks for."""
+    del alignment, stream
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _use_scratch_allocator() -> None:
+    """Kernels that build TMA descriptors on the device (tl.make_tensor_descriptor:
+    kernels/matmul.py's persistent configs) get their 128 bytes per descriptor from the
+    allocator Triton is given; set per context (it is a ContextVar) before GPU launches."""
+    triton.set_allocator(_scratch)
+
+
 def _launch_with(launch: TritonLaunch, cfg: Any, on_gpu: bool) -> None:
     kwargs = cfg.all_kwargs() if on_gpu else dict(cfg.kwargs)
     launch.fn[launch.grid(dict(cfg.kwargs))](*launch.args, **launch.constexprs, **kwargs)
@@ -182,6 +225,8 @@ def run_launch(launch: TritonLaunch, config: Any = None) -> Any:
     (no tuning: re-timing runs the row's own config), else autotuned over its configs
     on a GPU, or its small interpreter config (or first config) on the CPU interpreter."""
     on_gpu = _on_gpu(launch)
+    if on_gpu:
+        _use_scratch_allocator()
     if config is not None:
         _launch_with(launch, config, on_gpu)
         return config
@@ -229,6 +274,8 @@ def prepared_call(launches: list[TritonLaunch], configs: list[Any]) -> Callable[
     bound = []
     for launch, cfg in zip(launches, configs, strict=True):
         on_gpu = _on_gpu(launch)
+        if on_gpu:
+            _use_scratch_allocator()
         kwargs = {**launch.constexprs, **(cfg.all_kwargs() if on_gpu else dict(cfg.kwargs))}
         bound.append((launch.fn[launch.grid(dict(cfg.kwargs))], launch.args, kwargs))
 

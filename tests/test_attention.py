@@ -18,6 +18,7 @@ from benches.runner import _InputCache, run_case
 from benches.shapes import CPU_PRESETS, GPU_PRESETS, ShapeError, parse_sizes, shapes_for
 from kernels import DTYPES, REGISTRY
 from kernels import attention as attn
+from kernels import attention_configs as ac
 from kernels import attention_triton as at
 from kernels.spec import Target, UnsupportedShape, set_fp8_accum
 
@@ -258,8 +259,8 @@ def test_tiles_nest_as_causal_skipping_needs():
     a key tile in query tiles (dK/dV): the walked tile must divide the owning one."""
     for part, own, step in (("fwd", "BLOCK_M", "BLOCK_N"), ("dq", "BLOCK_M", "BLOCK_N"),
                             ("dkdv", "BLOCK_N", "BLOCK_M")):
-        arch_lists = [cfgs[part] for cfgs in at.ARCH_CONFIGS.values()]
-        for cfg in [*at.CONFIGS[part], *sum(arch_lists, []), at._INTERP[part]]:
+        arch_lists = [cfgs[part] for cfgs in ac.ARCH_CONFIGS.values()]
+        for cfg in [*ac.CONFIGS[part], *sum(arch_lists, []), ac.INTERP_CONFIGS[part]]:
             assert cfg.kwargs[own] % cfg.kwargs[step] == 0, (part, cfg)
 
 

@@ -384,8 +384,7 @@ def test_triton_rows_record_their_config():
     assert row["config"] == ("matmul_kernel[BLOCK_M=32,BLOCK_N=32,BLOCK_K=32,GROUP_M=4,"
                              "num_warps=4,num_stages=1]")
     row = run_case(Case(REGISTRY["dot"], "triton", "fp32", {"n": 1000}), cfg, _InputCache())
-    assert row["config"] == ("dot_partial_kernel[num_warps=8,num_stages=3]; "
-                             "dot_final_kernel[num_warps=4,num_stages=3]")
+    assert row["config"] == "dot_kernel[STAGES=3,num_warps=8,num_stages=3]"
 
 
 @pytest.mark.interpreter

@@ -20,7 +20,7 @@ import pytest
 from benches.inspect import compile as ins
 from benches.inspect import read as ins_read
 from kernels import DTYPES, REGISTRY
-from kernels.matmul import CONFIGS
+from kernels.matmul import configs_for
 from kernels.spec import BLOCK_SCALED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,11 +69,11 @@ def test_sm90_exits_zero_and_covers_every_kernel_and_dtype(sm90):
             if dtype == "nvfp4" and not _triton_at_least(3, 9):
                 continue  # triton 3.6's sm_90 emulation cannot compile it: skipped
             assert (spec.name, dtype) in seen, (spec.name, dtype)
-    # Each matmul dtype: one compiled case per autotune config, none dropped or merged.
-    for dtype, family in [("fp32", "ieee"), ("tf32", "tf32"), ("fp16", "16bit"),
-                          ("bf16", "16bit"), ("fp8", "fp8"), ("fp8e5", "fp8")]:
+    # Each matmul dtype: one compiled case per autotune config (the persistent TMA ones
+    # included: every default shape's layout allows them), none dropped or merged.
+    for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8e5"):
         got = [row for row in rows if row["kernel"] == "matmul" and row["dtype"] == dtype]
-        assert len(got) == len(CONFIGS[family]), dtype
+        assert len(got) == len(configs_for(dtype, (9, 0), tma=True)), dtype
     assert data["metadata"]["smem_limit"] == SM90_SMEM
     assert data["metadata"]["fp8_accum"] == "fast"
     assert data["metadata"]["ptxas"] != "?"
@@ -99,16 +99,48 @@ def test_sm90_properties_of_point_3(sm90):
             else:
                 assert (row["mma"], row["mma_types"]) == ("wgmma", WGMMA_TYPES[dtype]), name
             assert row["fp8_acc"] == ("fast" if DTYPES[dtype].is_fp8 else ""), name
-            # Tiles by cp.async; a block-scaled kernel loads its scales with ld.global.
             kinds = set(row["load_kinds"].split(","))
-            assert "cp.async" in kinds and row["wide_allowed"], name
-            assert kinds == {"cp.async"} or dtype in BLOCK_SCALED, name
+            if row["tma"]:
+                # The persistent TMA configs: tiles in and the result out by the copy
+                # engine, no per-thread tile loads at all.
+                assert row["tma"] == "load,store" and kinds == {""}, name
+            else:
+                # Tiles by cp.async; a block-scaled kernel loads its scales with ld.global.
+                assert "cp.async" in kinds and row["wide_allowed"], name
+                assert kinds == {"cp.async"} or dtype in BLOCK_SCALED, name
         elif not row["matrix_unit"]:
             # The vector kernels (elementwise, dot, matvec, row ops) compute on the CUDA
             # cores; a matrix-unit family other than matmul (attention) has its own tests.
             assert row["mma"] == "none", name
     # The matmul tiles really are Hopper-sized: some config uses most of the smem.
     assert data["metadata"]["max_shared"] >= 128 * 1024
+
+
+def test_sm90_dot_programs_are_all_resident(sm90):
+    """kernels/dot.py launches PROGRAMS_PER_SM programs per SM that stride over the
+    whole input: each must fit at once in registers and shared memory, or the last
+    ones run as a second wave on a few SMs."""
+    from kernels.dot import PROGRAMS_PER_SM, WARPS
+
+    _, data = sm90
+    rows = [r for r in data["rows"] if r["kernel"] == "dot"]
+    assert rows
+    for r in rows:
+        allocated = -(-r["registers"] // 8) * 8
+        assert PROGRAMS_PER_SM * WARPS * 32 * allocated <= 65536, r
+        assert PROGRAMS_PER_SM * (r["shared"] + 1024) <= 233472, r  # 228 KB an SM
+
+
+def test_sm90_pipelined_matvec_copies_through_shared_memory(sm90):
+    """matvec's STAGES > 1 configs move A and x by cp.async (tl.range pipelining); the
+    STAGES = 1 ones, the plain loop the H200 run measured, by ld.global."""
+    _, data = sm90
+    rows = [r for r in data["rows"] if r["kernel"] == "matvec"]
+    assert {int(dict(kv.split("=") for kv in r["config"].split(","))["STAGES"]) > 1
+            for r in rows} == {False, True}
+    for r in rows:
+        staged = int(dict(kv.split("=") for kv in r["config"].split(","))["STAGES"]) > 1
+        assert ("cp.async" in r["load_kinds"].split(",")) == staged, r["config"]
 
 
 BAD = textwrap.dedent("""
@@ -231,6 +263,7 @@ SM100 = textwrap.dedent("""
     # table: were inspect to compile sm_90's (7 configs each) for sm_100, rows would be 14.
     mm.SM100_CONFIGS["16bit"] = [mm._cfg(128, 128, 64, 4, 4)]
     mm.SM100_CONFIGS["fp8"] = [mm._cfg(128, 128, 128, 4, 4)]
+    mm.TMA_CONFIGS.clear()  # the cp.async kernel's tcgen05 path is what is checked here
     sys.exit(ins.main(["--arch", "sm_100", "--kernels", "matmul", "--dtypes", "bf16,fp8",
                        "--out", sys.argv[1]]))
 """)

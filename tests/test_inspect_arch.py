@@ -13,8 +13,10 @@ from kernels import REGISTRY
 
 # ---- configs per architecture: one choice for --inspect and for a run on that GPU --------
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps) of matmul, (BLOCK_M, BLOCK_K, warps, stages)
-# of matvec.  sm_90's are what inspect validated for Hopper (README): they must not move.
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps) of matmul, (BLOCK_M, BLOCK_K, warps, stages,
+# STAGES) of matvec.  sm_90's are what inspect validated for Hopper (README): they must
+# not move.  matvec's first seven are the plain loop the H200 run tuned over (STAGES = 1),
+# the last three pipelined (docs/hopper.md).
 HOPPER_MATMUL = {
     "fp32": [(128, 128, 32, 3, 8), (128, 64, 32, 3, 4), (64, 128, 32, 3, 4),
              (64, 64, 32, 3, 4), (32, 64, 32, 4, 4)],
@@ -31,8 +33,10 @@ HOPPER_MATMUL["fp16"] = HOPPER_MATMUL["bf16"]
 HOPPER_MATMUL["fp8e5"] = HOPPER_MATMUL["fp8"]
 HOPPER_PRECISE_FP8 = [(128, 128, 128, 4, 8), (64, 256, 128, 3, 8), (128, 128, 128, 3, 8),
                       (128, 64, 128, 4, 8), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4)]
-HOPPER_MATVEC = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
-                 (4, 1024, 4, 3), (8, 1024, 8, 2), (16, 128, 4, 4)]
+PIPELINED_MATVEC = [(8, 512, 4, 4, 4), (16, 256, 4, 4, 4), (8, 256, 4, 5, 5)]
+HOPPER_MATVEC = [(8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1),
+                 (32, 256, 8, 3, 1), (4, 1024, 4, 3, 1), (8, 1024, 8, 2, 1),
+                 (16, 128, 4, 4, 1), *PIPELINED_MATVEC]
 # sm_100: the four configs that spill there replaced (kernels/matmul.py, matvec.py).
 SM100_MATMUL = {
     **HOPPER_MATMUL,
@@ -41,8 +45,16 @@ SM100_MATMUL = {
     "tf32": [(128, 128, 64, 3, 8), (64, 256, 32, 3, 8), (128, 128, 32, 4, 8),
              (128, 64, 32, 4, 4), (64, 64, 32, 4, 4)],
 }
-SM100_MATVEC = [(8, 512, 4, 3), (16, 256, 4, 3), (16, 512, 8, 3), (32, 256, 8, 3),
-                (4, 1024, 8, 3), (8, 1024, 8, 2), (16, 128, 4, 4)]
+SM100_MATVEC = [(8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1),
+                (32, 256, 8, 3, 1), (4, 1024, 8, 3, 1), (8, 1024, 8, 2, 1),
+                (16, 128, 4, 4, 1), *PIPELINED_MATVEC]
+# The persistent TMA candidates, offered from sm_90 on where the layout allows them (all
+# of MATMUL_SHAPE's), after the lists above.
+TMA_MATMUL = {"16bit": [(128, 256, 64, 3, 8, "tma"), (256, 128, 64, 3, 8, "tma"),
+                        (128, 128, 64, 4, 8, "tma")],
+              "fp8": [(256, 128, 128, 3, 8, "tma"), (128, 256, 128, 3, 8, "tma"),
+                      (128, 128, 128, 4, 8, "tma")]}
+TMA_FAMILY = {"fp16": "16bit", "bf16": "16bit", "fp8": "fp8", "fp8e5": "fp8"}
 MATMUL_SHAPE = {"M": 4096, "N": 4096, "K": 4096}
 MATVEC_SHAPE = {"M": 4096, "K": 4096}
 
@@ -53,9 +65,10 @@ def _tiles(launch) -> list[tuple[int, ...]]:
         kw = c.kwargs
         if "BLOCK_N" in kw:
             out.append((kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], c.num_stages,
-                        c.num_warps))
+                        c.num_warps) + (("tma",) if kw.get("TMA") else ()))
         else:
-            out.append((kw["BLOCK_M"], kw["BLOCK_K"], c.num_warps, c.num_stages))
+            out.append((kw["BLOCK_M"], kw["BLOCK_K"], c.num_warps, c.num_stages,
+                        kw["STAGES"]))
     return out
 
 
@@ -66,7 +79,9 @@ def test_each_arch_tunes_over_its_own_configs_and_sm90_keeps_hoppers(arch):
     matmul = SM100_MATMUL if arch == "sm_100" else HOPPER_MATMUL
     for dtype, want in matmul.items():
         (launch,) = ins._launches("matmul", dtype, MATMUL_SHAPE, arch)
-        assert _tiles(launch) == want, (arch, dtype)
+        tma = TMA_MATMUL.get(TMA_FAMILY.get(dtype, ""), []) if arch in ("sm_90", "sm_100") \
+            else []
+        assert _tiles(launch) == want + tma, (arch, dtype)
     (launch,) = ins._launches("matvec", "bf16", MATVEC_SHAPE, arch)
     assert _tiles(launch) == (SM100_MATVEC if arch == "sm_100" else HOPPER_MATVEC)
     mode = fp8_accum()

@@ -202,8 +202,13 @@ def test_launches_declare_what_inspect_needs():
             assert launch.operands["X"] == ("stride_xm", 1)
             assert ("W" in launch.operands) == (name != "softmax")
             assert ("B" in launch.operands) == (name == "layernorm")
-            (cfg,) = launch.configs
+            cfg = launch.configs[0]
             assert launch.grid(dict(cfg.kwargs)) == (programs,)
+            # Whole 16384-wide rows (32 elements a thread at 16 warps) are also tried
+            # with 32 warps; narrower and looped rows have one config.
+            warps = [c.num_warps for c in launch.configs]
+            assert warps == ([16, ro.WIDE_WARPS] if n == 16384 else [cfg.num_warps]), n
+            assert launch.tuner == name  # softmax and rmsnorm never share a tuned config
 
 
 # ---- shapes -------------------------------------------------------------------------------
