@@ -97,11 +97,11 @@ def test_hardware_tanh_error_fits_where_it_is_used(dtype):
 
 _PTX = textwrap.dedent("""
     import triton
-    from benches.inspect import _gpu_target, _launches, bind
+    from benches.inspect.compile import bind, gpu_target, launches_for
     for kernel, dtype in [("gelu", "bf16"), ("gelu_erf", "fp8"), ("gelu", "fp32")]:
-        launch = _launches(kernel, dtype, {"n": 1 << 20}, "sm_90")[0]
+        launch = launches_for(kernel, dtype, {"n": 1 << 20}, "sm_90")[0]
         src, options = bind(launch, launch.configs[0], 90)
-        ptx = triton.compile(src, target=_gpu_target(90), options=options.__dict__).asm["ptx"]
+        ptx = triton.compile(src, target=gpu_target(90), options=options.__dict__).asm["ptx"]
         print(kernel, dtype, ptx.count("tanh.approx.f32"), ptx.count("ex2.approx"))
 """)
 

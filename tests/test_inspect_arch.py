@@ -78,16 +78,16 @@ def test_each_arch_tunes_over_its_own_configs_and_sm90_keeps_hoppers(arch):
 
     matmul = SM100_MATMUL if arch == "sm_100" else HOPPER_MATMUL
     for dtype, want in matmul.items():
-        (launch,) = ins._launches("matmul", dtype, MATMUL_SHAPE, arch)
+        (launch,) = ins.launches_for("matmul", dtype, MATMUL_SHAPE, arch)
         tma = TMA_MATMUL.get(TMA_FAMILY.get(dtype, ""), []) if arch in ("sm_90", "sm_100") \
             else []
         assert _tiles(launch) == want + tma, (arch, dtype)
-    (launch,) = ins._launches("matvec", "bf16", MATVEC_SHAPE, arch)
+    (launch,) = ins.launches_for("matvec", "bf16", MATVEC_SHAPE, arch)
     assert _tiles(launch) == (SM100_MATVEC if arch == "sm_100" else HOPPER_MATVEC)
     mode = fp8_accum()
     set_fp8_accum("precise")
     try:
-        (launch,) = ins._launches("matmul", "fp8", MATMUL_SHAPE, arch)
+        (launch,) = ins.launches_for("matmul", "fp8", MATMUL_SHAPE, arch)
     finally:
         set_fp8_accum(mode)
     assert _tiles(launch) == HOPPER_PRECISE_FP8
@@ -122,7 +122,7 @@ def test_a_gpu_run_picks_the_configs_inspect_compiled_for_its_arch(monkeypatch, 
                                  ("matvec", "bf16", MATVEC_SHAPE)]:
         spec, inputs, out = _gpu_inputs(kernel, dtype, shape)
         (run,) = spec.triton_launches(inputs, out, 148)
-        (inspected,) = ins._launches(kernel, dtype, shape, arch)
+        (inspected,) = ins.launches_for(kernel, dtype, shape, arch)
         assert _tiles(run) == _tiles(inspected), (kernel, dtype)
     assert asked and all(str(d) == "cuda:0" for d in asked)
     want = SM100_MATMUL["tf32"] if arch == "sm_100" else HOPPER_MATMUL["tf32"]
@@ -210,10 +210,10 @@ def _attention_tiles(launches) -> dict[str, list[tuple[int, ...]]]:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100"])
 def test_attention_tunes_over_its_archs_configs_and_sm90_keeps_hoppers(arch):
     want = SM100_ATTENTION if arch == "sm_100" else HOPPER_ATTENTION
-    got = _attention_tiles(ins._launches("attention_bwd", "bf16", ATTENTION_SHAPE, arch))
+    got = _attention_tiles(ins.launches_for("attention_bwd", "bf16", ATTENTION_SHAPE, arch))
     assert got == want, arch
     # fp8's forward (its own family) tunes over the same forward list
-    (fwd,) = ins._launches("attention", "fp8", ATTENTION_SHAPE, arch)
+    (fwd,) = ins.launches_for("attention", "fp8", ATTENTION_SHAPE, arch)
     assert _attention_tiles([fwd])["attn_fwd_kernel"] == want["attn_fwd_kernel"]
 
 
@@ -228,7 +228,7 @@ def test_an_attention_run_picks_the_configs_inspect_compiled(monkeypatch, cc, ar
     for kernel, dtype in [("attention_bwd", "fp16"), ("attention", "fp8")]:
         spec, inputs, out = _gpu_inputs(kernel, dtype, ATTENTION_SHAPE)
         run = spec.triton_launches(inputs, out, 148)
-        inspected = ins._launches(kernel, dtype, ATTENTION_SHAPE, arch)
+        inspected = ins.launches_for(kernel, dtype, ATTENTION_SHAPE, arch)
         assert _attention_tiles(run) == _attention_tiles(inspected), (kernel, dtype)
     want = SM100_ATTENTION if arch == "sm_100" else HOPPER_ATTENTION
     spec, inputs, out = _gpu_inputs("attention_bwd", "bf16", ATTENTION_SHAPE)

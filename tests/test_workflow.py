@@ -82,7 +82,7 @@ def test_checkout_and_install(job: dict[str, Any]) -> None:
 
 
 def test_device_detection_snippet_is_valid_python(job: dict[str, Any]) -> None:
-    (step,) = _steps(job, r"roofline\.devices")
+    (step,) = _steps(job, r"roofline\.model\.devices")
     code = re.search(r'python -c "([^"]+)"', step["run"])
     assert code, "device detection should be a `python -c \"...\"` call"
     assert "detect()" in code.group(1) and ".key" in code.group(1)

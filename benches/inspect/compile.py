@@ -103,7 +103,7 @@ class Case:
     where: tuple[str, dict[str, int], int, int] = ("", {}, 0, 0)
 
 
-def _gpu_target(cc: int):
+def gpu_target(cc: int):
     from triton.backends.compiler import GPUTarget
 
     return GPUTarget("cuda", cc, 32)
@@ -126,7 +126,7 @@ def arch_target(arch: str) -> Any:
     return Target("cuda", (cc // 10, cc % 10), name=arch)
 
 
-def _launches(kernel: str, dtype: str, shape: dict[str, int], arch: str) -> list[Any]:
+def launches_for(kernel: str, dtype: str, shape: dict[str, int], arch: str) -> list[Any]:
     """The launches a GPU of `arch` makes for one case, on meta tensors."""
     from kernels import REGISTRY
 
@@ -144,7 +144,7 @@ def bind(launch: Any, cfg: Any, cc: int) -> tuple[Any, Any]:
     from triton.runtime.jit import create_function_from_signature
 
     fn = launch.fn
-    backend = make_backend(_gpu_target(cc))
+    backend = make_backend(gpu_target(cc))
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kwargs = {**launch.constexprs, **cfg.all_kwargs()}
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
@@ -189,7 +189,7 @@ def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case
                 notes.append(f"{kernel} {dtype}: {reason}")
                 continue
             for shape in preset_shapes(spec, "default", on_gpu=True):
-                for li, launch in enumerate(_launches(kernel, dtype, shape, arch)):
+                for li, launch in enumerate(launches_for(kernel, dtype, shape, arch)):
                     for ci, cfg in enumerate(launch.configs):
                         src, options = bind(launch, cfg, cc)
                         key = src.hash() + json.dumps(options.__dict__, sort_keys=True,
@@ -223,12 +223,12 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     row: dict[str, Any] = {"error": ""}
     fd2: list[str] = []
     try:
-        launch = _launches(kernel, dtype, shape, arch)[li]
+        launch = launches_for(kernel, dtype, shape, arch)[li]
         src, options = bind(launch, launch.configs[ci], cc)
         # Triton prints the whole PTX to stdout when ptxas fails, and MLIR writes its
         # diagnostics and a reproducer to fd 2 when a pass fails: keep both off the table.
         with contextlib.redirect_stdout(io.StringIO()), fd2_captured() as fd2:
-            k = triton.compile(src, target=_gpu_target(cc), options=options.__dict__)
+            k = triton.compile(src, target=gpu_target(cc), options=options.__dict__)
     except Exception as e:  # CompilationError, OutOfResources, PTXASError, ...
         msg = str(e).strip().splitlines()
         diag = mlir_failure("".join(fd2))
