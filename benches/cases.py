@@ -30,6 +30,7 @@ from roofline.model.devices import DeviceModel, Present
 from roofline.model.schema import (
     ALL_COLUMNS,
     DEFAULT_CACHE,
+    RowKey,
     format_shape,
 )
 
@@ -47,6 +48,11 @@ class Case:
     @property
     def shape_str(self) -> str:
         return format_shape(self.shape)
+
+    @property
+    def key(self) -> RowKey:
+        """The key of this case's row (roofline.model.schema.row_key)."""
+        return (self.spec.name, self.provider, self.dtype, self.shape_str, self.cache)
 
     @property
     def label(self) -> str:
@@ -104,7 +110,7 @@ def case_seed(base: int, spec: KernelSpec, dtype: str, shape: Shape) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{spec.name}|{dtype}|{shape}".encode())) % 2**31
 
 
-def _roofs(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
+def roofs_of(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
                                                 float | None, float | None]:
     """(peak_tflops, peak_gbps, meas_peak_tflops, meas_peak_gbps) a row is held against.
 
@@ -131,11 +137,11 @@ def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
         flops=flops, bytes=nbytes, device=cfg.model.key, gpu_name=cfg.present.name,
         roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0, cache=case.cache,
     )
-    row.update(metrics.derive(flops, nbytes, None, *_roofs(case, cfg)))
+    row.update(metrics.derive(flops, nbytes, None, *roofs_of(case, cfg)))
     return row
 
 
-class _InputCache:
+class InputCache:
     """Inputs of the current (kernel, dtype, shape) and their float64 reference, shared
     by its providers (a large float64 matmul reference is worth computing once), and the
     copies a cold CPU row rotates over (`copies`, made by the runner, kept for the
@@ -174,7 +180,7 @@ class _InputCache:
 MakeCall = Callable[[dict[str, Any], torch.Tensor], Callable[[], object]]
 
 
-def _clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 

@@ -20,11 +20,11 @@ import torch
 from benches.cases import (
     Case,
     Copies,
+    InputCache,
     MakeCall,
     RunConfig,
     Scratch,
-    _clone_inputs,
-    _InputCache,
+    clone_inputs,
     gc_paused,
     make_copies,
 )
@@ -59,16 +59,16 @@ def rotation(case: Case) -> tuple[int | None, str]:
     return cpu_rotation(case.spec.nbytes(case.shape, case.dtype), host_llc_bytes())
 
 
-def sweep_cache(cfg: RunConfig) -> _InputCache:
+def sweep_cache(cfg: RunConfig) -> InputCache:
     """A sweep's input cache, with the memory its cold CPU rows' copies share: room for
     the largest rotation (twice the last-level cache plus a footprint of at most twice
     it, cpu_rotation), touched only as far as the rows use it."""
     if cfg.target.kind == "cuda" or cfg.check_only:
-        return _InputCache()
-    return _InputCache(Scratch(4 * host_llc_bytes() + 2**20))
+        return InputCache()
+    return InputCache(Scratch(4 * host_llc_bytes() + 2**20))
 
 
-def row_copies(case: Case, cfg: RunConfig, cache: _InputCache, inputs: dict[str, Any],
+def row_copies(case: Case, cfg: RunConfig, cache: InputCache, inputs: dict[str, Any],
                out: torch.Tensor) -> Copies | None:
     """The copies a cold CPU row rotates over (None: warm, a GPU, or cold by size), made
     once per (kernel, dtype, shape) and kept in `cache` for the row's later rounds."""
@@ -106,7 +106,7 @@ def time_cpu_row(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.
         if r > 0:
             # New buffers are allocated while the previous round's are still held, so
             # they cannot simply reuse the same addresses.
-            ins, o = _clone_inputs(inputs), torch.empty_like(out)
+            ins, o = clone_inputs(inputs), torch.empty_like(out)
             held[:] = [ins, o]
             base = make_call(ins, o)
         # The round's own buffers last: the check (or the clone) just touched them, and

@@ -17,7 +17,7 @@ from benches.timing_plan import TIMER_GRAPH_FALLBACK, bound_ms
 from kernels.spec import Target
 from roofline.model.ceilings import datasheet_of
 from roofline.model.devices import DEVICES, DeviceModel
-from roofline.model.schema import DEFAULT_CACHE
+from roofline.model.schema import row_key
 
 
 @dataclass
@@ -39,15 +39,6 @@ class Reference:
         return [r for k, r in self.rows.items()
                 if k[0] == case.spec.name and k[1] == case.provider and k[2] == case.dtype
                 and k[4] == case.cache]
-
-
-def _row_key(row: dict[str, Any]) -> tuple[str, ...]:
-    return (str(row.get("kernel")), str(row.get("provider")), str(row.get("dtype")),
-            str(row.get("shape")), str(row.get("cache") or DEFAULT_CACHE))
-
-
-def case_key(case: Case) -> tuple[str, ...]:
-    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
 
 
 def selection(meta: dict[str, Any]) -> tuple[Any, ...]:
@@ -74,7 +65,7 @@ def load_reference(paths: Iterable[Path]) -> Reference:
         ref.model = DEVICES.get(str(meta.get("device_key"))) or ref.model
         ref.l2_mb = meta.get("l2_mb") or ref.l2_mb
         for r in rows:
-            ref.rows[_row_key(r)] = r
+            ref.rows[row_key(r)] = r
         if isinstance(meta.get("time_split_s"), dict):
             ref.split, ref.split_meta = meta["time_split_s"], meta
         if meta.get("complete") is False and rows:
@@ -122,7 +113,7 @@ def row_speed(case: Case, cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Ro
     mine = _bound(case, cfg.model, cfg.target)
     theirs = _bound(case, ref.model, cfg.target)
     scale = mine / theirs if mine and theirs and ref.model is not cfg.model else 1.0
-    row = ref.rows.get(case_key(case))
+    row = ref.rows.get(case.key)
     series = [r for r in ref.series(case) if r.get("ms_median")]
     hosts = sorted(float(r["host_us"]) for r in series if r.get("host_us"))
     host = (row or {}).get("host_us") or (hosts[len(hosts) // 2] if hosts else

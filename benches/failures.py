@@ -5,12 +5,14 @@ unusable (a sticky fault, also as a CUDA library reports it) aborts the sweep.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from benches.cases import Case, RunConfig, _InputCache
 from kernels.matmul import UnsupportedShape
+
+if TYPE_CHECKING:  # annotations only: the sweep's cases import this module's helpers
+    from benches.cases import Case, InputCache, RunConfig
 
 
 class SweepAborted(Exception):
@@ -28,7 +30,7 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0][:300]}" if msg else type(e).__name__
 
 
-def _message(e: BaseException) -> str:
+def error_message(e: BaseException) -> str:
     """Type and the telling part of an exception's message: its first line, plus its
     last line when they differ (a Triton CompilationError starts with the source
     location and ends with the error)."""
@@ -88,12 +90,12 @@ def _compile_error_types() -> tuple[type[BaseException], ...]:
     return (CompilationError, OutOfResources, PTXASError)
 
 
-def _error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
-               cache: _InputCache, stage: str) -> dict[str, Any]:
+def error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
+               cache: InputCache, stage: str) -> dict[str, Any]:
     """The row of a case whose kernel raised.  Only a shape the library rejects and
     out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
     error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
-    msg = _message(e)
+    msg = error_message(e)
     if is_sticky_cuda_error(e):
         row.update(status="failed",
                    reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")

@@ -20,12 +20,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from benches.failures import error_message
+
 T = TypeVar("T")
-
-
-def _message(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
 
 
 # Clock-event ("throttle") reason bits that name a power or thermal limit on the clock
@@ -56,7 +53,7 @@ def is_idle(reading: dict[str, Any]) -> bool:
         (isinstance(util, int | float) and util == 0)
 
 
-def _nvml() -> Any | None:
+def load_pynvml() -> Any | None:
     try:
         import pynvml
     except ImportError:
@@ -64,12 +61,12 @@ def _nvml() -> Any | None:
     return pynvml
 
 
-def _decode(v: Any) -> Any:
+def decode_nvml(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
 
 def _norm_uuid(u: Any) -> str:
-    s = str(_decode(u) or "").strip().lower()
+    s = str(decode_nvml(u) or "").strip().lower()
     for prefix in ("gpu-", "mig-"):
         s = s.removeprefix(prefix)
     return s
@@ -245,7 +242,7 @@ def gpu_monitor() -> GpuMonitor | None:
     global _MONITOR, _MONITOR_TRIED
     if _MONITOR is None and not _MONITOR_TRIED:
         _MONITOR_TRIED = True
-        pynvml = _nvml()
+        pynvml = load_pynvml()
         if pynvml is None:
             return None
         try:
@@ -272,7 +269,7 @@ def nvml_snapshot() -> dict[str, Any] | None:
     """Clocks, power and clock-event reasons of the CUDA device in use (matched to its
     NVML device by UUID or PCI bus id), where readable; with the run's sampler summary
     once one is running."""
-    pynvml = _nvml()
+    pynvml = load_pynvml()
     if pynvml is None:
         return None
     try:
@@ -283,14 +280,14 @@ def nvml_snapshot() -> dict[str, Any] | None:
         try:
             h, how = nvml_handle(pynvml)
         except Exception as e:
-            return {"nvml_device": None, "nvml_match": _message(e)}
+            return {"nvml_device": None, "nvml_match": error_message(e)}
         snap: dict[str, Any] = {"nvml_match": how}
         with contextlib.suppress(Exception):
-            snap["driver"] = _decode(pynvml.nvmlSystemGetDriverVersion())
+            snap["driver"] = decode_nvml(pynvml.nvmlSystemGetDriverVersion())
         if h is None:
             return snap
         with contextlib.suppress(Exception):
-            snap["nvml_uuid"] = _decode(pynvml.nvmlDeviceGetUUID(h))
+            snap["nvml_uuid"] = decode_nvml(pynvml.nvmlDeviceGetUUID(h))
         reading = nvml_reading(pynvml, h)
         reading.pop("t", None)
         snap.update(reading)

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from benches.cases import Case, Copies, MakeCall, RunConfig, _InputCache, gc_paused, make_copies
-from benches.failures import _message, is_sticky_cuda_error
+from benches.cases import Case, Copies, InputCache, MakeCall, RunConfig, gc_paused, make_copies
+from benches.failures import error_message, is_sticky_cuda_error
 from benches.graph_timing import CaptureTooSlow, probe_call, time_cudagraph
 from benches.phases import TimeSplit
 from benches.timing import (
@@ -61,7 +61,7 @@ def rotation_of(case: Case, cfg: RunConfig) -> int | None:
     return rotation_copies(case.spec.nbytes(case.shape, case.dtype), l2_bytes(cfg))
 
 
-def graph_copies(case: Case, cfg: RunConfig, cache: _InputCache, inputs: dict[str, Any],
+def graph_copies(case: Case, cfg: RunConfig, cache: InputCache, inputs: dict[str, Any],
                  out: torch.Tensor) -> Copies | None:
     """The copies a cold CUDA-graph row rotates over (None for every other row), made
     once per (kernel, dtype, shape) and kept in `cache` for its other provider: one block
@@ -148,7 +148,7 @@ def _graph_timing(call: Callable[[], object], cfg: RunConfig, host_us: float,
         if is_sticky_cuda_error(e):
             raise
         why = str(e) if isinstance(e, CaptureTooSlow) else \
-            f"CUDA-graph timing failed ({_message(e)})"
+            f"CUDA-graph timing failed ({error_message(e)})"
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the graphs' pool, before the caller's other timing
     return why

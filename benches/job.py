@@ -4,12 +4,9 @@ or load ceilings, run the sweep with a progress bar, then plots, summary and com
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +32,7 @@ from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
 from benches.phases import TimeSplit, compiles_booked
 from benches.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
-from benches.retime import case_id, case_key
+from benches.retime import RETIME_ROUNDS, Retimer
 from benches.run_folder import (
     RequestError,
     check_run_id,
@@ -63,9 +60,11 @@ from roofline.model.devices import (
 from roofline.model.schema import (
     CACHE_MODES,
     DEFAULT_CACHE,
+    RowKey,
     RunLoadError,
     format_shape,
-    row_cache,
+    parse_row_key,
+    row_key,
 )
 from roofline.report.summary import time_split_line
 
@@ -102,10 +101,10 @@ def validate_lists(args: argparse.Namespace) -> None:
     args.dtypes = _choose(args.dtypes, DTYPE_NAMES, "dtypes")
     args.providers = _choose(args.providers, PROVIDERS, "providers")
     if getattr(args, "cache", None) is not None:
-        args.cache = _cache_modes(args.cache)
+        args.cache = cache_modes(args.cache)
 
 
-def _cache_modes(value: str | list[str] | None, gpu: bool = True) -> list[str]:
+def cache_modes(value: str | list[str] | None, gpu: bool = True) -> list[str]:
     """--cache as a list of modes.  By default cold on a GPU (L2 flushed or rotated
     past); warm on a CPU: what its timer has always measured (blocks of calls on the same
     buffers), and its cold rotation, on request, still shows scheduler artifacts on this
@@ -115,7 +114,7 @@ def _cache_modes(value: str | list[str] | None, gpu: bool = True) -> list[str]:
     return _choose(value, CACHE_MODES, "cache")
 
 
-def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
+def finish_run(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     """Figures and summary.md from whatever rows exist (also after an interrupt)."""
     df = writer.frame()
     meta = writer.metadata
@@ -136,15 +135,7 @@ def _finish(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
                       f"{type(e).__name__}: {e}")
 
 
-# Rounds of re-timing for rows that look slower than the baseline, interleaved across
-# those rows and at least RETIME_SPACING_S apart, so that one slow spell of a shared
-# machine (seconds long) cannot cover most of a row's rounds; compare.confirm_slower
-# confirms a row only when every round's fast end is past the threshold.
-RETIME_ROUNDS = 5
-RETIME_SPACING_S = 2.0
-
-
-def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
+def apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
     """The resumed run's own settings replace the command line's."""
     args.kernels, args.dtypes, args.providers = meta["kernels"], meta["dtypes"], meta["providers"]
     # A run written before --cache existed was timed cold.
@@ -168,62 +159,22 @@ def _apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
         args.sizes, args.explicit_shapes = meta["sizes"], None
 
 
-def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    """A row's identity: its case and cache mode (a row written before the `cache`
-    column: its device's native mode, schema.native_cache), as _case_key and the gate's
-    key (roofline.model.schema.ROW_ID)."""
-    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
-            row_cache(row))
+def compare_retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]
+             ) -> Callable[[list[RowKey]], dict[RowKey, list[list[float]]]]:
+    """The compare step's `retime` callback: this run's settings, the rows of its cases
+    only (benches/retime.py's Retimer)."""
+    client = Retimer(cfg.model.key, {"seed": cfg.seed, "fp8_accum": kernel_spec.fp8_accum(),
+                                     "ceilings": cfg.ceilings.to_json(),
+                                     "throttle": cfg.throttle.as_dict()}, rows,
+                     say=lambda text: console.print(f"[yellow]warning[/yellow]: {text}"))
+    ours = {c.key for c in cases}
 
-
-def _case_key(case: Case) -> tuple[str, str, str, str, str]:
-    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
-
-
-def _retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]):
-    """The compare step's `retime` callback: fresh samples of the given rows, one child
-    process per round (benches/retime.py says why), RETIME_ROUNDS rounds at least
-    RETIME_SPACING_S apart, each round timing all the rows in turn."""
-    by_key = {_case_key(c): c for c in cases}
-    # Each Triton row's own configs: a child that autotuned again could pick another.
-    configs = {case_id(_row_key(r)): r["config"] for r in rows if r.get("config")}
-
-    def retime(keys: list[tuple[str, ...]]) -> dict[tuple, list[list[float]]]:
-        todo = [case_key(k) for k in keys if case_key(k) in by_key]
-        got: dict[tuple, list[list[float]]] = {k: [] for k in todo}
-        if not todo:
-            return got
-        console.print(f"re-timing {len(todo)} rows that look slower ({RETIME_ROUNDS} "
-                      "rounds, each in a fresh process)")
-        spec = json.dumps({"device": cfg.model.key, "seed": cfg.seed,
-                           "fp8_accum": kernel_spec.fp8_accum(),
-                           "ceilings": cfg.ceilings.to_json(),
-                           "cases": [list(k) for k in todo],
-                           "throttle": cfg.throttle.as_dict(),
-                           "configs": {case_id(k): configs[case_id(k)] for k in todo
-                                       if case_id(k) in configs}})
-        started = 0.0
-        for r in range(RETIME_ROUNDS):
-            time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
-            started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "benches.retime"], input=spec,
-                                  capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent)
-            lines = proc.stdout.strip().splitlines()
-            if proc.returncode != 0 or not lines:
-                why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                console.print(f"[yellow]warning[/yellow]: re-timing round {r + 1} failed: "
-                              f"{why}")
-                continue
-            answer = json.loads(lines[-1])
-            if answer.get("throttled"):
-                console.print(f"[yellow]warning[/yellow]: re-timing round {r + 1}: the GPU "
-                              f"throttled in {len(answer['throttled'])} rows' timings "
-                              "(left out of the round)")
-            for k in todo:
-                if case_id(k) in answer:
-                    got[k].append(answer[case_id(k)])
-        return got
+    def retime(keys: list[RowKey]) -> dict[RowKey, list[list[float]]]:
+        todo = [parse_row_key(k) for k in keys if parse_row_key(k) in ours]
+        if todo:
+            console.print(f"re-timing {len(todo)} rows that look slower ({RETIME_ROUNDS} "
+                          "rounds, each in a fresh process)")
+        return client(todo)
 
     return retime
 
@@ -234,12 +185,12 @@ def _ceilings_dir(args: argparse.Namespace, out_root: Path) -> Path:
     return Path(own) if own else out_root / ".ceilings"
 
 
-def _timing_config(args: argparse.Namespace) -> TimingConfig:
+def timing_config(args: argparse.Namespace) -> TimingConfig:
     row = getattr(args, "row_budget", None)
     return TimingConfig() if row is None else TimingConfig(row_budget_s=row)
 
 
-def _run_budget(args: argparse.Namespace, present: Present) -> float | None:
+def run_budget_s_of(args: argparse.Namespace, present: Present) -> float | None:
     """--run-budget: seconds, None for none ('inf'); by default the CPU's (a GPU's sweep
     is bounded by its rows' budgets alone)."""
     v = getattr(args, "run_budget", None)
@@ -259,11 +210,11 @@ def run_config(args: argparse.Namespace, model: DeviceModel, present: Present,
         explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
         model=model, present=present,
         target=Target(present.kind, present.capability, interpret, present.name),
-        ceilings=Ceilings(None, None), timing=_timing_config(args),
-        run_budget_s=_run_budget(args, present),
+        ceilings=Ceilings(None, None), timing=timing_config(args),
+        run_budget_s=run_budget_s_of(args, present),
         throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
                                 recovery_delay_s=args.throttle_recovery_delay),
-        cache=_cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
+        cache=cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
     )
 
 
@@ -280,7 +231,7 @@ def run(args: argparse.Namespace, argv: list[str],
     old_meta: dict[str, Any] | None = None
     if args.resume:
         run_dir, old_meta, resume_rows = read_run_doc(args.resume)
-        _apply_resume(args, old_meta)
+        apply_resume(args, old_meta)
         validate_lists(args)
     elif args.run_id is not None:
         check_run_id(args.run_id)
@@ -338,8 +289,8 @@ def run(args: argparse.Namespace, argv: list[str],
              "wall_s": meta.pop("wall_s", None)})
     meta.update(interrupted=False, aborted=False, abort_reason=None, complete=False)
     writer = ResultWriter(run_dir, meta, resume_rows)
-    done = {_row_key(r) for r in resume_rows}
-    todo = [c for c in cases if _case_key(c) not in done]
+    done = {row_key(r) for r in resume_rows}
+    todo = [c for c in cases if c.key not in done]
 
     if present.kind == "cuda" and not cfg.target.interpret:
         meta["autotune_on_disk"] = triton_cache.keep_tuning()
@@ -392,7 +343,7 @@ def run(args: argparse.Namespace, argv: list[str],
             _record_split(meta, split)  # as of summary.md; the final one below
             writer.close()  # results.json whole: the row journal is no longer needed
             if code == 0 or stage == "sweep":
-                _finish(writer, run_dir, plots=not args.no_plots)
+                finish_run(writer, run_dir, plots=not args.no_plots)
         print_summary(writer.rows)
         console.print(f"results: {run_dir}")
         _record_split(meta, split)
@@ -411,7 +362,7 @@ def run(args: argparse.Namespace, argv: list[str],
     if args.compare:
         from roofline.gate.render import compare_and_report
 
-        retime = None if cfg.check_only else _retimer(cases, cfg, writer.rows)
+        retime = None if cfg.check_only else compare_retimer(cases, cfg, writer.rows)
         code = max(code, compare_and_report(args.compare, run_dir, args.threshold,
                                             args.allow_device_mismatch, allow=allow,
                                             retime=retime))
@@ -424,7 +375,7 @@ def _record_split(meta: dict[str, Any], split: TimeSplit) -> None:
     meta.update(time_split_s=split.split(), wall_s=split.wall_s())
 
 
-def _drain(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException
+def drain_rows(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException
            ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """After an interrupt `e` that landed while the caller handled a row (writing it):
     throw it into the sweep, which then yields the rows it has timed (runner.iterate keeps
@@ -471,7 +422,7 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
                                            f"{row['reason']}")
         except (KeyboardInterrupt, Terminated) as e:
             with split.phase("write"):
-                for _, row in _drain(rows, e):
+                for _, row in drain_rows(rows, e):
                     writer.add(row)
             raise
 

@@ -32,7 +32,7 @@ from roofline.model.schema import (
 )
 
 
-def _git_commit() -> str | None:
+def head_commit() -> str | None:
     here = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
@@ -119,7 +119,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "triton": triton_v,
         "triton_interpret": cfg.target.interpret,
         "platform": platform.platform(),
-        "git_commit": _git_commit(),
+        "git_commit": head_commit(),
         "command": " ".join([Path(sys.executable).name, *argv]),
         "seed": cfg.seed,
         "sizes": cfg.sizes if cfg.explicit_shapes is None else "explicit",

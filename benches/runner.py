@@ -24,16 +24,16 @@ from benches.budget import RowBudget, RunBudget
 from benches.cases import (
     Case,
     Copies,
+    InputCache,
     MakeCall,
     RunConfig,
-    _clone_inputs,
-    _InputCache,
-    _roofs,
     base_row,
+    clone_inputs,
     copies_frozen,
+    roofs_of,
 )
 from benches.cases import build_cases as build_cases
-from benches.failures import SweepAborted, _error_row
+from benches.failures import SweepAborted, error_row
 from benches.gpu_monitor import GpuMonitor as GpuMonitor
 from benches.gpu_monitor import ThrottleConfig as ThrottleConfig
 from benches.gpu_monitor import gpu_monitor, time_unthrottled
@@ -94,7 +94,7 @@ def _sync(target: Target) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
+def run_case(case: Case, cfg: RunConfig, cache: InputCache,
              budget: RowBudget | None = None, split: TimeSplit | None = None
              ) -> dict[str, Any]:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
@@ -126,7 +126,7 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
         # config into `out`.  Only then is `out` poisoned, so an element the chosen
         # config fails to write stays NaN instead of holding another config's answer.
         launches = _triton_launches(case, cfg, inputs, out)
-        forced = cfg.configs.get(_case_key(case))
+        forced = cfg.configs.get(case.key)
         with split.phase("tune" if _tunes(launches, forced, cfg) else "check"):
             if launches is None:
                 fn(inputs, out)
@@ -156,7 +156,7 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
             backend = spec.providers[case.provider].backend
             ran = backend(call) if backend is not None else ""
     except Exception as e:
-        return _error_row(row, e, case, cfg, cache, "")
+        return error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
     row["rel_err"] = rel_err if finite else None
     row["correct"] = bool(rel_err <= DTYPES[dtype].tol)
@@ -191,7 +191,7 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
 
         def timed() -> tuple[Timing, str]:
             with split.phase("timing"):
-                return _time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
+                return time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
                                   split)
 
         if monitor is None:
@@ -199,7 +199,7 @@ def run_case(case: Case, cfg: RunConfig, cache: _InputCache,
         else:
             timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
     except Exception as e:
-        return _error_row(row, e, case, cfg, cache, " while timing")
+        return error_row(row, e, case, cfg, cache, " while timing")
     row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
     row.update(clocks)
     return row
@@ -229,10 +229,6 @@ def _bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCa
     return make
 
 
-def _case_key(case: Case) -> tuple[str, str, str, str, str]:
-    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
-
-
 def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                 note: str) -> dict[str, Any]:
     rc = case.spec.roof_class(case.dtype, cfg.target)
@@ -248,7 +244,7 @@ def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                host_us=timing.host_us)
     row[SAMPLES] = list(timing.samples_ms)
     row.update(metrics.derive(row["flops"], row["bytes"], timing.ms_median,
-                              *_roofs(case, cfg)))
+                              *roofs_of(case, cfg)))
     return row
 
 
@@ -257,7 +253,7 @@ def _plain_call(case: Case) -> MakeCall:
     return lambda ins, o: (lambda: fn(ins, o))
 
 
-def _time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
+def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
                make_call: MakeCall | None = None, plan: CpuPlan | None = None,
                copies: Copies | None = None, split: TimeSplit | None = None
                ) -> tuple[Timing, str]:
@@ -338,7 +334,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
         cache.clear()
 
 
-def _budgeted(case: Case, cfg: RunConfig, cache: _InputCache, budget: RunBudget,
+def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
               cases_left: int, split: TimeSplit) -> tuple[dict[str, Any], CpuPlan | None]:
     """run_case within the run's budget (benches/budget.py): on a CPU a case whose path
     cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
@@ -371,7 +367,7 @@ def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
 
 
 def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
-                  cache: _InputCache, split: TimeSplit) -> None:
+                  cache: InputCache, split: TimeSplit) -> None:
     """Rounds 2..cpu_rounds of a chunk's CPU-timed rows, round by round over the chunk,
     each on fresh copies of the case's inputs and a fresh output.  A row's samples grow
     by whole rounds only.  The cache keeps its case: the chunk's next one may be its
@@ -384,16 +380,16 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
                 continue
             try:
                 with split.phase("inputs"):
-                    ins = _clone_inputs(inputs)
+                    ins = clone_inputs(inputs)
                     out = case.spec.alloc_out(ins, case.dtype)
                 with split.phase("timing"):
-                    timing, _ = _time_case(case, one_round, ins, out, plan=plan,
+                    timing, _ = time_case(case, one_round, ins, out, plan=plan,
                                            copies=copies)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
                 failed.update(rel_err=row["rel_err"], correct=row["correct"])
-                item[1] = _error_row(failed, e, case, cfg, cache, " while timing")
+                item[1] = error_row(failed, e, case, cfg, cache, " while timing")
                 continue
             row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
             item[3] += 1

@@ -5,6 +5,10 @@ runs, which wires in the harness where one measures (plan --measure, --retime)."
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from roofline.gate.rules import Retime
 
 COMMANDS = ("plot", "compare", "promote", "plan", "targets", "finalize", "history")
 USAGE = (
@@ -65,21 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _retimer(device, meta, rows):
-    """`compare --retime` and `history report --retime`: the harness's re-timing
-    (benches/retime.py in child processes, the rounds and spacing of run_bench.py
-    --compare), wired here as plan's measurements are."""
-    from pathlib import Path
+def _retimer(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Retime:
+    """`compare --retime` and `history report --retime`: the harness's re-timing client
+    (benches/retime.py), wired here as plan's measurements are."""
+    from benches.retime import retimer_of_run
 
-    from benches.job import RETIME_ROUNDS, RETIME_SPACING_S
-    from benches.retime import case_id
-    from roofline.history.retime import make_retimer
-    from roofline.model.devices import detect
-
-    factory = make_retimer([sys.executable, "-m", "benches.retime"], RETIME_ROUNDS,
-                           RETIME_SPACING_S, detect().key,
-                           Path(__file__).resolve().parent.parent, case_id)
-    return factory(device, meta, rows)
+    return retimer_of_run(device, meta, rows)
 
 
 if __name__ == "__main__":

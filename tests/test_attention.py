@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from benches.cases import Case
-from benches.runner import _InputCache, run_case
+from benches.runner import InputCache, run_case
 from benches.shapes import CPU_PRESETS, GPU_PRESETS, ShapeError, parse_sizes, shapes_for
 from kernels import DTYPES, REGISTRY
 from kernels import attention as attn
@@ -233,14 +233,14 @@ def test_row_reason_names_the_backend():
 
     cfg = cpu_cfg(kernels=["attention_bwd"], dtypes=["bf16"])
     shape = _shape(1, 2, 32, 16, 1)
-    row = run_case(Case(BWD, "torch", "bf16", shape), cfg, _InputCache())
+    row = run_case(Case(BWD, "torch", "bf16", shape), cfg, InputCache())
     assert row["status"] == "ok", row["reason"]
     assert "SDPA backend: flash (CPU kernel)" in row["reason"]
     assert row["flops"] == BWD.flops(shape, "bf16") and row["roof_class"] == "bf16"
     checked = run_case(Case(FWD, "torch", "fp32", shape), dataclasses.replace(
-        cfg, check_only=True), _InputCache())
+        cfg, check_only=True), InputCache())
     assert checked["reason"] == "check-only: not timed; SDPA backend: flash (CPU kernel)"
-    row = run_case(Case(FWD, "torch", "fp8", shape), cfg, _InputCache())
+    row = run_case(Case(FWD, "torch", "fp8", shape), cfg, InputCache())
     assert row["status"] == "skipped" and "no fp8 kernel" in row["reason"]
 
 

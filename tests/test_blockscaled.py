@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benches.cases import base_row
-from benches.runner import Case, RunConfig, _InputCache, run_case
+from benches.runner import Case, InputCache, RunConfig, run_case
 from kernels import REGISTRY
 from kernels import blockscaled as bs
 from kernels import matmul_blockscaled as mb
@@ -331,7 +331,7 @@ def test_cpu_check_only_row_is_flagged():
                Ceilings(None, {"tflops": {"fp32": 0.1, "bf16": 0.2, "fp8": 0.3},
                                "hbm_gbps": 10.0, "l2_gbps": 100.0}))
     row = run_case(Case(MATMUL, "triton", "mxfp4", {"M": 64, "N": 64, "K": 128}), cfg,
-                   _InputCache())
+                   InputCache())
     assert row["status"] == "ok", row["reason"]
     assert row["roof_class"] == "bf16" and row["peak_tflops"] == 0.2
     assert "emulated: held against the bf16 roof" in row["reason"]

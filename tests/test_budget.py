@@ -17,7 +17,7 @@ import run_bench
 from benches import ceilings as ceil_mod
 from benches import runner, timing
 from benches.budget import RowBudget, RunBudget, work
-from benches.runner import _InputCache, iterate, run_case
+from benches.runner import InputCache, iterate, run_case
 from benches.timing import OverBudget, TimingConfig, plan_cpu
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.model.ceilings import Ceilings, no_roofs
@@ -79,7 +79,7 @@ def test_a_row_over_its_budget_is_checked_then_skipped_with_its_call_time():
     calls: list = []
     cfg = cpu_cfg(timing=dataclasses.replace(TWO_S, cpu_rounds=1))
     budget = RowBudget()
-    row = run_case(case(fn=_sleeper(0.3, calls)), cfg, _InputCache(), budget)
+    row = run_case(case(fn=_sleeper(0.3, calls)), cfg, InputCache(), budget)
     assert row["status"] == "skipped" and row["correct"] is True
     assert row["reason"].startswith("over the row budget: one call takes 0.3")
     assert len(calls) == 2  # the tuning call and the checked one, no timing
@@ -160,11 +160,11 @@ def test_the_default_cpu_run_has_a_run_budget_and_a_gpu_run_none(monkeypatch):
     from roofline.model.devices import Present, host_cpu
 
     args = run_bench.parse_args([])
-    assert job._run_budget(args, host_cpu()) == 90.0
+    assert job.run_budget_s_of(args, host_cpu()) == 90.0
     gpu = Present(key="h100", name="H100", kind="cuda")
-    assert job._run_budget(args, gpu) is None
-    assert job._run_budget(run_bench.parse_args(["--run-budget", "inf"]), host_cpu()) is None
-    assert job._timing_config(run_bench.parse_args(["--row-budget", "5"])).row_budget_s == 5
+    assert job.run_budget_s_of(args, gpu) is None
+    assert job.run_budget_s_of(run_bench.parse_args(["--run-budget", "inf"]), host_cpu()) is None
+    assert job.timing_config(run_bench.parse_args(["--row-budget", "5"])).row_budget_s == 5
 
 
 # ---- ceilings -----------------------------------------------------------------------------

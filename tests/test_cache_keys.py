@@ -14,7 +14,7 @@ import pytest
 from roofline.report import targets, targets_cli
 from roofline.report.fleet import device_figures, figures_of, find_outliers, render_fleet_md
 from roofline.report.targets import MET, NOT_MEASURED
-from tests.test_gpu_ci import COPY_GBPS, N26, _mm, _row, _write
+from tests.test_gpu_ci import COPY_GBPS, N26, ci_row, mm_row, write_ci_run
 
 # ---- fleet: one set of figures per cache mode --------------------------------------------
 
@@ -90,18 +90,18 @@ def _warm(row: dict[str, Any]) -> dict[str, Any]:
 
 def test_targets_judge_cold_rows_and_never_pair_a_warm_one(tmp_path: Path) -> None:
     n27 = 1 << 27
-    run = _write(tmp_path / "r", [
+    run = write_ci_run(tmp_path / "r", [
         # add bf16: the cold 384 MiB row (0.95 of copy); a warm row at 768 MiB, larger
         # and faster, would win "the largest footprint" and be held against the cold copy
-        _row("add", "triton", "bf16", f"n={N26}", 6 * N26, gbps=2850),
-        _row("add", "torch", "bf16", f"n={N26}", 6 * N26, gbps=2700),
-        _warm(_row("add", "triton", "bf16", f"n={n27}", 6 * n27, gbps=3300)),
+        ci_row("add", "triton", "bf16", f"n={N26}", 6 * N26, gbps=2850),
+        ci_row("add", "torch", "bf16", f"n={N26}", 6 * N26, gbps=2700),
+        _warm(ci_row("add", "triton", "bf16", f"n={n27}", 6 * n27, gbps=3300)),
         # its torch twin at the cold row's shape, warm and slow: never its eager pair
-        _warm(_row("add", "torch", "bf16", f"n={N26}", 6 * N26, gbps=1000)),
+        _warm(ci_row("add", "torch", "bf16", f"n={N26}", 6 * N26, gbps=1000)),
         # matmul bf16 4096^3: Triton cold, torch warm only: no pair
-        _mm("triton", "bf16", 4096, 700), _warm(_mm("torch", "bf16", 4096, 800)),
+        mm_row("triton", "bf16", 4096, 700), _warm(mm_row("torch", "bf16", 4096, 800)),
         # matmul fp8 8192^3: a warm Triton row only
-        _warm(_mm("triton", "fp8", 8192, 1300)), _mm("torch", "fp8", 8192, 1300),
+        _warm(mm_row("triton", "fp8", 8192, 1300)), mm_row("torch", "fp8", 8192, 1300),
     ])
     checks = {c.target: c for c in targets.checks([targets.load(str(run))])}
     add = checks["add bf16"]
@@ -117,15 +117,15 @@ def test_targets_judge_cold_rows_and_never_pair_a_warm_one(tmp_path: Path) -> No
 
 
 def test_same_rows_keys_a_row_by_its_cache_mode(tmp_path: Path) -> None:
-    cold = _row("add", "triton", "bf16", f"n={N26}", 6 * N26, gbps=2850)
-    plain = targets.load(str(_write(tmp_path / "plain", [cold, _warm(cold)])))
+    cold = ci_row("add", "triton", "bf16", f"n={N26}", 6 * N26, gbps=2850)
+    plain = targets.load(str(write_ci_run(tmp_path / "plain", [cold, _warm(cold)])))
     # The fleet's warm row failed: keyed without the mode it hid behind the cold one.
     failed = {**_warm(cold), "status": "failed", "reason": "rel_err"}
-    fleet = targets.load(str(_write(tmp_path / "fleet", [cold, failed])))
+    fleet = targets.load(str(write_ci_run(tmp_path / "fleet", [cold, failed])))
     same, why = targets_cli.same_rows(plain, fleet)
     assert not same and why == "1 with another status (first: add triton bf16 " \
                                f"n={N26} warm)"
-    only_cold = targets.load(str(_write(tmp_path / "cold", [cold])))
+    only_cold = targets.load(str(write_ci_run(tmp_path / "cold", [cold])))
     same, why = targets_cli.same_rows(plain, only_cold)
     assert not same and why.startswith("1 only in the plain run")
     assert targets_cli.same_rows(plain, plain) == (True, "same 2 rows, same statuses")

@@ -21,19 +21,20 @@ import torch
 
 import run_bench
 from benches import cpu_rows, gpu_rows, graph_timing, job, retime, runner, timing
-from benches.cases import Case, Scratch, _InputCache, make_copies
+from benches import retime as retime_client
+from benches.cases import Case, InputCache, Scratch, make_copies
 from benches.graph_timing import GraphProbe
-from benches.runner import _time_case, run_case
+from benches.runner import run_case, time_case
 from benches.timing import Rotation, TimingConfig
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
 from roofline.model.ceilings import Ceilings
-from roofline.model.schema import ALL_COLUMNS, load_run
+from roofline.model.schema import ALL_COLUMNS, load_run, row_key
 from roofline.report.plot import plot_roofline
 from roofline.report.summary import render_summary
 from tests.test_dispatch import FakeGpu
-from tests.test_measurement import FAST, _fake_cuda, case, cpu_cfg, gpu_cfg, with_torch_fn
+from tests.test_measurement import FAST, case, cpu_cfg, fake_cuda, gpu_cfg, with_torch_fn
 
 TINY = ["--device", "cpu", "--sizes", "n=4096", "--kernels", "add", "--providers", "torch",
         "--dtypes", "fp32", "--no-plots"]
@@ -73,7 +74,7 @@ def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
 def test_the_default_cpu_run_is_warm_only_and_a_gpus_cold(tmp_path: Path) -> None:
     from benches import job
 
-    assert job._cache_modes(None, gpu=True) == ["cold"]
+    assert job.cache_modes(None, gpu=True) == ["cold"]
     assert run_bench.main([*TINY, "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
     # A CPU's default is what its timer always measured: blocks on the same buffers.
@@ -95,16 +96,16 @@ def test_a_resumed_run_keeps_its_cache_modes() -> None:
     args = run_bench.parse_args([*TINY, "--cache", "warm"])
     meta = {"kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"], "seed": 0,
             "device_key": "cpu", "sizes": "quick"}
-    job._apply_resume(args, {**meta, "cache": ["cold", "warm"]})
+    job.apply_resume(args, {**meta, "cache": ["cold", "warm"]})
     assert args.cache == ["cold", "warm"]
-    job._apply_resume(args, meta)  # written before --cache: cold
+    job.apply_resume(args, meta)  # written before --cache: cold
     assert args.cache == ["cold"]
     # ... and its rows written before the column count as cold cases
     spec = REGISTRY["add"]
     old_row = {"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": "n=4096"}
-    assert job._row_key(old_row) == job._case_key(Case(spec, "torch", "fp32", {"n": 4096}))
-    assert job._row_key({**old_row, "cache": "warm"}) == \
-        job._case_key(Case(spec, "torch", "fp32", {"n": 4096}, "warm"))
+    assert row_key(old_row) == Case(spec, "torch", "fp32", {"n": 4096}).key
+    assert row_key({**old_row, "cache": "warm"}) == \
+        Case(spec, "torch", "fp32", {"n": 4096}, "warm").key
 
 
 # ---- the gate keeps cold and warm apart ---------------------------------------------------
@@ -191,8 +192,8 @@ def test_retiming_times_a_warm_row_warm(monkeypatch: pytest.MonkeyPatch) -> None
         return real(fn, cfg, plan)
 
     monkeypatch.setattr(timing, "time_cpu", spy)
-    monkeypatch.setattr(job, "RETIME_ROUNDS", 1)
-    monkeypatch.setattr(job, "RETIME_SPACING_S", 0.0)
+    monkeypatch.setattr(retime_client, "RETIME_ROUNDS", 1)
+    monkeypatch.setattr(retime_client, "RETIME_SPACING_S", 0.0)
     sent: list[dict[str, Any]] = []
 
     def child(*a: Any, input: str, **k: Any) -> SimpleNamespace:
@@ -201,18 +202,18 @@ def test_retiming_times_a_warm_row_warm(monkeypatch: pytest.MonkeyPatch) -> None
         answer = retime.retime({**sent[-1], "device": "cpu"})
         return SimpleNamespace(returncode=0, stdout=json.dumps(answer), stderr="")
 
-    monkeypatch.setattr(job.subprocess, "run", child)
+    monkeypatch.setattr(retime_client.subprocess, "run", child)
     spec = REGISTRY["add"]
     cases = [Case(spec, "torch", "fp32", {"n": 4096}, mode) for mode in ("cold", "warm")]
     cfg = cpu_cfg(timing=FAST)
     warm_key = ("add", "torch", "fp32", "n=4096", "warm")
-    got = job._retimer(cases, cfg, [])([warm_key])
+    got = job.compare_retimer(cases, cfg, [])([warm_key])
     assert sent[0]["cases"] == [list(warm_key)]
     assert len(got[warm_key]) == 1 and len(got[warm_key][0]) >= FAST.gate_min_samples
     assert seen and set(seen) == {"same buffers"}  # every round warm
     seen.clear()
     cold_key = warm_key[:4] + ("cold",)
-    got = job._retimer(cases, cfg, [])([cold_key])
+    got = job.compare_retimer(cases, cfg, [])([cold_key])
     assert got[cold_key] and set(seen) == {"rotated"}
     # A cold case keeps the id it had before cache modes existed.
     assert retime.case_id(cold_key) == "add|torch|fp32|n=4096"
@@ -236,7 +237,7 @@ def test_cpu_cold_calls_rotate_over_copies_past_twice_the_cache() -> None:
     out = c.spec.alloc_out(inputs, "fp32")
     footprint = c.spec.nbytes(c.shape, "fp32")  # x, y and out: 48 KiB
     one_round = dataclasses.replace(FAST, cpu_rounds=1)
-    t, note = _time_case(c, cpu_cfg(timing=one_round), inputs, out)
+    t, note = time_case(c, cpu_cfg(timing=one_round), inputs, out)
     assert t.timer == timing.TIMER_CPU_ROTATED and note == ""
     xs = [x for x, _, _ in log]
     outs = {o for _, o, _ in log}
@@ -254,7 +255,7 @@ def test_cpu_warm_calls_run_on_the_same_buffers() -> None:
     c = Case(case(fn=_recording_add(log)).spec, "torch", "fp32", {"n": 4096}, "warm")
     inputs = c.spec.make_inputs(c.shape, "fp32", 0, "cpu")
     one_round = dataclasses.replace(FAST, cpu_rounds=1)
-    t, note = _time_case(c, cpu_cfg(timing=one_round), inputs,
+    t, note = time_case(c, cpu_cfg(timing=one_round), inputs,
                          c.spec.alloc_out(inputs, "fp32"))
     assert t.timer == timing.TIMER_CPU and note == ""
     assert len(log) > 2 and {x for x, _, _ in log} == {inputs["x"].data_ptr()}
@@ -265,7 +266,7 @@ def test_a_footprint_past_twice_the_cache_is_cold_by_size(monkeypatch: pytest.Mo
     monkeypatch.setattr(cpu_rows, "host_llc_bytes", lambda: 16 * 2**10)  # 48 KiB > 2 x 16
     log: list[tuple[int, int, float]] = []
     row = run_case(case(fn=_recording_add(log), shape={"n": 4096}),
-                   cpu_cfg(timing=FAST), _InputCache())
+                   cpu_cfg(timing=FAST), InputCache())
     assert row["status"] == "ok" and row["timer"] == timing.TIMER_CPU
     assert row["cache"] == "cold" and "cold by size" in row["reason"]
     assert len({x for x, _, _ in log}) <= FAST.cpu_rounds + 1  # no copies made
@@ -460,14 +461,14 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
     cfg = gpu_cfg()
     assert gpu_rows.timing_method(c, cfg) == timing.TIMER_GRAPH
-    t, note = _time_case(c, cfg, inputs, out)
+    t, note = time_case(c, cfg, inputs, out)
     assert t.timer == timing.TIMER_GRAPH and t.host_us == 5.0 and note == ""
     assert len(seen) == 1 and len(seen[0]) == 1  # no rotated copies
     seen[0][0]()
     assert torch.equal(out, inputs["x"] + inputs["y"])  # on the case's own buffers
     # The cold twin rotates over copies past twice the L2.
     cold = Case(c.spec, "torch", "fp32", c.shape)
-    _time_case(cold, cfg, inputs, out)
+    time_case(cold, cfg, inputs, out)
     assert len(seen[1]) == timing.rotation_copies(c.spec.nbytes(c.shape, "fp32"),
                                                   gpu_rows.l2_bytes(cfg))
 
@@ -482,7 +483,7 @@ def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
     assert gpu_rows.timing_method(c, cfg) == timing.TIMER_FLUSHED
-    t, _ = _time_case(c, cfg, inputs, out)
+    t, _ = time_case(c, cfg, inputs, out)
     assert t.timer == timing.TIMER_WARM and got == [7.0]
 
 
@@ -497,13 +498,13 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
                         timing.summarize([0.5] * 25, timing.TIMER_WARM))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})
-    t, note = _time_case(c, gpu_cfg(), inputs, out)
+    t, note = time_case(c, gpu_cfg(), inputs, out)
     assert t.timer == timing.TIMER_WARM_FALLBACK
     assert note.startswith("timed back to back without a CUDA graph") and "capturing" in note
 
 
 def test_a_warm_cudagraph_replays_one_calls_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_cuda(monkeypatch)
+    fake_cuda(monkeypatch)
     calls: list[int] = []
     cfg = TimingConfig(graph_min_calls=50, min_samples=25, rep_ms=10.0)
     total = timing.graph_calls(1, cfg)

@@ -18,8 +18,9 @@ import triton
 import triton.testing
 
 from benches import gpu_rows, graph_timing, job, retime, runner, timing
+from benches import retime as retime_client
 from benches.graph_timing import GraphProbe
-from benches.runner import Case, _InputCache, run_case
+from benches.runner import Case, InputCache, run_case
 from benches.test_bench_kernels import bench_metrics
 from benches.timing import TimingConfig, flush_padding_us, graph_plan, host_dispatch_us
 from kernels import REGISTRY, triton_utils
@@ -173,14 +174,14 @@ def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
     spec = REGISTRY["add"]
     shape = {"n": 1 << 24}  # long enough for the flushed timer on an H100
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
-    t, _ = runner._time_case(Case(spec, "torch", "fp32", shape), gpu_cfg(), inputs,
+    t, _ = runner.time_case(Case(spec, "torch", "fp32", shape), gpu_cfg(), inputs,
                              spec.alloc_out(inputs, "fp32"))
     assert got["host_us"] == 123.0 and t.host_us == 123.0
 
 
 def test_cpu_rows_have_no_host_us():
     row = run_case(Case(REGISTRY["add"], "torch", "fp32", {"n": 4096}), cpu_cfg(),
-                   _InputCache())
+                   InputCache())
     assert row["status"] == "ok" and row["host_us"] is None
 
 
@@ -221,7 +222,7 @@ def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
     monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
     case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
-    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
     assert note.startswith("timed with L2 flushes instead of CUDA graphs: CUDA graph too "
                            "large even for one round")
@@ -232,7 +233,7 @@ def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
     seen = []
     monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp8", {"n": 1 << 12}, None)
-    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     # 8,534 copies x 16 assumed nodes is past 100,000 even for one round
     assert seen == ["flushed"] and "16 launches a call, assumed: not counted" in note
 
@@ -244,14 +245,14 @@ def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypat
     cut = timing.replace(timing.summarize([1e-3] * 25, timing.TIMER_GRAPH),
                          note="capture stopped after 8 of 12 calls")
     monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
-    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert t.timer == timing.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
 
     def too_slow(calls, cfg, total, call_ms=None):
         raise graph_timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
 
     monkeypatch.setattr(gpu_rows, "time_cudagraph", too_slow)
-    t, note = runner._time_case(case, gpu_cfg(), inputs, out)
+    t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
     assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "
                     "after 4 of the 10 calls")
@@ -378,12 +379,12 @@ def test_summary_lists_launch_bound_rows():
 def test_triton_rows_record_their_config():
     cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True))
     row = run_case(Case(REGISTRY["matmul"], "triton", "fp32", {"M": 33, "N": 17, "K": 65}),
-                   cfg, _InputCache())
+                   cfg, InputCache())
     assert row["status"] == "ok", row["reason"]
     # the interpreter's fixed config
     assert row["config"] == ("matmul_kernel[BLOCK_M=32,BLOCK_N=32,BLOCK_K=32,GROUP_M=4,"
                              "num_warps=4,num_stages=1]")
-    row = run_case(Case(REGISTRY["dot"], "triton", "fp32", {"n": 1000}), cfg, _InputCache())
+    row = run_case(Case(REGISTRY["dot"], "triton", "fp32", {"n": 1000}), cfg, InputCache())
     assert row["config"] == "dot_kernel[STAGES=3,num_warps=8,num_stages=3]"
 
 
@@ -402,7 +403,7 @@ def test_a_forced_config_runs_instead_of_tuning(monkeypatch):
     key = ("matmul", "triton", "fp32", "M=33,N=17,K=65", "cold")
     cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True),
                   configs={key: forced})
-    row = run_case(Case(spec, "triton", "fp32", shape), cfg, _InputCache())
+    row = run_case(Case(spec, "triton", "fp32", shape), cfg, InputCache())
     assert row["status"] == "ok", row["reason"]  # correct with the forced tile too
     assert row["config"] == forced and ran == [launches[0].configs[-1]]
 
@@ -489,9 +490,9 @@ def test_retiming_children_get_the_rows_configs(monkeypatch):
     key = ("matmul", "triton", "bf16", "M=64,N=64,K=64", "cold")
     text = "matmul_kernel[BLOCK_M=64,BLOCK_N=64,BLOCK_K=64,GROUP_M=8,num_warps=4,num_stages=4]"
     sent = []
-    monkeypatch.setattr(job, "RETIME_ROUNDS", 1)
-    monkeypatch.setattr(job, "RETIME_SPACING_S", 0.0)
-    monkeypatch.setattr(job.subprocess, "run", lambda *a, input, **k: (
+    monkeypatch.setattr(retime_client, "RETIME_ROUNDS", 1)
+    monkeypatch.setattr(retime_client, "RETIME_SPACING_S", 0.0)
+    monkeypatch.setattr(retime_client.subprocess, "run", lambda *a, input, **k: (
         sent.append(json.loads(input)),
         SimpleNamespace(returncode=0, stdout=json.dumps({retime.case_id(key): [1.0]}),
                         stderr=""))[1])
@@ -499,7 +500,7 @@ def test_retiming_children_get_the_rows_configs(monkeypatch):
     case = Case(spec, "triton", "bf16", {"M": 64, "N": 64, "K": 64})
     rows = [{"kernel": key[0], "provider": key[1], "dtype": key[2], "shape": key[3],
              "config": text}]
-    got = job._retimer([case], cpu_cfg(), rows)([key])
+    got = job.compare_retimer([case], cpu_cfg(), rows)([key])
     assert got == {key: [[1.0]]}
     assert sent[0]["configs"] == {retime.case_id(key): text}
 
@@ -561,9 +562,9 @@ def test_launches_are_counted_on_the_gpu():
 # ---- the NVML window is the timer's own samples -------------------------------------------
 
 def test_the_graph_timers_span_leaves_the_capture_out(monkeypatch):
-    from tests.test_measurement import _fake_cuda
+    from tests.test_measurement import fake_cuda
 
-    _fake_cuda(monkeypatch)
+    fake_cuda(monkeypatch)
     captured_at: list[float] = []
 
     def call():

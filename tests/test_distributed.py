@@ -195,12 +195,12 @@ def test_each_collective_check_catches_a_wrong_value(op, dtype, tmp_path):
     once one element of the output is wrong."""
     import torch.distributed as dist
 
-    from benches.fleet.collectives import _buffers
+    from benches.fleet.collectives import collective_buffers
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        reset, call, check = _buffers(op, 64, dtype, "cpu", 0, 1)
+        reset, call, check = collective_buffers(op, 64, dtype, "cpu", 0, 1)
         reset()
         call()
         assert check()
@@ -219,13 +219,13 @@ def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
     the whole buffer, and a launch) runs inside what is timed."""
     import torch.distributed as dist
 
-    from benches.fleet.collectives import GPU_SIZES, _buffers
+    from benches.fleet.collectives import GPU_SIZES, collective_buffers
 
     assert GPU_SIZES[0] == 4 * 2**10 and GPU_SIZES[-1] == 2**30  # 4 KB .. 1 GB
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        reset, call, check = _buffers(op, 64, torch.float32, "cpu", 0, 1)
+        reset, call, check = collective_buffers(op, 64, torch.float32, "cpu", 0, 1)
         reset()
         writes: list[str] = []
         for name in ("fill_", "copy_", "zero_"):

@@ -229,7 +229,7 @@ def test_a_sample_is_a_batch_of_calls_so_the_barriers_skew_is_diluted(monkeypatc
 
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock.t))
     monkeypatch.setattr(dist, "barrier", barrier)
-    monkeypatch.setattr(collectives, "_buffers",
+    monkeypatch.setattr(collectives, "collective_buffers",
                         lambda *a: (lambda: None, call, lambda: True))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)

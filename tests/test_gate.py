@@ -201,7 +201,7 @@ def test_interrupt_while_plotting_keeps_rows(tmp_path, monkeypatch):
     def slow_plot(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(job, "_finish", slow_plot)
+    monkeypatch.setattr(job, "finish_run", slow_plot)
     assert _run(tmp_path, "--run-id", "p") == 130
     meta, df = load_run(tmp_path / "cpu" / "p")
     assert len(df) == 2 and meta["interrupted"] is True

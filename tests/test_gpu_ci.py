@@ -119,7 +119,7 @@ def test_a_step_without_its_expected_time_left_is_skipped_with_the_reason() -> N
 
 # ---- the summary of saved runs ------------------------------------------------------------
 
-def _row(kernel: str, provider: str, dtype: str, shape: str, nbytes: float, *,
+def ci_row(kernel: str, provider: str, dtype: str, shape: str, nbytes: float, *,
          gbps: float | None = None, tflops: float | None = None, flops: float = 1.0,
          status: str = "ok", reason: str = "") -> dict[str, Any]:
     """A row in results.json's format; its time follows from gbps or tflops."""
@@ -133,12 +133,12 @@ def _row(kernel: str, provider: str, dtype: str, shape: str, nbytes: float, *,
     return row
 
 
-def _mm(provider: str, dtype: str, s: int, tflops: float, **kw: Any) -> dict[str, Any]:
-    return _row("matmul", provider, dtype, f"M={s},N={s},K={s}", 3.0 * s * s * 2,
+def mm_row(provider: str, dtype: str, s: int, tflops: float, **kw: Any) -> dict[str, Any]:
+    return ci_row("matmul", provider, dtype, f"M={s},N={s},K={s}", 3.0 * s * s * 2,
                 tflops=tflops, flops=2.0 * s**3, **kw)
 
 
-def _write(folder: Path, rows: list[dict[str, Any]], *, measured: bool = True,
+def write_ci_run(folder: Path, rows: list[dict[str, Any]], *, measured: bool = True,
            fp8_accum: str = "fast") -> Path:
     ceilings = {"datasheet": {"tflops": {"bf16": 989.4, "fp8": 1978.9}, "hbm_gbps": 3350.0,
                               "l2_gbps": None},
@@ -156,34 +156,34 @@ N26 = 1 << 26
 
 @pytest.fixture
 def runs(tmp_path: Path) -> list[Path]:
-    quick = _write(tmp_path / "quick", [
+    quick = write_ci_run(tmp_path / "quick", [
         # add bf16, 384 MiB: 0.95 of copy and 1.056x torch eager: met
-        _row("add", "triton", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2850),
-        _row("add", "torch", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2700),
+        ci_row("add", "triton", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2850),
+        ci_row("add", "torch", "bf16", f"n={N26}", 3 * 2 * N26, gbps=2700),
         # add fp16 without a torch row at that shape: half measured
-        _row("add", "triton", "fp16", f"n={N26}", 3 * 2 * N26, gbps=2850),
+        ci_row("add", "triton", "fp16", f"n={N26}", 3 * 2 * N26, gbps=2850),
         # mul fp32: 0.90 of copy, under 0.92: missed
-        _row("mul", "triton", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2700),
-        _row("mul", "torch", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2600),
+        ci_row("mul", "triton", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2700),
+        ci_row("mul", "torch", "fp32", f"n={N26}", 3 * 4 * N26, gbps=2600),
         # gelu bf16 at 4 MiB only: not large enough
-        _row("gelu", "triton", "bf16", "n=1048576", 2 * 2 * 2**20, gbps=2000),
+        ci_row("gelu", "triton", "bf16", "n=1048576", 2 * 2 * 2**20, gbps=2000),
         # dot fp32 at a large size, but failed
-        _row("dot", "triton", "fp32", f"n={N26}", 2 * 4 * N26 + 4, status="failed",
+        ci_row("dot", "triton", "fp32", f"n={N26}", 2 * 4 * N26 + 4, status="failed",
              reason="rel_err 0.9 > tolerance\ntraceback"),
         # matvec bf16 8192 x 8192 at 0.8667 of copy (>= 0.85); 4096 x 4096 ignored
-        _row("matvec", "triton", "bf16", "M=8192,K=8192", 2.0 * (8192 * 8192 + 2 * 8192),
+        ci_row("matvec", "triton", "bf16", "M=8192,K=8192", 2.0 * (8192 * 8192 + 2 * 8192),
              gbps=2600),
-        _row("matvec", "triton", "bf16", "M=4096,K=4096", 2.0 * (4096 * 4096 + 2 * 4096),
+        ci_row("matvec", "triton", "bf16", "M=4096,K=4096", 2.0 * (4096 * 4096 + 2 * 4096),
              gbps=100),
-        _mm("triton", "bf16", 4096, 700),  # 0.933 of torch: missed (timed throttled)
-        {**_mm("torch", "bf16", 4096, 750), "throttled": True},
-        _mm("torch", "bf16", 8192, 800),  # no Triton row at 8192
+        mm_row("triton", "bf16", 4096, 700),  # 0.933 of torch: missed (timed throttled)
+        {**mm_row("torch", "bf16", 4096, 750), "throttled": True},
+        mm_row("torch", "bf16", 8192, 800),  # no Triton row at 8192
     ])
-    big = _write(tmp_path / "matmul-8192", [
-        _mm("triton", "fp8", 8192, 1250), _mm("torch", "fp8", 8192, 1300),  # 0.96: met
-        _mm("torch", "bf16", 8192, 790),  # given later: the headline's cuBLAS bf16
+    big = write_ci_run(tmp_path / "matmul-8192", [
+        mm_row("triton", "fp8", 8192, 1250), mm_row("torch", "fp8", 8192, 1300),  # 0.96: met
+        mm_row("torch", "bf16", 8192, 790),  # given later: the headline's cuBLAS bf16
     ])
-    precise = _write(tmp_path / "fp8-precise", [_mm("torch", "fp8", 8192, 1100)],
+    precise = write_ci_run(tmp_path / "fp8-precise", [mm_row("torch", "fp8", 8192, 1100)],
                      measured=False, fp8_accum="precise")
     return [quick, big, precise]
 
@@ -226,7 +226,7 @@ def test_not_measured_says_why(runs: list[Path]) -> None:
 
 
 def test_a_row_needs_its_own_runs_copy_bandwidth(tmp_path: Path) -> None:
-    run = _write(tmp_path / "r", [_row("add", "triton", "bf16", f"n={N26}", 6 * N26,
+    run = write_ci_run(tmp_path / "r", [ci_row("add", "triton", "bf16", f"n={N26}", 6 * N26,
                                        gbps=2850)], measured=False)
     check = _checks([run])["add bf16"]
     assert check.verdict == NOT_MEASURED
@@ -235,9 +235,10 @@ def test_a_row_needs_its_own_runs_copy_bandwidth(tmp_path: Path) -> None:
 
 def test_the_largest_footprint_counts(tmp_path: Path) -> None:
     n27, n = 1 << 27, 3 << 25  # 384 MiB and 288 MiB of fp8 add: both large
-    a = _write(tmp_path / "a", [_row("add", "triton", "fp8", f"n={n27}", 3 * n27, gbps=2700),
-                                _row("add", "torch", "fp8", f"n={n27}", 3 * n27, gbps=900)])
-    b = _write(tmp_path / "b", [_row("add", "triton", "fp8", f"n={n}", 3 * n, gbps=100)])
+    a = write_ci_run(tmp_path / "a",
+                     [ci_row("add", "triton", "fp8", f"n={n27}", 3 * n27, gbps=2700),
+                      ci_row("add", "torch", "fp8", f"n={n27}", 3 * n27, gbps=900)])
+    b = write_ci_run(tmp_path / "b", [ci_row("add", "triton", "fp8", f"n={n}", 3 * n, gbps=100)])
     check = _checks([a, b])["add fp8"]  # a's row is the larger, though b is given later
     assert check.verdict == MET and check.case == "n=134217728, 384 MiB (a)"
     assert [p.value for p in check.parts] == pytest.approx([0.90, 3.0])
@@ -280,10 +281,10 @@ def test_cli_fleet_rows(runs: list[Path], tmp_path: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
     quick = runs[0]
     rows = json.loads((quick / "results.json").read_text())["rows"]
-    same = _write(tmp_path / "fleet-same", rows)
+    same = write_ci_run(tmp_path / "fleet-same", rows)
     assert roofline_main(["targets", str(quick), "--same-rows", str(quick), str(same)]) == 0
     assert "same rows: same 12 rows, same statuses" in capsys.readouterr().out
-    fewer = _write(tmp_path / "fleet-fewer", rows[1:])
+    fewer = write_ci_run(tmp_path / "fleet-fewer", rows[1:])
     assert roofline_main(["targets", str(quick), "--same-rows", str(quick), str(fewer)]) == 1
     assert "ROWS DIFFER: 1 only in the plain run (first: add triton bf16 n=67108864)" \
         in capsys.readouterr().out
@@ -308,7 +309,7 @@ def test_cli_errors_are_one_line(runs: list[Path], tmp_path: Path, args: list[st
 def _attn(provider: str, s: int, causal: int, tflops: float, **kw: Any) -> dict[str, Any]:
     b, h, d = 16384 // s, 16, 128
     flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-    return _row("attention", provider, "bf16", f"B={b},H={h},S={s},D={d},causal={causal}",
+    return ci_row("attention", provider, "bf16", f"B={b},H={h},S={s},D={d},causal={causal}",
                 4 * b * h * s * d * 2, tflops=tflops, flops=flops, **kw)
 
 
@@ -318,12 +319,12 @@ def test_the_step_kernels_targets(tmp_path: Path) -> None:
     peak = {"peak_tflops": 989.4}
     rows = [
         # rmsnorm bf16, 64 MiB each way (128 MiB): 0.93 of copy: met; 32 MiB ignored
-        _row("rmsnorm", "triton", "bf16", "M=8192,N=4096", 2 * 2 * 8192 * 4096 + 8192,
+        ci_row("rmsnorm", "triton", "bf16", "M=8192,N=4096", 2 * 2 * 8192 * 4096 + 8192,
              gbps=0.93 * COPY_GBPS),
-        _row("rmsnorm", "triton", "fp16", "M=2048,N=4096", 2 * 2 * 2048 * 4096 + 8192,
+        ci_row("rmsnorm", "triton", "fp16", "M=2048,N=4096", 2 * 2 * 2048 * 4096 + 8192,
              gbps=0.99 * COPY_GBPS),
         # softmax fp32 at 256 MiB: 0.85 of copy: missed
-        _row("softmax", "triton", "fp32", "M=8192,N=4096", 2 * 4 * 8192 * 4096,
+        ci_row("softmax", "triton", "fp32", "M=8192,N=4096", 2 * 4 * 8192 * 4096,
              gbps=0.85 * COPY_GBPS),
         # S=8192: 520 / 560 TFLOP/s = 0.929x SDPA, 52.6% of 989.4: met
         {**_attn("triton", 8192, 0, 520), **peak},
@@ -332,7 +333,7 @@ def test_the_step_kernels_targets(tmp_path: Path) -> None:
         {**_attn("triton", 16384, 1, 0.4 * 989.4), **peak},
         {**_attn("torch", 16384, 1, 0.5 * 989.4)},
     ]
-    c = _checks([_write(tmp_path / "step", rows)])
+    c = _checks([write_ci_run(tmp_path / "step", rows)])
     assert c["rmsnorm bf16"].verdict == MET
     assert c["rmsnorm bf16"].parts[0].value == pytest.approx(0.93)
     assert "no row at >= 64 MiB" in c["rmsnorm fp16"].cells()[-1]  # 32 MiB: too small

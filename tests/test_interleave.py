@@ -136,6 +136,6 @@ def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:
                 got.append(row["shape"])
                 raise KeyboardInterrupt
         except KeyboardInterrupt as e:
-            got += [row["shape"] for _, row in job._drain(rows, e)]
+            got += [row["shape"] for _, row in job.drain_rows(rows, e)]
             raise
     assert got == ["n=1000", "n=2000", "n=3000"]

@@ -20,7 +20,7 @@ import run_bench
 from benches import ceilings as ceil_mod
 from benches import failures, gpu_monitor, gpu_rows, graph_timing, runner, timing, timing_plan
 from benches.graph_timing import GraphProbe
-from benches.runner import Case, RunConfig, SweepAborted, _InputCache, run_case
+from benches.runner import Case, InputCache, RunConfig, SweepAborted, run_case
 from benches.timing import TimingConfig
 from kernels import REGISTRY, Target
 from kernels.matmul import UnsupportedShape
@@ -102,7 +102,7 @@ def _ptxas() -> BaseException:
     (lambda: ValueError("bad stride"), "kernel raised: ValueError: bad stride"),
 ])
 def test_kernel_errors_are_failed_rows(make, needle):
-    row = run_case(case(fn=raising(make())), cpu_cfg(), _InputCache())
+    row = run_case(case(fn=raising(make())), cpu_cfg(), InputCache())
     assert row["status"] == "failed", row["reason"]
     assert needle in row["reason"]
 
@@ -112,7 +112,7 @@ def test_kernel_errors_are_failed_rows(make, needle):
     (UnsupportedShape("torch._scaled_mm needs multiples of 16"), "multiples of 16"),
 ])
 def test_only_oom_and_rejected_shapes_are_skipped(exc, needle):
-    row = run_case(case(fn=raising(exc)), cpu_cfg(), _InputCache())
+    row = run_case(case(fn=raising(exc)), cpu_cfg(), InputCache())
     assert row["status"] == "skipped" and needle in row["reason"]
 
 
@@ -131,7 +131,7 @@ STICKY = [
 def test_sticky_cuda_error_aborts_the_sweep(msg):
     c = case(fn=raising(RuntimeError(msg)))
     with pytest.raises(SweepAborted) as info:
-        run_case(c, cpu_cfg(), _InputCache())
+        run_case(c, cpu_cfg(), InputCache())
     row = info.value.row
     assert row["status"] == "failed" and "sweep aborted" in row["reason"]
     assert c.label in info.value.reason and msg.splitlines()[0][:20] in info.value.reason
@@ -156,7 +156,7 @@ def test_error_while_timing_is_a_failed_row(monkeypatch):
             raise RuntimeError("CUDA error: too many resources requested for launch")
         return torch.add(inputs["x"], inputs["y"], out=out)
 
-    row = run_case(case(fn=flaky), cpu_cfg(), _InputCache())
+    row = run_case(case(fn=flaky), cpu_cfg(), InputCache())
     assert row["status"] == "failed" and "while timing" in row["reason"]
 
 
@@ -212,7 +212,7 @@ def test_autotuned_kernel_is_checked_after_tuning():
         calls.append(1)
         return out
 
-    row = run_case(case(fn=tuned), cpu_cfg(check_only=True), _InputCache())
+    row = run_case(case(fn=tuned), cpu_cfg(check_only=True), InputCache())
     assert row["status"] == "failed" and "NaN" in row["reason"]
 
 
@@ -264,7 +264,7 @@ def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, m
     for prov in ("torch", "triton"):
         c = Case(spec, prov, dtype, shape)
         assert gpu_rows.timing_method(c, cfg) == method
-        t, note = runner._time_case(c, cfg, inputs, out)
+        t, note = runner.time_case(c, cfg, inputs, out)
         assert t.timer == method and note == ""
     assert seen[0] == seen[1] and seen[0][0] == method
     if method == timing.TIMER_GRAPH:
@@ -296,7 +296,7 @@ def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     spec = REGISTRY["add"]
     inputs = spec.make_inputs({"n": 4096}, "fp32", 0, "cpu")
-    t, note = runner._time_case(Case(spec, "torch", "fp32", {"n": 4096}), gpu_cfg(), inputs,
+    t, note = runner.time_case(Case(spec, "torch", "fp32", {"n": 4096}), gpu_cfg(), inputs,
                                 spec.alloc_out(inputs, "fp32"))
     assert t.timer == timing.TIMER_GRAPH_FALLBACK and "capturing" in note
     assert seen == [(timing.TIMER_FLUSHED, 1)]
@@ -336,7 +336,7 @@ class _Null:
         return False
 
 
-def _fake_cuda(monkeypatch) -> None:
+def fake_cuda(monkeypatch) -> None:
     stream = SimpleNamespace(wait_stream=lambda s: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
@@ -348,7 +348,7 @@ def _fake_cuda(monkeypatch) -> None:
 
 
 def test_cudagraph_keeps_each_copys_output_alive_and_divides_by_calls(monkeypatch):
-    _fake_cuda(monkeypatch)
+    fake_cuda(monkeypatch)
     n = 7
     refs: list[weakref.ref] = []
     dead_too_soon = []
@@ -386,7 +386,7 @@ def test_cpu_rows_keep_at_least_min_samples_raw_samples():
         time.sleep(0.002)  # a slow kernel: the time budget alone gives a few blocks
         return torch.add(inputs["x"], inputs["y"], out=out)
 
-    row = run_case(case(fn=slow), cpu_cfg(), _InputCache())
+    row = run_case(case(fn=slow), cpu_cfg(), InputCache())
     # Cold (the default): the calls rotate over copies past twice the last-level cache.
     assert row["status"] == "ok" and row["timer"] == timing.TIMER_CPU_ROTATED
     assert row["n_samples"] >= 25 and len(row["samples_ms"]) == row["n_samples"]
@@ -524,9 +524,9 @@ def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
 
     monkeypatch.setattr(runner, "gpu_monitor", lambda: Mon())
     monkeypatch.setattr(runner, "_sync", lambda target: None)
-    monkeypatch.setattr(runner, "_time_case", lambda c, cfg, i, o, *rest: (
+    monkeypatch.setattr(runner, "time_case", lambda c, cfg, i, o, *rest: (
         timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""))
-    class CpuInputs(_InputCache):  # the "GPU" case's tensors live on the CPU
+    class CpuInputs(InputCache):  # the "GPU" case's tensors live on the CPU
         def get(self, c, cfg):
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
@@ -583,7 +583,7 @@ def test_fp32_tolerance_is_2e_5(rel, status):
         x, y = inputs["x"].double(), inputs["y"].double()
         return torch.add(x, y).mul_(1 + rel).float()
 
-    row = run_case(case(fn=off), cpu_cfg(check_only=True), _InputCache())
+    row = run_case(case(fn=off), cpu_cfg(check_only=True), InputCache())
     assert row["status"] == status
     assert row["rel_err"] == pytest.approx(rel, rel=0.05)
 

@@ -20,7 +20,7 @@ import torch
 
 import run_bench
 from benches import failures, runner
-from benches.runner import SweepAborted, _InputCache, run_case
+from benches.runner import InputCache, SweepAborted, run_case
 from benches.timing import summarize
 from kernels.matmul import scaled_mm_rejects
 from roofline.gate.cli import check_outputs, main
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_library_execution_failures_abort_the_sweep(msg):
     assert failures.is_sticky_cuda_error(RuntimeError(msg))
     with pytest.raises(SweepAborted):
-        run_case(case(fn=raising(RuntimeError(msg))), cpu_cfg(), _InputCache())
+        run_case(case(fn=raising(RuntimeError(msg))), cpu_cfg(), InputCache())
 
 
 @pytest.mark.parametrize("msg", [
@@ -88,7 +88,7 @@ def test_a_case_larger_than_memory_is_skipped_before_allocating(monkeypatch):
     c = case(shape={"n": 10**13})
     c = dataclasses.replace(c, spec=dataclasses.replace(
         c.spec, make_inputs=lambda *a: made.append(a)))
-    row = run_case(c, cpu_cfg(), _InputCache())
+    row = run_case(c, cpu_cfg(), InputCache())
     assert made == []
     assert row["status"] == "skipped"
     assert "out of memory at this shape" in row["reason"] and "120000 GB" in row["reason"]
@@ -98,7 +98,7 @@ def test_a_cpu_allocation_failure_is_out_of_memory():
     err = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
                        "can't allocate memory: you tried to allocate 40000000000000 bytes. "
                        "Error code 12 (Cannot allocate memory)")
-    row = run_case(case(fn=raising(err)), cpu_cfg(), _InputCache())
+    row = run_case(case(fn=raising(err)), cpu_cfg(), InputCache())
     assert row["status"] == "skipped" and "out of memory" in row["reason"]
 
 
@@ -145,9 +145,9 @@ def test_compare_writes_a_report_to_a_fresh_path(tmp_path):
 @pytest.mark.parametrize("field, value", [("tflops", "abc"), ("flops", None),
                                           ("mfu", "high")])
 def test_plot_refuses_metrics_that_are_not_numbers(tmp_path, capsys, field, value):
-    from tests.test_writes import _row
+    from tests.test_writes import written_row
 
-    row = _row(0)
+    row = written_row(0)
     row.update(intensity=1 / 12, tflops=1e-6, gbps=1.0, mfu=0.01)
     row[field] = value
     p = tmp_path / "results.json"

@@ -18,14 +18,15 @@ import pytest
 
 import run_bench
 from benches import gpu_monitor, runner, timing
+from benches import retime as retime_client
 from benches.gpu_monitor import ThrottleConfig, run_clock_facts, throttle_state, time_unthrottled
-from benches.runner import _InputCache, run_case
+from benches.runner import InputCache, run_case
 from kernels import Target
 from roofline.gate.cli import main
 from roofline.gate.promote import promote
 from roofline.gate.rules import CompareError
 from roofline.gate.verdicts import compare_frames
-from roofline.model.schema import ALL_COLUMNS
+from roofline.model.schema import ALL_COLUMNS, parse_row_key
 from roofline.report.summary import render_summary
 from tests.test_measurement import case, gpu_cfg
 
@@ -121,9 +122,9 @@ def test_the_window_covers_the_timing_only(monkeypatch):
     def fake_time_case(c, cfg, inputs, out, *rest):
         marks["timing"] = time.monotonic()
         return timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""
-    monkeypatch.setattr(runner, "_time_case", fake_time_case)
+    monkeypatch.setattr(runner, "time_case", fake_time_case)
 
-    class Cache(_InputCache):
+    class Cache(InputCache):
         def get(self, c, cfg):
             marks["inputs"] = time.monotonic()
             time.sleep(0.01)
@@ -194,16 +195,16 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
         sent.append(json.loads(input))
         answer = retime.retime({**sent[-1], "device": "cpu"})
         return SimpleNamespace(returncode=0, stdout=json.dumps(answer), stderr="")
-    monkeypatch.setattr(job, "RETIME_ROUNDS", 2)
-    monkeypatch.setattr(job, "RETIME_SPACING_S", 0.0)
-    monkeypatch.setattr(job.subprocess, "run", child)
+    monkeypatch.setattr(retime_client, "RETIME_ROUNDS", 2)
+    monkeypatch.setattr(retime_client, "RETIME_SPACING_S", 0.0)
+    monkeypatch.setattr(retime_client.subprocess, "run", child)
     cases = [Case(REGISTRY["add"], "torch", "fp32", {"n": n}) for n in (4096, 8192)]
-    got = job._retimer(cases, cfg, [])(keys)
+    got = job.compare_retimer(cases, cfg, [])(keys)
     assert sent[0]["throttle"] == {"threshold_pct": 90.0, "recovery_delay_s": 0.5,
                                    "retries": 3}
     assert seen == [ThrottleConfig(90.0, 0.5)] * 4
     # Keys come back whole: (kernel, provider, dtype, shape, cache), a 4-part key as cold.
-    assert got == {retime.case_key(keys[0]): [[2.0], [2.0]], retime.case_key(keys[1]): []}
+    assert got == {parse_row_key(keys[0]): [[2.0], [2.0]], parse_row_key(keys[1]): []}
     assert "throttled in 1 rows' timings" in capsys.readouterr().out
 
 

@@ -184,7 +184,7 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
     monkeypatch.setattr(cases_mod, "_make_copies", lambda *a: (blocks.append(a[2]),
                                                                real(*a))[1])
     cfg = gpu_cfg()
-    cache = runner._InputCache()
+    cache = runner.InputCache()
     for prov in ("torch", "twin"):
         row = runner.run_case(runner.Case(spec, prov, "fp32", {"n": 4096}), cfg, cache)
         assert row["status"] == "ok", row["reason"]

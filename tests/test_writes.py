@@ -21,7 +21,7 @@ from roofline.model import schema
 from roofline.model.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
 
 
-def _row(i: int, n_samples: int = 50) -> dict:
+def written_row(i: int, n_samples: int = 50) -> dict:
     row = dict.fromkeys(ALL_COLUMNS)
     row.update(kernel="add", provider="torch", dtype="fp32", shape=f"n={1024 * (i + 1)}",
                flops=1024.0 * (i + 1), bytes=12.0 * 1024 * (i + 1), status="ok", reason="",
@@ -40,7 +40,7 @@ def test_add_never_rewrites_a_whole_file(tmp_path, monkeypatch):
                         lambda p, t: (rewrites.append(str(p)), real(p, t)))
     sizes = []
     for _ in range(40):
-        w.add(_row(0))  # same row each time: every append must be the same size
+        w.add(written_row(0))  # same row each time: every append must be the same size
         sizes.append((tmp_path / "run" / ROWS_JOURNAL).stat().st_size)
     assert rewrites == []
     steps = {b - a for a, b in zip(sizes, sizes[1:], strict=False)}
@@ -53,7 +53,7 @@ def test_readers_see_rows_added_since_the_last_flush(tmp_path):
     run = tmp_path / "run"
     w = ResultWriter(run, {"run_id": "x", "complete": False})
     w.flush()
-    rows = [_row(i) for i in range(5)]
+    rows = [written_row(i) for i in range(5)]
     for r in rows:
         w.add(r)
     assert json.loads((run / "results.json").read_text())["rows"] == []
@@ -75,9 +75,9 @@ def test_a_torn_last_journal_line_is_dropped(tmp_path):
     w = ResultWriter(run, {"run_id": "x"})
     w.flush()
     for i in range(3):
-        w.add(_row(i))
+        w.add(written_row(i))
     with open(run / ROWS_JOURNAL, "a") as f:
-        f.write(json.dumps(_row(9))[:40])  # killed mid-write: no newline, cut JSON
+        f.write(json.dumps(written_row(9))[:40])  # killed mid-write: no newline, cut JSON
     _, df = load_run(run)
     assert len(df) == 3
 
@@ -87,23 +87,23 @@ def test_close_writes_every_row_and_removes_the_journal(tmp_path):
     w = ResultWriter(run, {"run_id": "x"})
     w.flush()
     for i in range(4):
-        w.add(_row(i))
+        w.add(written_row(i))
     w.close()
     assert not (run / ROWS_JOURNAL).exists()
     doc = json.loads((run / "results.json").read_text())
-    assert [r["shape"] for r in doc["rows"]] == [_row(i)["shape"] for i in range(4)]
-    assert doc["rows"][2][SAMPLES] == _row(2)[SAMPLES]
+    assert [r["shape"] for r in doc["rows"]] == [written_row(i)["shape"] for i in range(4)]
+    assert doc["rows"][2][SAMPLES] == written_row(2)[SAMPLES]
 
 
 def test_a_resumed_writer_journals_its_earlier_rows_first(tmp_path):
     run = tmp_path / "run"
-    earlier = [_row(i) for i in range(3)]
+    earlier = [written_row(i) for i in range(3)]
     w = ResultWriter(run, {"run_id": "x"}, earlier)
     w.flush()
-    w.add(_row(7))
+    w.add(written_row(7))
     lines = (run / ROWS_JOURNAL).read_text().splitlines()
     assert [json.loads(ln)["shape"] for ln in lines] == \
-        [r["shape"] for r in earlier] + [_row(7)["shape"]]
+        [r["shape"] for r in earlier] + [written_row(7)["shape"]]
 
 
 def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
@@ -116,10 +116,10 @@ def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
     w = ResultWriter(run, meta)
     w.flush()
     for i in range(2):
-        w.add(_row(i))
+        w.add(written_row(i))
     folder, _, rows = read_run_doc(str(run))
     assert folder == run
-    assert [r["shape"] for r in rows] == [_row(0)["shape"], _row(1)["shape"]]
+    assert [r["shape"] for r in rows] == [written_row(0)["shape"], written_row(1)["shape"]]
 
 
 def test_journal_files_get_the_usual_mode(tmp_path):
@@ -127,7 +127,7 @@ def test_journal_files_get_the_usual_mode(tmp_path):
     old = os.umask(0o022)
     try:
         w = ResultWriter(run, {"run_id": "x"})
-        w.add(_row(0))
+        w.add(written_row(0))
     finally:
         os.umask(old)
     assert (run / ROWS_JOURNAL).stat().st_mode & 0o777 == 0o644

@@ -162,8 +162,8 @@ def _nvml(me: Any) -> tuple[Any, Any, str]:
     """(pynvml, handle, why not) for this rank's GPU."""
     if me.device != "cuda":
         return None, None, "a CPU rank: no NVML (GPU-only check)"
-    from benches.gpu_monitor import _message, nvml_handle
-    from benches.gpu_monitor import _nvml as load_pynvml
+    from benches.failures import error_message
+    from benches.gpu_monitor import load_pynvml, nvml_handle
 
     nv = load_pynvml()
     if nv is None:
@@ -172,7 +172,7 @@ def _nvml(me: Any) -> tuple[Any, Any, str]:
         nv.nvmlInit()
         h, how = nvml_handle(nv)
     except Exception as e:
-        return None, None, f"NVML: {_message(e)}"
+        return None, None, f"NVML: {error_message(e)}"
     return (nv, h, "") if h is not None else (None, None, f"NVML: {how}")
 
 

@@ -14,7 +14,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benches.gpu_monitor import SLOWDOWN_REASONS, _decode, _message, is_idle
+from benches.failures import error_message
+from benches.gpu_monitor import SLOWDOWN_REASONS, decode_nvml, is_idle
 
 
 def _read(out: dict[str, Any], errors: dict[str, str], key: str,
@@ -23,7 +24,7 @@ def _read(out: dict[str, Any], errors: dict[str, str], key: str,
         out[key] = fn()
     except Exception as e:  # NVMLError_NotSupported and friends: unreadable, not OK
         out[key] = None
-        errors[key] = _message(e)
+        errors[key] = error_message(e)
 
 
 def _nvlink_states(nv: Any, h: Any) -> list[int] | None:
@@ -64,8 +65,8 @@ def read_passive(nv: Any, h: Any) -> dict[str, Any]:
         _read(out, errors, key, fn)
 
     unc = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    read("name", lambda: _decode(nv.nvmlDeviceGetName(h)))
-    read("uuid", lambda: _decode(nv.nvmlDeviceGetUUID(h)))
+    read("name", lambda: decode_nvml(nv.nvmlDeviceGetName(h)))
+    read("uuid", lambda: decode_nvml(nv.nvmlDeviceGetUUID(h)))
     read("ecc_mode", lambda: [int(x) for x in nv.nvmlDeviceGetEccMode(h)])
     read("ecc_uncorrected_volatile",
          lambda: int(nv.nvmlDeviceGetTotalEccErrors(h, unc, nv.NVML_VOLATILE_ECC)))
@@ -93,8 +94,8 @@ def read_passive(nv: Any, h: Any) -> dict[str, Any]:
         h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)))
     read("temp_gpu_max_c", lambda: float(nv.nvmlDeviceGetTemperatureThreshold(
         h, nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)))
-    read("driver", lambda: _decode(nv.nvmlSystemGetDriverVersion()))
-    read("vbios", lambda: _decode(nv.nvmlDeviceGetVbiosVersion(h)))
+    read("driver", lambda: decode_nvml(nv.nvmlSystemGetDriverVersion()))
+    read("vbios", lambda: decode_nvml(nv.nvmlDeviceGetVbiosVersion(h)))
     out["errors"] = errors
     return out
 

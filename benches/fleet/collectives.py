@@ -71,7 +71,7 @@ def fill_value(rank: int, world: int, dtype: torch.dtype) -> float:
     return float(1 + rank % 2) if 2 * world <= limit else 1.0
 
 
-def _buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int,
+def collective_buffers(op: str, n: int, dtype: torch.dtype, device: str, rank: int, world: int,
              group: Any = None
              ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], bool]]:
     """(reset, call, check) for `op` on a whole array of n elements (n a multiple of
@@ -193,7 +193,7 @@ def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
     row.update(kernel=op, provider=backend, dtype=dtype, shape=f"bytes={size},ranks={world}",
                flops=0, bytes=size, n_samples=0, timer=TIMER.get(backend, backend),
                roof_class="link")
-    reset, call, check = _buffers(op, n, t, device, rank, world, group)
+    reset, call, check = collective_buffers(op, n, t, device, rank, world, group)
     reset()
     call()
     ok = torch.tensor([1.0 if check() else 0.0], device=device)

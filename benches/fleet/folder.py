@@ -20,7 +20,7 @@ def versions(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from benches.results import _git_commit
+    from benches.results import head_commit
 
     try:
         import triton
@@ -32,7 +32,7 @@ def versions(args: argparse.Namespace) -> dict[str, Any]:
         package: str | None = importlib.metadata.version("gpubench")
     except importlib.metadata.PackageNotFoundError:
         package = None
-    return {"suite commit": _git_commit(), "suite package": package,
+    return {"suite commit": head_commit(), "suite package": package,
             "torch": torch.__version__, "triton": triton_v,
             "kernels": list(args.kernels), "dtypes": list(args.dtypes),
             "providers": list(args.providers), "sizes": args.sizes, "seed": args.seed,
@@ -100,7 +100,7 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
     `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
     import pandas as pd
 
-    from benches.job import _finish
+    from benches.job import finish_run
     from benches.results import ResultWriter
     from roofline.model.devices import DEVICES
     from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
@@ -118,7 +118,7 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
     writer.close()
     if not final:
         return []
-    _finish(writer, fleet_dir, plots=not args.no_plots)
+    finish_run(writer, fleet_dir, plots=not args.no_plots)
     frame = writer.frame()
     tol = args.fleet_tolerance if args.fleet_tolerance is not None \
         else DEFAULT_TOLERANCE[me.device]

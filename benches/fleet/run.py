@@ -170,10 +170,9 @@ class _Fleet:
             return self._after_sweep(code, sweep_s, rows, meta, info, noted)
 
     def _agree_on_cases(self, cases: list[Any]) -> None:
-        from benches import job
 
         me = self.me
-        keys = [list(job._case_key(c)) for c in cases]
+        keys = [list(c.key) for c in cases]
         if _test_rank(TEST_CASES, me):
             keys = keys[1:]
         fdist.agree("case list", {"cases": keys, "number of cases": len(keys)})

@@ -17,6 +17,7 @@ import pandas as pd
 from roofline.model.devices import DeviceError, get_device_model
 from roofline.model.schema import (
     SAMPLES,
+    RowKey,
 )
 
 # Default threshold (percent, on the ratio of median times) by device kind.  It has to sit
@@ -86,12 +87,9 @@ NUMERIC_COLUMNS = ("ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps
 
 SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
-# A row's identity across runs: kernel, provider, dtype, shape and cache mode
-# (schema.ROW_ID; verdicts._key builds it).
-Key = tuple[str, str, str, str, str]
 
 # run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
-Retime = Callable[[list[Key]], Mapping[Key, list[list[float]]]]
+Retime = Callable[[list[RowKey]], Mapping[RowKey, list[list[float]]]]
 # (device key, a run's metadata, its rows) -> the Retime of that run's rows on this
 # machine; the command line wires the harness's (roofline/__main__.py).
 RetimerFactory = Callable[[str, dict, list], Retime]

@@ -42,7 +42,6 @@ from roofline.gate.rules import (
     ROW_ALPHA_MAX,
     VERDICT_ORDER,
     CompareError,
-    Key,
     check_threshold,
     is_missing,
     parse_samples,
@@ -62,8 +61,9 @@ from roofline.model.schema import (
     KEY,
     ROW_ID,
     SAMPLES,
+    RowKey,
     cache_column,
-    row_cache,
+    row_key,
     row_name,
 )
 
@@ -179,7 +179,7 @@ def _speed_verdict(base: Timing, new: Timing, threshold_pct: float,
 
 
 def normalise_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Key columns as strings, timing columns as floats, samples as tuples, one row per
+    """RowKey columns as strings, timing columns as floats, samples as tuples, one row per
     key (last wins)."""
     df = df.copy()
     for col in KEY:
@@ -224,11 +224,6 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
     )
 
 
-def row_key(row: Mapping[str, Any]) -> Key:
-    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
-            row_cache(row))
-
-
 _OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
                 "base_p80", "new_p20", "new_p80", "n_base", "n_new", "base_status",
                 "new_status"]
@@ -242,7 +237,7 @@ def sort_by_verdict(df: pd.DataFrame) -> pd.DataFrame:
 
 def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
              alpha: float | None, fp8_accum: tuple[str | None, str | None],
-             ) -> tuple[pd.DataFrame, dict[Key, Timing], float]:
+             ) -> tuple[pd.DataFrame, dict[RowKey, Timing], float]:
     for row in base_df[status_column(base_df) == "ok"].to_dict("records"):
         problem = time_problem(row)
         if problem:
@@ -265,7 +260,7 @@ def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
     base_mode, run_mode = fp8_accum
     modes_differ = bool(base_mode and run_mode and base_mode != run_mode)
     out: list[dict[str, Any]] = []
-    base_timings: dict[Key, Timing] = {}
+    base_timings: dict[RowKey, Timing] = {}
     for row in records:
         base = _timing(row, "_b", base_mode if modes_differ else None)
         new = _timing(row, "_n", run_mode if modes_differ else None)
@@ -367,7 +362,7 @@ class CompareResult:
     retimed: int = 0  # rows that looked slower and were re-timed
     confirmed: int = 0  # of those, still slower
     rounds: int = 0  # most re-timed rounds any row got
-    base_timings: dict[Key, Timing] = field(default_factory=dict, repr=False)
+    base_timings: dict[RowKey, Timing] = field(default_factory=dict, repr=False)
 
     @property
     def counts(self) -> dict[str, int]:

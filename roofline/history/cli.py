@@ -124,8 +124,11 @@ def _cmd_report(args: argparse.Namespace, retimer: RetimerFactory | None) -> int
         for d in devices:
             if d.new_slower:
                 meta, df = run_document(d.history.path, int(d.runs["seq"].iloc[-1]))
-                confirmations[d.device] = confirm(
-                    d, retimer(d.device, meta, df.to_dict("records")))
+                try:
+                    retime = retimer(d.device, meta, df.to_dict("records"))
+                except ValueError as e:  # a store of another device than this machine's
+                    raise HistoryError(str(e)) from None
+                confirmations[d.device] = confirm(d, retime)
     markdown = "\n".join(render([d], confirmations.get(d.device)) for d in devices)
     if args.md:
         try:

@@ -10,20 +10,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from roofline.gate.rules import Key, Retime
+from roofline.gate.rules import Retime
 from roofline.gate.runs import CONFIRM_MIN_ROUNDS
 from roofline.gate.stats import fast_end
 from roofline.history.changepoints import ChangePoint, young_runs
 from roofline.history.detectable import MAX_RUNS
 from roofline.history.series import DeviceSeries, Series
+from roofline.model.schema import RowKey
 
 
 @dataclass
 class Confirmation:
     """Re-timing of the new slowdowns (Retime rounds against the old level's fast end)."""
 
-    checked: dict[Key, str] = field(default_factory=dict)  # key -> note
-    cleared: set[Key] = field(default_factory=set)  # not slower when re-timed
+    checked: dict[RowKey, str] = field(default_factory=dict)  # key -> note
+    cleared: set[RowKey] = field(default_factory=set)  # not slower when re-timed
     failed: str = ""  # why re-timing did not run
 
 

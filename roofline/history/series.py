@@ -23,9 +23,7 @@ from roofline.history.detectable import Sight, sight
 from roofline.history.errors import HistoryError
 from roofline.history.noise import median_noise, spread
 from roofline.history.store import History
-from roofline.model.schema import ROW_ID, row_name
-
-Key = tuple[str, str, str, str, str]
+from roofline.model.schema import ROW_ID, RowKey, row_name
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class Options:
 class Series:
     """One row key's ok, unthrottled times across a device's runs, oldest first."""
 
-    key: Key
+    key: RowKey
     device: str
     runs: pd.DataFrame  # per point: pos, seq, run_id, git_commit, created, median, p20,
     # p80, fast_end, n, timer, gbps, tflops

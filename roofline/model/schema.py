@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -142,6 +142,29 @@ def row_cache(row: Any) -> str:
             or not str(value).strip():
         return native_cache(row)
     return str(value).strip().lower()
+
+
+# A row's identity across runs (ROW_ID's values): a cold and a warm time of one case are
+# different rows, never compared.
+RowKey = tuple[str, str, str, str, str]
+
+
+def row_key(row: Any) -> RowKey:
+    """kernel, provider, dtype, shape and cache mode (row_cache) of a row (a dict or
+    pandas row): the one key every part of the suite matches rows by."""
+    return (str(row["kernel"]), str(row["provider"]), str(row["dtype"]), str(row["shape"]),
+            row_cache(row))
+
+
+def parse_row_key(parts: Sequence[Any]) -> RowKey:
+    """A row key from its parts as a list holds them: four (a cold row, as keys were
+    written before cache modes) or five."""
+    got = [str(x) for x in parts]
+    if len(got) == 4:
+        got.append(DEFAULT_CACHE)
+    if len(got) != 5:
+        raise ValueError(f"a row is kernel, provider, dtype, shape[, cache], not {list(parts)!r}")
+    return (got[0], got[1], got[2], got[3], got[4])
 
 
 def cache_column(df: pd.DataFrame) -> pd.Series:
