@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+from benches import console
 from benches.fleet.rank_io import say_line
 from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
 
@@ -196,10 +197,10 @@ def _main(argv: list[str], started: float | None = None) -> int:
 
             return run_estimate(args)
         if args.list:
-            job.print_kernels()
+            console.print_kernels()
             return 0
         if args.list_devices:
-            job.print_devices()
+            console.print_devices()
             return 0
         from benches.fleet.dist import launched
 

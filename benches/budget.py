@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benches.cases import Case
-from benches.timing import CpuPlan
+from benches.timing_plan import CpuPlan
 
 # --run-budget's default on a CPU: what the default sweep's timing may take (the whole
 # run, with ceilings, checks and figures, stays under 3 minutes on 2 busy cores).

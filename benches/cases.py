@@ -19,9 +19,7 @@ from benches.gpu_monitor import (
     ThrottleConfig,
 )
 from benches.shapes import shapes_for
-from benches.timing import (
-    TimingConfig,
-)
+from benches.timing_plan import TimingConfig
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.spec import Shape
 from roofline.model import metrics

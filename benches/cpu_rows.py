@@ -28,16 +28,8 @@ from benches.cases import (
     gc_paused,
     make_copies,
 )
-from benches.timing import (
-    TIMER_CPU,
-    TIMER_CPU_ROTATED,
-    CpuPlan,
-    Rotation,
-    Timing,
-    cpu_cache_bytes,
-    cpu_rotation,
-    time_cpu_rounds,
-)
+from benches.timing import Rotation, Timing, time_cpu_rounds
+from benches.timing_plan import TIMER_CPU, TIMER_CPU_ROTATED, CpuPlan, cpu_cache_bytes, cpu_rotation
 from roofline.model.schema import DEFAULT_CACHE
 
 # The timers of CPU rows (same buffers, or a cold row's rotated copies): rows timed in

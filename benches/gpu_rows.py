@@ -21,19 +21,16 @@ from benches.cases import Case, Copies, InputCache, MakeCall, RunConfig, gc_paus
 from benches.failures import error_message, is_sticky_cuda_error
 from benches.graph_timing import CaptureTooSlow, probe_call, time_cudagraph
 from benches.phases import TimeSplit
-from benches.timing import (
+from benches.timing import Timing, host_dispatch_us, time_flushed, time_warm
+from benches.timing_plan import (
     TIMER_CPU,
     TIMER_FLUSHED,
     TIMER_GRAPH,
     TIMER_GRAPH_FALLBACK,
     TIMER_WARM_FALLBACK,
-    Timing,
     choose_method,
     graph_plan,
-    host_dispatch_us,
     rotation_copies,
-    time_flushed,
-    time_warm,
 )
 from roofline.model.schema import DEFAULT_CACHE
 

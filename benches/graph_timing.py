@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from benches.timing import TIMER_GRAPH, Timing, summarize
+from benches.timing import Timing, summarize
 from benches.timing_plan import (
+    TIMER_GRAPH,
     TimingConfig,
     graph_calls,
     graph_sample_count,

@@ -21,13 +21,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from benches import runner, triton_cache
+from benches import gpu_monitor, runner, triton_cache
 from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.cases import Case, RunConfig, build_cases
 from benches.ceilings import get_ceilings
-from benches.console import console, print_summary
-from benches.console import print_devices as print_devices
-from benches.console import print_kernels as print_kernels
+from benches.console import console, print_devices, print_kernels, print_summary
 from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
 from benches.interrupt import Terminated, exit_code, signal_name
 from benches.phases import TimeSplit, compiles_booked
@@ -41,7 +39,7 @@ from benches.run_folder import (
     writable_dir,
 )
 from benches.shapes import PRESETS, ShapeError, parse_sizes
-from benches.timing import TimingConfig
+from benches.timing_plan import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
@@ -334,7 +332,7 @@ def run(args: argparse.Namespace, argv: list[str],
         code = exit_code(e)
     if present.kind == "cuda":
         meta["nvml_end"] = nvml_snapshot()  # includes the run's sampler summary
-        during = runner.stop_gpu_monitor()
+        during = gpu_monitor.stop_gpu_monitor()
         if not cfg.check_only:
             meta.update(run_clock_facts(during, meta.get("nvml_start"), writer.rows,
                                         cfg.throttle))

@@ -21,7 +21,7 @@ from benches.cases import RunConfig
 from benches.gpu_monitor import (
     nvml_snapshot,
 )
-from benches.timing import cpu_cache_bytes, read_llc
+from benches.timing_plan import cpu_cache_bytes, read_llc
 from roofline.model.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,

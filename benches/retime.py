@@ -120,7 +120,7 @@ def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.cpu_rows import sweep_cache
     from benches.gpu_monitor import ThrottleConfig
     from benches.runner import run_case
-    from benches.timing import TimingConfig
+    from benches.timing_plan import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
     from roofline.model.ceilings import Ceilings

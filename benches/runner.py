@@ -32,14 +32,11 @@ from benches.cases import (
     copies_frozen,
     roofs_of,
 )
-from benches.cases import build_cases as build_cases
 from benches.failures import SweepAborted, error_row
-from benches.gpu_monitor import GpuMonitor as GpuMonitor
-from benches.gpu_monitor import ThrottleConfig as ThrottleConfig
-from benches.gpu_monitor import gpu_monitor, time_unthrottled
-from benches.gpu_monitor import nvml_handle as nvml_handle
-from benches.gpu_monitor import nvml_snapshot as nvml_snapshot
-from benches.gpu_monitor import stop_gpu_monitor as stop_gpu_monitor
+from benches.gpu_monitor import (
+    gpu_monitor,
+    time_unthrottled,
+)
 from benches.gpu_rows import graph_copies, time_gpu_row, timing_method
 from benches.interrupt import (
     python_handlers_back,
@@ -47,19 +44,9 @@ from benches.interrupt import (
     signal_name,
 )
 from benches.phases import TimeSplit
-from benches.results import ResultWriter as ResultWriter
-from benches.results import collect_metadata as collect_metadata
-from benches.timing import (
-    TIMER_CPU,
-    CpuPlan,
-    OverBudget,
-    Timing,
-    cpu_round_config,
-    plan_cpu,
-    summarize,
-)
-from kernels import DTYPES
-from kernels import Target as Target
+from benches.timing import Timing, summarize
+from benches.timing_plan import TIMER_CPU, CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from kernels import DTYPES, Target
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline.model import metrics

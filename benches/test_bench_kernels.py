@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from benches.shapes import preset_shapes
-from benches.timing import TimingConfig, time_gpu
+from benches.timing import time_gpu
+from benches.timing_plan import TimingConfig
 from kernels import DTYPES, REGISTRY, current_target
 from kernels.spec import Target
 from kernels.triton_utils import prepared_call, run_launch

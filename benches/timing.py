@@ -36,28 +36,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from benches.timing_plan import FALLBACK_LLC_BYTES as FALLBACK_LLC_BYTES
-from benches.timing_plan import TIMER_CPU as TIMER_CPU
-from benches.timing_plan import TIMER_CPU_ROTATED as TIMER_CPU_ROTATED
-from benches.timing_plan import TIMER_FLUSHED as TIMER_FLUSHED
-from benches.timing_plan import TIMER_GRAPH as TIMER_GRAPH
-from benches.timing_plan import TIMER_GRAPH_FALLBACK as TIMER_GRAPH_FALLBACK
-from benches.timing_plan import TIMER_WARM as TIMER_WARM
-from benches.timing_plan import TIMER_WARM_FALLBACK as TIMER_WARM_FALLBACK
-from benches.timing_plan import CpuPlan as CpuPlan
-from benches.timing_plan import OverBudget as OverBudget
-from benches.timing_plan import TimingConfig as TimingConfig
-from benches.timing_plan import bound_ms as bound_ms
-from benches.timing_plan import choose_method as choose_method
-from benches.timing_plan import cpu_cache_bytes as cpu_cache_bytes
-from benches.timing_plan import cpu_rotation as cpu_rotation
-from benches.timing_plan import cpu_round_config as cpu_round_config
-from benches.timing_plan import graph_calls as graph_calls
-from benches.timing_plan import graph_plan as graph_plan
-from benches.timing_plan import plan_cpu as plan_cpu
-from benches.timing_plan import read_llc as read_llc
-from benches.timing_plan import rotation_copies as rotation_copies
-from benches.timing_plan import sample_count as sample_count
+from benches.timing_plan import (
+    TIMER_CPU,
+    TIMER_CPU_ROTATED,
+    TIMER_FLUSHED,
+    TIMER_WARM,
+    CpuPlan,
+    TimingConfig,
+    cpu_round_config,
+    plan_cpu,
+    sample_count,
+)
 
 
 @dataclass(frozen=True)

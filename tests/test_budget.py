@@ -15,10 +15,10 @@ import pytest
 
 import run_bench
 from benches import ceilings as ceil_mod
-from benches import runner, timing
+from benches import runner, timing, timing_plan
 from benches.budget import RowBudget, RunBudget, work
 from benches.runner import InputCache, iterate, run_case
-from benches.timing import OverBudget, TimingConfig, plan_cpu
+from benches.timing_plan import OverBudget, TimingConfig, plan_cpu
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.model.ceilings import Ceilings, no_roofs
 from roofline.model.rows import run_ceilings
@@ -26,7 +26,7 @@ from roofline.report.summary import render_summary
 from tests.test_measurement import case, cpu_cfg
 
 TWO_S = TimingConfig(row_budget_s=2.0)
-ROUND = timing.cpu_round_config(TWO_S)  # one of the 5 rounds of a CPU row, 2 s a row
+ROUND = timing_plan.cpu_round_config(TWO_S)  # one of the 5 rounds of a CPU row, 2 s a row
 
 
 # ---- the numbers ------------------------------------------------------------------------

@@ -20,12 +20,13 @@ import pytest
 import torch
 
 import run_bench
-from benches import cpu_rows, gpu_rows, graph_timing, job, retime, runner, timing
+from benches import cpu_rows, gpu_rows, graph_timing, job, retime, runner, timing, timing_plan
 from benches import retime as retime_client
 from benches.cases import Case, InputCache, Scratch, make_copies
 from benches.graph_timing import GraphProbe
 from benches.runner import run_case, time_case
-from benches.timing import Rotation, TimingConfig
+from benches.timing import Rotation
+from benches.timing_plan import TimingConfig
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
@@ -64,8 +65,8 @@ def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
     rows = {r["cache"]: r for r in df.to_dict("records")}
     assert set(rows) == {"cold", "warm"} and len(df) == 2
     assert all(r["status"] == "ok" and r["shape"] == "n=4096" for r in rows.values())
-    assert rows["cold"]["timer"] == timing.TIMER_CPU_ROTATED
-    assert rows["warm"]["timer"] == timing.TIMER_CPU
+    assert rows["cold"]["timer"] == timing_plan.TIMER_CPU_ROTATED
+    assert rows["warm"]["timer"] == timing_plan.TIMER_CPU
     (run,) = (tmp_path / "cpu").iterdir()
     assert "cache" in (run / "results.csv").read_text().splitlines()[0].split(",")
     assert "## Warm vs cold" in (run / "summary.md").read_text()
@@ -111,7 +112,7 @@ def test_a_resumed_run_keeps_its_cache_modes() -> None:
 # ---- the gate keeps cold and warm apart ---------------------------------------------------
 
 def _row(shape: str, ms: float, cache: str | None = "cold", n: int = 25,
-         device: str = "h100", timer: str = timing.TIMER_FLUSHED) -> dict[str, Any]:
+         device: str = "h100", timer: str = timing_plan.TIMER_FLUSHED) -> dict[str, Any]:
     samples = list(ms * np.linspace(0.98, 1.02, n))
     row: dict[str, Any] = {"kernel": "add", "provider": "torch", "dtype": "fp32",
                            "shape": shape, "status": "ok", "ms_median": ms,
@@ -154,10 +155,10 @@ def test_rows_written_before_the_cache_column_keep_their_devices_mode() -> None:
     assert _verdicts(legacy, [_row("n=4096", 1.0, cache=None)]) == {
         ("n=4096", "cold"): "same"}
     # A CPU baseline from before it: blocks of calls on the same buffers, warm.
-    cpu = {"device": "cpu", "timer": timing.TIMER_CPU}
+    cpu = {"device": "cpu", "timer": timing_plan.TIMER_CPU}
     legacy = [_row("n=4096", 0.2, cache=None, **cpu)]
     run = [_row("n=4096", 0.2, "warm", **cpu),
-           _row("n=4096", 1.0, "cold", device="cpu", timer=timing.TIMER_CPU_ROTATED)]
+           _row("n=4096", 1.0, "cold", device="cpu", timer=timing_plan.TIMER_CPU_ROTATED)]
     assert _verdicts(legacy, run) == {("n=4096", "warm"): "same",
                                       ("n=4096", "cold"): "new"}
 
@@ -175,7 +176,7 @@ def test_reports_name_warm_rows_and_keep_cold_names() -> None:
                                        run_meta={"device_key": "h100"}))
     assert "| n=4096 (warm) | **slower** |" in md
     # On a CPU the native mode is warm: its rows keep their names, cold ones say so.
-    cpu = {"device": "cpu", "timer": timing.TIMER_CPU}
+    cpu = {"device": "cpu", "timer": timing_plan.TIMER_CPU}
     run = [_row("n=4096", 0.2, "warm", **cpu), _row("n=4096", 1.0, "cold", **cpu)]
     names = {e["name"] for e in benchmark_entries(pd.DataFrame(run))}
     assert names == {"add/torch/fp32/n=4096", "add/torch/fp32/n=4096/cold"}
@@ -238,7 +239,7 @@ def test_cpu_cold_calls_rotate_over_copies_past_twice_the_cache() -> None:
     footprint = c.spec.nbytes(c.shape, "fp32")  # x, y and out: 48 KiB
     one_round = dataclasses.replace(FAST, cpu_rounds=1)
     t, note = time_case(c, cpu_cfg(timing=one_round), inputs, out)
-    assert t.timer == timing.TIMER_CPU_ROTATED and note == ""
+    assert t.timer == timing_plan.TIMER_CPU_ROTATED and note == ""
     xs = [x for x, _, _ in log]
     outs = {o for _, o, _ in log}
     copies = 2 * SMALL_LLC // footprint + 1  # the case's buffers and 10 copies
@@ -257,7 +258,7 @@ def test_cpu_warm_calls_run_on_the_same_buffers() -> None:
     one_round = dataclasses.replace(FAST, cpu_rounds=1)
     t, note = time_case(c, cpu_cfg(timing=one_round), inputs,
                          c.spec.alloc_out(inputs, "fp32"))
-    assert t.timer == timing.TIMER_CPU and note == ""
+    assert t.timer == timing_plan.TIMER_CPU and note == ""
     assert len(log) > 2 and {x for x, _, _ in log} == {inputs["x"].data_ptr()}
 
 
@@ -267,7 +268,7 @@ def test_a_footprint_past_twice_the_cache_is_cold_by_size(monkeypatch: pytest.Mo
     log: list[tuple[int, int, float]] = []
     row = run_case(case(fn=_recording_add(log), shape={"n": 4096}),
                    cpu_cfg(timing=FAST), InputCache())
-    assert row["status"] == "ok" and row["timer"] == timing.TIMER_CPU
+    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_CPU
     assert row["cache"] == "cold" and "cold by size" in row["reason"]
     assert len({x for x, _, _ in log}) <= FAST.cpu_rounds + 1  # no copies made
 
@@ -281,10 +282,11 @@ def test_the_sweep_keeps_a_rows_copies_for_its_rounds(monkeypatch: pytest.Monkey
     cases = [Case(spec, "torch", "fp32", {"n": n}, mode) for n in (4096, 8192)
              for mode in ("cold", "warm")]
     rows = [row for _, row in runner.iterate(cases, cpu_cfg(timing=FAST))]
+    rotated, blocks = timing_plan.TIMER_CPU_ROTATED, timing_plan.TIMER_CPU
     assert [(r["shape"], r["cache"], r["timer"]) for r in rows] == [
-        ("n=4096", "cold", timing.TIMER_CPU_ROTATED), ("n=4096", "warm", timing.TIMER_CPU),
-        ("n=8192", "cold", timing.TIMER_CPU_ROTATED), ("n=8192", "warm", timing.TIMER_CPU)]
-    per_round = timing.cpu_round_config(FAST).min_samples
+        ("n=4096", "cold", rotated), ("n=4096", "warm", blocks),
+        ("n=8192", "cold", rotated), ("n=8192", "warm", blocks)]
+    per_round = timing_plan.cpu_round_config(FAST).min_samples
     assert all(r["n_samples"] >= FAST.cpu_rounds * per_round for r in rows)
     assert len(made) == 2  # once per cold row, not once per round
 
@@ -314,7 +316,7 @@ def test_interleaved_cold_rows_share_memory_and_time_their_own_values(
     for _, row in runner.iterate(cases, cfg):
         frozen.append(gc.get_freeze_count())
         rows.append(row)
-    assert all(r["status"] == "ok" and r["timer"] == timing.TIMER_CPU_ROTATED for r in rows)
+    assert all(r["status"] == "ok" and r["timer"] == timing_plan.TIMER_CPU_ROTATED for r in rows)
     assert len(set(starts[1:])) == 1  # one block for all the rows' copies
     # The copies' objects were frozen out of the collector's way, and are unfrozen after.
     assert min(frozen) > 0 and gc.get_freeze_count() == 0
@@ -396,25 +398,25 @@ def test_the_last_level_cache_is_read_from_sysfs(tmp_path: Path) -> None:
 
     one = _sysfs(tmp_path / "one", {c: l1(c) + [(3, "Unified", "32768K", "0-1")]
                                     for c in (0, 1)})
-    assert timing.read_llc(one, {0, 1}) == (32 * 2**20, 1)
+    assert timing_plan.read_llc(one, {0, 1}) == (32 * 2**20, 1)
     # Two sockets (or chiplets), one L3 each: an op on both CPUs can use both.
     two = _sysfs(tmp_path / "two", {c: l1(c) + [(3, "Unified", "16M", str(c))]
                                     for c in (0, 1)})
-    assert timing.read_llc(two, {0, 1}) == (16 * 2**20, 2)
-    assert timing.read_llc(two, {1}) == (16 * 2**20, 1)  # this process on one CPU
+    assert timing_plan.read_llc(two, {0, 1}) == (16 * 2**20, 2)
+    assert timing_plan.read_llc(two, {1}) == (16 * 2**20, 1)  # this process on one CPU
     no_l3 = _sysfs(tmp_path / "no_l3", {0: l1(0)})  # the largest: L2
-    assert timing.read_llc(no_l3, {0}) == (2**20, 1)
-    assert timing.read_llc(tmp_path / "none") == (None, 0)
-    assert timing.cpu_cache_bytes(tmp_path / "none") == timing.FALLBACK_LLC_BYTES
+    assert timing_plan.read_llc(no_l3, {0}) == (2**20, 1)
+    assert timing_plan.read_llc(tmp_path / "none") == (None, 0)
+    assert timing_plan.cpu_cache_bytes(tmp_path / "none") == timing_plan.FALLBACK_LLC_BYTES
 
 
 def test_cpu_rotation_sizes_and_caps_the_copies() -> None:
     llc = 32 * 2**20
     for footprint in (12 * 2**10, 3 * 2**20, 48 * 2**20, 64 * 2**20):
-        copies, note = timing.cpu_rotation(footprint, llc)
+        copies, note = timing_plan.cpu_rotation(footprint, llc)
         assert note == "" and copies is not None
         assert 2 * llc < copies * footprint <= 2 * llc + footprint <= 4 * llc
-    copies, note = timing.cpu_rotation(64 * 2**20 + 1, llc)
+    copies, note = timing_plan.cpu_rotation(64 * 2**20 + 1, llc)
     assert copies is None and note.startswith("cold by size")
 
 
@@ -431,11 +433,11 @@ def test_time_warm_pads_without_flushing(monkeypatch: pytest.MonkeyPatch) -> Non
     cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3)
     # Back to back without padding, the GPU waits for the host inside every sample...
     plain = timing.time_warm(triton_call, cfg)
-    assert plain.timer == timing.TIMER_WARM and min(plain.samples_ms) > 0.2
+    assert plain.timer == timing_plan.TIMER_WARM and min(plain.samples_ms) > 0.2
     # ... kept busy for 2 x 300 + 10 us before each start event: the kernel's 5 us.
     padded = timing.time_warm(triton_call, cfg, host_us=300.0)
     assert padded.samples_ms == (pytest.approx(0.005),) * padded.n_samples
-    assert padded.n_samples == timing.sample_count(0.615, cfg)
+    assert padded.n_samples == timing_plan.sample_count(0.615, cfg)
 
 
 def _gpu_warm_case(kernel: str, shape: dict[str, int]) -> tuple[Case, dict, torch.Tensor]:
@@ -451,7 +453,7 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     def graph(calls: list[Any], cfg: TimingConfig, total: int,
               call_ms: float | None = None) -> timing.Timing:
         seen.append(list(calls))
-        return timing.summarize([0.001] * 25, timing.TIMER_GRAPH)
+        return timing.summarize([0.001] * 25, timing_plan.TIMER_GRAPH)
 
     monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
     monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
@@ -460,16 +462,16 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
     cfg = gpu_cfg()
-    assert gpu_rows.timing_method(c, cfg) == timing.TIMER_GRAPH
+    assert gpu_rows.timing_method(c, cfg) == timing_plan.TIMER_GRAPH
     t, note = time_case(c, cfg, inputs, out)
-    assert t.timer == timing.TIMER_GRAPH and t.host_us == 5.0 and note == ""
+    assert t.timer == timing_plan.TIMER_GRAPH and t.host_us == 5.0 and note == ""
     assert len(seen) == 1 and len(seen[0]) == 1  # no rotated copies
     seen[0][0]()
     assert torch.equal(out, inputs["x"] + inputs["y"])  # on the case's own buffers
     # The cold twin rotates over copies past twice the L2.
     cold = Case(c.spec, "torch", "fp32", c.shape)
     time_case(cold, cfg, inputs, out)
-    assert len(seen[1]) == timing.rotation_copies(c.spec.nbytes(c.shape, "fp32"),
+    assert len(seen[1]) == timing_plan.rotation_copies(c.spec.nbytes(c.shape, "fp32"),
                                                   gpu_rows.l2_bytes(cfg))
 
 
@@ -478,13 +480,13 @@ def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.
     got: list[float | None] = []
     monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
     monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us: (
-        got.append(host_us), timing.summarize([0.5] * 25, timing.TIMER_WARM))[1])
+        got.append(host_us), timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))[1])
     monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 7.0)
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
-    assert gpu_rows.timing_method(c, cfg) == timing.TIMER_FLUSHED
+    assert gpu_rows.timing_method(c, cfg) == timing_plan.TIMER_FLUSHED
     t, _ = time_case(c, cfg, inputs, out)
-    assert t.timer == timing.TIMER_WARM and got == [7.0]
+    assert t.timer == timing_plan.TIMER_WARM and got == [7.0]
 
 
 def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
@@ -495,11 +497,11 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
     monkeypatch.setattr(gpu_rows, "probe_call", broken)
     monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
     monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us:
-                        timing.summarize([0.5] * 25, timing.TIMER_WARM))
+                        timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})
     t, note = time_case(c, gpu_cfg(), inputs, out)
-    assert t.timer == timing.TIMER_WARM_FALLBACK
+    assert t.timer == timing_plan.TIMER_WARM_FALLBACK
     assert note.startswith("timed back to back without a CUDA graph") and "capturing" in note
 
 
@@ -507,9 +509,9 @@ def test_a_warm_cudagraph_replays_one_calls_buffers(monkeypatch: pytest.MonkeyPa
     fake_cuda(monkeypatch)
     calls: list[int] = []
     cfg = TimingConfig(graph_min_calls=50, min_samples=25, rep_ms=10.0)
-    total = timing.graph_calls(1, cfg)
+    total = timing_plan.graph_calls(1, cfg)
     t = graph_timing.time_cudagraph([lambda: calls.append(1)], cfg, total)
-    assert t.timer == timing.TIMER_GRAPH and total == cfg.graph_min_calls
+    assert t.timer == timing_plan.TIMER_GRAPH and total == cfg.graph_min_calls
     assert len(calls) == 1 + total  # the warm-up call, then the captured ones
 
 

@@ -17,12 +17,13 @@ import torch
 import triton
 import triton.testing
 
-from benches import gpu_rows, graph_timing, job, retime, runner, timing
+from benches import gpu_rows, graph_timing, job, retime, runner, timing, timing_plan
 from benches import retime as retime_client
 from benches.graph_timing import GraphProbe
 from benches.runner import Case, InputCache, run_case
 from benches.test_bench_kernels import bench_metrics
-from benches.timing import TimingConfig, flush_padding_us, graph_plan, host_dispatch_us
+from benches.timing import flush_padding_us, host_dispatch_us
+from benches.timing_plan import TimingConfig, graph_plan
 from kernels import REGISTRY, triton_utils
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import (
@@ -145,7 +146,7 @@ def test_time_flushed_pads_by_the_dispatch_it_is_given(monkeypatch):
     gpu.install(monkeypatch, flush_us=55.0)  # an H200
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("do_bench"))
     t = timing.time_flushed(lambda: gpu.op(300.0, 5.0), TimingConfig(), host_us=300.0)
-    assert t.timer == timing.TIMER_FLUSHED and t.ms_median == pytest.approx(0.005)
+    assert t.timer == timing_plan.TIMER_FLUSHED and t.ms_median == pytest.approx(0.005)
     assert t.n_samples == int(100.0 / ((55.0 + 610.0 + 5.0) / 1e3))  # rep over a sample
 
 
@@ -154,7 +155,7 @@ def test_time_gpu_measures_the_dispatch_and_pads_by_it(monkeypatch):
 
     def flushed(fn, cfg, host_us=None):
         got["host_us"] = host_us
-        return timing.summarize([0.01] * cfg.min_samples, timing.TIMER_FLUSHED)
+        return timing.summarize([0.01] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
     monkeypatch.setattr(timing, "host_dispatch_us", lambda fn, sync: 42.0)
     monkeypatch.setattr(timing, "time_flushed", flushed)
@@ -167,7 +168,7 @@ def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
 
     def flushed(fn, cfg, host_us=None):
         got["host_us"] = host_us
-        return timing.summarize([1.0] * cfg.min_samples, timing.TIMER_FLUSHED)
+        return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
     monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
     monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 123.0)
@@ -213,7 +214,7 @@ def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
 def _fake_flushed(seen):
     def flushed(fn, cfg, host_us=None):
         seen.append("flushed")
-        return timing.summarize([1.0] * 25, timing.TIMER_FLUSHED)
+        return timing.summarize([1.0] * 25, timing_plan.TIMER_FLUSHED)
     return flushed
 
 
@@ -223,7 +224,7 @@ def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
     case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
-    assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
+    assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
     assert note.startswith("timed with L2 flushes instead of CUDA graphs: CUDA graph too "
                            "large even for one round")
     assert "x 14 launches a call = " in note
@@ -242,18 +243,18 @@ def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypat
     seen = []
     monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp32", {"n": 1 << 20}, 1)
-    cut = timing.replace(timing.summarize([1e-3] * 25, timing.TIMER_GRAPH),
+    cut = timing.replace(timing.summarize([1e-3] * 25, timing_plan.TIMER_GRAPH),
                          note="capture stopped after 8 of 12 calls")
     monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
-    assert t.timer == timing.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
+    assert t.timer == timing_plan.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
 
     def too_slow(calls, cfg, total, call_ms=None):
         raise graph_timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
 
     monkeypatch.setattr(gpu_rows, "time_cudagraph", too_slow)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
-    assert seen == ["flushed"] and t.timer == timing.TIMER_GRAPH_FALLBACK
+    assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
     assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "
                     "after 4 of the 10 calls")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benches import runner, timing
+from benches import runner, timing, timing_plan
 from benches.runner import Case
 from tests.test_measurement import FAST, cpu_cfg, with_torch_fn
 
@@ -38,9 +38,9 @@ def _order(calls: list[tuple[int, int]]) -> list[int]:
 def test_round_defaults_are_pinned() -> None:
     # 5 rounds of 5 samples (the 25-sample floor), rounds of a chunk about 3 s apart:
     # the spacing measured to sample several spells of the shared CI VM.
-    cfg = timing.TimingConfig()
+    cfg = timing_plan.TimingConfig()
     assert (cfg.cpu_rounds, cfg.cpu_chunk_s, cfg.min_samples) == (5, 3.0, 25)
-    assert timing.cpu_round_config(cfg).min_samples == 5
+    assert timing_plan.cpu_round_config(cfg).min_samples == 5
 
 
 def test_rounds_alternate_between_the_cases_of_a_chunk() -> None:
@@ -95,9 +95,9 @@ def test_a_kernel_raising_in_a_later_round_fails_its_row_only() -> None:
 
 def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
     # One call and exactly per-round samples per round, so counts say how many rounds.
-    def one_call(fn: Any, cfg: timing.TimingConfig, plan: Any = None) -> timing.Timing:
+    def one_call(fn: Any, cfg: timing_plan.TimingConfig, plan: Any = None) -> timing.Timing:
         fn()
-        return timing.summarize([0.01] * cfg.min_samples, timing.TIMER_CPU)
+        return timing.summarize([0.01] * cfg.min_samples, timing_plan.TIMER_CPU)
 
     monkeypatch.setattr(timing, "time_cpu", one_call)
     calls, fn0 = _recorder()
@@ -113,7 +113,7 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
     with pytest.raises(KeyboardInterrupt):
         for _, row in runner.iterate(_cases(fn), cfg):
             got.append(row)
-    per_round = timing.cpu_round_config(cfg.timing).min_samples
+    per_round = timing_plan.cpu_round_config(cfg.timing).min_samples
     assert [r["shape"] for r in got] == ["n=1000", "n=2000"]
     for row in got:  # both cases finished rounds 1 and 2, neither round 3
         assert row["status"] == "ok"

@@ -18,10 +18,19 @@ import torch
 
 import run_bench
 from benches import ceilings as ceil_mod
-from benches import failures, gpu_monitor, gpu_rows, graph_timing, runner, timing, timing_plan
+from benches import (
+    failures,
+    gpu_monitor,
+    gpu_rows,
+    graph_timing,
+    results,
+    runner,
+    timing,
+    timing_plan,
+)
 from benches.graph_timing import GraphProbe
 from benches.runner import Case, InputCache, RunConfig, SweepAborted, run_case
-from benches.timing import TimingConfig
+from benches.timing_plan import TimingConfig
 from kernels import REGISTRY, Target
 from kernels.matmul import UnsupportedShape
 from kernels.spec import DTYPES
@@ -222,24 +231,24 @@ def test_timing_method_comes_from_the_roofline_bound():
     cfg = TimingConfig()  # 20 us threshold
     bw = 3350.0  # GB/s
     at = cfg.cudagraph_below_ms * 1e-3 * bw * 1e9  # bytes moved in exactly 20 us
-    assert timing.choose_method(1, 0.75 * at, None, bw, cfg) == timing.TIMER_GRAPH
-    assert timing.choose_method(1, 1.5 * at, None, bw, cfg) == timing.TIMER_FLUSHED
+    assert timing_plan.choose_method(1, 0.75 * at, None, bw, cfg) == timing_plan.TIMER_GRAPH
+    assert timing_plan.choose_method(1, 1.5 * at, None, bw, cfg) == timing_plan.TIMER_FLUSHED
     # compute-bound: 2 M N K / peak against the threshold
     flops = cfg.cudagraph_below_ms * 1e-3 * 989.4e12
-    assert timing.choose_method(0.75 * flops, 1, 989.4, bw, cfg) == timing.TIMER_GRAPH
-    assert timing.choose_method(1.5 * flops, 1, 989.4, bw, cfg) == timing.TIMER_FLUSHED
+    assert timing_plan.choose_method(0.75 * flops, 1, 989.4, bw, cfg) == timing_plan.TIMER_GRAPH
+    assert timing_plan.choose_method(1.5 * flops, 1, 989.4, bw, cfg) == timing_plan.TIMER_FLUSHED
 
 
 def _record_timers(monkeypatch) -> list[tuple[str, int]]:
     seen: list[tuple[str, int]] = []
 
     def graph(calls, cfg, total=None, call_ms=None):
-        seen.append((timing.TIMER_GRAPH, len(calls)))
-        return timing.summarize([1e-3] * cfg.min_samples, timing.TIMER_GRAPH)
+        seen.append((timing_plan.TIMER_GRAPH, len(calls)))
+        return timing.summarize([1e-3] * cfg.min_samples, timing_plan.TIMER_GRAPH)
 
     def flushed(fn, cfg, host_us=None):
-        seen.append((timing.TIMER_FLUSHED, 1))
-        return timing.summarize([1.0] * cfg.min_samples, timing.TIMER_FLUSHED)
+        seen.append((timing_plan.TIMER_FLUSHED, 1))
+        return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
     monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
     monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
@@ -250,10 +259,10 @@ def _record_timers(monkeypatch) -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("kernel, dtype, shape, method", [
-    ("add", "fp8", {"n": 1 << 12}, timing.TIMER_GRAPH),
-    ("add", "fp32", {"n": 1 << 20}, timing.TIMER_GRAPH),
-    ("add", "fp32", {"n": 1 << 24}, timing.TIMER_FLUSHED),
-    ("matmul", "bf16", {"M": 256, "N": 256, "K": 256}, timing.TIMER_GRAPH),
+    ("add", "fp8", {"n": 1 << 12}, timing_plan.TIMER_GRAPH),
+    ("add", "fp32", {"n": 1 << 20}, timing_plan.TIMER_GRAPH),
+    ("add", "fp32", {"n": 1 << 24}, timing_plan.TIMER_FLUSHED),
+    ("matmul", "bf16", {"M": 256, "N": 256, "K": 256}, timing_plan.TIMER_GRAPH),
 ])
 def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, method):
     seen = _record_timers(monkeypatch)
@@ -267,7 +276,7 @@ def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, m
         t, note = runner.time_case(c, cfg, inputs, out)
         assert t.timer == method and note == ""
     assert seen[0] == seen[1] and seen[0][0] == method
-    if method == timing.TIMER_GRAPH:
+    if method == timing_plan.TIMER_GRAPH:
         # The rotation (inputs + output per copy) really exceeds twice the L2; the issue's
         # fp8 add at 2^12 rotated only 48 MB through a 50 MB L2.
         copies = seen[0][1]
@@ -280,7 +289,7 @@ def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, m
 def test_graph_call_count_does_not_depend_on_speed():
     cfg = TimingConfig()
     for copies in (1, 3, 199, 200, 8534):
-        n = timing.graph_calls(copies, cfg)
+        n = timing_plan.graph_calls(copies, cfg)
         assert n % copies == 0 and n >= max(copies, cfg.graph_min_calls)
         assert n < max(copies, cfg.graph_min_calls) + copies
 
@@ -298,8 +307,8 @@ def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     inputs = spec.make_inputs({"n": 4096}, "fp32", 0, "cpu")
     t, note = runner.time_case(Case(spec, "torch", "fp32", {"n": 4096}), gpu_cfg(), inputs,
                                 spec.alloc_out(inputs, "fp32"))
-    assert t.timer == timing.TIMER_GRAPH_FALLBACK and "capturing" in note
-    assert seen == [(timing.TIMER_FLUSHED, 1)]
+    assert t.timer == timing_plan.TIMER_GRAPH_FALLBACK and "capturing" in note
+    assert seen == [(timing_plan.TIMER_FLUSHED, 1)]
 
 
 # ---- point 5: the CUDA-graph timer, with torch.cuda faked -----------------------------
@@ -367,12 +376,12 @@ def test_cudagraph_keeps_each_copys_output_alive_and_divides_by_calls(monkeypatc
 
     cfg = TimingConfig(graph_min_calls=50, min_samples=25, rep_ms=10.0)
     t = graph_timing.time_cudagraph([make_call(j) for j in range(n)], cfg)
-    total = timing.graph_calls(n, cfg)
+    total = timing_plan.graph_calls(n, cfg)
     # the row's own call and one copy's warm up (the same kernel on buffers of the same
     # layout), then the captured calls
     assert len(refs) == 2 + total
     assert not dead_too_soon
-    assert t.timer == timing.TIMER_GRAPH
+    assert t.timer == timing_plan.TIMER_GRAPH
     assert t.ms_median == pytest.approx(_FakeEvent.REPLAY_MS / total)
     # samples for graph_rep_ms of replays, at least the gate's minimum
     assert t.n_samples == timing_plan.graph_sample_count(_FakeEvent.REPLAY_MS, cfg) == 10
@@ -388,7 +397,7 @@ def test_cpu_rows_keep_at_least_min_samples_raw_samples():
 
     row = run_case(case(fn=slow), cpu_cfg(), InputCache())
     # Cold (the default): the calls rotate over copies past twice the last-level cache.
-    assert row["status"] == "ok" and row["timer"] == timing.TIMER_CPU_ROTATED
+    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_CPU_ROTATED
     assert row["n_samples"] >= 25 and len(row["samples_ms"]) == row["n_samples"]
     assert min(row["samples_ms"]) >= 2.0
     assert row["ms_p20"] <= row["ms_median"] <= row["ms_p80"]
@@ -453,16 +462,16 @@ def _cuda_props(monkeypatch, uuid: str = "bbbb-1111", pci=(0, 0x65, 0)) -> None:
 def test_nvml_reads_the_cuda_device_in_use_not_index_0(monkeypatch):
     nv = FakeNVML()
     _cuda_props(monkeypatch)  # CUDA device 0 is NVML device 1
-    h, how = runner.nvml_handle(nv)
+    h, how = gpu_monitor.nvml_handle(nv)
     assert h is nv.devs[1] and how == "uuid"
     _cuda_props(monkeypatch, uuid="", pci=(0, 0x65, 0))  # no UUID: PCI bus id
-    h, how = runner.nvml_handle(nv)
+    h, how = gpu_monitor.nvml_handle(nv)
     assert h is nv.devs[1] and how == "pci_bus_id"
     _cuda_props(monkeypatch, uuid="cccc", pci=(1, 2, 3))
-    assert runner.nvml_handle(nv)[0] is None
-    monkeypatch.setattr(gpu_monitor, "_nvml", lambda: FakeNVML())
+    assert gpu_monitor.nvml_handle(nv)[0] is None
+    monkeypatch.setattr(gpu_monitor, "load_pynvml", lambda: FakeNVML())
     _cuda_props(monkeypatch)
-    snap = runner.nvml_snapshot()
+    snap = gpu_monitor.nvml_snapshot()
     assert snap["sm_clock_mhz"] == 1755 and snap["nvml_uuid"] == "GPU-bbbb-1111"
 
 
@@ -479,7 +488,7 @@ def test_nvml_reads_the_cuda_device_in_use_not_index_0(monkeypatch):
 @pytest.mark.parametrize("event_api", [True, False])
 def test_power_and_thermal_reasons_are_reported_beside_the_clock(reasons, names, event_api):
     nv = FakeNVML(reasons=(0, reasons), event_api=event_api)
-    mon = runner.GpuMonitor(nv, nv.devs[1])
+    mon = gpu_monitor.GpuMonitor(nv, nv.devs[1])
     t0 = time.monotonic()
     w = mon.window(t0, time.monotonic())
     assert w["sm_clock_mhz"] == 1755.0 and w["throttle_reasons"] == names
@@ -497,7 +506,7 @@ def _wait_for_readings(mon, n: int, what: str) -> None:
 
 def test_monitor_samples_during_the_row(monkeypatch):
     nv = FakeNVML()
-    mon = runner.GpuMonitor(nv, nv.devs[1], interval_s=0.005).start()
+    mon = gpu_monitor.GpuMonitor(nv, nv.devs[1], interval_s=0.005).start()
     try:
         t0 = time.monotonic()
         _wait_for_readings(mon, 2, "at full clock")
@@ -525,13 +534,13 @@ def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
     monkeypatch.setattr(runner, "gpu_monitor", lambda: Mon())
     monkeypatch.setattr(runner, "_sync", lambda target: None)
     monkeypatch.setattr(runner, "time_case", lambda c, cfg, i, o, *rest: (
-        timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""))
+        timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""))
     class CpuInputs(InputCache):  # the "GPU" case's tensors live on the CPU
         def get(self, c, cfg):
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
     row = run_case(case(shape={"n": 4096}), gpu_cfg(), CpuInputs())
-    assert row["status"] == "ok" and row["timer"] == timing.TIMER_FLUSHED
+    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_FLUSHED
     assert row["sm_clock_mhz"] == 1400.0 and row["throttled"] is True
 
 
@@ -540,7 +549,7 @@ def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
 def test_metadata_records_fp8_accumulation_and_llc():
     from kernels import spec as kernel_spec
 
-    meta = runner.collect_metadata(cpu_cfg(), "r", ["run_bench.py"])
+    meta = results.collect_metadata(cpu_cfg(), "r", ["run_bench.py"])
     assert meta["fp8_accum"] == kernel_spec.fp8_accum()
     assert meta["fp8_accum"] in ("fast", "precise")
     json.dumps(meta)
@@ -666,9 +675,9 @@ def test_cudagraph_timing_on_gpu_is_cold_and_sampled():
 
     x = torch.randn(1 << 12, device="cuda")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    copies = timing.rotation_copies(2 * x.numel() * 4, l2)
+    copies = timing_plan.rotation_copies(2 * x.numel() * 4, l2)
     xs = [x.clone() for _ in range(copies)]
     cfg = TimingConfig()
     t = graph_timing.time_cudagraph([lambda x=x: F.gelu(x) for x in xs], cfg)
-    assert t.timer == timing.TIMER_GRAPH and t.n_samples >= cfg.gate_min_samples
+    assert t.timer == timing_plan.TIMER_GRAPH and t.n_samples >= cfg.gate_min_samples
     assert 0 < t.ms_median < 0.05

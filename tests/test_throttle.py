@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 import run_bench
-from benches import gpu_monitor, runner, timing
+from benches import gpu_monitor, runner, timing, timing_plan
 from benches import retime as retime_client
 from benches.gpu_monitor import ThrottleConfig, run_clock_facts, throttle_state, time_unthrottled
 from benches.runner import InputCache, run_case
@@ -121,7 +121,7 @@ def test_the_window_covers_the_timing_only(monkeypatch):
 
     def fake_time_case(c, cfg, inputs, out, *rest):
         marks["timing"] = time.monotonic()
-        return timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""
+        return timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""
     monkeypatch.setattr(runner, "time_case", fake_time_case)
 
     class Cache(InputCache):
@@ -401,6 +401,6 @@ def test_the_window_is_the_timers_own_span_when_it_reports_one():
     time_unthrottled(lambda: (SimpleNamespace(span=(10.0, 10.5)), ""), mon, ThrottleConfig())
     assert mon.calls == [(10.0, 10.5)]
     t0 = time.monotonic()
-    time_unthrottled(lambda: (timing.summarize([0.5] * 25, timing.TIMER_FLUSHED), ""), mon,
+    time_unthrottled(lambda: (timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""), mon,
                      ThrottleConfig())
     assert mon.calls[1][0] >= t0  # no span: the whole call

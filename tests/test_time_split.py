@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benches import cases as cases_mod
-from benches import gpu_rows, phases, runner, timing
+from benches import gpu_rows, phases, runner, timing, timing_plan
 from benches.graph_timing import GraphProbe
 from benches.phases import PHASES, TimeSplit
 from kernels import REGISTRY
@@ -172,7 +172,7 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
 
     def graph(calls, cfg, total=None, call_ms=None):
         seen.append(list(calls))
-        return timing.summarize([1e-3] * 10, timing.TIMER_GRAPH)
+        return timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH)
 
     monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
     monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)

@@ -27,7 +27,7 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
     model, present, ceilings = device
     from benches.cases import Case, RunConfig
     from benches.runner import iterate
-    from benches.timing import TimingConfig
+    from benches.timing_plan import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled
 
