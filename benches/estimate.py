@@ -2,7 +2,7 @@
 phases of benches/phases.py), from the plan the sweep runs, without running anything.
 
 The walk takes the sweep's cases (build_cases) in order and, for each row, what the
-sweep would do: its method (gpu_rows.timing_method), its samples (timing_plan's
+sweep would do: its method (timers.timing_method), its samples (timing_plan's
 sample_count, graph_sample_count, plan_cpu within the run budget, budget.RunBudget),
 its rotation (rotation_copies, graph_calls, graph_split), its Triton compiles and
 autotuning (its launches, built on meta tensors for the device's architecture).  Each
@@ -27,9 +27,9 @@ from benches.budget import RowBudget, RunBudget
 from benches.cases import Case, RunConfig
 from benches.estimate_rows import Reference, RowSpeed, row_speed
 from benches.estimate_speeds import DeviceSpeed
-from benches.gpu_rows import rotation_of, timing_method
 from benches.phases import PHASES
 from benches.runner import footprint_reason
+from benches.timers import rotation_of, timing_method
 from benches.timing import DISPATCH_BUDGET_S
 from benches.timing_plan import (
     TIMER_FLUSHED,
@@ -277,8 +277,9 @@ class Pricer:
     # ---- timing on a CPU --------------------------------------------------------------
 
     def cpu_timing(self, case: Case, call_s: float, granted: RowBudget) -> None:
-        """cpu_rows.time_cpu_row over the rounds, each sized by plan_cpu within the row's
-        share of the run budget; rows past the row budget are skipped after the check."""
+        """The CPU timers (benches/timers.py) over the rounds, each sized by plan_cpu
+        within the row's share of the run budget; rows past the row budget are skipped
+        after the check."""
         w, t = self.walk, self.cfg.timing
         round_cfg = cpu_round_config(t)
         share = None if granted.share_s is None \

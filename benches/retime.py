@@ -117,9 +117,9 @@ def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]
 
 def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.cases import Case, RunConfig
-    from benches.cpu_rows import sweep_cache
     from benches.gpu_monitor import ThrottleConfig
     from benches.runner import run_case
+    from benches.timers import sweep_cache
     from benches.timing_plan import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from benches import cpu_rows
 from benches.budget import RowBudget, RunBudget
 from benches.cases import (
     Case,
@@ -37,15 +36,15 @@ from benches.gpu_monitor import (
     gpu_monitor,
     time_unthrottled,
 )
-from benches.gpu_rows import graph_copies, time_gpu_row, timing_method
 from benches.interrupt import (
     python_handlers_back,
     restore_handlers_after_compiles,
     signal_name,
 )
 from benches.phases import TimeSplit
+from benches.timers import CPU_TIMERS, RowCall, sweep_cache, timer_for
 from benches.timing import Timing, summarize
-from benches.timing_plan import TIMER_CPU, CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from benches.timing_plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from kernels import DTYPES, Target
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
@@ -172,9 +171,10 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
     monitor = gpu_monitor() if cfg.target.kind == "cuda" else None
     clocks: dict[str, Any] = {}
     try:
+        timer = timer_for(case, cfg)
         with split.phase("inputs"):
-            copies = cpu_rows.row_copies(case, cfg, cache, inputs, out) \
-                or graph_copies(case, cfg, cache, inputs, out)
+            copies = timer.copies(RowCall(case, cfg, inputs, out, make_call or _plain_call(case)),
+                                  cache)
 
         def timed() -> tuple[Timing, str]:
             with split.phase("timing"):
@@ -241,22 +241,19 @@ def _plain_call(case: Case) -> MakeCall:
 
 
 def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
-               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
-               copies: Copies | None = None, split: TimeSplit | None = None
-               ) -> tuple[Timing, str]:
-    """(timing, note) in the case's cache mode: the note says why a CUDA-graph case fell
-    back to do_bench or what bound its graph, that a CPU row's budget cut its samples
-    (`plan`: how each CPU round samples, see benches.timing.plan_cpu), or that a cold
-    CPU row is cold by size.  `make_call(inputs, out)` gives the provider's call on
-    those buffers (a Triton row's is bound once to its chosen configs); on a GPU the
-    timing carries the call's host dispatch time.  A cold row's calls rotate over
-    (inputs, out) and `copies` of them (made here when not given); `split` gets a CUDA
-    graph's capture time."""
-    make_call = make_call or _plain_call(case)
-    call = make_call(inputs, out)
-    if timing_method(case, cfg) == TIMER_CPU:
-        return cpu_rows.time_cpu_row(case, cfg, inputs, out, make_call, call, plan, copies)
-    return time_gpu_row(case, cfg, inputs, out, make_call, call, copies, split)
+              make_call: MakeCall | None = None, plan: CpuPlan | None = None,
+              copies: Copies | None = None, split: TimeSplit | None = None
+              ) -> tuple[Timing, str]:
+    """(timing, note) of a checked case by its timer (benches/timers.py): the note says
+    why a CUDA-graph case fell back to events or what bound its graph, that a CPU row's
+    budget cut its samples (`plan`: how each CPU round samples, see
+    benches.timing_plan.plan_cpu), or that a cold CPU row is cold by size.
+    `make_call(inputs, out)` gives the provider's call on those buffers (a Triton row's is
+    bound once to its chosen configs); a cold row's calls rotate over (inputs, out) and
+    `copies` of them (made here when not given); `split` gets a CUDA graph's capture."""
+    row = RowCall(case, cfg, inputs, out, make_call or _plain_call(case), copies, plan,
+                  split if split is not None else TimeSplit())
+    return timer_for(case, cfg).time(row)
 
 
 def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
@@ -284,7 +281,7 @@ def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
 def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
-    cache = cpu_rows.sweep_cache(cfg)
+    cache = sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
     # [case, row, inputs, rounds timed, plan of its rounds, a cold row's copies]; a row
     # is replaced if a later round fails
@@ -340,7 +337,7 @@ def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
 
 def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
-    cache = cpu_rows.sweep_cache(cfg)
+    cache = sweep_cache(cfg)
     try:
         for i, case in enumerate(cases):
             try:
@@ -362,7 +359,7 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
             case, row, inputs, _, plan, copies = item
-            if row["status"] != "ok" or row.get("timer") not in cpu_rows.CPU_TIMERS \
+            if row["status"] != "ok" or row.get("timer") not in CPU_TIMERS \
                     or inputs is None:
                 continue
             try:
@@ -398,7 +395,7 @@ def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
     chunk only as it is yielded, so an interrupt while one is summarised loses none."""
     while chunk:
         case, row, _, rounds, _, _ = chunk[0]
-        if row["status"] == "ok" and row.get("timer") in cpu_rows.CPU_TIMERS:
+        if row["status"] == "ok" and row.get("timer") in CPU_TIMERS:
             reason = row["reason"]
             if rounds < cfg.timing.cpu_rounds:
                 reason = (f"timed in {rounds} of {cfg.timing.cpu_rounds} rounds only "

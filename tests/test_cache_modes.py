@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import run_bench
-from benches import cpu_rows, gpu_rows, graph_timing, job, retime, runner, timing, timing_plan
+from benches import graph_timing, job, retime, runner, timers, timing, timing_plan
 from benches import retime as retime_client
 from benches.cases import Case, InputCache, Scratch, make_copies
 from benches.graph_timing import GraphProbe
@@ -46,7 +46,7 @@ SMALL_LLC = 256 * 2**10
 
 @pytest.fixture(autouse=True)
 def _small_llc_and_fake_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_rows, "host_llc_bytes", lambda: SMALL_LLC)
+    monkeypatch.setattr(timers, "host_llc_bytes", lambda: SMALL_LLC)
     fake = {"tflops": {"fp32": 1.0}, "hbm_gbps": 10.0, "l2_gbps": 50.0, "method": {}}
     monkeypatch.setattr(job, "get_ceilings", lambda *a, **k: Ceilings(None, fake))
 
@@ -264,7 +264,7 @@ def test_cpu_warm_calls_run_on_the_same_buffers() -> None:
 
 def test_a_footprint_past_twice_the_cache_is_cold_by_size(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    monkeypatch.setattr(cpu_rows, "host_llc_bytes", lambda: 16 * 2**10)  # 48 KiB > 2 x 16
+    monkeypatch.setattr(timers, "host_llc_bytes", lambda: 16 * 2**10)  # 48 KiB > 2 x 16
     log: list[tuple[int, int, float]] = []
     row = run_case(case(fn=_recording_add(log), shape={"n": 4096}),
                    cpu_cfg(timing=FAST), InputCache())
@@ -275,8 +275,8 @@ def test_a_footprint_past_twice_the_cache_is_cold_by_size(monkeypatch: pytest.Mo
 
 def test_the_sweep_keeps_a_rows_copies_for_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[int] = []
-    real = cpu_rows.make_copies
-    monkeypatch.setattr(cpu_rows, "make_copies", lambda ins, out, n, scratch=None: (
+    real = timers.make_copies
+    monkeypatch.setattr(timers, "make_copies", lambda ins, out, n, scratch=None: (
         made.append(n), real(ins, out, n, scratch))[1])
     spec = with_torch_fn("add", _recording_add([]))
     cases = [Case(spec, "torch", "fp32", {"n": n}, mode) for n in (4096, 8192)
@@ -307,8 +307,8 @@ def test_interleaved_cold_rows_share_memory_and_time_their_own_values(
     sizes = (4096, 8192, 16384, 32768)
     cases = [Case(spec, "torch", "fp32", {"n": n}) for n in sizes]
     starts = []
-    real = cpu_rows.make_copies
-    monkeypatch.setattr(cpu_rows, "make_copies", lambda ins, out, n, scratch=None: (
+    real = timers.make_copies
+    monkeypatch.setattr(timers, "make_copies", lambda ins, out, n, scratch=None: (
         starts.append(scratch.block.data_ptr() if scratch and scratch.block is not None
                       else None), real(ins, out, n, scratch))[1])
     frozen: list[int] = []
@@ -455,14 +455,14 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
         seen.append(list(calls))
         return timing.summarize([0.001] * 25, timing_plan.TIMER_GRAPH)
 
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
-    monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(gpu_rows, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
+    monkeypatch.setattr(timers, "time_cudagraph", graph)
+    monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(timers, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
     cfg = gpu_cfg()
-    assert gpu_rows.timing_method(c, cfg) == timing_plan.TIMER_GRAPH
+    assert timers.timing_method(c, cfg) == timing_plan.TIMER_GRAPH
     t, note = time_case(c, cfg, inputs, out)
     assert t.timer == timing_plan.TIMER_GRAPH and t.host_us == 5.0 and note == ""
     assert len(seen) == 1 and len(seen[0]) == 1  # no rotated copies
@@ -472,19 +472,19 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     cold = Case(c.spec, "torch", "fp32", c.shape)
     time_case(cold, cfg, inputs, out)
     assert len(seen[1]) == timing_plan.rotation_copies(c.spec.nbytes(c.shape, "fp32"),
-                                                  gpu_rows.l2_bytes(cfg))
+                                                  timers.l2_bytes(cfg))
 
 
 def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     got: list[float | None] = []
-    monkeypatch.setattr(gpu_rows, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us: (
+    monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us: (
         got.append(host_us), timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))[1])
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 7.0)
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 7.0)
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
-    assert gpu_rows.timing_method(c, cfg) == timing_plan.TIMER_FLUSHED
+    assert timers.timing_method(c, cfg) == timing_plan.TIMER_FLUSHED
     t, _ = time_case(c, cfg, inputs, out)
     assert t.timer == timing_plan.TIMER_WARM and got == [7.0]
 
@@ -494,9 +494,9 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
     def broken(call: Any) -> int:
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(gpu_rows, "probe_call", broken)
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(gpu_rows, "time_warm", lambda call, cfg, host_us:
+    monkeypatch.setattr(timers, "probe_call", broken)
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us:
                         timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})

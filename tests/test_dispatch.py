@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.testing
 
-from benches import gpu_rows, graph_timing, job, retime, runner, timing, timing_plan
+from benches import graph_timing, job, retime, runner, timers, timing, timing_plan
 from benches import retime as retime_client
 from benches.graph_timing import GraphProbe
 from benches.runner import Case, InputCache, run_case
@@ -55,7 +55,9 @@ def test_host_dispatch_is_the_time_per_call_without_syncs():
         _busy(200)
 
     us = host_dispatch_us(slow_dispatch, lambda: log.append("s"), reps=10, repeats=5)
-    assert 200 <= us < 400
+    # At least the 200 us each call spins; under 10x it (a burst of 10 not divided by its
+    # calls would be 2000+), with room for a loaded machine's preemptions.
+    assert 200 <= us < 2000
     # warm call and a timed single call, each synchronized; then bursts of 10 calls with
     # no sync inside a burst, one after each
     assert "".join(log) == "scscs" + ("c" * 10 + "s") * 5
@@ -170,8 +172,8 @@ def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
         got["host_us"] = host_us
         return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
-    monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 123.0)
+    monkeypatch.setattr(timers, "time_flushed", flushed)
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 123.0)
     spec = REGISTRY["add"]
     shape = {"n": 1 << 24}  # long enough for the flushed timer on an H100
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
@@ -203,8 +205,8 @@ def test_graph_plan_bounds_nodes_and_capture_time(copies, launches, host_us, cal
 
 
 def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(launches, 0.01))
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(launches, 0.01))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     spec = REGISTRY[kernel]
     inputs = spec.make_inputs(shape, dtype, 0, "cpu")
@@ -220,8 +222,8 @@ def _fake_flushed(seen):
 
 def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     seen = []
-    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
+    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
     case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
@@ -232,7 +234,7 @@ def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
 
 def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
     seen = []
-    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp8", {"n": 1 << 12}, None)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     # 8,534 copies x 16 assumed nodes is past 100,000 even for one round
@@ -241,18 +243,18 @@ def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
 
 def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypatch):
     seen = []
-    monkeypatch.setattr(gpu_rows, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp32", {"n": 1 << 20}, 1)
     cut = timing.replace(timing.summarize([1e-3] * 25, timing_plan.TIMER_GRAPH),
                          note="capture stopped after 8 of 12 calls")
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
+    monkeypatch.setattr(timers, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert t.timer == timing_plan.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
 
     def too_slow(calls, cfg, total, call_ms=None):
         raise graph_timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
 
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", too_slow)
+    monkeypatch.setattr(timers, "time_cudagraph", too_slow)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
     assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "

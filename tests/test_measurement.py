@@ -21,10 +21,10 @@ from benches import ceilings as ceil_mod
 from benches import (
     failures,
     gpu_monitor,
-    gpu_rows,
     graph_timing,
     results,
     runner,
+    timers,
     timing,
     timing_plan,
 )
@@ -250,11 +250,11 @@ def _record_timers(monkeypatch) -> list[tuple[str, int]]:
         seen.append((timing_plan.TIMER_FLUSHED, 1))
         return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
-    monkeypatch.setattr(gpu_rows, "time_flushed", flushed)
+    monkeypatch.setattr(timers, "time_cudagraph", graph)
+    monkeypatch.setattr(timers, "time_flushed", flushed)
     # No GPU to dispatch to or profile: one launch a call, 5 us to dispatch it.
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     return seen
 
 
@@ -272,7 +272,7 @@ def test_both_providers_get_the_same_method(monkeypatch, kernel, dtype, shape, m
     out = spec.alloc_out(inputs, dtype)
     for prov in ("torch", "triton"):
         c = Case(spec, prov, dtype, shape)
-        assert gpu_rows.timing_method(c, cfg) == method
+        assert timers.timing_method(c, cfg) == method
         t, note = runner.time_case(c, cfg, inputs, out)
         assert t.timer == method and note == ""
     assert seen[0] == seen[1] and seen[0][0] == method
@@ -300,7 +300,7 @@ def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     def broken(calls, cfg, total=None, call_ms=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", broken)
+    monkeypatch.setattr(timers, "time_cudagraph", broken)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     spec = REGISTRY["add"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benches import cases as cases_mod
-from benches import gpu_rows, phases, runner, timing, timing_plan
+from benches import phases, runner, timers, timing, timing_plan
 from benches.graph_timing import GraphProbe
 from benches.phases import PHASES, TimeSplit
 from kernels import REGISTRY
@@ -174,9 +174,9 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
         seen.append(list(calls))
         return timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH)
 
-    monkeypatch.setattr(gpu_rows, "time_cudagraph", graph)
-    monkeypatch.setattr(gpu_rows, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(gpu_rows, "probe_call", lambda call: GraphProbe(1, 0.01))
+    monkeypatch.setattr(timers, "time_cudagraph", graph)
+    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     blocks: list[int] = []
@@ -188,7 +188,7 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
     for prov in ("torch", "twin"):
         row = runner.run_case(runner.Case(spec, prov, "fp32", {"n": 4096}), cfg, cache)
         assert row["status"] == "ok", row["reason"]
-    copies = gpu_rows.rotation_of(runner.Case(spec, "torch", "fp32", {"n": 4096}), cfg) - 1
+    copies = timers.rotation_of(runner.Case(spec, "torch", "fp32", {"n": 4096}), cfg) - 1
     assert blocks == [copies] and made == ["inputs", "reference"]
     assert len(seen) == 2 and len(seen[0]) == len(seen[1]) == copies + 1
     # the same copies, each provider's own calls on them
