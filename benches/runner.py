@@ -11,10 +11,9 @@ cases, failures, results and gpu_monitor.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline.model import metrics
 from roofline.model.ceilings import NO_ROOF_BELOW_FP32
-from roofline.model.schema import DEFAULT_CACHE, SAMPLES
+from roofline.model.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES
 
 
 def device_memory_bytes(cfg: RunConfig) -> float | None:
@@ -278,14 +277,26 @@ def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
         yield from _iterate_chunks(cases, cfg, budget, split)
 
 
+@dataclass
+class Pending:
+    """A chunk's row waiting for its later CPU rounds: the case's checked inputs (None
+    when the cache no longer holds them), the rounds timed so far, the plan of each round
+    and a cold row's rotated copies.  `row` is replaced if a later round fails."""
+
+    case: Case
+    row: dict[str, Any]
+    inputs: dict[str, Any] | None
+    plan: CpuPlan | None
+    copies: Copies | None
+    rounds: int = 1
+
+
 def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
                     ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
     cache = sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
-    # [case, row, inputs, rounds timed, plan of its rounds, a cold row's copies]; a row
-    # is replaced if a later round fails
-    chunk: list[list[Any]] = []
+    chunk: list[Pending] = []
     try:
         start = time.monotonic()
         for i, case in enumerate(cases):
@@ -302,7 +313,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
             key = (case.spec.name, case.dtype, case.shape_str)
             mine = cache.key == key
             copies = cache.copies if mine and case.cache == DEFAULT_CACHE else None
-            chunk.append([case, row, cache.inputs if mine else None, 1, plan, copies])
+            chunk.append(Pending(case, row, cache.inputs if mine else None, plan, copies))
             if time.monotonic() - start >= cfg.timing.cpu_chunk_s:
                 _later_rounds(chunk, cfg, one_round, cache, split)
                 yield from _emit(chunk, cfg)
@@ -350,7 +361,7 @@ def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
         cache.clear()
 
 
-def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
+def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
                   cache: InputCache, split: TimeSplit) -> None:
     """Rounds 2..cpu_rounds of a chunk's CPU-timed rows, round by round over the chunk,
     each on fresh copies of the case's inputs and a fresh output.  A row's samples grow
@@ -358,47 +369,47 @@ def _later_rounds(chunk: list[list[Any]], cfg: RunConfig, one_round: RunConfig,
     other provider or cache mode, whose inputs and float64 reference it shares."""
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
-            case, row, inputs, _, plan, copies = item
+            case, row = item.case, item.row
             if row["status"] != "ok" or row.get("timer") not in CPU_TIMERS \
-                    or inputs is None:
+                    or item.inputs is None:
                 continue
             try:
                 with split.phase("inputs"):
-                    ins = clone_inputs(inputs)
+                    ins = clone_inputs(item.inputs)
                     out = case.spec.alloc_out(ins, case.dtype)
                 with split.phase("timing"):
-                    timing, _ = time_case(case, one_round, ins, out, plan=plan,
-                                           copies=copies)
+                    timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
+                                          copies=item.copies)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
                 failed.update(rel_err=row["rel_err"], correct=row["correct"])
-                item[1] = error_row(failed, e, case, cfg, cache, " while timing")
+                item.row = error_row(failed, e, case, cfg, cache, " while timing")
                 continue
             row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
-            item[3] += 1
-
-
-_CUT_SHORT = re.compile(r"timed in \d+ of \d+ rounds only")
+            item.rounds += 1
 
 
 def cut_short(row: dict[str, Any]) -> bool:
-    """An ok row whose CPU rounds were cut short by an interrupt (see _emit): --resume
-    times it again in full."""
-    return row.get("status") == "ok" and bool(_CUT_SHORT.match(str(row.get("reason") or "")))
+    """An ok row whose CPU rounds were cut short by an interrupt (its CUT_SHORT field, see
+    _emit): --resume times it again in full."""
+    return row.get("status") == "ok" and bool(row.get(CUT_SHORT))
 
 
-def _emit(chunk: list[list[Any]], cfg: RunConfig, stopped_by: str = ""
+def _emit(chunk: list[Pending], cfg: RunConfig, stopped_by: str = ""
           ) -> Iterator[tuple[Case, dict[str, Any]]]:
     """Yield (and remove) the chunk's rows, each CPU-timed one summarised over all its
-    samples; a row cut short (by `stopped_by`) says so in its reason.  A row leaves the
-    chunk only as it is yielded, so an interrupt while one is summarised loses none."""
+    samples; a row cut short (by `stopped_by`) records its rounds in CUT_SHORT and says
+    so in its reason.  A row leaves the chunk only as it is yielded, so an interrupt
+    while one is summarised loses none."""
     while chunk:
-        case, row, _, rounds, _, _ = chunk[0]
+        case, row, rounds = chunk[0].case, chunk[0].row, chunk[0].rounds
         if row["status"] == "ok" and row.get("timer") in CPU_TIMERS:
             reason = row["reason"]
-            if rounds < cfg.timing.cpu_rounds:
-                reason = (f"timed in {rounds} of {cfg.timing.cpu_rounds} rounds only "
+            planned = cfg.timing.cpu_rounds
+            if rounds < planned:
+                row[CUT_SHORT] = f"{rounds}/{planned}"
+                reason = (f"timed in {rounds} of {planned} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")
             _set_timing(row, case, cfg, summarize(row[SAMPLES], row["timer"]), reason)
         chunk.pop(0)

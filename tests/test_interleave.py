@@ -119,6 +119,9 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
         assert row["status"] == "ok"
         assert row["n_samples"] == len(row["samples_ms"]) == 2 * per_round
         assert row["reason"] == "timed in 2 of 5 rounds only (stopped by SIGINT)"
+        assert row["cut_short"] == "2/5" and runner.cut_short(row)
+    # The state is the field, never read back out of the reason.
+    assert not runner.cut_short({**got[0], "cut_short": None})
 
 
 def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:

@@ -47,7 +47,10 @@ EXTRA_COLUMNS: list[str] = [
     "rank",  # fleet runs: the torch.distributed rank that measured the row
     "host",  # fleet runs: its host name
     "gpu_uuid",  # fleet runs: the UUID of its GPU (NVML), so a slow GPU can be found
+    "cut_short",  # CPU: "timed/planned" rounds of a row an interrupt cut short (--resume
+    # times it again); empty for a row timed in full
 ]
+CUT_SHORT = "cut_short"
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the
 # regression gate's rank test reads them; the CSV keeps one scalar per cell.
