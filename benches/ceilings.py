@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benches.timing import host_dispatch_us, time_cpu, time_flushed, time_warm
+from benches.timing_plan import TimingConfig
 from roofline.model.ceilings import Ceilings, datasheet_of, no_roofs
 from roofline.model.devices import ROOF_CLASSES, DeviceModel, Present
 from roofline.model.schema import atomic_write_text
@@ -61,22 +63,24 @@ def _gemm_fn(roof_class: str, n: int, device: str):
     return fn, flops
 
 
+# The sweep's own timers (benches/timing.py) with a ceiling's longer measuring time:
+# do_bench's rep of 200 ms for a GPU ceiling, 0.3 s of blocks on a CPU.
+CEILING_TIMING = TimingConfig(rep_ms=200.0, cpu_min_run_time_s=0.3)
+
+
 def _time_ms(fn, device: str, l2_flush: bool = True) -> float:
     """Best ms of fn: a ceiling is the most the hardware showed, so the fastest sample
     (not the median) is the estimator, which also keeps a busy host from lowering it.
-    do_bench on a GPU, torch.utils.benchmark on a CPU."""
+    The sweep's timers: on a GPU CUDA events with the L2 flushed before each call (a
+    DRAM copy, a matmul) or back to back (`l2_flush` False: the cache copy), padded by
+    the call's dispatch time; on a CPU blocks of calls on the same buffers."""
     if device == "cuda":
-        import triton.testing as tt
+        import torch
 
-        if l2_flush:
-            return float(tt.do_bench(fn, warmup=25, rep=200, return_mode="min"))
-        return float(tt.do_bench_cudagraph(fn, rep=100, return_mode="min"))
-    import torch
-    from torch.utils import benchmark
-
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn},
-                        num_threads=torch.get_num_threads()).blocked_autorange(min_run_time=0.3)
-    return float(min(m.times) * 1e3)
+        host_us = host_dispatch_us(fn, torch.cuda.synchronize)
+        timer = time_flushed if l2_flush else time_warm
+        return float(min(timer(fn, CEILING_TIMING, host_us).samples_ms))
+    return float(min(time_cpu(fn, CEILING_TIMING).samples_ms))
 
 
 # Seconds one call of a ceiling's matmul may take: a slower call is timed once (the

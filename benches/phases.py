@@ -27,6 +27,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "write",
@@ -51,6 +52,14 @@ def process_start(clock: Callable[[], float] = time.perf_counter) -> float:
     return clock() - max(0.0, age)
 
 
+@dataclass(eq=False)  # removed by identity: see TimeSplit.phase
+class _Open:
+    """An open phase: its name, and since when it has run (started or resumed)."""
+
+    name: str
+    since: float
+
+
 class TimeSplit:
     """Seconds per phase of one process's run (see the module's docstring).
 
@@ -64,7 +73,7 @@ class TimeSplit:
         self.clock = clock
         self.start = clock() if start is None else start
         self.seconds = dict.fromkeys(BOOKED, 0.0)
-        self._open: list[list[Any]] = []  # [name, since] of each open phase, innermost last
+        self._open: list[_Open] = []  # innermost last
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -73,18 +82,18 @@ class TimeSplit:
         now = self.clock()
         if self._open:  # the outer phase pauses
             outer = self._open[-1]
-            self.seconds[outer[0]] += now - outer[1]
-        entry = [name, now]
+            self.seconds[outer.name] += now - outer.since
+        entry = _Open(name, now)
         self._open.append(entry)
         try:
             yield
         finally:
             now = self.clock()
-            self.seconds[name] += now - entry[1]
+            self.seconds[name] += now - entry.since
             # Removed by identity: a generator closed out of order must not pop another.
             self._open = [e for e in self._open if e is not entry]
             if self._open:
-                self._open[-1][1] = now  # the outer phase resumes
+                self._open[-1].since = now  # the outer phase resumes
 
     def move(self, seconds: float, to: str) -> None:
         """Book `seconds` spent inside the open phase to `to` instead (at most what the
@@ -93,8 +102,8 @@ class TimeSplit:
             return
         if self._open:
             top = self._open[-1]
-            seconds = min(seconds, self.clock() - top[1])
-            top[1] += seconds
+            seconds = min(seconds, self.clock() - top.since)
+            top.since += seconds
         self.seconds[to] += seconds
 
     def split(self) -> dict[str, float]:
@@ -102,8 +111,8 @@ class TimeSplit:
         time, rounded to milliseconds."""
         now = self.clock()
         got = dict(self.seconds)
-        for name, since in self._open:
-            got[name] += now - since
+        for entry in self._open:
+            got[entry.name] += now - entry.since
         wall = now - self.start
         got["other"] = max(0.0, wall - sum(got.values()))
         return {k: round(got[k], 3) for k in PHASES}
