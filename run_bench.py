@@ -17,9 +17,9 @@ import argparse
 import os
 import sys
 
-from benches import console
 from benches.fleet.rank_io import say_line
-from benches.interrupt import Terminated, exit_code, exit_now, signals_raise
+from benches.sweep import console
+from benches.sweep.interrupt import Terminated, exit_code, exit_now, signals_raise
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate.cli import threshold_help
@@ -32,7 +32,7 @@ def _registry_lists() -> dict[str, str]:
     device models), so a new one is listed by its registry line alone.  Imported only
     for --help: the kernel modules must load after TRITON_INTERPRET is settled."""
     from benches.inspect.compile import ARCHES
-    from benches.shapes import PRESETS
+    from benches.sweep.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
     from roofline.model.devices import DEVICES
@@ -45,7 +45,7 @@ def _registry_lists() -> dict[str, str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # Lists are validated against the registries once they are imported (benches.job).
+    # Lists are validated against the registries once they are imported (benches.sweep.job).
     names = _registry_lists() if {"-h", "--help"} & set(argv) else {
         k: f"see --{'list-devices' if k == 'devices' else 'list'}"
         for k in ("kernels", "dtypes", "providers", "devices", "sizes", "arches")}
@@ -185,7 +185,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
         args = parse_args(argv)
         args.started = started
         switched_on = _interpreter_for_check_only(args)
-        from benches import job
+        from benches.sweep import job
 
         job.validate(args)
         if args.inspect:
@@ -193,7 +193,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
 
             return run_inspect(args)
         if args.estimate:
-            from benches.estimate_report import run_estimate
+            from benches.estimate.report import run_estimate
 
             return run_estimate(args)
         if args.list:
@@ -234,7 +234,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
         say_line(f"error: {e}")  # one write: under torchrun every rank says it at once
         return 2
     except Exception as e:  # the library's one-line errors (bad shape, device, baseline)
-        from benches.job import USER_ERRORS
+        from benches.sweep.job import USER_ERRORS
 
         if isinstance(e, USER_ERRORS):
             say_line(f"error: {e}")
@@ -254,7 +254,7 @@ def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
     (interrupted, aborted) is not added: resuming it adds it."""
     from pathlib import Path
 
-    from benches import job
+    from benches.sweep import job
     from roofline.history.errors import HistoryError
     from roofline.history.store import add_run, prepare_store
 
@@ -308,6 +308,6 @@ def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
 
 
 if __name__ == "__main__":
-    from benches.phases import process_start
+    from benches.sweep.phases import process_start
 
     exit_now(main(started=process_start()))

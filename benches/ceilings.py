@@ -15,8 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benches.timing import host_dispatch_us, time_cpu, time_flushed, time_warm
-from benches.timing_plan import TimingConfig
+from benches.timing.clock import host_dispatch_us, time_cpu, time_flushed, time_warm
+from benches.timing.plan import TimingConfig
 from roofline.model.ceilings import Ceilings, datasheet_of, no_roofs
 from roofline.model.devices import ROOF_CLASSES, DeviceModel, Present
 from roofline.model.schema import atomic_write_text
@@ -63,7 +63,7 @@ def _gemm_fn(roof_class: str, n: int, device: str):
     return fn, flops
 
 
-# The sweep's own timers (benches/timing.py) with a ceiling's longer measuring time:
+# The sweep's own timers (benches/timing/clock.py) with a ceiling's longer measuring time:
 # do_bench's rep of 200 ms for a GPU ceiling, 0.3 s of blocks on a CPU.
 CEILING_TIMING = TimingConfig(rep_ms=200.0, cpu_min_run_time_s=0.3)
 

@@ -41,7 +41,7 @@ NO_COUNTERS = ("ERR_NVGPUCTRPERM", "does not have permission", "No kernels were 
 def cases(kernels: list[str] | None) -> list[tuple[str, dict[str, int]]]:
     """(kernel, shape): the largest quick GPU shape of each family with a Triton bf16
     provider, by its counted bytes."""
-    from benches.shapes import preset_shapes
+    from benches.sweep.shapes import preset_shapes
     from kernels import REGISTRY
 
     out = []

@@ -8,7 +8,7 @@ What pytest-benchmark times on a GPU is host latency: each round launches the ke
 synchronizes (L2 flushed in the untimed setup), so it spans Python dispatch, launch and
 completion; for a Triton kernel of a few microseconds that is several times its device
 time.  So TFLOP/s, GB/s, MFU and % of roof in extra_info are derived from the device time
-(ms_device: benches.timing.time_gpu, CUDA events with L2 flushed and no host time
+(ms_device: benches.timing.clock.time_gpu, CUDA events with L2 flushed and no host time
 counted), and the host latency is kept beside them as host_latency_ms, with the host
 dispatch per call as host_us.  On a CPU the call is synchronous and the device time is
 the benchmark's own.  Every case is checked against the float64 reference before it is timed; a
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benches.shapes import preset_shapes
-from benches.timing import time_gpu
-from benches.timing_plan import TimingConfig
+from benches.sweep.shapes import preset_shapes
+from benches.timing.clock import time_gpu
+from benches.timing.plan import TimingConfig
 from kernels import DTYPES, REGISTRY, current_target
 from kernels.spec import Target
 from kernels.triton_utils import prepared_call, run_launch

@@ -3,7 +3,7 @@
     pytest benches/test_bench_writes.py --benchmark-columns=mean,median,max
 
 A GPU row carries up to ~1,000 raw samples.  `journal` is how runs write rows
-(benches.results.ResultWriter.add: one appended line each); `rewrite` is the former way,
+(benches.sweep.results.ResultWriter.add: one appended line each); `rewrite` is the former way,
 every results file rewritten whole after each row, kept here as the yardstick: its cost
 grows with the rows before it, the journal's does not.  A benchmark, not a timed test:
 the figures are reported, never asserted.
@@ -16,7 +16,7 @@ import itertools
 import numpy as np
 import pytest
 
-from benches.results import ResultWriter
+from benches.sweep.results import ResultWriter
 from roofline.model.schema import ALL_COLUMNS, SAMPLES
 
 SAMPLES_PER_ROW = 900

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _retimer(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Retime:
     """`compare --retime` and `history report --retime`: the harness's re-timing client
-    (benches/retime.py), wired here as plan's measurements are."""
-    from benches.retime import retimer_of_run
+    (benches/sweep/retime.py), wired here as plan's measurements are."""
+    from benches.sweep.retime import retimer_of_run
 
     return retimer_of_run(device, meta, rows)
 

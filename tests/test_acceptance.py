@@ -1,5 +1,5 @@
 """Fleet acceptance's verdict rules (benches/fleet/acceptance_rules.py), fed through the
-real NVML reading code (benches/fleet/acceptance_nvml.py, benches/gpu_monitor.py) from a
+real NVML reading code (benches/fleet/acceptance_nvml.py, benches/sweep/gpu_monitor.py) from a
 fake pynvml whose calls return NVML's raw values (mW, counts, C, bit masks) for an H100
 SXM as nvidia-smi shows one: the fakes stand at the NVML call, never at the verdict.
 The figures of the active checks are given as a rank measures them."""
@@ -14,7 +14,7 @@ from benches.fleet import acceptance_nvml as anvml
 from benches.fleet import acceptance_rules as ar
 from benches.fleet.acceptance_rules import CRITICAL, NA, OK, UNKNOWN, WARN, Thresholds
 from benches.fleet.acceptance_stress import matmul_stress
-from benches.gpu_monitor import GpuMonitor
+from benches.sweep.gpu_monitor import GpuMonitor
 
 
 class NotSupported(pynvml.NVMLError):

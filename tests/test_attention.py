@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from benches.cases import Case
-from benches.runner import InputCache, run_case
-from benches.shapes import CPU_PRESETS, GPU_PRESETS, ShapeError, parse_sizes, shapes_for
+from benches.sweep.cases import Case, InputCache
+from benches.sweep.runner import run_case
+from benches.sweep.shapes import CPU_PRESETS, GPU_PRESETS, ShapeError, parse_sizes, shapes_for
 from kernels import DTYPES, REGISTRY
 from kernels import attention as attn
 from kernels import attention_configs as ac

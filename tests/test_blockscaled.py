@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benches.cases import base_row
-from benches.runner import Case, InputCache, RunConfig, run_case
+from benches.sweep.cases import Case, InputCache, RunConfig, base_row
+from benches.sweep.runner import run_case
 from kernels import REGISTRY
 from kernels import blockscaled as bs
 from kernels import matmul_blockscaled as mb

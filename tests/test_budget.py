@@ -15,10 +15,13 @@ import pytest
 
 import run_bench
 from benches import ceilings as ceil_mod
-from benches import runner, timing, timing_plan
-from benches.budget import RowBudget, RunBudget, work
-from benches.runner import InputCache, iterate, run_case
-from benches.timing_plan import OverBudget, TimingConfig, plan_cpu
+from benches.sweep import runner
+from benches.sweep.budget import RowBudget, RunBudget, work
+from benches.sweep.cases import InputCache
+from benches.sweep.runner import iterate, run_case
+from benches.timing import clock as timing
+from benches.timing import plan as timing_plan
+from benches.timing.plan import OverBudget, TimingConfig, plan_cpu
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.model.ceilings import Ceilings, no_roofs
 from roofline.model.rows import run_ceilings
@@ -156,7 +159,7 @@ def test_the_cli_refuses_a_budget_that_is_not_a_positive_time(capsys):
 
 
 def test_the_default_cpu_run_has_a_run_budget_and_a_gpu_run_none(monkeypatch):
-    from benches import job
+    from benches.sweep import job
     from roofline.model.devices import Present, host_cpu
 
     args = run_bench.parse_args([])

@@ -20,13 +20,16 @@ import pytest
 import torch
 
 import run_bench
-from benches import graph_timing, job, retime, runner, timers, timing, timing_plan
-from benches import retime as retime_client
-from benches.cases import Case, InputCache, Scratch, make_copies
-from benches.graph_timing import GraphProbe
-from benches.runner import run_case, time_case
-from benches.timing import Rotation
-from benches.timing_plan import TimingConfig
+from benches.sweep import job, retime, runner, timers
+from benches.sweep import retime as retime_client
+from benches.sweep.cases import Case, InputCache, Scratch, make_copies
+from benches.sweep.runner import run_case, time_case
+from benches.timing import clock as timing
+from benches.timing import graphs as graph_timing
+from benches.timing import plan as timing_plan
+from benches.timing.clock import Rotation
+from benches.timing.graphs import GraphProbe
+from benches.timing.plan import TimingConfig
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
@@ -73,7 +76,7 @@ def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
 
 
 def test_the_default_cpu_run_is_warm_only_and_a_gpus_cold(tmp_path: Path) -> None:
-    from benches import job
+    from benches.sweep import job
 
     assert job.cache_modes(None, gpu=True) == ["cold"]
     assert run_bench.main([*TINY, "--out", str(tmp_path)]) == 0
@@ -326,7 +329,7 @@ def test_interleaved_cold_rows_share_memory_and_time_their_own_values(
 
 
 def case_seed_of(spec: Any, n: int) -> int:
-    from benches.cases import case_seed
+    from benches.sweep.cases import case_seed
 
     return case_seed(0, spec, "fp32", {"n": n})
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benches import console
+from benches.sweep import console
 from roofline.model import devices
 from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES, detect, match_sku
 

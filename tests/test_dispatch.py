@@ -17,13 +17,17 @@ import torch
 import triton
 import triton.testing
 
-from benches import graph_timing, job, retime, runner, timers, timing, timing_plan
-from benches import retime as retime_client
-from benches.graph_timing import GraphProbe
-from benches.runner import Case, InputCache, run_case
+from benches.sweep import job, retime, runner, timers
+from benches.sweep import retime as retime_client
+from benches.sweep.cases import Case, InputCache
+from benches.sweep.runner import run_case
 from benches.test_bench_kernels import bench_metrics
-from benches.timing import flush_padding_us, host_dispatch_us
-from benches.timing_plan import TimingConfig, graph_plan
+from benches.timing import clock as timing
+from benches.timing import graphs as graph_timing
+from benches.timing import plan as timing_plan
+from benches.timing.clock import flush_padding_us, host_dispatch_us
+from benches.timing.graphs import GraphProbe
+from benches.timing.plan import TimingConfig, graph_plan
 from kernels import REGISTRY, triton_utils
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import (
@@ -35,7 +39,8 @@ from kernels.triton_utils import (
 )
 from roofline.model.ceilings import Ceilings
 from roofline.model.schema import ALL_COLUMNS
-from roofline.report.summary import launch_bound_rows, render_summary
+from roofline.report.findings import launch_bound_rows
+from roofline.report.summary import render_summary
 from tests.test_measurement import cpu_cfg, gpu_cfg
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from benches import job
-from benches.cases import Case, build_cases
-from benches.estimate import PLANS, calibrate, calibration, estimate
-from benches.estimate_report import target_device
-from benches.estimate_rows import Reference, find_reference, load_reference, row_speed
-from benches.estimate_speeds import CPU, GPU
+from benches.estimate.price import PLANS, calibrate, calibration, estimate
+from benches.estimate.report import target_device
+from benches.estimate.rows import Reference, find_reference, load_reference, row_speed
+from benches.estimate.speeds import CPU, GPU
+from benches.sweep import job
+from benches.sweep.cases import Case, build_cases
 from kernels import REGISTRY
 from roofline.model.ceilings import Ceilings, datasheet_of
 from roofline.model.devices import DEVICES

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from benches.fleet import dist as fdist
 from benches.fleet.dist import FleetRefused, Rank
 from benches.fleet.liveness import STOP_SIGNAL, Liveness
-from benches.interrupt import PeerStopped
+from benches.sweep.interrupt import PeerStopped
 
 TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -211,8 +211,8 @@ def test_a_sample_is_a_batch_of_calls_so_the_barriers_skew_is_diluted(monkeypatc
     """Ranks leave a barrier apart; the first call after it waits for the last rank.  A
     fake clock and a barrier after which the next call costs SKEW more: one call per
     sample would read CALL + SKEW (26x the call), a batch reads the call's own time."""
-    from benches import timing
     from benches.fleet import collectives
+    from benches.timing import clock as timing
 
     call_ms, skew_ms = 0.02, 0.5
     clock = SimpleNamespace(t=0.0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from benches import job, run_folder, runner
+from benches.sweep import job, run_folder, runner
 from roofline.model.schema import ROWS_JOURNAL, journal_rows, load_run
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """CUDA-graph rows sample by time, not by a fixed count of whole-rotation replays
-(benches/graph_timing.py, timing_plan.graph_split and graph_sample_count): a rotation
+(benches/timing/graphs.py, timing_plan.graph_split and graph_sample_count): a rotation
 too long for one replay is captured in several graphs replayed in turn, in the order
 its calls meet the copies.  torch.cuda is faked: graphs record what they captured and
 when they were replayed, and every replay lasts the time of the calls it holds."""
@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benches import graph_timing, timing_plan
-from benches.timing_plan import TimingConfig
+from benches.timing import graphs as graph_timing
+from benches.timing import plan as timing_plan
+from benches.timing.plan import TimingConfig
 
 
 class FakeGraphs:
@@ -149,7 +150,7 @@ def test_do_bench_rows_take_their_100_ms_of_samples_at_least_the_gates_10():
 def test_a_slow_calls_dispatch_costs_the_budget_not_100_calls():
     import time
 
-    from benches import timing
+    from benches.timing import clock as timing
 
     calls: list[int] = []
 

@@ -409,7 +409,7 @@ def test_retiming_confirms_or_clears_a_new_slowdown(tmp_path):
 
 def test_run_bench_adds_the_finished_run(tmp_path, capsys, monkeypatch):
     import run_bench
-    from benches import job
+    from benches.sweep import job
     from roofline.model.ceilings import Ceilings
 
     fake = {"tflops": {"fp32": 1.0, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0},

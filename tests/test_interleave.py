@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from benches import runner, timing, timing_plan
-from benches.runner import Case
+from benches.sweep import runner
+from benches.sweep.cases import Case
+from benches.timing import clock as timing
+from benches.timing import plan as timing_plan
 from tests.test_measurement import FAST, cpu_cfg, with_torch_fn
 
 
@@ -127,7 +129,7 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
 def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:
     # The interrupt lands in the caller (writing the first row of a chunk): thrown into
     # the sweep, it yields the chunk's other rows, all fully timed, and nothing twice.
-    from benches import job
+    from benches.sweep import job
 
     _, fn = _recorder()
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))

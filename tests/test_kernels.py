@@ -9,8 +9,7 @@ import torch
 
 from kernels import DTYPES, REGISTRY, current_target
 from kernels.attention_triton import FP8_MIN_HEAD_DIM
-from kernels.matmul import UnsupportedShape
-from kernels.spec import Target
+from kernels.spec import Target, UnsupportedShape
 
 CPU = current_target("cpu")
 INTERP = Target("cpu", None, interpret=True)

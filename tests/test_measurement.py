@@ -18,22 +18,17 @@ import torch
 
 import run_bench
 from benches import ceilings as ceil_mod
-from benches import (
-    failures,
-    gpu_monitor,
-    graph_timing,
-    results,
-    runner,
-    timers,
-    timing,
-    timing_plan,
-)
-from benches.graph_timing import GraphProbe
-from benches.runner import Case, InputCache, RunConfig, SweepAborted, run_case
-from benches.timing_plan import TimingConfig
+from benches.sweep import failures, gpu_monitor, results, runner, timers
+from benches.sweep.cases import Case, InputCache, RunConfig
+from benches.sweep.failures import SweepAborted
+from benches.sweep.runner import run_case
+from benches.timing import clock as timing
+from benches.timing import graphs as graph_timing
+from benches.timing import plan as timing_plan
+from benches.timing.graphs import GraphProbe
+from benches.timing.plan import TimingConfig
 from kernels import REGISTRY, Target
-from kernels.matmul import UnsupportedShape
-from kernels.spec import DTYPES
+from kernels.spec import DTYPES, UnsupportedShape
 from roofline.model.ceilings import Ceilings, datasheet_of
 from roofline.model.devices import DEVICES, Present, host_cpu, match_sku
 from roofline.model.schema import load_run
@@ -172,7 +167,7 @@ def test_error_while_timing_is_a_failed_row(monkeypatch):
 @pytest.fixture
 def fixed_ceilings(monkeypatch):
     """Skip the ceiling measurement of end-to-end runs (seconds on a busy CPU)."""
-    from benches import job
+    from benches.sweep import job
 
     monkeypatch.setattr(job, "get_ceilings", lambda *a, **kw: cpu_cfg().ceilings)
 

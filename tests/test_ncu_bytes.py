@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benches import ncu_bytes
-from benches.shapes import preset_shapes
+from benches.sweep.shapes import preset_shapes
 from kernels import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent

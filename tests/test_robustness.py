@@ -19,9 +19,11 @@ import pytest
 import torch
 
 import run_bench
-from benches import failures, runner
-from benches.runner import InputCache, SweepAborted, run_case
-from benches.timing import summarize
+from benches.sweep import failures, runner
+from benches.sweep.cases import InputCache
+from benches.sweep.failures import SweepAborted
+from benches.sweep.runner import run_case
+from benches.timing.clock import summarize
 from kernels.matmul import scaled_mm_rejects
 from roofline.gate.cli import check_outputs, main
 from roofline.report import plot_cli

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benches.shapes import CPU_PRESETS, GPU_PRESETS, parse_sizes, preset_shapes, shapes_for
+from benches.sweep.shapes import CPU_PRESETS, GPU_PRESETS, parse_sizes, preset_shapes, shapes_for
 from kernels import REGISTRY
 from kernels import rowops as ro
 

@@ -165,7 +165,7 @@ def test_help_lists_every_registered_name(capsys, monkeypatch):
     --help comes from its registry (the H200's --help listed 7 of 12 kernels, 6 of 9
     dtypes and no h200-nvl)."""
     from benches.inspect.compile import ARCHES
-    from benches.shapes import PRESETS
+    from benches.sweep.shapes import PRESETS
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
     from roofline.model.devices import DEVICES
@@ -193,7 +193,7 @@ def test_list_devices_shows_ridges(capsys):
 
 
 def test_interrupt_keeps_finished_rows(tmp_path, monkeypatch):
-    from benches import runner
+    from benches.sweep import runner
 
     real = runner.run_case
     calls = {"n": 0}
@@ -272,7 +272,7 @@ def test_results_json_has_no_nan(cpu_run):
     (None, 2, 2, False),  # no load average on this platform
 ])
 def test_a_busy_cpu_is_said_before_the_run(load, cores, threads, warns):
-    from benches.results import busy_cpu_warning
+    from benches.sweep.results import busy_cpu_warning
 
     got = busy_cpu_warning(load, cores, threads)
     assert (got is not None) == warns

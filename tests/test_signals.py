@@ -56,7 +56,7 @@ PROBE = textwrap.dedent("""
     def compile_for_sm90():
         src = ASTSource(twice, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 1024})
         triton.compile(src, target=GPUTarget("cuda", 90, 32))
-    from benches.interrupt import restore_handlers_after_compiles, signals_raise
+    from benches.sweep.interrupt import restore_handlers_after_compiles, signals_raise
 
     mode = sys.argv[1]
     with signals_raise():
@@ -111,8 +111,8 @@ SWEEP = textwrap.dedent("""
     import triton
     from triton import knobs
     import run_bench
-    from benches import runner
-    from benches.interrupt import exit_now
+    from benches.sweep import runner
+    from benches.sweep.interrupt import exit_now
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

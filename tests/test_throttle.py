@@ -17,10 +17,18 @@ import pandas as pd
 import pytest
 
 import run_bench
-from benches import gpu_monitor, runner, timing, timing_plan
-from benches import retime as retime_client
-from benches.gpu_monitor import ThrottleConfig, run_clock_facts, throttle_state, time_unthrottled
-from benches.runner import InputCache, run_case
+from benches.sweep import gpu_monitor, runner
+from benches.sweep import retime as retime_client
+from benches.sweep.cases import InputCache
+from benches.sweep.gpu_monitor import (
+    ThrottleConfig,
+    run_clock_facts,
+    throttle_state,
+    time_unthrottled,
+)
+from benches.sweep.runner import run_case
+from benches.timing import clock as timing
+from benches.timing import plan as timing_plan
 from kernels import Target
 from roofline.gate.cli import main
 from roofline.gate.promote import promote
@@ -175,8 +183,8 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
     import json
     from types import SimpleNamespace
 
-    from benches import job, retime
-    from benches.cases import Case
+    from benches.sweep import job, retime
+    from benches.sweep.cases import Case
     from kernels import REGISTRY
     from tests.test_measurement import cpu_cfg
 

@@ -1,4 +1,4 @@
-"""Where a run's time goes (benches/phases.py): the accounting object's arithmetic on a
+"""Where a run's time goes (benches/sweep/phases.py): the accounting object's arithmetic on a
 fake clock, Triton's compiles booked out of the phase they happen in, a real CPU run's
 split against its wall time measured from outside, summary.md's and the console's line,
 and the work each case does once for both its providers and cache modes."""
@@ -16,10 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benches import cases as cases_mod
-from benches import phases, runner, timers, timing, timing_plan
-from benches.graph_timing import GraphProbe
-from benches.phases import PHASES, TimeSplit
+from benches.sweep import cases as cases_mod
+from benches.sweep import phases, runner, timers
+from benches.sweep.phases import PHASES, TimeSplit
+from benches.timing import clock as timing
+from benches.timing import plan as timing_plan
+from benches.timing.graphs import GraphProbe
 from kernels import REGISTRY
 from roofline.report.summary import render_summary, time_split_line
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg

@@ -1,4 +1,4 @@
-"""Triton's on-disk caches in a GPU sweep (benches/triton_cache.py): which kernels are
+"""Triton's on-disk caches in a GPU sweep (benches/sweep/triton_cache.py): which kernels are
 compiled ahead, how the workers are started and stopped, and the autotuner keeping its
 results.  No GPU here: the workers' compile is faked where it would need one."""
 
@@ -13,8 +13,8 @@ import pytest
 import triton
 from triton import knobs
 
-from benches import triton_cache
-from benches.cases import build_cases
+from benches.sweep import triton_cache
+from benches.sweep.cases import build_cases
 from kernels import REGISTRY, Target
 from kernels.triton_utils import config_str
 from tests.test_measurement import gpu_cfg

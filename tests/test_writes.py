@@ -15,8 +15,8 @@ import os
 import pandas as pd
 import pytest
 
-from benches import results
-from benches.results import ResultWriter
+from benches.sweep import results
+from benches.sweep.results import ResultWriter
 from roofline.model import schema
 from roofline.model.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
 
@@ -108,7 +108,7 @@ def test_a_resumed_writer_journals_its_earlier_rows_first(tmp_path):
 
 def test_resume_reads_the_rows_of_a_killed_run(tmp_path):
     """A process killed between flushes: --resume starts from the journal's rows."""
-    from benches.run_folder import read_run_doc
+    from benches.sweep.run_folder import read_run_doc
 
     run = tmp_path / "run"
     meta = {"run_id": "x", "kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"],

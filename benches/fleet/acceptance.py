@@ -162,8 +162,8 @@ def _nvml(me: Any) -> tuple[Any, Any, str]:
     """(pynvml, handle, why not) for this rank's GPU."""
     if me.device != "cuda":
         return None, None, "a CPU rank: no NVML (GPU-only check)"
-    from benches.failures import error_message
-    from benches.gpu_monitor import load_pynvml, nvml_handle
+    from benches.sweep.failures import error_message
+    from benches.sweep.gpu_monitor import load_pynvml, nvml_handle
 
     nv = load_pynvml()
     if nv is None:
@@ -184,7 +184,7 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
     from benches.fleet.acceptance_rules import judge_fleet
     from benches.fleet.folder import SLOW_FACTOR, versions
     from benches.fleet.run import TEST_SLOW
-    from benches.gpu_monitor import GpuMonitor
+    from benches.sweep.gpu_monitor import GpuMonitor
 
     t_begin = time.monotonic()
     settings = {k: getattr(args, k) for k in _FLAGS}

@@ -5,7 +5,7 @@ NVML's message kept, so the rule (benches/fleet/acceptance_rules.py) says UNKNOW
 
 Units as the rules want them: watts (NVML gives mW), degrees C, counts.  The NVML
 handle of this rank's GPU and the sampling of clocks, temperature and clock-event
-reasons during the stress come from benches/gpu_monitor.py.
+reasons during the stress come from benches/sweep/gpu_monitor.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benches.failures import error_message
-from benches.gpu_monitor import SLOWDOWN_REASONS, decode_nvml, is_idle
+from benches.sweep.failures import error_message
+from benches.sweep.gpu_monitor import SLOWDOWN_REASONS, decode_nvml, is_idle
 
 
 def _read(out: dict[str, Any], errors: dict[str, str], key: str,

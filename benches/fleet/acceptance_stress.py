@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benches.timing import time_call_ms
+from benches.timing.clock import time_call_ms
 
 # Square products: gpu-fryer's 8192 on GPUs; on CPUs a size a core multiplies in tens of
 # milliseconds.  A rank's stress dtypes: bf16 (+ fp8 on sm_89+) on GPUs, fp32 on CPUs.

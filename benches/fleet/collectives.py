@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benches.timing import summarize, time_call_ms
+from benches.timing.clock import summarize, time_call_ms
 from roofline.model.schema import ALL_COLUMNS, SAMPLES
 from roofline.plan.comm import BUSBW_FACTOR
 

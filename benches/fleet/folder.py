@@ -20,7 +20,7 @@ def versions(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from benches.results import head_commit
+    from benches.sweep.results import head_commit
 
     try:
         import triton
@@ -82,7 +82,7 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
     info = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
             "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
             "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
-            # where the rank's time went (benches/phases.py)
+            # where the rank's time went (benches/sweep/phases.py)
             "time_split_s": meta.get("time_split_s"), "wall_s": meta.get("wall_s")}
     if slow:
         slow_down(rows, info)
@@ -100,8 +100,8 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
     `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
     import pandas as pd
 
-    from benches.job import finish_run
-    from benches.results import ResultWriter
+    from benches.sweep.job import finish_run
+    from benches.sweep.results import ResultWriter
     from roofline.model.devices import DEVICES
     from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
 

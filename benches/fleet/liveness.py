@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from benches.interrupt import PeerStopped, Terminated
+from benches.sweep.interrupt import PeerStopped, Terminated
 
 # The heartbeat's period: often enough that a loss is seen within a few percent of the
 # timeout, rarely enough that rank 0 reading every rank's beat stays cheap.

@@ -1,6 +1,6 @@
 """Fleet runs: `torchrun --nproc-per-node=G run_bench.py [the usual flags]`.
 
-Every rank runs the usual sweep (benches/job.py `run`) on its own device (cuda:LOCAL_RANK,
+Every rank runs the usual sweep (benches/sweep/job.py `run`) on its own device (cuda:LOCAL_RANK,
 or a CPU process with its share of the cores), with ceilings measured on that device and
 cached per host and local rank, into its own run folder
 (<out>/fleet/<run-id>/ranks/rank-<r>/<device>/<run-id>/).  Before measuring, the ranks
@@ -52,11 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from benches.fleet import dist as fdist
-from benches.fleet.dist import FleetError, FleetRefused, Rank
+from benches.fleet.dist import FleetRefused, Rank
 from benches.fleet.folder import own_rows, versions, write_folder
-from benches.fleet.liveness import Liveness
+from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
-from benches.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
+from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
 from roofline.report.summary import time_split_line
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
@@ -73,7 +73,7 @@ SIGNAL_CODES = {"SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
 
 
 def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
-    from benches.job import USER_ERRORS
+    from benches.sweep.job import USER_ERRORS
 
     try:
         me = fdist.start(args.dist_timeout, args.device)
@@ -142,7 +142,7 @@ class _Fleet:
     # ---- agreement and the sweep ----------------------------------------------------
 
     def main(self) -> int:
-        from benches import job
+        from benches.sweep import job
 
         me, args = self.me, self.args
         fdist.agree("versions and request", versions(args))

@@ -57,7 +57,7 @@ from benches.inspect.read import (
     tma_of,
 )
 from benches.inspect.report import print_table, summary_lines, write_files
-from benches.interrupt import python_handlers_back
+from benches.sweep.interrupt import python_handlers_back
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
 # count sizes the launches (dot's number of partial sums), and the per-block shared
@@ -170,7 +170,7 @@ def _shape_str(shape: dict[str, int]) -> str:
 
 def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case], list[str]]:
     """Distinct compile cases for the selection, and notes on what was left out."""
-    from benches.shapes import preset_shapes
+    from benches.sweep.shapes import preset_shapes
     from kernels import REGISTRY
 
     cc = ARCHES[arch][0]

@@ -1,5 +1,5 @@
 """`python -m roofline plan --measure`: the model's GEMM shapes timed on the device
-present through the suite's sweep (benches.runner), so the plan's MFU is measured; and
+present through the suite's sweep (benches.sweep.runner), so the plan's MFU is measured; and
 `--measure step --explain`: the step's own kernels (its GEMMs, attention, norms, loss)
 timed the same way."""
 
@@ -25,9 +25,9 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
     from roofline.model.schema import native_cache as native_mode
 
     model, present, ceilings = device
-    from benches.cases import Case, RunConfig
-    from benches.runner import iterate
-    from benches.timing_plan import TimingConfig
+    from benches.sweep.cases import Case, RunConfig
+    from benches.sweep.runner import iterate
+    from benches.timing.plan import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled
 
@@ -35,7 +35,7 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
     timing = TimingConfig()
     if rep_ms is not None:
         # A smaller budget for quick looks (and tests); only the knobs this TimingConfig
-        # has are touched, since benches/timing.py evolves on its own.
+        # has are touched, since benches/timing/clock.py evolves on its own.
         want = {"rep_ms": rep_ms, "warmup_ms": min(getattr(timing, "warmup_ms", rep_ms), rep_ms),
                 "min_samples": min(getattr(timing, "min_samples", 5), 5),
                 "cpu_min_run_time_s": rep_ms / 1e3}
@@ -78,7 +78,7 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
 def measure_gemms(gemms: list[Gemm], device: str, dtype: str, provider: str,
                   rep_ms: float | None, log: Any) -> dict[str, Any]:
     """Time the step's GEMM shapes on the device present through the suite's sweep
-    (benches.runner), fill each Gemm's ms/tflops/mfu, and return what was used."""
+    (benches.sweep.runner), fill each Gemm's ms/tflops/mfu, and return what was used."""
     # The device first: a GPU asked for on a machine without one fails before any import.
     found_device = device_ceilings(device, log)
     peak = ceilings_peak(*found_device, dtype)

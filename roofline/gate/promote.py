@@ -24,13 +24,14 @@ from roofline.gate.rules import (
     time_problem,
 )
 from roofline.gate.runs import incomplete_reasons, read_run, run_device_key
-from roofline.gate.verdicts import is_throttled, row_key
+from roofline.gate.verdicts import is_throttled
 from roofline.model.devices import DeviceError, get_device_model
 from roofline.model.schema import (
     SAMPLES,
     RunLoadError,
     load_run,
     resolve_results_json,
+    row_key,
     row_name,
 )
 

@@ -26,10 +26,11 @@ from roofline.gate.rules import (
     time_problem,
 )
 from roofline.gate.stats import Timing, fast_end_ratio
-from roofline.gate.verdicts import CompareResult, Problem, judge_frames, row_key, sort_by_verdict
+from roofline.gate.verdicts import CompareResult, Problem, judge_frames, sort_by_verdict
 from roofline.model.schema import (
     RunLoadError,
     load_run,
+    row_key,
     row_name,
 )
 

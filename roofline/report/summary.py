@@ -164,7 +164,7 @@ def _run_facts(meta: dict[str, Any]) -> str:
 
 def time_split_line(meta: dict[str, Any]) -> str | None:
     """"timing N s of M s", then the run's other phases of half a second or more,
-    largest first (metadata.time_split_s, benches/phases.py); None for a run that did
+    largest first (metadata.time_split_s, benches/sweep/phases.py); None for a run that did
     not record its split.  The console's last line and summary.md's `time` fact."""
     split, wall = as_dict(meta.get("time_split_s")), finite_or_none(meta.get("wall_s"))
     if not split or wall is None:

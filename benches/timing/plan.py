@@ -2,7 +2,7 @@
 to the `timer` column, the method of a case (CUDA graphs or flushed do_bench, from its
 roofline bound), the sample counts within a row's budget, the rotation that keeps a case's
 calls cold (copies past twice the L2 or the CPU's last-level cache), and the size of that
-cache.  Plain arithmetic on numbers: nothing here launches a kernel (benches/timing.py
+cache.  Plain arithmetic on numbers: nothing here launches a kernel (benches/timing/clock.py
 measures, and re-exports these names).
 """
 

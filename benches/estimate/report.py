@@ -1,6 +1,6 @@
 """`run_bench.py --estimate [selection] [--device D]`: the cost of the sweep the same
 command would run, phase by phase, for the method before and now, from a cold and a warm
-Triton cache (benches/estimate.py), printed; nothing is measured or written."""
+Triton cache (benches/estimate/price.py), printed; nothing is measured or written."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from benches.cases import Case, RunConfig, build_cases
 from benches.ceilings import CACHE_DIR_ENV, cache_key, cache_problem
-from benches.console import console
-from benches.estimate import PLANS, Walk, calibrate, calibration, estimate
-from benches.estimate_rows import Reference, find_reference, selection
-from benches.estimate_speeds import capability_of, speed_of
-from benches.phases import PHASES
+from benches.estimate.price import PLANS, Walk, calibrate, calibration, estimate
+from benches.estimate.rows import Reference, find_reference, selection
+from benches.estimate.speeds import capability_of, speed_of
+from benches.sweep.cases import Case, RunConfig, build_cases
+from benches.sweep.console import console
+from benches.sweep.phases import PHASES
 from roofline.model.ceilings import Ceilings, datasheet_of
 from roofline.model.devices import DEVICES, DeviceModel, Present, detect, host_cpu
 
@@ -67,7 +67,7 @@ def _reference_meta(ref: Reference) -> dict | None:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    from benches import job
+    from benches.sweep import job
 
     out = Path(args.out)
     first_model = DEVICES[args.device] if args.device != "auto" else DEVICES[detect().key]
@@ -103,12 +103,12 @@ def _print(cfg: RunConfig, cases: list[Case], ref: Reference,
               if ref.paths else "no earlier run: the assumptions alone")
     console.print(f"estimate: {len(cases)} cases ({sizes}) on {cfg.present.name} as "
                   f"'{cfg.model.key}', nothing measured; row speeds from {source}; device "
-                  "assumptions: benches/estimate_speeds.py"
+                  "assumptions: benches/estimate/speeds.py"
                   + ("" if ceilings_cached else "; ceilings measured (none cached)"))
     if factors:
         console.print("scaled to the newest run's own time split: " + ", ".join(
             f"{k} x{v:.2f}" for k, v in factors.items()))
-    t = Table(title="seconds per phase (benches/phases.py)")
+    t = Table(title="seconds per phase (benches/sweep/phases.py)")
     t.add_column("phase")
     for m, warm in walks:
         t.add_column(_label(m, warm), justify="right")

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from benches.cases import Case, RunConfig
+from benches.sweep.cases import Case, RunConfig
 
 WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from benches.gpu_monitor import (
+from benches.sweep.gpu_monitor import (
     ThrottleConfig,
 )
-from benches.shapes import shapes_for
-from benches.timing_plan import TimingConfig
+from benches.sweep.shapes import shapes_for
+from benches.timing.plan import TimingConfig
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.spec import Shape
 from roofline.model import metrics
@@ -74,7 +74,7 @@ class RunConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     throttle: ThrottleConfig = field(default_factory=lambda: ThrottleConfig())
     # Seconds the sweep's timing may take in all (None: no run budget; rows keep theirs,
-    # timing.row_budget_s).  See benches/budget.py.
+    # timing.row_budget_s).  See benches/sweep/budget.py.
     run_budget_s: float | None = None
     # Triton configs to run instead of autotuning, by case key (kernel, provider, dtype,
     # shape, cache): re-timing children get the confirmed row's own (its `config` column).

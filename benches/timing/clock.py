@@ -7,7 +7,7 @@ This module only adds what those libraries lack:
 - one timing method per (kernel, dtype, shape), decided from the case's analytic roofline
   bound on this device (`choose_method`), so both providers are timed alike and a row
   keeps its method from run to run;
-- the plan of a CUDA-graph timer that is cold and fair (benches/graph_timing.py
+- the plan of a CUDA-graph timer that is cold and fair (benches/timing/graphs.py
   captures and replays it): calls over N distinct copies of inputs and outputs that
   together exceed twice the L2, the call count independent of the provider's speed, the
   capture bounded in nodes and time (`graph_plan`);
@@ -20,7 +20,7 @@ This module only adds what those libraries lack:
   copies past twice the last-level cache (`Rotation`), as the CUDA graphs do on a GPU.
 
 How much is timed (settings, sample counts, methods, copies) is plain arithmetic in
-benches/timing_plan.py, whose names are re-exported here.
+benches/timing/plan.py, whose names are re-exported here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from benches.timing_plan import (
+from benches.timing.plan import (
     TIMER_CPU,
     TIMER_CPU_ROTATED,
     TIMER_FLUSHED,

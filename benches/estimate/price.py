@@ -1,5 +1,5 @@
 """`run_bench.py --estimate`: what a sweep will cost on a device, phase by phase (the
-phases of benches/phases.py), from the plan the sweep runs, without running anything.
+phases of benches/sweep/phases.py), from the plan the sweep runs, without running anything.
 
 The walk takes the sweep's cases (build_cases) in order and, for each row, what the
 sweep would do: its method (timers.timing_method), its samples (timing_plan's
@@ -7,7 +7,7 @@ sample_count, graph_sample_count, plan_cpu within the run budget, budget.RunBudg
 its rotation (rotation_copies, graph_calls, graph_split), its Triton compiles and
 autotuning (its launches, built on meta tensors for the device's architecture).  Each
 is priced with the row's call time and host dispatch from a reference run's rows
-(`Reference`) and the device assumptions of benches/estimate_speeds.py.
+(`Reference`) and the device assumptions of benches/estimate/speeds.py.
 
 Two methods: "now" (this code) and "before" (the sweep before the time split was
 recorded: a fixed 25 replays of whole rotations of at least 100 ms of samples, a clone
@@ -23,15 +23,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benches.budget import RowBudget, RunBudget
-from benches.cases import Case, RunConfig
-from benches.estimate_rows import Reference, RowSpeed, row_speed
-from benches.estimate_speeds import DeviceSpeed
-from benches.phases import PHASES
-from benches.runner import footprint_reason
-from benches.timers import rotation_of, timing_method
-from benches.timing import DISPATCH_BUDGET_S
-from benches.timing_plan import (
+from benches.estimate.rows import Reference, RowSpeed, row_speed
+from benches.estimate.speeds import DeviceSpeed
+from benches.sweep.budget import RowBudget, RunBudget
+from benches.sweep.cases import Case, RunConfig
+from benches.sweep.phases import PHASES
+from benches.sweep.runner import footprint_reason
+from benches.sweep.timers import rotation_of, timing_method
+from benches.timing.clock import DISPATCH_BUDGET_S
+from benches.timing.plan import (
     TIMER_FLUSHED,
     OverBudget,
     TimingConfig,
@@ -277,7 +277,7 @@ class Pricer:
     # ---- timing on a CPU --------------------------------------------------------------
 
     def cpu_timing(self, case: Case, call_s: float, granted: RowBudget) -> None:
-        """The CPU timers (benches/timers.py) over the rounds, each sized by plan_cpu
+        """The CPU timers (benches/sweep/timers.py) over the rounds, each sized by plan_cpu
         within the row's share of the run budget; rows past the row budget are skipped
         after the check."""
         w, t = self.walk, self.cfg.timing
@@ -331,8 +331,8 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed
     meta = ref.split_meta or {}
     if ref.split is None or meta.get("device_kind") != cfg.target.kind:
         return {}
-    from benches.cases import build_cases
-    from benches.shapes import parse_sizes
+    from benches.sweep.cases import build_cases
+    from benches.sweep.shapes import parse_sizes
 
     explicit = meta.get("explicit_shapes")
     rcfg = dataclasses.replace(

@@ -21,25 +21,25 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from benches import gpu_monitor, runner, triton_cache
-from benches.budget import DEFAULT_CPU_RUN_BUDGET_S
-from benches.cases import Case, RunConfig, build_cases
 from benches.ceilings import get_ceilings
-from benches.console import console, print_devices, print_kernels, print_summary
-from benches.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
-from benches.interrupt import Terminated, exit_code, signal_name
-from benches.phases import TimeSplit, compiles_booked
-from benches.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
-from benches.retime import RETIME_ROUNDS, Retimer
-from benches.run_folder import (
+from benches.sweep import gpu_monitor, runner, triton_cache
+from benches.sweep.budget import DEFAULT_CPU_RUN_BUDGET_S
+from benches.sweep.cases import Case, RunConfig, build_cases
+from benches.sweep.console import console, print_devices, print_kernels, print_summary
+from benches.sweep.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
+from benches.sweep.interrupt import Terminated, exit_code, signal_name
+from benches.sweep.phases import TimeSplit, compiles_booked
+from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
+from benches.sweep.retime import RETIME_ROUNDS, Retimer
+from benches.sweep.run_folder import (
     RequestError,
     check_run_id,
     new_run_dir,
     read_run_doc,
     writable_dir,
 )
-from benches.shapes import PRESETS, ShapeError, parse_sizes
-from benches.timing_plan import TimingConfig
+from benches.sweep.shapes import PRESETS, ShapeError, parse_sizes
+from benches.timing.plan import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
@@ -160,7 +160,7 @@ def apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
 def compare_retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]
              ) -> Callable[[list[RowKey]], dict[RowKey, list[list[float]]]]:
     """The compare step's `retime` callback: this run's settings, the rows of its cases
-    only (benches/retime.py's Retimer)."""
+    only (benches/sweep/retime.py's Retimer)."""
     client = Retimer(cfg.model.key, {"seed": cfg.seed, "fp8_accum": kernel_spec.fp8_accum(),
                                      "ceilings": cfg.ceilings.to_json(),
                                      "throttle": cfg.throttle.as_dict()}, rows,
@@ -368,7 +368,7 @@ def run(args: argparse.Namespace, argv: list[str],
 
 
 def _record_split(meta: dict[str, Any], split: TimeSplit) -> None:
-    """The run's time split so far into its metadata (benches/phases.py): seconds per
+    """The run's time split so far into its metadata (benches/sweep/phases.py): seconds per
     phase and the wall time since the process started, which they add up to."""
     meta.update(time_split_s=split.split(), wall_s=split.wall_s())
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benches.cases import (
+from benches.sweep.cases import (
     Case,
     Copies,
     InputCache,
@@ -37,10 +37,9 @@ from benches.cases import (
     gc_paused,
     make_copies,
 )
-from benches.failures import error_message, is_sticky_cuda_error
-from benches.graph_timing import CaptureTooSlow, probe_call, time_cudagraph
-from benches.phases import TimeSplit
-from benches.timing import (
+from benches.sweep.failures import error_message, is_sticky_cuda_error
+from benches.sweep.phases import TimeSplit
+from benches.timing.clock import (
     Rotation,
     Timing,
     host_dispatch_us,
@@ -48,7 +47,8 @@ from benches.timing import (
     time_flushed,
     time_warm,
 )
-from benches.timing_plan import (
+from benches.timing.graphs import CaptureTooSlow, probe_call, time_cudagraph
+from benches.timing.plan import (
     TIMER_CPU,
     TIMER_CPU_ROTATED,
     TIMER_FLUSHED,
@@ -308,7 +308,7 @@ class CpuRotated(CpuBlocks):
     """Each block's calls cycle over the row's buffers and copies of them that together
     exceed twice the host's last-level cache, so that every call starts cold, as the
     CUDA graphs' rotation does on a GPU.  The copies are views into one block of memory
-    the sweep's rows share (benches.cases.Scratch), the row's values written back into
+    the sweep's rows share (benches.sweep.cases.Scratch), the row's values written back into
     it before each of its rounds."""
 
     name = TIMER_CPU_ROTATED

@@ -17,11 +17,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from benches.cases import RunConfig
-from benches.gpu_monitor import (
+from benches.sweep.cases import RunConfig
+from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
-from benches.timing_plan import cpu_cache_bytes, read_llc
+from benches.timing.plan import cpu_cache_bytes, read_llc
 from roofline.model.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernels.matmul import UnsupportedShape
+from kernels.spec import UnsupportedShape
 
 if TYPE_CHECKING:  # annotations only: the sweep's cases import this module's helpers
-    from benches.cases import Case, InputCache, RunConfig
+    from benches.sweep.cases import Case, InputCache, RunConfig
 
 
 class SweepAborted(Exception):

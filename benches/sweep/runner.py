@@ -1,7 +1,7 @@
 """The sweep: for every (kernel, provider, dtype, shape) check correctness against the
 float64 reference, time it in each cache mode asked (cold: caches flushed or rotated
 past; warm: back-to-back calls on the same buffers), derive the roofline metrics, and hand
-the row over (benches/results.py writes it); on a CPU, timing rounds interleaved over
+the row over (benches/sweep/results.py writes it); on a CPU, timing rounds interleaved over
 chunks of cases.
 
 Names imported `X as X` are re-exported: they lived here before the sweep was split into
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from benches.budget import RowBudget, RunBudget
-from benches.cases import (
+from benches.sweep.budget import RowBudget, RunBudget
+from benches.sweep.cases import (
     Case,
     Copies,
     InputCache,
@@ -30,20 +30,20 @@ from benches.cases import (
     copies_frozen,
     roofs_of,
 )
-from benches.failures import SweepAborted, error_row
-from benches.gpu_monitor import (
+from benches.sweep.failures import SweepAborted, error_row
+from benches.sweep.gpu_monitor import (
     gpu_monitor,
     time_unthrottled,
 )
-from benches.interrupt import (
+from benches.sweep.interrupt import (
     python_handlers_back,
     restore_handlers_after_compiles,
     signal_name,
 )
-from benches.phases import TimeSplit
-from benches.timers import CPU_TIMERS, RowCall, sweep_cache, timer_for
-from benches.timing import Timing, summarize
-from benches.timing_plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from benches.sweep.phases import TimeSplit
+from benches.sweep.timers import CPU_TIMERS, RowCall, sweep_cache, timer_for
+from benches.timing.clock import Timing, summarize
+from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from kernels import DTYPES, Target
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
@@ -88,7 +88,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
     On a CPU the checked call is timed: it sizes the row's samples within its budget
     (`budget`: the run's share; its call_s and plan are filled in), and a row whose
     minimum samples cannot fit the row budget is skipped after its check.  `split` books
-    the row's time by phase (benches/phases.py)."""
+    the row's time by phase (benches/sweep/phases.py)."""
     budget = budget if budget is not None else RowBudget()
     split = split if split is not None else TimeSplit()
     row = base_row(case, cfg)
@@ -243,10 +243,10 @@ def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
               copies: Copies | None = None, split: TimeSplit | None = None
               ) -> tuple[Timing, str]:
-    """(timing, note) of a checked case by its timer (benches/timers.py): the note says
+    """(timing, note) of a checked case by its timer (benches/sweep/timers.py): the note says
     why a CUDA-graph case fell back to events or what bound its graph, that a CPU row's
     budget cut its samples (`plan`: how each CPU round samples, see
-    benches.timing_plan.plan_cpu), or that a cold CPU row is cold by size.
+    benches.timing.plan.plan_cpu), or that a cold CPU row is cold by size.
     `make_call(inputs, out)` gives the provider's call on those buffers (a Triton row's is
     bound once to its chosen configs); a cold row's calls rotate over (inputs, out) and
     `copies` of them (made here when not given); `split` gets a CUDA graph's capture."""
@@ -266,7 +266,7 @@ def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
     further round of the chunk is timed in turn, and the chunk's rows are yielded
     together.  An interrupt (or any exception) yields the chunk's rows timed so far,
     over the rounds they completed (n_samples says how many), before it propagates.
-    `split` books the sweep's time by phase (benches/phases.py)."""
+    `split` books the sweep's time by phase (benches/sweep/phases.py)."""
     budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
     split = split if split is not None else TimeSplit()
     restore_handlers_after_compiles()
@@ -309,7 +309,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
                 raise
             # The case's checked inputs, kept for its later rounds (copied per round:
             # ~1 ms, where making them again takes ~100 ms at 2^22 elements), and a cold
-            # row's rotated copies (views made once; see benches.cases.Scratch).
+            # row's rotated copies (views made once; see benches.sweep.cases.Scratch).
             key = (case.spec.name, case.dtype, case.shape_str)
             mine = cache.key == key
             copies = cache.copies if mine and case.cache == DEFAULT_CACHE else None
@@ -331,7 +331,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
 
 def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
               cases_left: int, split: TimeSplit) -> tuple[dict[str, Any], CpuPlan | None]:
-    """run_case within the run's budget (benches/budget.py): on a CPU a case whose path
+    """run_case within the run's budget (benches/sweep/budget.py): on a CPU a case whose path
     cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
     if cfg.target.kind != "cuda" and not cfg.check_only:
         why = budget.skip_reason(case)

@@ -3,13 +3,13 @@ timers), and a run may have one for the whole sweep (RunBudget.run_s).
 
 The run's budget never drops a case: what is left of it is shared among the cases left,
 and a row's share lowers its sample count toward the regression gate's minimum
-(benches.timing.plan_cpu) once the sweep runs behind.  What a budget does skip is a case
-that cannot fit its row budget even at that minimum, and it does so before the case
+(benches.timing.plan.plan_cpu) once the sweep runs behind.  What a budget does skip is a
+case that cannot fit its row budget even at that minimum, and it does so before the case
 burns minutes: a kernel, provider, dtype and cache mode (a "path") whose smaller shape
 was already over the budget, or whose time per call, scaled from its largest shape that
 ran by the work (FLOPs + bytes), would exceed the whole row budget in one call, is
 skipped without a call, its reason saying so.  Cases of a path run smallest first
-(benches.cases), so a path too slow for this device (fp8 torch._scaled_mm at 14 MFLOP/s
+(benches.sweep.cases), so a path too slow for this device (fp8 torch._scaled_mm at 14 MFLOP/s
 on a CPU without fp8 support: 17.7 s a call at 512^3) costs its smallest shapes' checks,
 not minutes per row.
 """
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from benches.cases import Case
-from benches.timing_plan import CpuPlan
+from benches.sweep.cases import Case
+from benches.timing.plan import CpuPlan
 
 # --run-budget's default on a CPU: what the default sweep's timing may take (the whole
 # run, with ceilings, checks and figures, stays under 3 minutes on 2 busy cores).

@@ -41,7 +41,7 @@ class DeviceSpeed:
     # triton.testing.do_bench per autotuning candidate: its 25 ms warm-up and 100 ms of
     # samples, their L2 flushes included.
     tune_candidate_s: float = 0.14
-    # Worker processes compiling ahead (benches/triton_cache.py: half the cores, at
+    # Worker processes compiling ahead (benches/sweep/triton_cache.py: half the cores, at
     # most 8; the H200's host has 16).
     compile_workers: int = 8
     # A CUDA-graph capture per captured call, in units of the call's host dispatch (the
@@ -67,7 +67,7 @@ class DeviceSpeed:
 
 
 # GPU models: the H200 figures, fit as the module says; an H100 runs the same host code
-# (a row's own device time scales by the roofline, see benches/estimate.py).
+# (a row's own device time scales by the roofline, see benches/estimate/price.py).
 GPU = DeviceSpeed(startup_s=5.0, ceilings_s=15.0)
 
 # The 2-core CPU VM (the default run quiet: about 42 s): start-up with torch and the

@@ -1,9 +1,9 @@
 """CUDA-graph timing of the cases too short for do_bench's flushed events: a rotation of
 calls over copies of the inputs and output, together past twice the L2, so that every
-replayed call starts cold (the copies: benches.cases.make_copies, shared by a case's
-providers; their number: benches.timing_plan.rotation_copies).
+replayed call starts cold (the copies: benches.sweep.cases.make_copies, shared by a case's
+providers; their number: benches.timing.plan.rotation_copies).
 
-What a row's graphs hold is plain arithmetic in benches/timing_plan.py (graph_calls,
+What a row's graphs hold is plain arithmetic in benches/timing/plan.py (graph_calls,
 graph_plan, graph_split, graph_sample_count); this module captures and replays them:
 
 - `probe_call`: one call captured alone, for the graph nodes it adds (the capture's size)
@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from benches.timing import Timing, summarize
-from benches.timing_plan import (
+from benches.timing.clock import Timing, summarize
+from benches.timing.plan import (
     TIMER_GRAPH,
     TimingConfig,
     graph_calls,

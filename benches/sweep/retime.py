@@ -1,4 +1,4 @@
-"""Re-time given rows in fresh processes: the child (`python -m benches.retime < spec.json`)
+"""Re-time given rows in fresh processes: the child (`python -m benches.sweep.retime < spec.json`)
 and its one client (Retimer), used by run_bench.py --compare and by `python -m roofline
 compare|history report --retime`.
 
@@ -81,7 +81,7 @@ class Retimer:
         for r in range(RETIME_ROUNDS):
             time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "benches.retime"], input=spec,
+            proc = subprocess.run([sys.executable, "-m", "benches.sweep.retime"], input=spec,
                                   capture_output=True, text=True,
                                   cwd=Path(__file__).resolve().parent.parent)
             lines = proc.stdout.strip().splitlines()
@@ -116,11 +116,11 @@ def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]
 
 
 def retime(spec: dict[str, Any]) -> dict[str, Any]:
-    from benches.cases import Case, RunConfig
-    from benches.gpu_monitor import ThrottleConfig
-    from benches.runner import run_case
-    from benches.timers import sweep_cache
-    from benches.timing_plan import TimingConfig
+    from benches.sweep.cases import Case, RunConfig
+    from benches.sweep.gpu_monitor import ThrottleConfig
+    from benches.sweep.runner import run_case
+    from benches.sweep.timers import sweep_cache
+    from benches.timing.plan import TimingConfig
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
     from roofline.model.ceilings import Ceilings

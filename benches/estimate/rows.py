@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benches.cases import Case, RunConfig
-from benches.estimate_speeds import DeviceSpeed
-from benches.timing_plan import TIMER_GRAPH_FALLBACK, bound_ms
+from benches.estimate.speeds import DeviceSpeed
+from benches.sweep.cases import Case, RunConfig
+from benches.timing.plan import TIMER_GRAPH_FALLBACK, bound_ms
 from kernels.spec import Target
 from roofline.model.ceilings import datasheet_of
 from roofline.model.devices import DEVICES, DeviceModel

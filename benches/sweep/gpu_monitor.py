@@ -3,7 +3,7 @@ device that is the CUDA device in use, and nvbench-style throttle handling of a 
 a timing whose SM clock sat below a share of the maximum is taken again after a pause,
 and marked if it stays throttled.
 
-Light on imports (torch only) and free of the sweep: benches.runner calls
+Light on imports (torch only) and free of the sweep: benches.sweep.runner calls
 `time_unthrottled` around each GPU row's timing.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from benches.failures import error_message
+from benches.sweep.failures import error_message
 
 T = TypeVar("T")
 
