@@ -29,18 +29,8 @@ CONFIGS: dict[str, list[triton.Config]] = {
     "delta": [triton.Config({}, num_warps=4)],
 }
 DELTA_BLOCK_M = 64
-# Blackwell (sm_100 class: B200, GB200, B300): tcgen05 keeps S and the O accumulator in
-# tensor memory, but the softmax and the epilogue read them back into registers, and
-# `python run_bench.py --inspect --arch sm_100 --kernels attention,attention_bwd` (triton
-# 3.9, ptxas 13.4; 3.6 compiles them clean) found two Hopper configs that spill there;
-# each is replaced by the nearest one that compiles clean for every dtype, head dim and
-# causal flag with triton 3.6 and 3.9:
-# - forward 128x64 w8 s3: fp8 at D = 128, causal, held to 128 registers, spills 4 B ->
-#   2 stages (106-190 registers, 25-99 KB, with both versions; the same tile and
-#   tensor-memory columns).
-# - delta w4 at D = 128: 72 registers, 12 B (fp16) / 32 B (bf16) spilled -> 8 warps
-#   (32-48 registers: each thread holds half as many elements of o and dO).
-# dK/dV and dQ keep Hopper's lists (clean on sm_100 with both: 46-154 registers).
+# Blackwell (sm_100 class): Hopper's lists less two configs that spill there (forward
+# 128x64 w8 s3 -> 2 stages; delta 4 -> 8 warps), docs/kernels.md ("Config lists").
 SM100_CONFIGS: dict[str, list[triton.Config]] = {
     **CONFIGS,
     "fwd": [_cfg(128, 128, 2, 8), _cfg(128, 64, 2, 8), _cfg(64, 64, 3, 4)],

@@ -156,17 +156,10 @@ def _tma_cfg(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Confi
 
 
 
-# Candidates per input width, aimed at Hopper: 128x256 / 256x128 tiles with 8 warps
-# (two warpgroups) feed wgmma; BLOCK_K spans 128 bytes of a row (64 x 16-bit, 128 x fp8,
-# 32 x fp32), the swizzle width of shared memory; 3-4 stages fit in 228 KB of smem.
-# `python run_bench.py --inspect` compiles every one of them for sm_90 and flags spills,
-# serialized wgmma and narrow copies; the fp8 lists are what survived it:
-# - fast fp8: every 128x256 tile (BLOCK_K 64 or 128, 2-4 stages) makes triton 3.6's
-#   ptxas serialize all wgmma (C7515, accumulator registers written by non-wgmma code
-#   inside the pipeline stage); 256x128 does not, so the wide tiles are 256x128.
-# - precise fp8: the fp32 promotion keeps a second accumulator live, so 128x256 spills
-#   (255 registers) and 256x128 / 128x128-with-4-warps serialize (C7514); tiles of at
-#   most 128 x 128 per warpgroup remain.  BLOCK_K stays 128: the promotion interval.
+# Candidates per input width, aimed at Hopper: 128x256 / 256x128 tiles with 8 warps (two
+# warpgroups) feed wgmma; BLOCK_K spans the 128-byte swizzle width of shared memory; 3-4
+# stages fit in 228 KB.  What `--inspect` ruled out of each list: docs/kernels.md
+# ("Config lists").
 CONFIGS: dict[str, list[triton.Config]] = {
     "16bit": [_cfg(128, 256, 64, 3, 8), _cfg(256, 128, 64, 3, 8), _cfg(128, 128, 64, 4, 8),
               _cfg(128, 128, 64, 4, 4), _cfg(128, 64, 64, 4, 4), _cfg(64, 128, 64, 4, 4),
@@ -177,26 +170,15 @@ CONFIGS: dict[str, list[triton.Config]] = {
     "fp8-precise": [_cfg(128, 128, 128, 4, 8), _cfg(64, 256, 128, 3, 8),
                     _cfg(128, 128, 128, 3, 8), _cfg(128, 64, 128, 4, 8),
                     _cfg(64, 128, 128, 4, 4), _cfg(64, 64, 128, 4, 4)],
-    # tf32: triton 3.6 serializes wgmma (C7515) in every 8-warp 128x128 or 256x128 tile
-    # (not in 128x256 or 64x256), so the 8-warp mid-size tile is 64x256 (3 stages: 4
-    # need 160 KB, over an sm_89's 99 KB).
     "tf32": [_cfg(128, 256, 32, 3, 8), _cfg(64, 256, 32, 3, 8), _cfg(128, 128, 32, 3, 4),
              _cfg(128, 64, 32, 4, 4), _cfg(64, 64, 32, 4, 4)],
     # IEEE fp32 runs on the CUDA cores (no tensor cores): smaller tiles, more warps.
-    # 64x64x32 with 4 stages spills 8 bytes with triton 3.9: 3 stages.
     "ieee": [_cfg(128, 128, 32, 3, 8), _cfg(128, 64, 32, 3, 4), _cfg(64, 128, 32, 3, 4),
              _cfg(64, 64, 32, 3, 4), _cfg(32, 64, 32, 4, 4)],
 }
-# Blackwell (sm_100 class: B200, GB200, B300).  tcgen05 keeps the accumulator in tensor
-# memory, but the epilogue reads it back into registers, and `python run_bench.py
-# --inspect --arch sm_100` (triton 3.6 and 3.9) found four Hopper configs that spill
-# there; each is replaced by the nearest one that compiles clean with both versions:
-# - tf32 128x256x32 w8 (255 registers, 84-88 B spilled at any stage count or BLOCK_K 16)
-#   -> 128x128x64 w8 s3 (128 registers, 192 KB); 128x128x32 w4 (254 registers, 104 B)
-#   -> 8 warps, 4 stages (128 registers, 128 KB).  256x128 spills as well (152 B).
-# - IEEE fp32 64x128x32 w4 (3.6: 20 B) and 64x64x32 w4 (3.9: 8 B at 3 or 4 stages) -> the
-#   same tiles with 8 warps (105 and 80 registers).
-# The tcgen05 tiles keep 128 rows (its MMA is m128; a 64-row tile runs m64).
+# Blackwell (sm_100 class): the Hopper lists less the configs that spill there, each
+# replaced by the nearest one that compiles clean with triton 3.6 and 3.9 (docs/kernels.md,
+# "Config lists").  The tcgen05 tiles keep 128 rows (its MMA is m128).
 SM100_CONFIGS: dict[str, list[triton.Config]] = {
     **CONFIGS,
     "tf32": [_cfg(128, 128, 64, 3, 8), _cfg(64, 256, 32, 3, 8), _cfg(128, 128, 32, 4, 8),

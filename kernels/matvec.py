@@ -72,10 +72,8 @@ CONFIGS = _configs([
     (4, 1024, 4, 3, 1), (8, 1024, 8, 2, 1), (16, 128, 4, 4, 1),
     (8, 512, 4, 4, 4), (16, 256, 4, 4, 4), (8, 256, 4, 5, 5),
 ])
-# Blackwell (sm_100 class): 4 x 1024 with 4 warps spills 8 bytes of bf16 there (triton
-# 3.9's ptxas holds it to 64 registers; `python run_bench.py --inspect --arch sm_100`);
-# with 8 warps it compiles clean for every dtype with triton 3.6 and 3.9 (46-58
-# registers): the same tile, the same 16-byte loads.
+# Blackwell (sm_100 class): 4 x 1024 takes 8 warps (with 4 it spills there; docs/kernels.md,
+# "Config lists").
 SM100_CONFIGS = _configs([
     (8, 512, 4, 3, 1), (16, 256, 4, 3, 1), (16, 512, 8, 3, 1), (32, 256, 8, 3, 1),
     (4, 1024, 8, 3, 1), (8, 1024, 8, 2, 1), (16, 128, 4, 4, 1),

@@ -1,18 +1,12 @@
-"""A kernel that raised, as a row: out of memory and rejected shapes are skipped, compile
-errors, CUDA errors and everything else failed; an error that leaves the CUDA context
-unusable (a sticky fault, also as a CUDA library reports it) aborts the sweep.
-"""
+"""What an exception from a kernel is: out of memory, a compile error, a sticky CUDA
+fault that leaves the context unusable (also as a CUDA library reports it) and aborts
+the sweep (SweepAborted), and its one-line message.  The runner turns it into a row."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-from kernels.spec import UnsupportedShape
-
-if TYPE_CHECKING:  # annotations only: the sweep's cases import this module's helpers
-    from benches.sweep.cases import Case, InputCache, RunConfig
 
 
 class SweepAborted(Exception):
@@ -47,7 +41,7 @@ def error_message(e: BaseException) -> str:
 _OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
-def _is_oom(e: BaseException) -> bool:
+def is_oom(e: BaseException) -> bool:
     msg = str(e).lower()
     return isinstance(e, torch.OutOfMemoryError) or any(m in msg for m in _OOM_MESSAGES)
 
@@ -80,7 +74,7 @@ def is_sticky_cuda_error(e: BaseException) -> bool:
     return is_cuda and any(p in msg for p in _STICKY_CUDA_ERRORS)
 
 
-def _compile_error_types() -> tuple[type[BaseException], ...]:
+def compile_error_types() -> tuple[type[BaseException], ...]:
     """Triton's compile-time failures: the kernel did not build (or does not fit)."""
     try:
         from triton.compiler.errors import CompilationError
@@ -88,29 +82,3 @@ def _compile_error_types() -> tuple[type[BaseException], ...]:
     except ImportError:  # pragma: no cover - triton is a dependency
         return ()
     return (CompilationError, OutOfResources, PTXASError)
-
-
-def error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
-               cache: InputCache, stage: str) -> dict[str, Any]:
-    """The row of a case whose kernel raised.  Only a shape the library rejects and
-    out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
-    error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
-    msg = error_message(e)
-    if is_sticky_cuda_error(e):
-        row.update(status="failed",
-                   reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
-        raise SweepAborted(row, f"{case.label}: {msg}") from e
-    if isinstance(e, UnsupportedShape):
-        row.update(status="skipped", reason=str(e))
-    elif _is_oom(e) and not isinstance(e, _compile_error_types()):
-        cache.clear()
-        if cfg.target.kind == "cuda":
-            torch.cuda.empty_cache()
-        row.update(status="skipped", reason=f"out of memory at this shape{stage} ({msg})")
-    elif isinstance(e, _compile_error_types()):
-        row.update(status="failed", reason=f"Triton compile error: {msg}")
-    elif "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
-        row.update(status="failed", reason=f"CUDA error{stage}: {msg}")
-    else:
-        row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
-    return row

@@ -30,7 +30,13 @@ from benches.sweep.cases import (
     copies_frozen,
     roofs_of,
 )
-from benches.sweep.failures import SweepAborted, error_row
+from benches.sweep.failures import (
+    SweepAborted,
+    compile_error_types,
+    error_message,
+    is_oom,
+    is_sticky_cuda_error,
+)
 from benches.sweep.gpu_monitor import (
     gpu_monitor,
     time_unthrottled,
@@ -45,7 +51,7 @@ from benches.sweep.timers import CPU_TIMERS, RowCall, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from kernels import DTYPES, Target
-from kernels.spec import TritonLaunch
+from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
 from roofline.model import metrics
 from roofline.model.ceilings import NO_ROOF_BELOW_FP32
@@ -141,7 +147,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
             backend = spec.providers[case.provider].backend
             ran = backend(call) if backend is not None else ""
     except Exception as e:
-        return error_row(row, e, case, cfg, cache, "")
+        return _error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
     row["rel_err"] = rel_err if finite else None
     row["correct"] = bool(rel_err <= DTYPES[dtype].tol)
@@ -185,9 +191,35 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         else:
             timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
     except Exception as e:
-        return error_row(row, e, case, cfg, cache, " while timing")
+        return _error_row(row, e, case, cfg, cache, " while timing")
     row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
     row.update(clocks)
+    return row
+
+
+def _error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
+               cache: InputCache, stage: str) -> dict[str, Any]:
+    """The row of a case whose kernel raised.  Only a shape the library rejects and
+    out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
+    error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
+    msg = error_message(e)
+    if is_sticky_cuda_error(e):
+        row.update(status="failed",
+                   reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
+        raise SweepAborted(row, f"{case.label}: {msg}") from e
+    if isinstance(e, UnsupportedShape):
+        row.update(status="skipped", reason=str(e))
+    elif is_oom(e) and not isinstance(e, compile_error_types()):
+        cache.clear()
+        if cfg.target.kind == "cuda":
+            torch.cuda.empty_cache()
+        row.update(status="skipped", reason=f"out of memory at this shape{stage} ({msg})")
+    elif isinstance(e, compile_error_types()):
+        row.update(status="failed", reason=f"Triton compile error: {msg}")
+    elif "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
+        row.update(status="failed", reason=f"CUDA error{stage}: {msg}")
+    else:
+        row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
     return row
 
 
@@ -384,7 +416,7 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
                 failed.update(rel_err=row["rel_err"], correct=row["correct"])
-                item.row = error_row(failed, e, case, cfg, cache, " while timing")
+                item.row = _error_row(failed, e, case, cfg, cache, " while timing")
                 continue
             row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
             item.rounds += 1

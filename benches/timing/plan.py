@@ -30,72 +30,45 @@ TIMER_WARM_FALLBACK = "back-to-back events (cudagraph not possible)"
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup_ms: float = 25.0  # do_bench warm-up
-    rep_ms: float = 100.0  # measuring time per kernel (do_bench)
-    # Every CPU row takes at least this many samples.  A GPU row samples for its time as
-    # do_bench does (rep_ms; a CUDA-graph row graph_rep_ms), at least gate_min_samples:
-    # a floor of 25 cost the H200's quick sweep 9 s on its 24 rows over 4 ms a call.
+    """How rows are sampled.  docs/measurement.md ("The timing settings, and why") gives
+    the measurements behind each value."""
+
+    warmup_ms: float = 25.0  # do_bench's warm-up
+    rep_ms: float = 100.0  # a GPU row's measuring time (do_bench's rep)
+    # Samples of a CPU row at least; a GPU row samples for rep_ms (a graph row for
+    # graph_rep_ms), at least gate_min_samples.
     min_samples: int = 25
-    # Cases whose roofline bound (the fastest the device could possibly run them) is
-    # below this are timed as CUDA-graph replays, where launch overhead no longer
-    # dominates; the rest by do_bench with the L2 flushed between samples.
+    # Cases whose roofline bound is under this are replayed in CUDA graphs, where launch
+    # overhead no longer dominates; the rest are timed with the L2 flushed before each call.
     cudagraph_below_ms: float = 0.02
-    # Calls per captured graph at least (whole rounds over the rotated copies), so the
-    # graph launch itself is < 1% of a replay of microsecond kernels.
+    # Calls per captured graph at least, so the graph's own launch is < 1% of a replay.
     graph_min_calls: int = 200
-    # A CUDA-graph row samples for graph_rep_ms of replays (do_bench_cudagraph's rep),
-    # at least gate_min_samples of them, not a fixed count whatever a replay lasts (25
-    # replays of 159 ms were 4 s of torch's fp8 add at 2^12 on an H200: 10,241 copies).
-    # A rotation whose calls take longer than graph_replay_ms together is captured in
-    # several graphs of consecutive calls, replayed in turn (graph_split), so that one
-    # sample lasts about that long and the calls still meet the copies in rotation
-    # order.  2 ms: ten samples fit in graph_rep_ms, and the few microseconds a graph
-    # launch adds to a replay stay under 0.5% of it.
+    # A graph row samples replays for graph_rep_ms (do_bench_cudagraph's rep); a rotation
+    # longer than graph_replay_ms is split over several graphs replayed in turn
+    # (graph_split), so a sample lasts about that long.
     graph_rep_ms: float = 20.0
     graph_replay_ms: float = 2.0
-    # Samples of one GPU timing at most (a 5 us kernel would otherwise take ~1,100 per
-    # 100 ms): more than the regression gate can use, and results.json keeps them all.
-    max_samples: int = 1000
-    # Bounds of one capture.  At the smallest sizes the rotation needs ~12,800 copies
-    # (fp8 dot at 2^12 on a 50 MB L2) and torch's eager fp8 paths launch 6-14 kernels a
-    # call: ~180k graph nodes in one capture (~700k for the full preset), minutes of
-    # capture and gigabytes of graph.  graph_plan predicts both from the nodes one call
-    # adds (count_launches) and its dispatch time (capture ~ 2x dispatch per call):
-    # past a bound, a graph holds one round over the copies instead of graph_min_calls;
-    # past it even then, the row is timed by do_bench with L2 flushes, and its reason
-    # says so.  time_cudagraph also stops a capture that runs past max_capture_s (at a
-    # round's end; within the first round: flushed timing, said in the reason).
+    max_samples: int = 1000  # of one GPU timing: more than the gate can use
+    # Bounds of one capture (graph_plan): past them a graph holds one round over the
+    # copies, and past that the row is timed with L2 flushes, its reason saying why.
     max_graph_nodes: int = 100_000
     max_capture_s: float = 10.0
-    # Graph nodes per call assumed where they cannot be counted (the driver cannot be
-    # asked): above the most seen from one eager torch call in this suite (14).
+    # Graph nodes per call assumed where they cannot be counted: above the most one eager
+    # torch call of this suite launches (14).
     assumed_launches: int = 16
-    # CPU: one sample is a block of calls lasting at least cpu_block_s (the timer's own
-    # overhead, about 1 us a block, is then under 0.1% of it); a row's samples together
-    # last at least cpu_min_run_time_s, and at least min_samples of them are taken.
+    # CPU: a sample is a block of calls of at least cpu_block_s (the timer's ~1 us per
+    # block stays under 0.1% of it); a row's samples last cpu_min_run_time_s at least.
     cpu_block_s: float = 1e-3
     cpu_min_run_time_s: float = 0.05
-    # Every row's timing has a budget, as nvbench's --timeout and minimum-time rules: a
-    # row samples until min_samples or row_budget_s, whichever comes first, and never
-    # takes fewer than gate_min_samples (the row then says the budget applied).  A row
-    # whose gate_min_samples cannot fit in row_budget_s is not timed: skipped, with the
-    # time of one call in its reason.  10 is what the regression gate's rank test needs
-    # to call a change at the per-row significance of a 1,000-row comparison (10 vs 10
-    # samples reach p = 1/C(20, 10) = 5.4e-6 < 1e-5; tests/test_budget.py pins it).
-    # 5 s: a matmul of 0.5 s a call still gets the gate's 10 samples (fp16 512^3 on the
-    # 2-core VM takes 0.1 s quiet, 0.2 s beside another job).
+    # Every row's timing has a budget (as nvbench's timeout): it samples until
+    # min_samples or row_budget_s, never under gate_min_samples, the fewest with which the
+    # gate's rank test can call a change in a 1,000-row comparison (tests/test_budget.py);
+    # a row whose gate_min_samples cannot fit is skipped with its call time in the reason.
     row_budget_s: float = 5.0
     gate_min_samples: int = 10
-    # CPU samples come in this many rounds, each on freshly allocated inputs and output,
-    # and the sweep interleaves the rounds of neighbouring cases (runner.iterate): round r
-    # of every case in a chunk of about cpu_chunk_s seconds, then round r + 1.  On a
-    # shared machine the speed of the same op moves in spells of seconds (measured on the
-    # 2-core CI VM: fp32 add of 2^18 elements at 24 or 41 us, steady within 10 ms and
-    # switching between rounds seconds apart), so samples taken back to back hold one
-    # spell and understate the run-to-run spread.  Rounds seconds apart sample several
-    # spells, and the fast end of a row is then steady between runs (the fastest of 25
-    # samples of identical quick sweeps within 1.16x and 1.28x of each other in two
-    # batches of 6 and 8 runs, against 1.98x with the rounds back to back).
+    # CPU samples come in cpu_rounds rounds on fresh buffers, interleaved over chunks of
+    # about cpu_chunk_s seconds of cases (runner.iterate), so that a row's samples span
+    # several of a shared machine's slow and fast spells, not one.
     cpu_rounds: int = 5
     cpu_chunk_s: float = 3.0
     # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
