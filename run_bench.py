@@ -18,7 +18,6 @@ import os
 import sys
 
 from benches.fleet.rank_io import say_line
-from benches.sweep import console
 from benches.sweep.interrupt import Terminated, exit_code, exit_now, signals_raise
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
@@ -196,11 +195,10 @@ def _main(argv: list[str], started: float | None = None) -> int:
             from benches.estimate.report import run_estimate
 
             return run_estimate(args)
-        if args.list:
-            console.print_kernels()
-            return 0
-        if args.list_devices:
-            console.print_devices()
+        if args.list or args.list_devices:
+            from benches.sweep.console import print_devices, print_kernels
+
+            (print_kernels if args.list else print_devices)()
             return 0
         from benches.fleet.dist import launched
 
