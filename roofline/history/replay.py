@@ -33,6 +33,7 @@ from roofline.history.changepoints import (
     DEFAULT_MIN_CHANGE,
     DEFAULT_MIN_SIZE,
     DEFAULT_WINDOW,
+    KNOWN_RUNS,
     SAME_CHANGE_RUNS,
     ChangePoint,
     detect,
@@ -133,12 +134,15 @@ def replay(series: tuple[np.ndarray, np.ndarray], start: int = WARMUP,
     ~20 ms a detection)."""
     stop = len(series[0]) if stop is None else stop
     out = Replay()
-    before = _detect(series, start - 1, options)
+    # The detections a change point is known from, newest first (one for the
+    # detection before, as it was).
+    known = 1 if options.get("previous") else KNOWN_RUNS
+    before = [_detect(series, max(0, start - k), options) for k in range(1, known + 1)]
     for t in range(start, stop + 1):
         now = _detect(series, t, options)
-        raised = [(t, c) for c in new_changes(now, before) if c.slower]
+        raised = [(t, c) for c in new_changes(now, *before) if c.slower]
         out.alarms += raised
-        before = now
+        before = [now, *before[:-1]]
         out.evaluated += 1
         if until is not None and any(until(*a) for a in raised):
             break

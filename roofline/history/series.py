@@ -15,6 +15,7 @@ from roofline.history.changepoints import (
     DEFAULT_MIN_CHANGE,
     DEFAULT_MIN_SIZE,
     DEFAULT_WINDOW,
+    KNOWN_RUNS,
     ChangePoint,
     detect,
     new_changes,
@@ -178,6 +179,7 @@ def build_series(history: History, options: Options, since: int = 1) -> DeviceSe
         s.changes = options.detect(values, noise)
         older = int((g["pos"] < cutoff).sum())
         if older < len(g):  # the series has points among the newest runs
-            s.new = new_changes(s.changes, options.detect(values[:older], noise[:older]))
+            s.new = new_changes(s.changes, *(options.detect(values[:m], noise[:m]) for m in
+                                             range(older, max(0, older - KNOWN_RUNS), -1)))
         out.append(s)
     return DeviceSeries(history=history, series=out, since=since, options=options)
