@@ -33,6 +33,7 @@ from roofline.history.changepoints import (
     DEFAULT_MIN_CHANGE,
     DEFAULT_MIN_SIZE,
     DEFAULT_WINDOW,
+    KNOWN_RUNS,
     SAME_CHANGE_RUNS,
     ChangePoint,
     detect,
@@ -122,18 +123,29 @@ def _detect(series: tuple[np.ndarray, np.ndarray], t: int, options: dict[str, An
     return detect(values[:t], noise=noise[:t], **options)
 
 
+Alarm = Callable[[int, ChangePoint], bool]
+
+
 def replay(series: tuple[np.ndarray, np.ndarray], start: int = WARMUP,
-           stop: int | None = None, **options: Any) -> Replay:
+           stop: int | None = None, until: Alarm | None = None, **options: Any) -> Replay:
     """Detect after each run, with t = start .. stop runs seen, and keep every new
-    slower change point as an alarm."""
+    slower change point as an alarm; with `until`, stop after the first run that raises
+    an alarm it accepts (a delay needs no later run, and a replay of CPU noise costs
+    ~20 ms a detection)."""
     stop = len(series[0]) if stop is None else stop
     out = Replay()
-    before = _detect(series, start - 1, options)
+    # The detections a change point is known from, newest first (one for the
+    # detection before, as it was).
+    known = 1 if options.get("previous") else KNOWN_RUNS
+    before = [_detect(series, max(0, start - k), options) for k in range(1, known + 1)]
     for t in range(start, stop + 1):
         now = _detect(series, t, options)
-        out.alarms += [(t, c) for c in new_changes(now, before) if c.slower]
-        before = now
+        raised = [(t, c) for c in new_changes(now, *before) if c.slower]
+        out.alarms += raised
+        before = [now, *before[:-1]]
         out.evaluated += 1
+        if until is not None and any(until(*a) for a in raised):
+            break
     return out
 
 
@@ -158,8 +170,11 @@ def _delay(series: tuple[np.ndarray, np.ndarray], at: int, options: dict[str, An
            ) -> float:
     """Runs after the step at `at` until the first alarm at it (inf: none within
     HORIZON runs)."""
-    r = replay(series, start=at, stop=at + HORIZON, **options)
-    hit = [t - at for t, c in r.alarms if abs(c.index - at) <= SAME_CHANGE_RUNS and t > at]
+    def at_step(t: int, c: ChangePoint) -> bool:
+        return abs(c.index - at) <= SAME_CHANGE_RUNS and t > at
+
+    r = replay(series, start=at, stop=at + HORIZON, until=at_step, **options)
+    hit = [t - at for t, c in r.alarms if at_step(t, c)]
     return min(hit) if hit else np.inf
 
 
@@ -186,7 +201,7 @@ def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
     delays = []
     for _ in range(trials):
         s = synthetic(noise_runs, levels("drift", DRIFT_PER_RUN), rng)
-        r = replay(s, start=STEP_AT - 5, **options)
+        r = replay(s, start=STEP_AT - 5, until=lambda t, _: t > STEP_AT, **options)
         hit = [t - STEP_AT for t, _ in r.alarms if t > STEP_AT]
         delays.append(min(hit) if hit else np.inf)
     d = np.asarray(delays)

@@ -15,6 +15,7 @@ from roofline.history.changepoints import (
     DEFAULT_MIN_CHANGE,
     DEFAULT_MIN_SIZE,
     DEFAULT_WINDOW,
+    KNOWN_RUNS,
     ChangePoint,
     detect,
     new_changes,
@@ -176,6 +177,12 @@ def build_series(history: History, options: Options, since: int = 1) -> DeviceSe
         s.changes = options.detect(values, noise)
         older = int((g["pos"] < cutoff).sum())
         if older < len(g):  # the series has points among the newest runs
-            s.new = new_changes(s.changes, options.detect(values[:older], noise[:older]))
+            # Known from any of KNOWN_RUNS earlier detections, each made only while
+            # something is left new (most series have no change point to check).
+            s.new = list(s.changes)
+            for m in range(older, max(0, older - KNOWN_RUNS), -1):
+                if not s.new:
+                    break
+                s.new = new_changes(s.new, options.detect(values[:m], noise[:m]))
         out.append(s)
     return DeviceSeries(history=history, series=out, since=since, options=options)
