@@ -58,7 +58,9 @@ from roofline.report.style import (
     ROOF_COLOR,
     ROOF_STYLE,
     SLOWER,
+    RidgeLabel,
     draw_grid,
+    draw_ridge_labels,
     fmt_gbps,
     fmt_sig,
     fmt_tflops,
@@ -111,7 +113,7 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
     land on the points near the roof; the corner block avoids both."""
     x0, x1 = xlim
     # (peak, text, gid, colour, ridge xy or None)
-    labels: list[tuple[float, str, str, str, tuple[float, float] | None]] = []
+    labels: list[RidgeLabel] = []
     for source in ("datasheet", "measured"):
         c = ceilings.get(source)
         if c is None:
@@ -162,23 +164,7 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                     f"{cls}: no roof (measured {fmt_tflops(rate)} TFLOP/s, under "
                     f"{NO_ROOF_BELOW_FP32:g}x fp32's)")
             labels.append((0.0, text, f"ridge:none:{cls}", "0.4", None))
-    # Highest roof on top, so leader lines fan out downwards without crossing.
-    labels.sort(key=lambda t: -t[0])
-    for i, (_, text, gid, color, xy) in enumerate(labels):
-        pos = (0.03, 0.97 - 0.052 * i)
-        # The box keeps lines (grid, L2 slope, the leader of the label above, which is drawn
-        # earlier) from cutting through the text, and clips this label's own leader to the
-        # box edge nearest its marker.  Points (zorder 4) still draw over it.
-        kw: dict[str, Any] = dict(
-            fontsize=7, color=color, ha="left", va="top", zorder=2.5, gid=gid,
-            annotation_clip=False,
-            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
-        if xy is None:
-            ax.annotate(text, xy=pos, xycoords="axes fraction", **kw)
-        else:
-            ax.annotate(text, xy=xy, xytext=pos, textcoords="axes fraction", **kw,
-                        arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.7,
-                                        shrinkA=0, shrinkB=4))
+    draw_ridge_labels(ax, labels)
 
 
 def _warm(rows: pd.DataFrame) -> pd.Series:

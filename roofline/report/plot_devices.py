@@ -44,8 +44,10 @@ from roofline.report.style import (
     KERNEL_SIZES,
     POINT_SIZE,
     ROOF_STYLE,
+    RidgeLabel,
     device_color,
     draw_grid,
+    draw_ridge_labels,
     fmt_gbps,
     fmt_sig,
     fmt_tflops,
@@ -106,12 +108,12 @@ def _roof_groups(run: DeviceRun, classes: list[str]) -> dict[tuple, list[str]]:
 
 
 def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
-                          xlim: tuple[float, float]) -> list[tuple[float, str, str, str, Any]]:
+                          xlim: tuple[float, float]) -> list[RidgeLabel]:
     """One run's slopes, flat roofs and ridge markers in its colour; returns its labels
     (peak, text, gid, colour, ridge xy) for the panel's label block."""
     x0, x1 = xlim
     groups = _roof_groups(run, classes)
-    labels: list[tuple[float, str, str, str, Any]] = []
+    labels: list[RidgeLabel] = []
     for si, source in enumerate(SOURCES):
         c = run.ceilings.get(source)
         if c is None:
@@ -160,24 +162,6 @@ def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
             labels.append((0.0, f"{run.tag}: no {cls} roof", f"ridge:{run.tag}:none:{cls}",
                            run.color, None))
     return labels
-
-
-def _draw_labels(ax: Any, labels: list[tuple[float, str, str, str, Any]]) -> None:
-    """The label block in the panel's upper-left corner, highest roof first, each label
-    tied to its ridge by a leader line (roofline/report/plot.py's layout, in device colours)."""
-    labels.sort(key=lambda t: -t[0])
-    for i, (_, text, gid, color, xy) in enumerate(labels):
-        pos = (0.03, 0.97 - 0.048 * i)
-        kw: dict[str, Any] = dict(
-            fontsize=6.5, color=color, ha="left", va="top", zorder=2.5, gid=gid,
-            annotation_clip=False,
-            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
-        if xy is None:
-            ax.annotate(text, xy=pos, xycoords="axes fraction", **kw)
-        else:
-            ax.annotate(text, xy=xy, xytext=pos, textcoords="axes fraction", **kw,
-                        arrowprops=dict(arrowstyle="-", color=color, lw=0.6, alpha=0.6,
-                                        shrinkA=0, shrinkB=4))
 
 
 def _draw_device_points(ax: Any, run: DeviceRun, rows: pd.DataFrame, dtype: str,
@@ -231,14 +215,15 @@ def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
         ax.set_axisbelow(True)
-        labels: list[tuple[float, str, str, str, Any]] = []
+        labels: list[RidgeLabel] = []
         counts: list[str] = []
         for d in devs:
             labels += _draw_device_ceilings(ax, d, classes, xlim)
             rows = d.ok[d.ok["dtype"] == dtype] if dtypes else d.ok
             n = _draw_device_points(ax, d, rows, dtype, providers) if not rows.empty else 0
             counts.append(f"{d.tag} {n}")
-        _draw_labels(ax, labels)
+        # plot.py's layout, tighter and in device colours.
+        draw_ridge_labels(ax, labels, step=0.048, fontsize=6.5, leader_alpha=0.6)
         ax.set_title(f"{dtype}: " + ", ".join(counts) + " points" if dtypes
                      else "no rows in these runs: every known roof", fontsize=10)
         if i % ncols == 0:

@@ -167,3 +167,29 @@ def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
     a crash mid-write never leaves a truncated image in place of a good one, and the PNG
     gets the same mode as the run's other files."""
     return atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=DPI))
+
+
+# A ridge label: (roof height it sorts by, text, svg id, colour, marker xy or None).
+RidgeLabel = tuple[float, str, str, str, Any]
+
+
+def draw_ridge_labels(ax: Any, labels: list[RidgeLabel], step: float = 0.052,
+                      fontsize: float = 7.0, leader_alpha: float = 0.7) -> None:
+    """The label block in a panel's upper-left corner, highest roof first (so the leader
+    lines fan out downwards without crossing), each label tied to its marker by a leader
+    line.  The box keeps lines (grid, L2 slope, the leader of the label above, drawn
+    earlier) from cutting through the text, and clips the label's own leader to the box
+    edge nearest its marker; points (zorder 4) still draw over it."""
+    labels.sort(key=lambda t: -t[0])
+    for i, (_, text, gid, color, xy) in enumerate(labels):
+        pos = (0.03, 0.97 - step * i)
+        kw: dict[str, Any] = dict(
+            fontsize=fontsize, color=color, ha="left", va="top", zorder=2.5, gid=gid,
+            annotation_clip=False,
+            bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))
+        if xy is None:
+            ax.annotate(text, xy=pos, xycoords="axes fraction", **kw)
+        else:
+            ax.annotate(text, xy=xy, xytext=pos, textcoords="axes fraction", **kw,
+                        arrowprops=dict(arrowstyle="-", color=color, lw=0.6,
+                                        alpha=leader_alpha, shrinkA=0, shrinkB=4))
