@@ -152,7 +152,7 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                         gid=f"ridge-marker:{source}:{name}")
                 text += f", ridge {fmt_sig(ridge)} FLOP/B"
                 xy = (ridge, peak)
-            labels.append((peak, text + tag, f"ridge:{source}:{name}", color, xy))
+            labels.append(RidgeLabel(peak, text + tag, f"ridge:{source}:{name}", color, xy))
     # Rows held against a roof nobody recorded (e.g. fp16 on a CPU that measured only fp32
     # and bf16), or against a class measured too slow to be one (bf16 on a CPU without
     # its unit), are plotted without a roof: say which, rather than leave the reader
@@ -163,7 +163,7 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
             text = (f"{cls}: no ceiling recorded" if rate is None else
                     f"{cls}: no roof (measured {fmt_tflops(rate)} TFLOP/s, under "
                     f"{NO_ROOF_BELOW_FP32:g}x fp32's)")
-            labels.append((0.0, text, f"ridge:none:{cls}", "0.4", None))
+            labels.append(RidgeLabel(0.0, text, f"ridge:none:{cls}", "0.4", None))
     draw_ridge_labels(ax, labels)
 
 

@@ -155,12 +155,12 @@ def _draw_device_ceilings(ax: Any, run: DeviceRun, classes: list[str],
                 xy = (ridge, peak)
         if ds is None:  # measured only (a CPU): say so, the line style alone is subtle
             parts[0] = "measured " + parts[0]
-        labels.append((ds or ms or 0.0, f"{run.tag} {name} " + "; ".join(parts),
-                       f"ridge:{run.tag}:{name}", run.color, xy))
+        labels.append(RidgeLabel(ds or ms or 0.0, f"{run.tag} {name} " + "; ".join(parts),
+                                 f"ridge:{run.tag}:{name}", run.color, xy))
     for cls in classes:
         if not any(cls in g for g in groups.values()):
-            labels.append((0.0, f"{run.tag}: no {cls} roof", f"ridge:{run.tag}:none:{cls}",
-                           run.color, None))
+            labels.append(RidgeLabel(0.0, f"{run.tag}: no {cls} roof",
+                                     f"ridge:{run.tag}:none:{cls}", run.color))
     return labels
 
 

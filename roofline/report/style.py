@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +170,16 @@ def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
     return atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=DPI))
 
 
-# A ridge label: (roof height it sorts by, text, svg id, colour, marker xy or None).
-RidgeLabel = tuple[float, str, str, str, Any]
+@dataclass(frozen=True)
+class RidgeLabel:
+    """One line of a panel's label block: the roof height it is sorted by, its text, its
+    SVG id, its colour, and the marker its leader line ties it to (None: no leader)."""
+
+    height: float
+    text: str
+    gid: str
+    color: str
+    xy: tuple[float, float] | None = None
 
 
 def draw_ridge_labels(ax: Any, labels: list[RidgeLabel], step: float = 0.052,
@@ -180,8 +189,8 @@ def draw_ridge_labels(ax: Any, labels: list[RidgeLabel], step: float = 0.052,
     line.  The box keeps lines (grid, L2 slope, the leader of the label above, drawn
     earlier) from cutting through the text, and clips the label's own leader to the box
     edge nearest its marker; points (zorder 4) still draw over it."""
-    labels.sort(key=lambda t: -t[0])
-    for i, (_, text, gid, color, xy) in enumerate(labels):
+    for i, label in enumerate(sorted(labels, key=lambda lb: -lb.height)):
+        text, gid, color, xy = label.text, label.gid, label.color, label.xy
         pos = (0.03, 0.97 - step * i)
         kw: dict[str, Any] = dict(
             fontsize=fontsize, color=color, ha="left", va="top", zorder=2.5, gid=gid,
