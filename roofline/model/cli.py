@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import NoReturn
 
 
@@ -18,6 +19,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def parse_or_exit_code(self, argv: list[str]) -> argparse.Namespace | int:
+        """The parsed arguments, or the exit code the command returns instead: 2 after
+        one `error:` line on stderr, or --help's own (0) once it has printed."""
+        try:
+            return self.parse_args(argv)
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except SystemExit as e:  # --help
+            return e.code if isinstance(e.code, int) else 0
 
 
 def positive_problem(flag: str, value: float | None, unit: str = "",

@@ -13,7 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from roofline.model.cli import UsageError
 from roofline.model.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
@@ -363,13 +362,9 @@ def main(argv: list[str], harness: Harness | None = None) -> int:
     """`python -m roofline plan ...`; returns the exit code.  The entry point passes the
     harness (roofline/plan/harness.py) for --measure, --explain and measured ceilings."""
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
+    args = parser.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     from roofline.model.schema import RunLoadError, atomic_write_text
 
     dest = None

@@ -48,7 +48,7 @@ def _mfu(text: str) -> float:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     p = Parser(prog="python -m roofline plan",
                description="How big a model, on how many tokens, in how many days, in how "
                             "much memory; MFU assumed or measured (docs/plan.md).")

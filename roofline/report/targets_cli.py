@@ -12,7 +12,7 @@ from pathlib import Path
 
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
-from roofline.model.cli import Parser, UsageError
+from roofline.model.cli import Parser
 from roofline.model.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.report.summary import md_table
 from roofline.report.targets import (
@@ -124,13 +124,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--same-rows", nargs=2, metavar=("PLAIN", "FLEET"),
                    help="check that a fleet run has a plain run's rows (exit 1 if not)")
     p.add_argument("--md", metavar="PATH", help="also write the summary here")
-    try:
-        args = p.parse_args(argv)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return e.code if isinstance(e.code, int) else 0
+    args = p.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     if not args.runs and not args.steps:
         print("error: give at least one RUN (or --steps)", file=sys.stderr)
         return 2
