@@ -26,6 +26,24 @@ from roofline.model.schema import ROWS_JOURNAL
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Both children compile one small kernel for sm_90 in-process (no GPU needed), as the
+# first Triton row on a GPU does; `triton` is imported before it.
+COMPILE_FOR_SM90 = textwrap.dedent("""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def twice(X, Y, n, BLOCK: tl.constexpr):
+        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + o, tl.load(X + o, mask=o < n) * 2, mask=o < n)
+
+    def compile_for_sm90():
+        src = ASTSource(twice, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 1024})
+        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+""")
+
+
 # A child: the C-level handlers of SIGINT and SIGTERM before and after one compile of
 # the suite's add kernel for sm_90, inside the run's own signal handling.
 PROBE = textwrap.dedent("""
@@ -44,18 +62,7 @@ PROBE = textwrap.dedent("""
     import triton
     from triton import knobs
     from benches.inspect import compile as inspect
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def twice(X, Y, n, BLOCK: tl.constexpr):
-        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(Y + o, tl.load(X + o, mask=o < n) * 2, mask=o < n)
-
-    def compile_for_sm90():
-        src = ASTSource(twice, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 1024})
-        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+""") + COMPILE_FOR_SM90 + textwrap.dedent("""
     from benches.sweep.interrupt import restore_handlers_after_compiles, signals_raise
 
     mode = sys.argv[1]
@@ -113,18 +120,7 @@ SWEEP = textwrap.dedent("""
     import run_bench
     from benches.sweep import runner
     from benches.sweep.interrupt import exit_now
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def twice(X, Y, n, BLOCK: tl.constexpr):
-        o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(Y + o, tl.load(X + o, mask=o < n) * 2, mask=o < n)
-
-    def compile_for_sm90():
-        src = ASTSource(twice, {"X": "*fp32", "Y": "*fp32", "n": "i32"}, {"BLOCK": 1024})
-        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+""") + COMPILE_FOR_SM90 + textwrap.dedent("""
 
     real = runner.run_case
     state = {"compiled": False}
