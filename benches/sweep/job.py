@@ -168,7 +168,7 @@ def compare_retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]
     ours = {c.key for c in cases}
 
     def retime(keys: list[RowKey]) -> dict[RowKey, list[list[float]]]:
-        todo = [parse_row_key(k) for k in keys if parse_row_key(k) in ours]
+        todo = [k for k in map(parse_row_key, keys) if k in ours]
         if todo:
             console.print(f"re-timing {len(todo)} rows that look slower ({RETIME_ROUNDS} "
                           "rounds, each in a fresh process)")

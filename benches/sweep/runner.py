@@ -47,7 +47,7 @@ from benches.sweep.interrupt import (
     signal_name,
 )
 from benches.sweep.phases import TimeSplit
-from benches.sweep.timers import CPU_TIMERS, RowCall, sweep_cache, timer_for
+from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from kernels import DTYPES, Target
@@ -184,7 +184,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         def timed() -> tuple[Timing, str]:
             with split.phase("timing"):
                 return time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
-                                  split)
+                                 split, timer)
 
         if monitor is None:
             timing, note = timed()
@@ -273,18 +273,19 @@ def _plain_call(case: Case) -> MakeCall:
 
 def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
-              copies: Copies | None = None, split: TimeSplit | None = None
-              ) -> tuple[Timing, str]:
+              copies: Copies | None = None, split: TimeSplit | None = None,
+              timer: RowTimer | None = None) -> tuple[Timing, str]:
     """(timing, note) of a checked case by its timer (benches/sweep/timers.py): the note says
     why a CUDA-graph case fell back to events or what bound its graph, that a CPU row's
     budget cut its samples (`plan`: how each CPU round samples, see
     benches.timing.plan.plan_cpu), or that a cold CPU row is cold by size.
     `make_call(inputs, out)` gives the provider's call on those buffers (a Triton row's is
     bound once to its chosen configs); a cold row's calls rotate over (inputs, out) and
-    `copies` of them (made here when not given); `split` gets a CUDA graph's capture."""
+    `copies` of them (made here when not given); `split` gets a CUDA graph's capture.
+    `timer`: the case's timer when the caller already chose it (timer_for)."""
     row = RowCall(case, cfg, inputs, out, make_call or _plain_call(case), copies, plan,
                   split if split is not None else TimeSplit())
-    return timer_for(case, cfg).time(row)
+    return (timer or timer_for(case, cfg)).time(row)
 
 
 def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
