@@ -24,7 +24,7 @@ from benches.timing import plan as timing_plan
 from benches.timing.plan import OverBudget, TimingConfig, plan_cpu
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.model.ceilings import Ceilings, no_roofs
-from roofline.model.rows import run_ceilings
+from roofline.model.rows import positive_float, run_ceilings
 from roofline.report.summary import render_summary
 from tests.test_measurement import case, cpu_cfg
 
@@ -183,6 +183,19 @@ def test_a_class_measured_slower_than_fp32_is_no_roof():
     assert c.peak_tflops("fp8") is None and c.meas_tflops("fp16") is None
     assert c.peak_tflops("bf16") == 0.4 and c.peak_tflops("fp32") == 0.2
     assert set(run_ceilings({"ceilings": c.to_json()})["measured"].tflops) == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize("raw, want", [
+    (2, 2.0), ("1.5", 1.5), (float("nan"), None), (float("inf"), None), (0, None), (-3.0, None),
+    (None, None), ("", None), ("fast", None), ([1.0], None),
+])
+def test_a_saved_figure_is_read_as_a_positive_finite_number_or_none(raw, want):
+    # Ceilings, fleet figures and targets all read saved values through positive_float: a
+    # zero, negative or non-finite figure is no figure (never a 0 GB/s roof or a ratio by 0).
+    assert positive_float(raw) == want
+    doc = {"ceilings": {"measured": {"tflops": {"fp32": 1.0, "bf16": raw}, "hbm_gbps": raw}}}
+    ceiling = run_ceilings(doc)["measured"]
+    assert ceiling.hbm_gbps == want and ceiling.tflops.get("bf16") == want
 
 
 def test_which_class_is_no_roof_on_a_cpu_with_fast_bf16_and_on_one_without(cpu_ceilings):

@@ -90,8 +90,9 @@ def canonical_order(values: Iterable[Any], order: Iterable[str]) -> list[str]:
     return known + sorted(present - set(known))
 
 
-def _pos(x: Any) -> float | None:
-    """x as a positive finite float, else None (nulls, NaN, zero, junk)."""
+def positive_float(x: Any) -> float | None:
+    """x as a positive finite float, else None (nulls, NaN, zero, junk); strings of
+    numbers count, as a CSV or JSON reader may hand them over."""
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -123,11 +124,12 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
     if not isinstance(doc, dict):
         return None
     raw = doc.get("tflops") or {}
-    tflops = {str(k): v for k, v in ((k, _pos(v)) for k, v in raw.items()) if v is not None} \
-        if isinstance(raw, dict) else {}
+    tflops = {str(k): v for k, v in ((k, positive_float(v)) for k, v in raw.items())
+              if v is not None} if isinstance(raw, dict) else {}
     # A measured class under 0.1x fp32's rate is no roof (ceilings.no_roofs).
     no_roof = {rc: tflops.pop(rc) for rc in no_roofs(tflops)} if source == "measured" else {}
-    c = Ceiling(source, tflops, _pos(doc.get("hbm_gbps")), _pos(doc.get("l2_gbps")), no_roof)
+    c = Ceiling(source, tflops, positive_float(doc.get("hbm_gbps")),
+                positive_float(doc.get("l2_gbps")), no_roof)
     return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
 
 
@@ -155,8 +157,8 @@ def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[s
     if df is not None and not df.empty and "meas_peak_tflops" in df.columns:
         d = clean_rows(df)
         peaks = d.dropna(subset=["meas_peak_tflops"]).groupby("roof_class")["meas_peak_tflops"]
-        tflops = {str(k): float(v) for k, v in peaks.max().items() if _pos(v)}
-        gbps = _pos(d["meas_peak_gbps"].max()) if "meas_peak_gbps" in d.columns else None
+        tflops = {str(k): float(v) for k, v in peaks.max().items() if positive_float(v)}
+        gbps = positive_float(d["meas_peak_gbps"].max()) if "meas_peak_gbps" in d.columns else None
         if tflops or gbps:
             out["measured"] = Ceiling("measured", tflops, gbps)
     return out
@@ -164,10 +166,10 @@ def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[s
 
 def l2_bytes(meta: dict[str, Any]) -> float | None:
     """L2 size in bytes from metadata["l2_mb"], else the device table (MiB, as CUDA reports)."""
-    mb = _pos(meta.get("l2_mb"))
+    mb = positive_float(meta.get("l2_mb"))
     if mb is None:
         dev = DEVICES.get(str(meta.get("device_key") or ""))
-        mb = _pos(dev.l2_mb) if dev is not None else None
+        mb = positive_float(dev.l2_mb) if dev is not None else None
     return None if mb is None else mb * 2**20
 
 

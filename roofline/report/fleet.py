@@ -5,13 +5,13 @@ per-GPU mamf-finder runs are used for: finding the slow GPU)."""
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 from typing import Any
 
 import pandas as pd
 
+from roofline.model.rows import positive_float
 from roofline.model.schema import atomic_write_text, mode_tag
 from roofline.report.style import new_figure, save_figure
 
@@ -45,14 +45,6 @@ def figures_of(devices: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _num(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) and x > 0 else None
-
-
 def _largest_matmul(rows: pd.DataFrame, dtype: str) -> float | None:
     sel = rows[(rows["kernel"] == "matmul") & (rows["dtype"] == dtype)
                & (rows["status"] == "ok")]
@@ -60,14 +52,14 @@ def _largest_matmul(rows: pd.DataFrame, dtype: str) -> float | None:
         return None
     sel = sel.assign(_f=pd.to_numeric(sel["flops"], errors="coerce"))
     top = sel[sel["_f"] == sel["_f"].max()]
-    return _num(pd.to_numeric(top["tflops"], errors="coerce").max())
+    return positive_float(pd.to_numeric(top["tflops"], errors="coerce").max())
 
 
 def _row_figures(ok: pd.DataFrame) -> dict[str, Any]:
     """ROW_FIGURES of ok rows of one cache mode."""
     clocks = [c for c in (pd.to_numeric(ok.get("sm_clock_mhz"), errors="coerce")
-                          if "sm_clock_mhz" in ok else []) if _num(c)]
-    gbps = [g for g in pd.to_numeric(ok.get("gbps"), errors="coerce") if _num(g)] \
+                          if "sm_clock_mhz" in ok else []) if positive_float(c)]
+    gbps = [g for g in pd.to_numeric(ok.get("gbps"), errors="coerce") if positive_float(g)] \
         if "gbps" in ok else []
     return {
         "bf16_matmul_tflops": _largest_matmul(ok, "bf16") if not ok.empty else None,
@@ -88,7 +80,7 @@ def device_figures(rank: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     out = {
         "rank": rank["rank"], "host": rank["host"], "device": rank.get("device_name"),
         "gpu_uuid": rank.get("gpu_uuid"),
-        "copy_gbps": _num(rank.get("copy_gbps")),
+        "copy_gbps": positive_float(rank.get("copy_gbps")),
         **_row_figures(ok[tags == ""]),
         "throttled_rows": throttled, "exit_code": rank.get("exit_code"),
     }

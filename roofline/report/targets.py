@@ -10,7 +10,6 @@ command line and the summary it writes are roofline/report/targets_cli.py.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 from kernels.spec import PLAIN_DTYPES
 from roofline.gate.runs import incomplete_reasons
 from roofline.model.devices import ROOF_CLASS
-from roofline.model.rows import DTYPE_ORDER, clean_rows, run_ceilings
+from roofline.model.rows import DTYPE_ORDER, clean_rows, positive_float, run_ceilings
 from roofline.model.schema import (
     ROWS_JOURNAL,
     load_run,
@@ -107,14 +106,6 @@ def load(path: str) -> Run:
                sheet.hbm_gbps if sheet else None, tuple(why))
 
 
-def _num(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) and v > 0 else None
-
-
 def _dims(row: dict[str, Any]) -> dict[str, int]:
     try:
         return parse_shape(str(row.get("shape")))
@@ -163,7 +154,7 @@ def _no_row(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
 
 
 def _ok(r: dict[str, Any], col: str) -> bool:
-    return r.get("status") == "ok" and _num(r.get(col)) is not None
+    return r.get("status") == "ok" and positive_float(r.get(col)) is not None
 
 
 def _throttled(*rows: dict[str, Any]) -> str:
@@ -255,20 +246,21 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
     timed = [f for f in ok if f[1].copy_gbps]
 
     def by_size(f: Found) -> tuple[float, int]:
-        return (_num(f[2].get("bytes")) or 0.0, f[0])
+        return (positive_float(f[2].get("bytes")) or 0.0, f[0])
 
     if not found:
         why = _no_row(runs, kernel, "triton", dtype)
     elif not big:
         top = max(found, key=by_size)[2]
-        why = f"no row {large} (largest: {top.get('shape')}, {_size(_num(top.get('bytes')))})"
+        largest = _size(positive_float(top.get('bytes')))
+        why = f"no row {large} (largest: {top.get('shape')}, {largest})"
     elif not ok:
         why = f"Triton row {_reason(max(big, key=by_size)[2])}"
     elif not timed:
         why = f"run {ok[-1][1].name} has no measured copy bandwidth"
     else:
         _, run, row = max(timed, key=by_size)
-        check.case = f"{row['shape']}, {_size(_num(row.get('bytes')))} ({_tag(run)}" \
+        check.case = f"{row['shape']}, {_size(positive_float(row.get('bytes')))} ({_tag(run)}" \
                      f"{_throttled(row)})"
         copy.value = float(row["gbps"]) / run.copy_gbps
         torch_rows = _find([run], kernel, "torch", dtype, _dims(row))
@@ -334,7 +326,7 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
         return check
     _, run, row = ok[-1]
     check.case = f"{row['shape']} ({_tag(run)}{_throttled(row)})"
-    top = _num(row.get("peak_tflops"))
+    top = positive_float(row.get("peak_tflops"))
     peak.value = float(row["tflops"]) / top if top else None
     peak.why = "" if top else "the row has no bf16 peak"
     torch_rows = [r for _, _, r in _find([run], "attention", "torch", "bf16", _dims(row))]
@@ -352,7 +344,7 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
 def checks(runs: Sequence[Run]) -> list[Check]:
     """Every target ratio a set of runs can hold, in docs/targets.md's order."""
     def large(r: dict[str, Any]) -> bool:
-        return (_num(r.get("bytes")) or 0) >= LARGE_BYTES
+        return (positive_float(r.get("bytes")) or 0) >= LARGE_BYTES
 
     def big_matrix(r: dict[str, Any]) -> bool:
         d = _dims(r)
@@ -376,7 +368,7 @@ def checks(runs: Sequence[Run]) -> list[Check]:
     out += [_matmul(runs, "fp8", s, "_scaled_mm") for s in FP8_MATMUL_SIZES]
 
     def row_op_large(r: dict[str, Any]) -> bool:
-        return (_num(r.get("bytes")) or 0) >= ROW_OP_BYTES
+        return (positive_float(r.get("bytes")) or 0) >= ROW_OP_BYTES
 
     for kernel in ROW_OPS:
         for dtype in ROW_OP_DTYPES:
