@@ -125,7 +125,8 @@ class Pricer:
         self.dispatch_ms = 1e3 * (DISPATCH_BUDGET_S if method == "now"
                                   else BEFORE_DISPATCH_BUDGET_S)
         self.budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s, started=0.0)
-        self.ceilings_s = 0.0 if ceilings_cached else sp.ceilings_s
+        # the reference runs' own measured ceilings time where they recorded one
+        self.ceilings_s = 0.0 if ceilings_cached else (ref.ceilings_s or sp.ceilings_s)
 
     def run(self, cases: list[Case]) -> Walk:
         w = self.walk
@@ -141,12 +142,19 @@ class Pricer:
         if self.method == "now" and not self.warm and w.compile_serial_s:
             # compiled ahead by the workers while the ceilings are measured: the sweep
             # pays for what they could not do by then
-            ahead = min(w.compile_serial_s, self.ceilings_s * self.sp.compile_workers)
+            ahead = min(w.compile_serial_s, self.compiled_ahead_s())
             w.phases["compile"] -= ahead
             w.per_case = [t - min(ahead, c) for t, c in zip(w.per_case, w.compile_by_case,
                                                              strict=True)]
         w.add("write", self.sp.write_end_s)
         return w
+
+    def compiled_ahead_s(self) -> float:
+        """Compile seconds the workers can do while the ceilings are measured: each
+        starts compiling only once it is up (compile_worker_startup_s), and is stopped
+        when the ceilings are done."""
+        sp = self.sp
+        return max(0.0, self.ceilings_s - sp.compile_worker_startup_s) * sp.compile_workers
 
     # ---- one row -------------------------------------------------------------------
 

@@ -34,6 +34,18 @@ class Reference:
     # the newest incomplete run: (path, rows it holds, its selection), a check of the
     # estimate
     cut: tuple[Path, int, tuple[Any, ...]] | None = None
+    # Seconds each distinct ceilings measurement of these runs took (their metadata's
+    # ceilings.measured.seconds, one per measured_at: runs sharing a cache share one)
+    ceilings_measured_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ceilings_s(self) -> float | None:
+        """The median measured ceilings time of these runs (None: none recorded one)."""
+        times = sorted(self.ceilings_measured_s.values())
+        if not times:
+            return None
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
 
     def series(self, case: Case) -> list[dict[str, Any]]:
         return [r for k, r in self.rows.items()
@@ -70,6 +82,10 @@ def load_reference(paths: Iterable[Path]) -> Reference:
             ref.split, ref.split_meta = meta["time_split_s"], meta
         if meta.get("complete") is False and rows:
             ref.cut = (p, len(rows), selection(meta))
+        measured = (meta.get("ceilings") or {}).get("measured") or {}
+        seconds = measured.get("seconds") if isinstance(measured, dict) else None
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            ref.ceilings_measured_s[str(measured.get("measured_at") or p)] = float(seconds)
     return ref
 
 

@@ -23,8 +23,9 @@ class DeviceSpeed:
     # Seconds before the sweep that no phase books: interpreter start-up, imports, CUDA
     # and NVML set-up (the H200's 1-row run with no ceilings took 6 s in all).
     startup_s: float
-    # Measuring the ceilings (copy, cache copy and one matmul per dtype; 15 s fits the
-    # H200's runs, which measured them each time); a cached file costs nothing.
+    # Measuring the ceilings (copy, cache copy and one matmul per dtype) where the
+    # reference runs recorded no time of their own (Reference.ceilings_s: their
+    # metadata's ceilings.measured.seconds wins); a cached file costs nothing.
     ceilings_s: float
     # Host (Python and driver) time per call where no row says: torch's eager op, a
     # Triton launch (the H200's rows: torch 6-9 us, its fp8 casts 50 us, Triton 15-25 us).
@@ -42,8 +43,15 @@ class DeviceSpeed:
     # samples, their L2 flushes included.
     tune_candidate_s: float = 0.14
     # Worker processes compiling ahead (benches/sweep/triton_cache.py: half the cores, at
-    # most 8; the H200's host has 16).
+    # most 8; the H200's host has 16), and how long a spawned worker takes from the pool's
+    # start to its first compile: the interpreter, torch, Triton, run_bench's imports as
+    # the spawned __mp_main__, the kernels.  Measured on the 2-core CPU VM (triton 3.6,
+    # 2026-11-26, load average 9): 6.0-6.5 s wall for one worker, 12.6-13.5 s for two
+    # (2.7 s of it CPU time); a GPU host's torch loads its CUDA libraries on top.  The
+    # workers compile only while the ceilings are measured, so they hide
+    # (ceilings - start-up) x workers of compiles, nothing where the ceilings take less.
     compile_workers: int = 8
+    compile_worker_startup_s: float = 6.0
     # A CUDA-graph capture per captured call, in units of the call's host dispatch (the
     # same Python and launch path, recorded instead of run).
     capture_per_host: float = 0.5
@@ -67,8 +75,11 @@ class DeviceSpeed:
 
 
 # GPU models: the H200 figures, fit as the module says; an H100 runs the same host code
-# (a row's own device time scales by the roofline, see benches/estimate/price.py).
-GPU = DeviceSpeed(startup_s=5.0, ceilings_s=15.0)
+# (a row's own device time scales by the roofline, see benches/estimate/price.py).  The
+# ceilings: the H200's five measurements of 2026-11-26 took 3.55, 3.71, 3.77, 3.88 and
+# 3.88 s (metadata.ceilings.measured.seconds of its runs), used for every GPU model
+# where the reference runs recorded none (an H100 does the same copies and matmuls).
+GPU = DeviceSpeed(startup_s=5.0, ceilings_s=3.8)
 
 # The 2-core CPU VM (the default run quiet: about 42 s): start-up with torch and the
 # Triton interpreter imported 4-6 s, ceilings measured 9-11 s; an elementwise case of
