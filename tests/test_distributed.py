@@ -33,8 +33,9 @@ SWEEP = ["--device", "cpu", "--kernels", "add", "--dtypes", "fp32", "--providers
          "--sizes", "n=4096;n=65536", "--fleet-tolerance", "50"]
 
 
-def _command(out: Path, extra: tuple[str, ...], sweep: list[str] = SWEEP) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+def _command(out: Path, extra: tuple[str, ...], sweep: list[str] = SWEEP,
+             nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
             "run_bench.py", *sweep, "--out", str(out), *extra]
 
 
@@ -58,9 +59,10 @@ def _end(proc: subprocess.Popen) -> None:
 
 
 def torchrun(out: Path, *extra: str, env: dict[str, str] | None = None,
-             timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(_command(out, extra), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(env))
+             timeout: float = 300, nproc: int = 2) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(_command(out, extra, nproc=nproc), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(env))
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
@@ -144,6 +146,25 @@ def test_collectives_are_correct_and_in_nccl_tests_terms(fleet):
         assert r["n_samples"] == 10 and r["ms_p20"] <= r["ms_median"] <= r["ms_p80"]
         assert r["config"].endswith(" calls per sample")  # a sample is a batch of calls
     assert "## Collectives (slowest rank)" in (folder / "fleet.md").read_text()
+
+
+def test_a_one_rank_fleet_runs_every_collective_with_no_busbw(out):
+    """A fleet of one (the GPU job's fleet step) runs each op on its backend (NCCL on a
+    GPU, gloo here), checked and timed: algbw measured, busbw n/a."""
+    p = torchrun(out, "--run-id", "w1", "--no-plots", nproc=1)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    folder = out / "fleet" / "w1"
+    coll = [r for r in rows_of(folder) if r["kernel"] in OPS]
+    assert len(coll) == 60 and {r["kernel"] for r in coll} == OPS  # 5 ops x 2 x 6 sizes
+    for r in coll:
+        assert r["status"] == "ok" and r["correct"] and r["provider"] == "gloo"
+        assert r["shape"] == f"bytes={r['bytes']},ranks=1"
+        assert r["busbw_gbps"] is None and r["algbw_gbps"] > 0
+    assert "(60 collective rows)" in p.stdout
+    md = (folder / "fleet.md").read_text()
+    assert "| all_reduce | gloo | bf16 | 4,096 |" in md and " | n/a |" in md
+    with pytest.raises(PlanError, match="no ok all_reduce rows with a busbw"):
+        busbw_from_run(str(folder))  # a plan never takes one rank's copy for a link
 
 
 def test_busbw_from_a_saved_run(fleet):

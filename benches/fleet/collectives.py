@@ -8,7 +8,10 @@ the gathered output; reduce_scatter: the full input; all_to_all: one rank's send
 all_reduce and broadcast: the buffer), rounded down to whole elements per rank;
 algbw = S / t and busbw = algbw x the factor of roofline/plan/comm.py (all_reduce
 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1).  all_reduce and
-broadcast run in place, the others out of place.
+broadcast run in place, the others out of place.  One rank runs them too (NCCL and gloo
+take a world of one): each op is then checked and its algbw measured (a local copy or
+nothing at all), but no busbw is claimed (None, "n/a" in the report): nothing crosses a
+link, and nccl-tests' factor is 0 there for every op but broadcast.
 
 A sample is a batch of back-to-back calls after a barrier, timed together and divided
 by the batch's length (CUDA events on a GPU, the wall clock on a CPU), as nccl-tests
@@ -56,8 +59,12 @@ TIMER = {"nccl": "cuda events, slowest rank", "gloo": "wall clock, slowest rank"
 EXACT_INT = {torch.float32: 2**24, torch.bfloat16: 2**8}
 
 
-def busbw(op: str, algbw_gbps: float, ranks: int) -> float:
-    """nccl-tests' bus bandwidth: algbw x the collective's factor for `ranks`."""
+def busbw(op: str, algbw_gbps: float, ranks: int) -> float | None:
+    """nccl-tests' bus bandwidth: algbw x the collective's factor for `ranks`; None for
+    one rank, where no data crosses a link (a figure of 0, or broadcast's algbw, would be
+    read as a link's speed)."""
+    if ranks < 2:
+        return None
     return algbw_gbps * BUSBW_FACTOR[op](ranks)
 
 

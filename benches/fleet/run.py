@@ -8,12 +8,12 @@ agree on the suite's version, torch, triton and the request, then on the case li
 built (a fingerprint of it, so ranks that would select different cases are refused, not
 compared).  After its sweep every rank posts its rows in the rendezvous store, and rank 0
 gathers them into <out>/fleet/<run-id>/: results.csv/json with `rank`, `host` and
-`gpu_uuid` on every row; with more than one rank they then time the collectives
-together (benches/fleet/collectives.py) and rank 0 adds those rows, summary.md, fleet.md and
-fleet.png.  A device more than --fleet-tolerance below the fleet median on a key figure
-is an outlier, and the exit code is then 1.  Rank 0 speaks; every other rank's console
-goes to console.log in its rank folder (benches/fleet/rank_io.py), with one line on stderr if
-it fails.
+`gpu_uuid` on every row; they then time the collectives together
+(benches/fleet/collectives.py; a fleet of one rank too: its rows have no busbw) and rank 0
+adds those rows, summary.md, fleet.md and fleet.png.  A device more than --fleet-tolerance
+below the fleet median on a key figure is an outlier, and the exit code is then 1.
+Rank 0 speaks; every other rank's console goes to console.log in its rank folder
+(benches/fleet/rank_io.py), with one line on stderr if it fails.
 
 Stops.  A rank whose heartbeat stops for --dist-timeout seconds (killed, frozen, its
 host gone) is lost (benches/fleet/liveness.py); a rank interrupted by SIGINT or SIGTERM (torchrun
@@ -344,9 +344,10 @@ class _Fleet:
         if lost:
             stop = (f"{stopped[0]}; {lost}", stopped[1]) if stopped else (lost, 1)
         coll_rows: list[dict[str, Any]] = []
-        step = fdist.decide(self.key("next"), "collectives" if me.world > 1
-                            and args.collectives and not args.check_only and stop is None
-                            else "done")
+        # One rank too: NCCL and gloo take a world of one, so every op is run and
+        # checked on the node's own backend (its rows then carry no busbw).
+        step = fdist.decide(self.key("next"), "collectives" if args.collectives
+                            and not args.check_only and stop is None else "done")
         if step == "collectives":
             try:
                 agreed = self._collectives(noted, coll_rows)

@@ -107,6 +107,21 @@ def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
     return out, medians
 
 
+def bandwidth_cell(v: Any) -> str:
+    """A bandwidth for the tables: "n/a" where there is none (a collective of one rank
+    has no busbw: None in the row, NaN once in a frame), never 0."""
+    bw = positive_float(v)
+    return f"{bw:.4g}" if bw is not None else "n/a"
+
+
+def has_busbw(collectives: pd.DataFrame) -> bool:
+    """Whether any ok collective row has a busbw (a fleet of one rank has none)."""
+    if collectives.empty or "busbw_gbps" not in collectives:
+        return False
+    ok = collectives[collectives["status"] == "ok"]
+    return bool((pd.to_numeric(ok["busbw_gbps"], errors="coerce") > 0).any())
+
+
 def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]],
                     medians: dict[str, float], tolerance_pct: float,
                     collectives: pd.DataFrame, note: str | None = None) -> str:
@@ -136,7 +151,10 @@ def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]
                 continue
             lines.append(f"| {r['kernel']} | {r['provider']} | {r['dtype']} | "
                          f"{r['bytes']:,} | {r['ms_median']:.4g} | {r['algbw_gbps']:.4g} | "
-                         f"{r['busbw_gbps']:.4g} |")
+                         f"{bandwidth_cell(r.get('busbw_gbps'))} |")
+        if not has_busbw(collectives):
+            lines += ["", "One rank: no data crosses a link, so there is no busbw (n/a); "
+                          "algbw is the local copy's."]
     return "\n".join(lines) + "\n"
 
 
@@ -165,16 +183,20 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
     ax.set_title(f"devices (outlier below {1 - tolerance_pct / 100:.2f}x)", fontsize=9)
     bx = fig.add_subplot(1, 2, 2)
     ok = collectives[collectives["status"] == "ok"] if not collectives.empty else collectives
+    # One rank has no busbw: its algbw (a local copy) is drawn instead, without the
+    # link's roof, which it says nothing about.
+    bus = has_busbw(collectives)
+    column, name = ("busbw_gbps", "busbw") if bus else ("algbw_gbps", "algbw")
     for (op, dtype), g in (ok.groupby(["kernel", "dtype"]) if not ok.empty else []):
         g = g.sort_values("bytes")
-        bx.plot(g["bytes"], g["busbw_gbps"], marker="o", ms=3, label=f"{op} {dtype}",
-                gid=f"busbw:{op}:{dtype}")
-    if link_gbps:
+        bx.plot(g["bytes"], pd.to_numeric(g[column], errors="coerce"), marker="o", ms=3,
+                label=f"{op} {dtype}", gid=f"{name}:{op}:{dtype}")
+    if link_gbps and bus:
         bx.axhline(link_gbps, color="0.2", ls="--", lw=1, label=f"link {link_gbps:g} GB/s")
     bx.set_xscale("log", base=2)
     bx.set_yscale("log")
     bx.set_xlabel("message size (bytes, whole array)")
-    bx.set_ylabel("busbw (GB/s)")
+    bx.set_ylabel("busbw (GB/s)" if bus else "algbw (GB/s), one rank: no busbw")
     bx.set_title("collectives: latency-bound (small) to bandwidth-bound (large)", fontsize=9)
     if not ok.empty:
         bx.legend(fontsize=6, ncol=2)
