@@ -13,9 +13,18 @@ holds a marker kernel and one call.  The marker's name splits ncu's kernels by f
 so each family's bytes are the sum over every kernel its call launched.
 
 `--clock-control none` leaves the GPU's clocks alone (ncu locks them to base otherwise).
+ncu is looked for on PATH, then under Nsight Compute's own installs
+(/opt/nvidia/nsight-compute/<version>/ncu) and CUDA's (/usr/local/cuda*/bin/ncu), newest
+version first; the one that ran (path and version) is printed and kept in the JSON.
+
 Where ncu is missing or may not read the counters (ERR_NVGPUCTRPERM), nothing is
 measured: the reason is printed and the exit code is SKIPPED (77), which .ci/gpu records
-as a skipped step.  Writes OUT_DIR/ncu-bytes.json and ncu-bytes.md.
+as a skipped step.  ncu's "No kernels were profiled" is a skip only when the child ran to
+its end (it writes a done file as its last act): a child that died before its first
+profiled range (an import or compile error, out of memory) gets the same warning from
+ncu, and is a failure (exit 1) naming the child's exit code and its last line.  Writes
+OUT_DIR/ncu-bytes.json (the ncu that ran, the status and reason, the families) and, when
+measured, ncu-bytes.md.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +46,119 @@ MARKER = "ncu_family_marker"
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DTYPE = "bf16"
 # What ncu says where it may not read the counters: a reason, not a failure.
-NO_COUNTERS = ("ERR_NVGPUCTRPERM", "does not have permission", "No kernels were profiled")
+NO_COUNTERS = ("ERR_NVGPUCTRPERM", "does not have permission")
+# ncu's warning when no range held a kernel: a skip only if the child ran to its end.
+NO_KERNELS = "No kernels were profiled"
+# How ncu reports the profiled process's exit status ("==ERROR== The application
+# returned an error code (1).").
+CHILD_EXIT = re.compile(r"(?:returned an error code|exited with code)\s*\(?(-?\d+)\)?")
+# Where ncu is installed besides PATH: Nsight Compute's own installs, one folder per
+# version, and CUDA toolkits' bin/.  Parameters of find_ncu, so tests can point them at
+# a folder of their own.
+NSIGHT_ROOT = Path("/opt/nvidia/nsight-compute")
+CUDA_ROOT = Path("/usr/local")
+
+
+@dataclass(frozen=True)
+class NcuTool:
+    """The ncu that runs: its path, its version ("unknown" if it did not say) and where
+    it was found."""
+
+    path: str
+    version: str
+    found_in: str
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    """A folder name's version as numbers ("2024.1.1" -> (2024, 1, 1), "cuda-12.10" ->
+    (12, 10)); a name without one ("cuda") sorts below every version."""
+    return tuple(int(n) for n in re.findall(r"\d+", name))
+
+
+def _newest_first(folders: list[Path]) -> list[Path]:
+    return sorted(folders, key=lambda d: (_version_key(d.name), d.name), reverse=True)
+
+
+def find_ncu(path: str | None, nsight_root: Path = NSIGHT_ROOT,
+             cuda_root: Path = CUDA_ROOT) -> tuple[Path, str] | None:
+    """(ncu, where it was found): on `path` (a PATH string) first, else the newest
+    version under `nsight_root`/<version>/ncu, else under `cuda_root`/cuda*/bin/ncu;
+    None if there is none."""
+    on_path = shutil.which("ncu", path=path)
+    if on_path:
+        return Path(on_path), "PATH"
+    places = [(d / "ncu", f"{nsight_root}/<version>")
+              for d in _newest_first([d for d in _listing(nsight_root) if d.is_dir()])]
+    places += [(d / "bin" / "ncu", f"{cuda_root}/cuda*/bin")
+               for d in _newest_first([d for d in _listing(cuda_root)
+                                       if d.name.startswith("cuda") and d.is_dir()])]
+    for exe, where in places:
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return exe, where
+    return None
+
+
+def _listing(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:  # missing, or not readable: nothing installed there
+        return []
+
+
+def ncu_version(ncu: Path) -> str:
+    """ncu's version as `ncu --version` says it ("2024.1.1.0"), "unknown" if it did not."""
+    try:
+        p = subprocess.run([str(ncu), "--version"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    m = re.search(r"Version\s+(\S+)", p.stdout + p.stderr)
+    return m.group(1) if m else "unknown"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ncu's run came to before its CSV is read: `code` 0 (go on and read it),
+    SKIPPED or 1, and the line that says why."""
+
+    code: int
+    line: str
+
+
+def judge_run(ncu_said: str, ncu_code: int, child_done: bool, child_said: str) -> Outcome:
+    """ncu's own messages (its log: lines starting "=="), its exit code, whether the
+    child wrote its done file (it ran to its end) and the child's output."""
+    own = [ln.strip() for ln in ncu_said.splitlines() if ln.startswith("==")]
+
+    def first(text: str) -> str | None:
+        return next((ln for ln in own if text in ln), None)
+
+    for reason in NO_COUNTERS:
+        line = first(reason)
+        if line is not None:
+            return Outcome(SKIPPED, "skipped: ncu cannot read the DRAM counters here: "
+                                    f"{line[:200]}")
+    if not child_done:
+        codes = [m.group(1) for ln in own if (m := CHILD_EXIT.search(ln))]
+        child = f"exit {codes[-1]}" if codes else "exit status unknown"
+        last = _last_line(child_said) or (own[-1] if own else "no output")
+        return Outcome(1, f"error: the profiled child died before it finished ({child}; "
+                          f"ncu exit {ncu_code}): {last[:200]}")
+    line = first(NO_KERNELS)
+    if line is not None:
+        return Outcome(SKIPPED, "skipped: ncu profiled no kernel though the child ran to "
+                                f"its end (exit 0): {line[:200]}")
+    if ncu_code != 0:
+        last = own[-1] if own else _last_line(child_said) or "no output"
+        return Outcome(1, f"error: ncu exited {ncu_code} though the child ran to its end: "
+                          f"{last[:200]}")
+    return Outcome(0, "")
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.startswith("==")]
+    return lines[-1] if lines else ""
 
 
 def cases(kernels: list[str] | None) -> list[tuple[str, dict[str, int]]]:
@@ -56,9 +179,10 @@ def cases(kernels: list[str] | None) -> list[tuple[str, dict[str, int]]]:
     return out
 
 
-def child(kernels: list[str] | None) -> int:
+def child(kernels: list[str] | None, done_file: Path) -> int:
     """Under ncu: each family warmed outside the profiled ranges, then one profiled
-    range per family holding the marker and one call.  Prints the families in order."""
+    range per family holding the marker and one call.  Its last act writes the families,
+    in order, to `done_file`: that it exists says the child ran to its end."""
     import torch
     import triton
     import triton.language as tl
@@ -90,7 +214,7 @@ def child(kernels: list[str] | None) -> int:
                      "counted_bytes": int(spec.nbytes(shape, DTYPE))})
         del inputs, out
         torch.cuda.empty_cache()
-    print("NCU_FAMILIES " + json.dumps(done), flush=True)
+    done_file.write_text(json.dumps(done))
     return 0
 
 
@@ -144,8 +268,9 @@ def by_family(rows: list[tuple[str, str, str, float]], families: list[dict[str, 
     return out
 
 
-def render(results: list[dict[str, Any]]) -> str:
+def render(results: list[dict[str, Any]], tool: NcuTool) -> str:
     lines = ["# DRAM bytes (ncu) against the counted compulsory bytes", "",
+             f"ncu {tool.version}: `{tool.path}`", "",
              "| kernel | dtype | shape | counted MB | ncu read MB | ncu write MB | ncu / counted"
              " | kernels |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
@@ -157,8 +282,8 @@ def render(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--child"]:
-        return child(argv[1].split(",") if len(argv) > 1 and argv[1] else None)
+    if argv[:1] == ["--child"] and len(argv) == 3:
+        return child(argv[1].split(",") if argv[1] else None, Path(argv[2]))
     if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--kernels") \
             or argv[0].startswith("-"):
         print("error: usage: python -m benches.ncu_bytes OUT_DIR [--kernels LIST]",
@@ -166,38 +291,41 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     kernels = argv[2] if len(argv) == 3 else ""
-    ncu = shutil.which("ncu")
-    if ncu is None:
-        print("skipped: ncu (Nsight Compute) is not on PATH")
+    found = find_ncu(os.environ.get("PATH"), NSIGHT_ROOT, CUDA_ROOT)
+    if found is None:
+        print(f"skipped: ncu (Nsight Compute) not found: not on PATH, nor under "
+              f"{NSIGHT_ROOT}/<version>/ or {CUDA_ROOT}/cuda*/bin/")
         return SKIPPED
+    tool = NcuTool(str(found[0]), ncu_version(found[0]), found[1])
+    print(f"ncu: {tool.path} (version {tool.version}, found in {tool.found_in})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    log = out / "ncu.csv"
-    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off",
+    log, done = out / "ncu.csv", out / "ncu-child-done.json"
+    done.unlink(missing_ok=True)
+    cmd = [tool.path, "--clock-control", "none", "--profile-from-start", "off",
            "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
            "--log-file", str(log), sys.executable, "-m", "benches.ncu_bytes", "--child",
-           kernels]
+           kernels, str(done)]
     p = subprocess.run(cmd, capture_output=True, text=True,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
     text = log.read_text() if log.exists() else ""
-    said = text + p.stdout + p.stderr
-    problem = next((s for s in NO_COUNTERS if s in said), None)
-    if problem is not None:
-        line = next(ln for ln in said.splitlines() if problem in ln)
-        print(f"skipped: ncu cannot read the DRAM counters here: {line.strip()[:200]}")
-        return SKIPPED
-    marks = [ln for ln in p.stdout.splitlines() if ln.startswith("NCU_FAMILIES ")]
-    if p.returncode != 0 or not marks:
-        last = (p.stderr.strip() or p.stdout.strip() or "no output").splitlines()[-1]
-        print(f"error: ncu run failed (exit {p.returncode}): {last[:200]}", file=sys.stderr)
-        return 1
-    families = json.loads(marks[-1].split(" ", 1)[1])
-    try:
-        results = by_family(parse_ncu_csv(text), families)
-    except ValueError as e:
-        print(f"error: {log}: {e}", file=sys.stderr)
-        return 1
-    (out / "ncu-bytes.json").write_text(json.dumps(results, indent=1) + "\n")
-    md = render(results)
+    # ncu's own messages go to its log; the child's output to ncu's stdout and stderr.
+    outcome = judge_run(text + p.stdout + p.stderr, p.returncode, done.exists(),
+                        p.stdout + p.stderr)
+    families: list[dict[str, Any]] = json.loads(done.read_text()) if done.exists() else []
+    results: list[dict[str, Any]] = []
+    if outcome.code == 0:
+        try:
+            results = by_family(parse_ncu_csv(text), families)
+        except ValueError as e:
+            outcome = Outcome(1, f"error: {log}: {e}")
+    status = {0: "ok", SKIPPED: "skipped"}.get(outcome.code, "failed")
+    (out / "ncu-bytes.json").write_text(json.dumps(
+        {"ncu": asdict(tool), "status": status, "reason": outcome.line,
+         "families": results}, indent=1) + "\n")
+    if outcome.code != 0:
+        print(outcome.line, file=sys.stderr if outcome.code != SKIPPED else sys.stdout)
+        return outcome.code
+    md = render(results, tool)
     (out / "ncu-bytes.md").write_text(md)
     print(md, end="")
     return 0

@@ -73,38 +73,169 @@ def test_one_case_per_family_at_its_largest_quick_shape() -> None:
             spec.nbytes(s, "bf16") for s in preset_shapes(spec, "quick", on_gpu=True))
 
 
-def _fake_ncu(tmp_path: Path, body: str) -> dict[str, str]:
-    """An `ncu` on PATH that writes `body`'s CSV to its --log-file and prints the
-    child's family list."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    script = bindir / "ncu"
+VERSION = "2099.1.0.0"
+
+
+def _write_fake_ncu(script: Path, log_body: str, done: bool = True, code: int = 0,
+                    child_stderr: str = "") -> None:
+    """A stand-in `ncu` at `script`: `--version` prints Nsight Compute's banner; a
+    profiling run writes `log_body` to its --log-file (ncu's messages and CSV), writes
+    the child's done file (its last argument) with FAMILIES when `done` (a child that
+    ran to its end), prints `child_stderr` on stderr (the child's own output) and exits
+    `code`."""
+    script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(
         "#!/usr/bin/env bash\n"
+        "if [ \"$1\" = --version ]; then\n"
+        "  echo 'NVIDIA (R) Nsight Compute Command Line Profiler'\n"
+        f"  echo 'Version {VERSION} (build 34567890) (public-release)'; exit 0\n"
+        "fi\n"
+        "for a in \"$@\"; do last=$a; done\n"
         "while [ $# -gt 0 ]; do case $1 in --log-file) log=$2; shift 2 ;; *) shift ;; "
         "esac; done\n"
-        f"cat > \"$log\" <<'EOF'\n{body}EOF\n"
-        f"echo 'NCU_FAMILIES {json.dumps(FAMILIES)}'\n")
+        f"cat > \"$log\" <<'EOF'\n{log_body}EOF\n"
+        + (f"cat > \"$last\" <<'EOF'\n{json.dumps(FAMILIES)}\nEOF\n" if done else "")
+        + (f"cat >&2 <<'EOF'\n{child_stderr}EOF\n" if child_stderr else "")
+        + f"exit {code}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
+
+
+def _fake_ncu(tmp_path: Path, body: str, **how) -> dict[str, str]:
+    """The environment of a command with a stand-in `ncu` first on PATH."""
+    bindir = tmp_path / "bin"
+    _write_fake_ncu(bindir / "ncu", body, **how)
     return {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
 
 
+def _run(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benches.ncu_bytes", str(tmp_path / "o")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
 def test_the_command_writes_the_table(tmp_path: Path) -> None:
-    env = _fake_ncu(tmp_path, CSV)
-    p = subprocess.run([sys.executable, "-m", "benches.ncu_bytes", str(tmp_path / "o")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = _run(tmp_path, _fake_ncu(tmp_path, CSV))
     assert p.returncode == 0, p.stderr
     doc = json.loads((tmp_path / "o" / "ncu-bytes.json").read_text())
-    assert [round(d["ratio"], 3) for d in doc] == [1.0, 1.0]
-    assert "| add | bf16 | n=67108864 | 402.7 | 268.4 | 134.2 | 1.000 | add_kernel |" \
-        in (tmp_path / "o" / "ncu-bytes.md").read_text()
+    assert doc["status"] == "ok" and doc["reason"] == ""
+    assert doc["ncu"] == {"path": str(tmp_path / "bin" / "ncu"), "version": VERSION,
+                          "found_in": "PATH"}
+    assert [round(d["ratio"], 3) for d in doc["families"]] == [1.0, 1.0]
+    md = (tmp_path / "o" / "ncu-bytes.md").read_text()
+    assert "| add | bf16 | n=67108864 | 402.7 | 268.4 | 134.2 | 1.000 | add_kernel |" in md
+    assert f"ncu {VERSION}: `{tmp_path / 'bin' / 'ncu'}`" in md
+    assert p.stdout.startswith(f"ncu: {tmp_path / 'bin' / 'ncu'} (version {VERSION}, ")
 
 
 def test_no_counter_access_is_a_skip_with_the_reason(tmp_path: Path) -> None:
+    # ncu shuts the child down when it cannot profile: no done file, code 9.
     env = _fake_ncu(tmp_path, "==ERROR== ERR_NVGPUCTRPERM - The user does not have "
-                              "permission to access NVIDIA GPU Performance Counters\n")
-    p = subprocess.run([sys.executable, "-m", "benches.ncu_bytes", str(tmp_path / "o")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                              "permission to access NVIDIA GPU Performance Counters\n"
+                              "==PROF== Trying to shutdown target application\n"
+                              "==ERROR== The application returned an error code (9).\n",
+                    done=False, code=9)
+    p = _run(tmp_path, env)
     assert p.returncode == ncu_bytes.SKIPPED
-    assert p.stdout.startswith("skipped: ncu cannot read the DRAM counters here: ")
-    assert "ERR_NVGPUCTRPERM" in p.stdout
+    last = p.stdout.strip().splitlines()[-1]
+    assert last.startswith("skipped: ncu cannot read the DRAM counters here: ")
+    assert "ERR_NVGPUCTRPERM" in last
+    assert json.loads((tmp_path / "o" / "ncu-bytes.json").read_text())["status"] == "skipped"
+
+
+# What ncu says when the child dies before its first profiled range.
+CRASHED = ("==PROF== Connected to process 4242 (/usr/bin/python3.12)\n"
+           "==PROF== Disconnected from process 4242\n"
+           "==ERROR== The application returned an error code (1).\n"
+           "==WARNING== No kernels were profiled.\n")
+
+
+def test_a_child_that_crashed_is_a_failure_not_a_skip(tmp_path: Path) -> None:
+    env = _fake_ncu(tmp_path, CRASHED, done=False, code=1,
+                    child_stderr="Traceback (most recent call last):\n"
+                                 "ModuleNotFoundError: No module named 'triton'\n")
+    p = _run(tmp_path, env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+    assert "the profiled child died before it finished (exit 1; ncu exit 1)" in line
+    assert "ModuleNotFoundError: No module named 'triton'" in line
+    doc = json.loads((tmp_path / "o" / "ncu-bytes.json").read_text())
+    assert doc["status"] == "failed" and doc["ncu"]["version"] == VERSION
+    assert not (tmp_path / "o" / "ncu-bytes.md").exists()
+
+
+def test_a_child_that_ran_but_profiled_nothing_is_a_skip(tmp_path: Path) -> None:
+    env = _fake_ncu(tmp_path, "==WARNING== No kernels were profiled.\n", done=True, code=0)
+    p = _run(tmp_path, env)
+    assert p.returncode == ncu_bytes.SKIPPED, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == ("skipped: ncu profiled no kernel though the child ran to its end "
+                    "(exit 0): ==WARNING== No kernels were profiled.")
+
+
+@pytest.mark.parametrize("said, code, done, want", [
+    # An OOM killed mid-way: ncu names no exit code, the child's last line says why.
+    ("==PROF== Connected to process 7\n", 137, False, 1),
+    # ncu failing after a child that finished: a failure too.
+    ("==ERROR== An error occurred while trying to profile.\n", 1, True, 1),
+    # A child's traceback that happens to say "does not have permission" is not ncu's.
+    ("==PROF== Connected to process 7\n", 0, True, 0),
+])
+def test_judging_ncus_run(said: str, code: int, done: bool, want: int) -> None:
+    child = "PermissionError: user does not have permission\n" if code == 0 else \
+        "torch.OutOfMemoryError: CUDA out of memory.\n"
+    got = ncu_bytes.judge_run(said, code, done, child)
+    assert got.code == want, got
+    if not done:
+        assert "exit status unknown; ncu exit 137" in got.line
+        assert "torch.OutOfMemoryError" in got.line
+
+
+def _install(root: Path, rel: str) -> Path:
+    exe = root / rel
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_ncu_is_found_off_path_newest_version_first(tmp_path: Path) -> None:
+    opt, local, empty = tmp_path / "opt-nsight", tmp_path / "usr-local", tmp_path / "empty"
+    empty.mkdir()
+    assert ncu_bytes.find_ncu(str(empty), opt, local) is None  # nothing anywhere
+    for v in ("2023.3.0", "2024.1.1", "2024.10.0"):
+        _install(opt, f"{v}/ncu")
+    (opt / "2025.1.0").mkdir()  # a version folder without ncu in it
+    for c in ("cuda", "cuda-12.4", "cuda-12.10"):
+        _install(local, f"{c}/bin/ncu")
+    assert ncu_bytes.find_ncu(str(empty), opt, local) == (opt / "2024.10.0" / "ncu",
+                                                           f"{opt}/<version>")
+    assert ncu_bytes.find_ncu(str(empty), tmp_path / "none", local) == (
+        local / "cuda-12.10" / "bin" / "ncu", f"{local}/cuda*/bin")
+    on_path = _install(tmp_path / "bin", "ncu")
+    assert ncu_bytes.find_ncu(str(on_path.parent), opt, local) == (on_path, "PATH")
+
+
+def test_the_command_runs_the_ncu_it_found_off_path_and_says_which(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    opt = tmp_path / "opt-nsight"
+    _write_fake_ncu(opt / "2024.1.1" / "ncu", CSV)
+    _write_fake_ncu(opt / "2023.3.0" / "ncu", "==ERROR== the older one ran\n", code=1)
+    # PATH without any ncu of this machine's own
+    keep = [d for d in os.environ["PATH"].split(os.pathsep) if not Path(d, "ncu").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(keep))
+    monkeypatch.setattr(ncu_bytes, "NSIGHT_ROOT", opt)
+    monkeypatch.setattr(ncu_bytes, "CUDA_ROOT", tmp_path / "no-cuda")
+    assert ncu_bytes.main([str(tmp_path / "o")]) == 0, capsys.readouterr().err
+    doc = json.loads((tmp_path / "o" / "ncu-bytes.json").read_text())
+    assert doc["ncu"]["path"] == str(opt / "2024.1.1" / "ncu")
+    assert doc["ncu"]["found_in"] == f"{opt}/<version>" and doc["ncu"]["version"] == VERSION
+    assert capsys.readouterr().out.startswith(f"ncu: {opt / '2024.1.1' / 'ncu'} (version ")
+
+
+def test_no_ncu_anywhere_is_a_skip(tmp_path: Path, monkeypatch, capsys) -> None:
+    keep = [d for d in os.environ["PATH"].split(os.pathsep) if not Path(d, "ncu").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(keep))
+    monkeypatch.setattr(ncu_bytes, "NSIGHT_ROOT", tmp_path / "none")
+    monkeypatch.setattr(ncu_bytes, "CUDA_ROOT", tmp_path / "none")
+    assert ncu_bytes.main([str(tmp_path / "o")]) == ncu_bytes.SKIPPED
+    out = capsys.readouterr().out
+    assert out.startswith("skipped: ncu (Nsight Compute) not found: not on PATH, nor under ")
