@@ -151,6 +151,23 @@ def plan_cpu(call_s: float, cfg: TimingConfig, budget_s: float | None = None) ->
     return CpuPlan(samples, number, note)
 
 
+def plan_best_of_cpu(call_s: float, cfg: TimingConfig) -> CpuPlan:
+    """The samples of a CPU timing whose estimator is its fastest sample (a measured
+    ceiling), from the time of one call: as plan_cpu wants them (cfg.min_samples, more
+    while they last less than cfg.cpu_min_run_time_s), as many as fit in
+    cfg.row_budget_s, and never fewer than one.  A best-of feeds no rank test, so it
+    has no gate floor to keep: a call too slow for the budget (a 256 MiB copy on a
+    loaded 2-core host: 3.8 s a call) is timed fewer times, never refused (plan_cpu
+    raises OverBudget there); the note says when the budget cut the samples."""
+    per_sample = max(call_s, cfg.cpu_block_s)
+    want = max(cfg.min_samples, math.ceil(cfg.cpu_min_run_time_s / per_sample))
+    samples = max(1, min(want, int(cfg.row_budget_s / per_sample)))
+    note = "" if samples >= want else (
+        f"budget applied: {samples} of {want} samples (one call {call_s:.3g} s, budget "
+        f"{cfg.row_budget_s:.3g} s)")
+    return CpuPlan(samples, 1 if call_s >= cfg.cpu_block_s else None, note)
+
+
 def cpu_round_config(cfg: TimingConfig) -> TimingConfig:
     """The budget of one of cfg.cpu_rounds rounds: its share of the samples, run time and
     row budget (so that the rounds together give what the row asks).  A config of one

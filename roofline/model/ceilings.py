@@ -7,9 +7,16 @@ Metadata format (results.json -> metadata["ceilings"]):
                                "fp8": 1978.9},
                     "hbm_gbps": 3350.0, "l2_gbps": null}        # or null (CPU, unlisted GPU)
       "measured":  {"tflops": {"fp32": ..., "bf16": ...},     # classes that were measured
-                    "hbm_gbps": ..., "l2_gbps": ..., "method": {...}, "measured_at": "..."}
+                    "hbm_gbps": ..., "l2_gbps": ..., "method": {...}, "measured_at": "...",
+                    "left_out": {"hbm": "the copy of 256 MiB failed: ...", ...}}
                                                                # or null when not measured
     }
+
+`left_out` names each ceiling whose measurement failed or was not believable (a cache
+copy below the DRAM copy on a busy host), with why ("all": the whole measurement); its
+value is then null or absent, `method[name]` says "left out: <why>" (summary.md prints
+it), and the measurement is not cached.  Written since the ceilings phase stopped
+aborting runs; older runs have no `left_out`.
 
 Rows use the datasheet value where there is one (peak_tflops, peak_gbps) and the
 measured one beside it (meas_peak_tflops, meas_peak_gbps); a device without a datasheet
