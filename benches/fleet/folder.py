@@ -5,12 +5,23 @@ share, one rank's rows and device as gathered, and the fleet folder written from
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benches.fleet.dist import Rank
 
 SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet/run.py)
+# Who a rank folder's rank was (rank, host, world, ...), written before its sweep: a fleet
+# killed before rank 0 gathered its rows is rebuilt from the rank folders
+# (benches/fleet/finalize.py), and a run folder itself does not name its host.
+RANK_FILE = "rank.json"
+
+
+def write_rank_file(rank_dir: Path, me: Rank) -> None:
+    """rank_dir/RANK_FILE: this rank's identity."""
+    (rank_dir / RANK_FILE).write_text(json.dumps(asdict(me), indent=1) + "\n")
 
 
 def versions(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,17 +89,29 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
     doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
     rows, meta = doc["rows"], doc["metadata"]
     uuid = gpu_uuid(meta, me)
-    measured = (meta.get("ceilings") or {}).get("measured") or {}
-    info = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
-            "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
-            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
-            # where the rank's time went (benches/sweep/phases.py)
-            "time_split_s": meta.get("time_split_s"), "wall_s": meta.get("wall_s")}
+    info = rank_info(meta, me.rank, me.host, me.local_rank, uuid, code)
     if slow:
         slow_down(rows, info)
-    for r in rows:
-        r.update(rank=me.rank, host=me.host, gpu_uuid=uuid)
+    mark_rows(rows, info)
     return rows, meta, info
+
+
+def rank_info(meta: dict[str, Any], rank: int, host: str, local_rank: int | None,
+              uuid: str | None, code: int | None) -> dict[str, Any]:
+    """What the fleet keeps of one rank: who it was, its device, its measured copy
+    bandwidth, its exit code (None: not known, as for a rank a kill ended) and where
+    its time went (benches/sweep/phases.py), from its run's metadata."""
+    measured = (meta.get("ceilings") or {}).get("measured") or {}
+    return {"rank": rank, "host": host, "local_rank": local_rank,
+            "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
+            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
+            "time_split_s": meta.get("time_split_s"), "wall_s": meta.get("wall_s")}
+
+
+def mark_rows(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    """Every row of a rank names its rank, host and GPU."""
+    for r in rows:
+        r.update(rank=info["rank"], host=info["host"], gpu_uuid=info["gpu_uuid"])
 
 
 def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list[str],

@@ -53,7 +53,7 @@ from typing import Any
 
 from benches.fleet import dist as fdist
 from benches.fleet.dist import FleetRefused, Rank
-from benches.fleet.folder import own_rows, versions, write_folder
+from benches.fleet.folder import own_rows, versions, write_folder, write_rank_file
 from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
@@ -189,6 +189,7 @@ class _Fleet:
         if problem:
             raise FleetRefused(problem)
         self.rank_dir.mkdir(parents=True, exist_ok=True)
+        write_rank_file(self.rank_dir, me)
         self.out.settle(self.rank_dir / CONSOLE_LOG)
         if _test_rank(TEST_KILL, me):
             self._kill_when_sweeping()

@@ -1,0 +1,222 @@
+"""`python -m benches.fleet.finalize DIR [--no-plots]`: every run under DIR that a kill
+left unfinished written whole, fleet runs and their ranks included.
+
+A killed plain run has its rows only in its journal (rows.jsonl beside its results.json);
+`python -m roofline finalize RUN` writes one such run whole.  A fleet run keeps a run
+folder per rank, <fleet>/ranks/rank-<r>/<device>/<run-id>/, each with its own journal,
+and rank 0 writes the fleet folder <fleet>/ (results, summary.md, fleet.md) only after it
+gathered the ranks' rows; a fleet killed before then (SIGKILL, a lost machine, a job's
+hard limit) has journals only in its rank folders, which a glob for
+<fleet>/rows.jsonl never finds.  Here:
+
+1. every journal under DIR is written whole (roofline.report.finalize: the run stays
+   incomplete, its journal removed once results.json holds its rows);
+2. every fleet folder under DIR without its fleet.md (rank 0 never finished writing it)
+   is written from its rank folders: each rank's rows with its rank, host and GPU (from
+   the rank.json each rank writes before its sweep), the rows of ranks it gathered whose
+   folders are on another machine, and any collective rows it had written, marked
+   incomplete with a `cut_short` saying so, with summary.md and fleet.md.
+
+Finalizing twice changes nothing.  Exit 0 when every unfinished run was written, 1 when
+one was refused (one `error:` line each), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from benches.fleet.dist import Rank
+from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
+from roofline.model.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
+from roofline.report.finalize import FinalizeError, finalize
+
+USAGE = "python -m benches.fleet.finalize DIR [--no-plots]"
+FLEET_MD = "fleet.md"
+RANK_DIR = re.compile(r"rank-(\d+)")
+
+
+@dataclass(frozen=True)
+class Finalized:
+    """A run written whole: a plain run or rank's from its journal ("run"), or a fleet
+    folder from its ranks ("fleet")."""
+
+    folder: Path
+    rows: int
+    what: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A run left as it is, and why."""
+
+    folder: Path
+    why: str
+
+
+@dataclass
+class TreeResult:
+    done: list[Finalized] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
+
+
+def fleet_folders(root: Path) -> list[Path]:
+    """The fleet folders under root (root too): folders with a ranks/rank-<r>/ inside."""
+    found = [root] if (root / "ranks").is_dir() else []
+    found += [d.parent for d in root.rglob("ranks") if d.is_dir() and d.parent != root]
+    return sorted(f for f in set(found) if _rank_dirs(f))
+
+
+def _rank_dirs(fleet: Path) -> list[tuple[int, Path]]:
+    out = []
+    for d in (fleet / "ranks").iterdir():
+        m = RANK_DIR.fullmatch(d.name)
+        if m and d.is_dir():
+            out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
+def finalize_tree(root: Path, plots: bool = True) -> TreeResult:
+    """Every unfinished run under `root` written whole (the module's docstring)."""
+    result = TreeResult()
+    fleets = fleet_folders(root)
+    # The ranks' journals first (deepest first), so a fleet is written from whole runs;
+    # a fleet folder's own journal is left to the fleet's rebuild, which replaces it.
+    journals = sorted(root.rglob(ROWS_JOURNAL), key=lambda j: -len(j.parts))
+    for journal in journals:
+        folder = journal.parent
+        if folder in fleets:
+            continue
+        try:
+            _, n = finalize(folder, plots=plots)
+        except (FinalizeError, RunLoadError, OSError) as e:
+            result.refused.append(Refused(folder, str(e)))
+            continue
+        result.done.append(Finalized(folder, n, "run"))
+    for fleet in fleets:
+        if (fleet / FLEET_MD).exists() and not (fleet / ROWS_JOURNAL).exists():
+            continue  # rank 0 wrote it to its end
+        try:
+            n = rebuild_fleet(fleet, plots)
+        except (FinalizeError, RunLoadError, OSError, ValueError) as e:
+            result.refused.append(Refused(fleet, str(e)))
+            continue
+        result.done.append(Finalized(fleet, n, "fleet"))
+    return result
+
+
+def _rank_file(rank_dir: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((rank_dir / RANK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}  # a fleet from before rank.json, or one killed as it wrote it
+    return doc if isinstance(doc, dict) else {}
+
+
+def _argv(command: str) -> list[str]:
+    """A run's arguments from its metadata's command ("python3 run_bench.py --a b")."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    at = next((i for i, w in enumerate(words) if w.endswith("run_bench.py")), None)
+    return words[at + 1:] if at is not None else words
+
+
+def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
+    """Write the fleet folder `fleet` from its rank folders (and what it already held);
+    returns its rows.  Refused (FinalizeError) where no rank has a run folder."""
+    run_id = fleet.name
+    before: dict[str, Any] = {"metadata": {}, "rows": []}
+    if (fleet / RESULTS_JSON).exists():
+        before = read_doc(fleet / RESULTS_JSON)
+    old_meta = before.get("metadata") or {}
+    old_infos = {i.get("rank"): i for i in (old_meta.get("fleet") or {}).get("ranks") or []}
+    gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    ident: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for r, rank_dir in _rank_dirs(fleet):
+        found = sorted(rank_dir.glob(f"*/{run_id}/{RESULTS_JSON}"))
+        if not found:
+            continue  # killed before its run folder existed: nothing measured
+        doc = read_doc(found[0])
+        me = _rank_file(rank_dir)
+        ident = ident or me
+        meta = meta or dict(doc.get("metadata") or {})
+        m = doc.get("metadata") or {}
+        old = old_infos.get(r) or {}
+        info = rank_info(m, r, str(me.get("host") or old.get("host") or "unknown"),
+                         me.get("local_rank", old.get("local_rank")),
+                         (m.get("nvml_start") or {}).get("nvml_uuid") or old.get("gpu_uuid"),
+                         old.get("exit_code"))
+        rows = doc["rows"]
+        mark_rows(rows, info)
+        gathered.append((info, rows))
+    here = {info["rank"] for info, _ in gathered}
+    # Rows rank 0 had gathered from ranks whose folders are elsewhere (another node's
+    # disk) are kept, and so are collective rows (rank None) it had written.
+    elsewhere: dict[int, list[dict[str, Any]]] = {}
+    coll_rows = []
+    for row in before.get("rows") or []:
+        if row.get("rank") is None:
+            coll_rows.append(row)
+        elif row["rank"] not in here:
+            elsewhere.setdefault(int(row["rank"]), []).append(row)
+    for r, rows in sorted(elsewhere.items()):
+        gathered.append((old_infos.get(r) or {"rank": r, "host": rows[0].get("host"),
+                                              "exit_code": None}, rows))
+    gathered.sort(key=lambda g: g[0]["rank"])
+    if not gathered:
+        raise FinalizeError(f"{fleet}: no rank has a run folder with rows ({run_id})")
+    meta = meta or dict(old_meta)
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    meta["cut_short"] = (f"killed before rank 0 wrote the fleet folder; written from "
+                         f"{len(here)} rank folder(s) on {when}")
+    fleet_old = old_meta.get("fleet") or {}
+    world = int(ident.get("world") or fleet_old.get("world")
+                or max(g[0]["rank"] for g in gathered) + 1)
+    me = Rank(rank=0, world=world, local_rank=0, local_world=1,
+              host=str(ident.get("host") or "unknown"),
+              backend=str(ident.get("backend") or fleet_old.get("backend") or "unknown"),
+              timeout_s=0.0, device=str(meta.get("device_kind") or "cpu"))
+    args = argparse.Namespace(no_plots=not plots, fleet_tolerance=None)
+    problem = fleet_old.get("problem") or "the fleet was killed before rank 0 finished"
+    write_folder(fleet, me, args, _argv(str(meta.get("command") or "")), meta, gathered,
+                 coll_rows, final=True, problem=f"{problem}; {meta['cut_short']}")
+    return sum(len(g[1]) for g in gathered) + len(coll_rows)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {USAGE}\n{__doc__}")
+        return 0 if argv else 2
+    args = [a for a in argv if a != "--no-plots"]
+    bad = [a for a in args if a.startswith("-")]
+    if bad or len(args) != 1:
+        what = f"unknown option {bad[0]}" if bad else f"expected one DIR, got {len(args)}"
+        print(f"error: {what} (usage: {USAGE})", file=sys.stderr)
+        return 2
+    root = Path(args[0])
+    if not root.is_dir():
+        print(f"error: {root} is not a folder (usage: {USAGE})", file=sys.stderr)
+        return 2
+    result = finalize_tree(root, plots="--no-plots" not in argv)
+    for d in result.done:
+        how = "from its journal" if d.what == "run" else "from its rank folders"
+        print(f"{d.folder}: {d.rows} rows written whole {how}; still incomplete")
+    for r in result.refused:
+        print(f"error: {r.folder}: {r.why}", file=sys.stderr)
+    if not result.done and not result.refused:
+        print(f"nothing to finalize under {root}")
+    return 1 if result.refused else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
