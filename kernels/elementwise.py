@@ -1,5 +1,5 @@
 """The machinery shared by the elementwise families (add, mul, gelu): one Triton kernel
-parametrized by the op, and a spec factory.  Each family module supplies only its math.
+body, made into a kernel per op, and a spec factory.  Each family module supplies only its math.
 
 Semantics per dtype: fp32/fp16/bf16 tensors in and out, math in fp32.  fp8 (e4m3 or
 e5m2): inputs with per-tensor scales, math in fp32 on the dequantized values, output
@@ -8,6 +8,8 @@ re-quantized to the same fp8 format with its own per-tensor scale (docs/design.m
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 
 import torch
@@ -32,10 +34,9 @@ from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 ELEMENTWISE_DTYPES = tuple(d for d in PLAIN_DTYPES if d != "tf32")  # tf32 is a matmul mode
 
 
-@triton.jit
-def elementwise_kernel(X, Y, O, SX, SY, SO, n, OP: tl.constexpr, ARITY: tl.constexpr,
-                       SCALED: tl.constexpr, APPROX: tl.constexpr, BLOCK: tl.constexpr,
-                       MBITS: tl.constexpr):
+def elementwise_kernel(X, Y, O, SX, SY, SO, n, ARITY: tl.constexpr, SCALED: tl.constexpr,
+                       APPROX: tl.constexpr, BLOCK: tl.constexpr, MBITS: tl.constexpr):
+    # The body of every op's kernel (elementwise_kernel_for binds OP_FN, the op's math).
     # One pass over memory: each program owns BLOCK contiguous elements.  Contiguous
     # aranges let the compiler emit 16-byte vector loads (BLOCK is a multiple of
     # 16 bytes / itemsize x threads).  Offsets in int64 so n > 2^31 cannot overflow.
@@ -50,14 +51,36 @@ def elementwise_kernel(X, Y, O, SX, SY, SO, n, OP: tl.constexpr, ARITY: tl.const
         y = tl.load(Y + offs, mask=mask).to(tl.float32)
         if SCALED:
             y = y * tl.load(SY)
-        r = OP(x, y, APPROX)
+        r = OP_FN(x, y, APPROX)  # noqa: F821 (bound per op)
     else:
-        r = OP(x, x, APPROX)
+        r = OP_FN(x, x, APPROX)  # noqa: F821
     if SCALED:
         # One reciprocal per program, a multiply per element: a division per element is
         # div.full.f32, three instructions with its range scaling.
         r = r * (1.0 / tl.load(SO))
     tl.store(O + offs, round_for_store(r, MBITS).to(O.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def elementwise_kernel_for(op) -> triton.JITFunction:
+    """The elementwise kernel of one op: elementwise_kernel's code with `op` (a
+    @triton.jit (x, y, APPROX) -> r) bound as the global OP_FN of its own namespace.
+
+    Not a constexpr argument: whenever a post-compile hook is set (the sweep always sets
+    one), a launch's constexprs are serialised to JSON, and triton 3.6 cannot serialise a
+    jit function (TypeError on the first launch of every op).  Not a closure either: the
+    CPU interpreter re-executes a kernel's source in its function's globals, losing
+    closures; globals are what both the compiler and the interpreter read, and Triton
+    hashes the globals a kernel uses into its cache key.  One kernel object per op, kept:
+    its compiled variants live on it."""
+    body = elementwise_kernel
+    fn = types.FunctionType(body.__code__, {**globals(), "OP_FN": op}, body.__name__,
+                            body.__defaults__)
+    # A new function object carries none of these; the JIT reads the constexpr
+    # annotations to know which parameters are compile-time.
+    fn.__annotations__ = dict(body.__annotations__)
+    fn.__module__, fn.__qualname__ = body.__module__, body.__qualname__
+    return triton.jit(fn)
 
 
 def approx_ok(out: torch.Tensor) -> bool:
@@ -80,9 +103,9 @@ def elementwise_launch(op, arity: int, inputs: Inputs, out: torch.Tensor) -> Tri
     n = x.numel()
     block, warps = _block_for(x)
     return TritonLaunch(
-        fn=elementwise_kernel,
+        fn=elementwise_kernel_for(op),
         args=(x, y, out, inputs["sx"], inputs.get("sy", inputs["sx"]), inputs["so"], n),
-        constexprs={"OP": op, "ARITY": arity,
+        constexprs={"ARITY": arity,
                     "SCALED": x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2),
                     "APPROX": approx_ok(out), "MBITS": store_round_bits(out)},
         configs=(triton.Config({"BLOCK": block}, num_warps=warps),),

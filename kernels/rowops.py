@@ -264,7 +264,8 @@ def rowop_launch(op: RowOp, inputs: Inputs, out: torch.Tensor,
     w = inputs.get("w", x)  # softmax has no parameters: x stands in, never read
     b = inputs.get("b", w)
     looped, rows, block, warps = plan(n, max_block_n)
-    # The ops share kernels; tuned configs are kept per op (tuner) all the same.
+    # The ops share kernels; tunings are kept per op all the same: OP is in the tuner's
+    # key, in memory and on disk (kernels/tuning.py).
     common = dict(constexprs={"OP": op.code, "MBITS": store_round_bits(out)}, tuner=op.name,
                   operands={"X": ("stride_xm", 1), **({"W": (1,)} if op.params else {}),
                             **({"B": (1,)} if "b" in op.params else {})})

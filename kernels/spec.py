@@ -240,8 +240,9 @@ class TritonLaunch:
     configs: tuple[Any, ...]  # triton.Config candidates; one entry = a fixed config
     grid: Callable[[dict[str, Any]], tuple[int, ...]]  # (config kwargs) -> launch grid
     tune_key: tuple[str, ...] = ()  # autotune key (argument names) when configs > 1
-    # Autotuner cache name: launches of one fn whose constexprs change the math (fp32
-    # IEEE vs tf32) must not share tuned configs.
+    # Autotuner name: a launch's tuner is also keyed by its constexprs and the GPU
+    # (kernels/tuning.py), so launches whose constexprs change the math (fp32 IEEE vs
+    # tf32, the row ops' OP) never share tuned configs whatever this says.
     tuner: str = ""
     # Tensor operands read by the kernel -> their strides: the names of stride
     # arguments, or the literal 1 for a dimension the kernel walks with contiguous

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.spec import TritonLaunch, interpreter_enabled
+from kernels.tuning import device_identity, make_tuner
 
 # Explicit mantissa bits of the formats whose fp32 -> narrow cast the Triton interpreter
 # gets wrong (seen with triton 3.9: bf16 truncates; fp8 loses the exponent carry when
@@ -168,11 +169,12 @@ def tanh_approx(x):
     return t
 
 
-# One autotuner per (kernel, tuner name, candidate configs), created on first use: its
-# cache of tuned configs lives as long as the process.  The candidates are part of the
-# key because they differ per arch (kernels/matmul.py ARCH_CONFIGS): a tuner built for one
-# GPU's list must never serve another's.
-_TUNERS: dict[tuple[str, str, tuple[str, ...]], object] = {}
+# One autotuner per (kernel, tuner name, candidate configs, device), created on first use
+# (kernels/tuning.py: what its key holds): its cache of tuned configs lives as long as the
+# process.  The candidates are part of the key because they differ per arch
+# (kernels/matmul.py ARCH_CONFIGS): a tuner built for one GPU's list must never serve
+# another's.
+_TUNERS: dict[tuple[str, str, tuple[str, ...], str], object] = {}
 
 
 def config_str(cfg: Any) -> str:
@@ -189,7 +191,15 @@ def config_str(cfg: Any) -> str:
 
 
 def _on_gpu(launch: TritonLaunch) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in launch.args)
+    return _gpu_device(launch) is not None
+
+
+def _gpu_device(launch: TritonLaunch) -> torch.device | None:
+    """The CUDA device of the launch's first CUDA tensor (None: not a GPU launch)."""
+    for a in launch.args:
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            return a.device
+    return None
 
 
 def _scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
@@ -234,11 +244,11 @@ def run_launch(launch: TritonLaunch, config: Any = None) -> Any:
         cfg = (launch.interp_config or launch.configs[0]) if not on_gpu else launch.configs[0]
         _launch_with(launch, cfg, on_gpu)
         return cfg
-    key = (launch.name, launch.tuner, tuple(config_str(c) for c in launch.configs))
+    identity = device_identity(_gpu_device(launch))
+    key = (launch.name, launch.tuner, tuple(config_str(c) for c in launch.configs), identity)
     tuner = _TUNERS.get(key)
     if tuner is None:
-        tuner = triton.autotune(configs=list(launch.configs), key=list(launch.tune_key))(
-            launch.fn)
+        tuner = make_tuner(launch, identity)
         _TUNERS[key] = tuner
     tuner[launch.grid](*launch.args, **launch.constexprs)
     # Set by the autotuner on every call: the config tuned for this key.
