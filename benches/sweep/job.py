@@ -43,6 +43,7 @@ from benches.timing.plan import TimingConfig
 from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
+from kernels.tuning import identity_text, set_device_identity
 from roofline.gate.rules import CompareError, parse_allow
 from roofline.gate.runs import check_baseline
 from roofline.model.ceilings import Ceilings
@@ -292,6 +293,11 @@ def run(args: argparse.Namespace, argv: list[str],
 
     if present.kind == "cuda" and not cfg.target.interpret:
         meta["autotune_on_disk"] = triton_cache.keep_tuning()
+        # Tunings on disk are keyed by this GPU's identity (kernels/tuning.py).
+        clock = (meta.get("nvml_start") or {}).get("max_sm_clock_mhz")
+        meta["tuning_identity"] = identity_text(present.name, present.sms, present.memory_gb,
+                                                present.l2_mb, clock)
+        set_device_identity(meta["tuning_identity"])
     code, stage = 0, "ceilings"
     try:
         with split.phase("write"):
