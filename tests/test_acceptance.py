@@ -219,6 +219,59 @@ def test_versions_and_links_are_judged_against_the_fleet():
     assert (peer["driver"], peer["vbios"], peer["nvlink"]) == (OK, OK, OK)
 
 
+SXM, A100, PCIE = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 PCIe"
+
+
+def fleet_of(gpus: list[tuple[str, list[int], str]]) -> list[dict]:
+    """One record per (host, link states, device name), ranks in order."""
+    recs = []
+    for i, (host, links, name) in enumerate(gpus):
+        r = stressed(FakeNVML(nvlinks=links))
+        r.update(rank=i, local_rank=i, host=host, device_name=name)
+        recs.append(r)
+    return recs
+
+
+def nvlink_check(recs: list[dict], rank: int) -> dict:
+    hosts = sorted({r["host"] for r in recs})
+    nodes = [{"host": h, "ranks": [r["rank"] for r in recs if r["host"] == h],
+              "busbw_gbps": None, "expected_gbps": None} for h in hosts]
+    gpu = next(g for g in ar.judge_fleet(recs, nodes, Thresholds())["gpus"]
+               if g["rank"] == rank)
+    return next(c for c in gpu["checks"] if c["check"] == "nvlink")
+
+
+UP, DOWN = [1] * 18, [0] * 18
+
+
+@pytest.mark.parametrize("gpus, rank, verdict, says", [
+    # An H100 SXM alone on a bare-metal node, its 18 links reported with state 0: no
+    # NVLink in use, not "links down" (the H200 VM answered NotSupported instead).
+    ([("a", DOWN, SXM)], 0, NA, "no NVLink in use: 18 links reported, none up"),
+    # The same GPU beside another on its node: links that should join them are down.
+    ([("a", DOWN, SXM), ("a", DOWN, SXM)], 0, WARN, "none up beside 1 other GPU(s)"),
+    # Alone on its node while an 8-GPU node of the fleet has its 18 links up: nothing
+    # to link to, not CRITICAL.
+    ([("vm", DOWN, SXM)] + [("hgx", UP, SXM)] * 8, 0, NA, "no NVLink in use"),
+    ([("vm", [], SXM)] + [("hgx", UP, SXM)] * 8, 0, NA, "no NVLink in use"),
+    # Some links up and others down: WARN, alone or not.
+    ([("a", [1] * 17 + [0], SXM)], 0, WARN, "1 of 18 reported links down while 17 are up"),
+    # Fewer links than the model has, all of them up, beside other GPUs: WARN.
+    ([("a", [1] * 12, SXM), ("a", [1] * 12, SXM)], 0, WARN, "the NVIDIA H100 SXM5 80GB "
+                                                             "has 18"),
+    # ...but an A100's 12 are its model's count.
+    ([("a", [1] * 12, A100), ("a", [1] * 12, A100)], 0, OK, ""),
+    # A PCIe card whose bridge links are all down beside another card: no NVLink in use.
+    ([("a", DOWN, PCIE), ("a", DOWN, PCIE)], 0, NA, "no NVLink in use: 18 links reported"),
+    # A GPU of an 8-GPU node with fewer links up than its neighbours: CRITICAL.
+    ([("a", [1] * 16 + [0] * 2, SXM)] + [("a", UP, SXM)] * 7, 0, CRITICAL,
+     "16 links up, another GPU of this model has 18"),
+])
+def test_nvlink_is_judged_where_links_are_in_use(gpus, rank, verdict, says):
+    c = nvlink_check(fleet_of(gpus), rank)
+    assert c["verdict"] == verdict and says in c["why"], c
+
+
 # ---- active checks: figures against the medians, equality, busbw -------------------------
 
 def measured(rank: int, host: str, tflops: float, gbps: float = 100.0, digest: str = "d",

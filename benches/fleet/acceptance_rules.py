@@ -8,10 +8,13 @@ driver does not support, a CPU rank) is UNKNOWN, never OK; the worst verdict win
 UNKNOWN ranks below WARN, so a fleet is UNKNOWN only when nothing is WARN or CRITICAL
 and something could not be read.  A check that does not apply to the hardware (NVLink on
 a GPU that NVML says has none, busbw on a node of one GPU) is N/A: shown, never judged,
-so a healthy one-GPU node or a PCIe fleet can still be OK.  No NVLink reported is what
-a PCIe card says, and also an NVLink (SXM) part whose links this machine cannot see, as
-for one GPU passed into a VM: alone on its node that is N/A, beside other GPUs of its
-node WARN.
+so a healthy one-GPU node or a PCIe fleet can still be OK.  A GPU with no NVLink up has
+no NVLink in use: no link reported is what a PCIe card says, and also an NVLink (SXM)
+part whose links this machine cannot see (the H200 passed alone into a VM answered
+NotSupported), while a bare-metal SXM part alone on its node may report every link with
+state 0 (down).  Alone on its node (nothing to link to) or on a model without NVLink
+that is N/A; on an NVLink model beside other GPUs of its node it is WARN (fewer links up
+than the model has).  Some links up and others down is WARN wherever it is.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ THROTTLE_WARN_FRACTION = 0.10
 TEMP_WARN_MARGIN_C = 5.0
 # An enforced power limit this far under the default is a cap someone set.
 POWER_CAP_TOLERANCE = 0.01
+# NVLink links per GPU of the NVLink (SXM) models, by device key: what a GPU beside
+# others on its node should have up.  NVIDIA's datasheets: A100 SXM4 12 third-generation
+# links (600 GB/s); H100 and H200 SXM 18 fourth-generation (900 GB/s); B200 and GB200 18
+# fifth-generation (1.8 TB/s).
+NVLINK_LINKS = {"a100": 12, "h100": 18, "h200": 18, "b200": 18, "gb200": 18}
 
 
 @dataclass(frozen=True)
@@ -92,10 +100,13 @@ def rules(t: Thresholds) -> tuple[Rule, ...]:
              "under the stress (an idle GPU lowers its link speed)", "generation below "
              "the maximum of GPU and host", "width below the maximum", "Imbue (PCIe link "
              "width and speed)"),
-        Rule("nvlink", "nvmlDeviceGetNvLinkState of every link the GPU reports",
-             "a reported link down, as on every GPU of this model; or no link reported on "
-             "an NVLink (SXM) model beside other GPUs of its node", "fewer links up than "
-             "another GPU of the same model in the fleet", "Imbue (NVLink up)"),
+        Rule("nvlink", "nvmlDeviceGetNvLinkState of every link the GPU reports; none up "
+             "is no NVLink in use (N/A) on a GPU alone on its node or of a model without "
+             "NVLink", "some reported links up and others down; or, beside other GPUs of "
+             "its node, fewer links up than its NVLink model has (" + ", ".join(
+                 f"{k} {v}" for k, v in NVLINK_LINKS.items()) + ")", "fewer links up than "
+             "another GPU of the same model beside others on its node", "Imbue (NVLink "
+             "up)"),
         Rule("throttle", "clock-event reasons sampled every 0.1 s during the stress "
              f"({', '.join(THROTTLE_REASONS)}; sw_power_cap reported only)",
              f"one of them in >= {THROTTLE_WARN_FRACTION:.0%} of the busy readings", "-",
@@ -227,31 +238,36 @@ def pcie_link(r: dict[str, Any]) -> Check:
 
 
 def nvlink(r: dict[str, Any], most_up: int | None, model: str | None = None,
-           neighbours: int = 0) -> Check:
-    """`most_up`: the most links up on any GPU of the same model in the fleet; `model`:
-    the device model's name when it is an NVLink (SXM) part, else None; `neighbours`:
-    the other GPUs of its node."""
+           neighbours: int = 0, expected: int | None = None) -> Check:
+    """`most_up`: the most links up on any GPU of the same model beside others on its
+    node; `model`: the device model's name when it is an NVLink (SXM) part, else None;
+    `neighbours`: the other GPUs of its node; `expected`: the links the model has."""
     links, up = r.get("nvlink_links"), r.get("nvlink_up")
-    if links == 0 and not most_up:
-        if model is None:
-            return Check("nvlink", "none", NA, "NVML reports no NVLink: a PCIe card, or "
-                         "links not visible (as for one GPU in a VM)")
-        if not neighbours:
-            return Check("nvlink", "none", NA, f"NVML reports no NVLink, though the "
-                         f"{model} has it: links not visible, as for one GPU in a VM "
-                         "(alone on its node, nothing to link to)")
-        return Check("nvlink", "none", WARN, f"NVML reports no NVLink beside {neighbours} "
-                     f"other GPU(s) of its node, though the {model} has it: links not "
-                     "visible (a VM) or not set up")
     if links is None or up is None:
         return _unknown("nvlink", "no NVLink state readable")
     value = f"{up}/{links} up" if links else "none"
-    if most_up is not None and up < most_up:
+    seen = (f"{links} links reported, none up" if links
+            else "NVML reports no NVLink")
+    if neighbours and most_up and up < most_up:
         return Check("nvlink", value, CRITICAL, f"{up} links up, another GPU of this "
                                                  f"model has {most_up}")
+    if up == 0:
+        if model is not None and neighbours:
+            return Check("nvlink", value, WARN, f"{seen} beside {neighbours} other GPU(s) "
+                         f"of its node, though the {model} has "
+                         f"{expected or 'NVLink'} links: not visible (a VM) or not set up")
+        if model is None:
+            return Check("nvlink", value, NA, f"no NVLink in use: {seen} (a PCIe card, or "
+                         "links not visible, as for one GPU in a VM)")
+        return Check("nvlink", value, NA, f"no NVLink in use: {seen}, though the {model} "
+                     "has it: links not visible or down, as for one GPU in a VM (alone on "
+                     "its node, nothing to link to)")
     if up < links:
-        return Check("nvlink", value, WARN, f"{links - up} reported links down (on every "
-                                              "GPU of this model)")
+        return Check("nvlink", value, WARN, f"{links - up} of {links} reported links down "
+                                              f"while {up} are up")
+    if model is not None and neighbours and expected and up < expected:
+        return Check("nvlink", value, WARN, f"{up} links up beside {neighbours} other "
+                     f"GPU(s) of its node; the {model} has {expected}")
     return Check("nvlink", value, OK)
 
 
@@ -384,15 +400,22 @@ def _model(r: dict[str, Any]) -> str:
     return str(r.get("device_name"))
 
 
-def _nvlink_model(r: dict[str, Any]) -> str | None:
-    """The device model's name where it is joined by NVLink (an SXM part: the device
-    table gives it an NVLink figure), else None; by the rank's device key, else its
-    name."""
+def _nvlink_model(r: dict[str, Any]) -> tuple[str | None, int | None]:
+    """(the device model's name, its NVLink links) where it is joined by NVLink (an SXM
+    part: the device table gives it an NVLink figure), else (None, None); by the rank's
+    device key, else its name."""
     from roofline.model.devices import DEVICES, match_sku
 
     key = r.get("device_key") or match_sku(_model(r))
     model = DEVICES.get(key)
-    return model.name if model is not None and model.nvlink_gbps else None
+    if model is None or not model.nvlink_gbps:
+        return None, None
+    return model.name, NVLINK_LINKS.get(model.key)
+
+
+def _neighbours(r: dict[str, Any], fleet: list[dict[str, Any]]) -> int:
+    """The other ranks of r's node."""
+    return sum(x["host"] == r["host"] for x in fleet) - 1
 
 
 def _passive(r: dict[str, Any], fleet: list[dict[str, Any]]) -> list[Check]:
@@ -401,12 +424,15 @@ def _passive(r: dict[str, Any], fleet: list[dict[str, Any]]) -> list[Check]:
         why = r.get("nvml_why") or "no NVML reading"
         return [_unknown(name, why) for name in PASSIVE]
     peers = [x for x in fleet if _model(x) == _model(r) and x.get("nvml")]
-    ups = [x["nvml"].get("nvlink_up") for x in peers]
+    # Links are compared among GPUs beside others on their node: one alone on its node
+    # has nothing to link to, whatever its links say.
+    ups = [x["nvml"].get("nvlink_up") for x in peers if _neighbours(x, fleet)]
     most_up = max((u for u in ups if u is not None), default=None)
     drivers = [(x.get("nvml") or {}).get("driver") for x in fleet]
-    neighbours = sum(x["host"] == r["host"] for x in fleet) - 1
+    model, expected = _nvlink_model(r)
     return [ecc_mode(nv), ecc_errors(nv), memory_retire(nv), pcie_link(nv),
-            nvlink(nv, most_up, _nvlink_model(r), neighbours), throttle(s), power_limit(nv),
+            nvlink(nv, most_up, model, _neighbours(r, fleet), expected), throttle(s),
+            power_limit(nv),
             temperature(nv, s),
             agreement("driver", nv.get("driver"), drivers, CRITICAL),
             agreement("vbios", nv.get("vbios"), [x["nvml"].get("vbios") for x in peers],
