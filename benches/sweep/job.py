@@ -65,6 +65,7 @@ from roofline.model.schema import (
     parse_row_key,
     row_key,
 )
+from roofline.model.versions import check_versions, warning_line
 from roofline.report.summary import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
@@ -240,6 +241,9 @@ def run(args: argparse.Namespace, argv: list[str],
     model, warnings = resolve(args.device, present)
     for w in warnings:
         console.print(f"[yellow]warning[/yellow]: {w}")
+    untested = warning_line(check_versions())
+    if untested:
+        console.print(f"[yellow]warning[/yellow]: {untested}")
     if model.kind == "cpu" and present.kind != "cpu":
         present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
     if model.kind == "cpu" and not args.check_only:

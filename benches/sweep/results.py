@@ -30,6 +30,7 @@ from roofline.model.schema import (
     SAMPLES,
     atomic_write_text,
 )
+from roofline.model.versions import check_versions
 
 
 def head_commit() -> str | None:
@@ -118,6 +119,8 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "torch": torch.__version__,
         "triton": triton_v,
         "triton_interpret": cfg.target.interpret,
+        # installed dependencies outside pyproject.toml's (tested) bounds; [] when none
+        "version_warnings": [str(p) for p in check_versions()],
         "platform": platform.platform(),
         "git_commit": head_commit(),
         "command": " ".join([Path(sys.executable).name, *argv]),
