@@ -86,12 +86,13 @@ def ceiling_timer(device: str, l2_flush: bool = True) -> str:
     calls; on a GPU CUDA events with the L2 flushed before each call (the DRAM copy, the
     matmuls), except the cache copy (`l2_flush` False), replayed in a CUDA graph.
 
-    Why the graph: the cache copy's 15 MiB copies take ~3.3 us each on an H200 (its
-    measured 4.73-4.88 TB/s), only 0.37-0.47 us under the DRAM copy's 3.69 us (4.26
-    TB/s).  Launched eagerly, each copy also pays the stream's per-launch cost on the GPU
-    (a fraction of a us even with every launch already queued, more than a graph node's),
-    which is that margin, and the cache roof would fall under DRAM's and be left out; a
-    graph's nodes run back to back, as the measurements above were taken."""
+    Why the graph: the cache copy's copies (15 MiB moved each) take ~3.3 us each on an
+    H200 (4.73-4.88 TB/s, measured in CUDA-graph replays), only 0.37-0.47 us under the
+    DRAM copy's 3.69 us (4.26 TB/s).  Eager launches cannot leave host gaps in a sample
+    (time_warm's padding lets the host queue all of a sample's launches first), but each
+    queued stream launch still costs the GPU more between kernels than a graph node
+    does, a fraction of a us: about that margin, so the cache roof could fall under
+    DRAM's and be left out."""
     if device != "cuda":
         return TIMER_CPU
     return TIMER_FLUSHED if l2_flush else TIMER_GRAPH
