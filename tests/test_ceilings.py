@@ -167,7 +167,7 @@ def test_the_gpu_cache_copy_is_replayed_in_a_graph_of_its_calls(monkeypatch) -> 
 
 # An H200 (2026-11-26): the DRAM copy of 1 GiB at 4,260 GB/s; the cache copy, 50 copies of
 # 7.5 MiB (15 MiB moved each), at 3.3 us a copy in CUDA-graph replays (4,770 GB/s).  Eager
-# launches of the same copies with a stream's per-launch cost of 1 us added to each run
+# launches of the same copies with an assumed per-launch cost of 1 us added to each run
 # at 4.3 us a copy (3,660 GB/s): under the DRAM copy's 3.69 us.
 H200 = Present("h200", "NVIDIA H200", "cuda", capability=(9, 0), sms=132, l2_mb=60.0)
 COPY_MS = 2 * 2**30 / 4260e9 * 1e3
