@@ -1,5 +1,6 @@
-"""roofline.compare on synthetic pairs of runs: verdicts from raw samples, the gate's
-semantics and exit codes, re-timing, reports, baseline validation and promote."""
+"""The regression gate (roofline/gate/) on synthetic pairs of runs: verdicts from raw
+samples, the gate's semantics and exit codes, re-timing, reports, baseline validation,
+promote, and the compare and promote command lines."""
 
 from __future__ import annotations
 
