@@ -3,7 +3,7 @@
 Sections, in order: run facts (device, date, versions, command), ceilings (datasheet and
 measured side by side, with ridge points), the two figures, row counts, the best ok point
 per (kernel, dtype), Triton/torch ratios, warm against cold (runs timed both ways),
-failed rows, skipped reasons.  Only ok rows
+failed rows, skipped reasons, the timing settings.  Only ok rows
 enter the performance tables: a failed row's speed belongs to a wrong answer.
 """
 
@@ -42,6 +42,7 @@ from roofline.report.findings import (
     warm_rows,
 )
 from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops
+from roofline.report.timing_settings import timing_settings
 
 
 def _num(x: Any) -> str:
@@ -122,9 +123,8 @@ def _run_facts(meta: dict[str, Any]) -> str:
 
     versions = ", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "triton", "cuda",
                                                    "driver") if meta.get(k))
-    timing = meta.get("timing")
-    if isinstance(timing, dict):
-        timing = ", ".join(f"{k}={val}" for k, val in timing.items())
+    # Settings recorded as a mapping get a table of their own (_timing_section).
+    timing = None if isinstance(meta.get("timing"), dict) else meta.get("timing")
     command = v("command")
     name, model = v("device_name", "gpu_name"), v("device_model")
     facts: list[tuple[str, Any]] = [
@@ -175,6 +175,16 @@ def time_split_line(meta: dict[str, Any]) -> str | None:
     tail = ", ".join(f"{k} {v:.0f}" for v, k in rest)
     return (f"timing {finite_or_none(split.get('timing')) or 0.0:.0f} s of {wall:.0f} s"
             + (f" ({tail})" if tail else ""))
+
+
+def _timing_section(meta: dict[str, Any]) -> str | None:
+    """The run's timing settings, one row each with what it means; None for a run that
+    did not record them as a mapping (its `timing` fact says what it recorded)."""
+    timing = meta.get("timing")
+    if not isinstance(timing, dict) or not timing:
+        return None
+    rows = [[f"`{s.name}`", s.value, s.meaning] for s in timing_settings(timing)]
+    return md_table(["setting", "value", "what it means"], rows)
 
 
 def _mhz(v: Any) -> str | None:
@@ -432,6 +442,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",
         _skipped_section(d),
+        *(["## Timing settings", timing] if (timing := _timing_section(meta)) else []),
     ]
     return "\n\n".join(parts) + "\n"
 
