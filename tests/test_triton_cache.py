@@ -4,10 +4,16 @@ results.  No GPU here: the workers' compile is faked where it would need one."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-import multiprocessing
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import triton
@@ -18,6 +24,8 @@ from benches.sweep.cases import build_cases
 from kernels import REGISTRY, Target
 from kernels.triton_utils import config_str
 from tests.test_measurement import gpu_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _quick_gpu_cfg(**kw):
@@ -63,24 +71,120 @@ def test_a_case_compiles_each_launch_with_each_candidate(monkeypatch):
     assert got != [(ln.name, config_str(c)) for ln in default for c in ln.configs]
 
 
-def _fake_compile(kernel, dtype, shape, sms, capability, fp8_mode):
-    if kernel == "boom":
-        raise RuntimeError("ptxas failed")
-    return len(shape)
+FAKES = "tests.compile_ahead_fakes"
 
 
-def test_the_workers_run_until_stopped_and_say_what_they_did():
-    ctx = multiprocessing.get_context("fork")
+def test_the_workers_share_the_jobs_and_say_what_they_did():
+    """Each job compiled once by one of the workers (claimed in run order), a failure
+    counted, and the workers gone once there is nothing left."""
     jobs = [("add", "fp32", {"n": 4096}, 132, (9, 0)), ("boom", "bf16", {"n": 1}, 132, None),
             ("matmul", "bf16", {"M": 1, "N": 1, "K": 1}, 132, (9, 0))]
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast", context=ctx,
-                                      compile_fn=_fake_compile)
-    for r in ahead.results:
-        r.wait(30)
+    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=f"{FAKES}:counted")
+    for proc in ahead.procs:
+        assert proc.wait(60) == 0  # exits when no job is left
+    claims = Path(ahead.claims)
+    assert sorted(p.name for p in claims.iterdir()) == ["0", "1", "2"]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
                             "kernels_compiled": 4}
-    with pytest.raises(ValueError):  # terminated: takes no more work
-        ahead.pool.apply_async(_fake_compile, ("add", "fp32", {}, 0, None, "fast"))
+    assert not claims.exists()
+    assert ahead.stop()["cases_done"] == 2  # once stopped, stays stopped
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# A sweep as run_bench runs one: compile-ahead workers started, then a wait inside the
+# sweep's signal handling (as the ceilings are measured) that a signal ends, then stop().
+SWEEP = """
+import json, sys, time
+from pathlib import Path
+from benches.sweep import triton_cache
+from benches.sweep.interrupt import Terminated, signals_raise
+
+pids_file = sys.argv[1]
+jobs = [("k", pids_file, {"s": s}, 132, (9, 0)) for s in (0.2, 300)]
+ahead = triton_cache.CompileAhead(jobs, 2, "fast",
+                                  compile_fn="tests.compile_ahead_fakes:like_ptxas")
+# ready: both jobs started, the short one done (its worker has no more work)
+while len(Path(pids_file).read_text().split() if Path(pids_file).exists() else []) < 3:
+    time.sleep(0.05)
+print(json.dumps([p.pid for p in ahead.procs]), flush=True)
+try:
+    with signals_raise():
+        time.sleep(120)
+except (Terminated, KeyboardInterrupt) as e:
+    print("signalled", type(e).__name__, flush=True)
+t0 = time.monotonic()
+print("stopped", json.dumps(ahead.stop()), round(time.monotonic() - t0, 2), flush=True)
+"""
+
+
+def _start_sweep(tmp_path: Path) -> tuple[subprocess.Popen, list[int], list[int]]:
+    pids_file = tmp_path / "children"
+    sweep = subprocess.Popen([sys.executable, "-c", SWEEP, str(pids_file)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # its own group, as under `timeout`
+    assert sweep.stdout is not None
+    workers = json.loads(sweep.stdout.readline() or "null")
+    assert workers, sweep.stderr.read() if sweep.stderr else ""
+    return sweep, workers, [int(p) for p in pids_file.read_text().split() if p.isdigit()]
+
+
+@pytest.mark.parametrize("who", ["the sweep's group", "the workers' groups"])
+def test_a_sigterm_to_the_group_leaves_stop_returning_and_nothing_running(tmp_path, who):
+    """SIGTERM to the sweep's whole process group (a CI runner's cancel, `timeout`) while
+    the workers compile, or to the workers' own groups: stop() returns within its grace
+    and no worker, nor the ptxas-like child it ran, is left running.  (The
+    multiprocessing.Pool the workers were before hung here for good: a worker killed
+    while it waited for a task held the pool's queue lock, which Pool.terminate()
+    waits for.)"""
+    sweep, workers, children = _start_sweep(tmp_path)
+    try:
+        if who == "the sweep's group":
+            os.killpg(sweep.pid, signal.SIGTERM)
+        else:
+            for pid in workers:
+                os.killpg(pid, signal.SIGTERM)
+            time.sleep(0.5)
+            os.kill(sweep.pid, signal.SIGTERM)
+        out, _ = sweep.communicate(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert "signalled Terminated" in out
+    stopped = out.split("stopped ", 1)[1].split()
+    assert float(stopped[-1]) < triton_cache.STOP_GRACE_S + 1.0
+    assert json.loads(" ".join(stopped[:-1]))["workers"] == 2
+    assert _gone_within(workers + children, 5.0)
+
+
+def test_a_worker_dies_with_the_sweep_that_started_it(tmp_path):
+    """The sweep killed outright (SIGKILL: `timeout --kill-after`): its workers and their
+    ptxas-like children are gone within seconds, not compiling on into the next step."""
+    sweep, workers, children = _start_sweep(tmp_path)
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.wait(10)
+    try:
+        assert _gone_within(workers + children, 10.0)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_workers_default_to_half_the_cores_shared_by_the_ranks(monkeypatch):
@@ -129,3 +233,95 @@ def test_this_triton_s_autotuner_reads_the_knob_when_made():
 
     assert "knobs.autotuning.cache" in inspect.getsource(Autotuner.__init__)
     assert "cache_results" in inspect.signature(triton.autotune).parameters
+
+
+# ---- what a worker's compile asks of the GPU --------------------------------------------
+
+# A worker's compile (compile_case: JITFunction.warmup of each launch x config) for sm_90
+# against a driver that records every question, in a process without the interpreter.
+ASKED = """
+import json, os, sys
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+asked = []
+
+class Recording:
+    def get_current_target(self):
+        asked.append("get_current_target")
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        asked.append("get_current_device")
+        return 0
+
+    def get_current_stream(self, device=None):
+        asked.append("get_current_stream")
+        return 0
+
+    def __getattr__(self, name):
+        asked.append(name)
+        raise AttributeError(name)
+
+driver.set_active(Recording())
+from benches.sweep.triton_cache import compile_case
+n = compile_case("add", "fp32", {"n": 4096}, 132, (9, 0), "fast")
+print(json.dumps({"compiled": n, "asked": sorted(set(asked)),
+                  "cached": len(os.listdir(os.environ["TRITON_CACHE_DIR"]))}))
+"""
+
+
+def test_a_workers_compile_asks_the_driver_nothing_that_needs_a_context(tmp_path):
+    """Triton's warmup (3.6 and 3.9) asks the driver for the current device, stream and
+    target only, and writes the compiled kernel to its cache: it loads nothing onto the
+    GPU (a module load, which needs a CUDA context, waits for the first launch:
+    CompiledKernel._init_handles).  On a GPU those three are torch.cuda.current_device,
+    the current stream's handle and the device's capability, which create no context
+    either (test_a_workers_compile_creates_no_cuda_context checks it there)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    p = subprocess.run([sys.executable, "-c", ASKED], cwd=ROOT, env=env, timeout=300,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert got["compiled"] == 1 and got["cached"] >= 1
+    assert got["asked"] == ["get_current_device", "get_current_stream",
+                            "get_current_target"]
+
+
+NO_CONTEXT = """
+import json
+import torch
+from benches.sweep.triton_cache import compile_case
+cc = torch.cuda.get_device_capability(0)
+n = compile_case("add", "fp32", {"n": 4096}, 132, cc, "fast")
+print(json.dumps({"compiled": n, "context": torch._C._cuda_hasPrimaryContext(0)}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_workers_compile_creates_no_cuda_context(tmp_path):
+    """On the GPU itself: a fresh process that compiles as a worker does holds no CUDA
+    context afterwards (no GPU memory, nothing beside the ceilings being measured)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    p = subprocess.run([sys.executable, "-c", NO_CONTEXT], cwd=ROOT, env=env, timeout=300,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == {"compiled": 1, "context": False}
+
+
+@pytest.mark.parametrize("interpret", ["1", None])
+def test_a_worker_runs_the_real_compile_function(monkeypatch, interpret):
+    """The default worker imports and runs compile_case: under the interpreter its
+    warmup compiles nothing and returns (one launch x config counted); without it and
+    without a GPU driver it fails, and the failure is counted."""
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    ahead = triton_cache.CompileAhead([("add", "fp32", {"n": 4096}, 132, (9, 0))], 4, "fast")
+    assert ahead.workers == 1  # never more workers than jobs
+    assert ahead.procs[0].wait(120) == 0
+    done = ahead.stop()
+    assert (done["cases_done"], done["cases_failed"]) == ((1, 0) if interpret else (0, 1))

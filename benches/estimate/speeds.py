@@ -43,15 +43,15 @@ class DeviceSpeed:
     # samples, their L2 flushes included.
     tune_candidate_s: float = 0.14
     # Worker processes compiling ahead (benches/sweep/triton_cache.py: half the cores, at
-    # most 8; the H200's host has 16), and how long a spawned worker takes from the pool's
-    # start to its first compile: the interpreter, torch, Triton, run_bench's imports as
-    # the spawned __mp_main__, the kernels.  Measured on the 2-core CPU VM (triton 3.6,
-    # 2026-11-26, load average 9): 6.0-6.5 s wall for one worker, 12.6-13.5 s for two
-    # (2.7 s of it CPU time); a GPU host's torch loads its CUDA libraries on top.  The
-    # workers compile only while the ceilings are measured, so they hide
-    # (ceilings - start-up) x workers of compiles, nothing where the ceilings take less.
+    # most 8; the H200's host has 16), and how long a worker takes from its start to its
+    # first compile: the interpreter, torch, Triton, the kernels, the case's launches.
+    # Measured on the 2-core CPU VM (triton 3.6, 2026-11-26, load average 10): 3.9-4.2 s
+    # for one worker, 4.2 s for two (1.9 s of it CPU time); a GPU host's torch loads its
+    # CUDA libraries on top.  The workers compile only while the ceilings are measured,
+    # so they hide (ceilings - start-up) x workers of compiles, nothing where the
+    # ceilings take less.
     compile_workers: int = 8
-    compile_worker_startup_s: float = 6.0
+    compile_worker_startup_s: float = 4.0
     # A CUDA-graph capture per captured call, in units of the call's host dispatch (the
     # same Python and launch path, recorded instead of run).
     capture_per_host: float = 0.5

@@ -13,24 +13,45 @@ which a CI runner can keep between jobs:
 - `CompileAhead`: every Triton launch of the sweep's cases, with each of its candidate
   configs, compiled by `JITFunction.warmup` (Triton's own launch path up to the
   launch: the same binder, specializations and options, hence the same cache entries
-  the sweep's first calls look up) on meta tensors, in GPUBENCH_COMPILE_WORKERS spawned
-  processes (default: half the cores, shared by a node's ranks; 0: off).  It runs only
-  while the main process measures the ceilings, on the GPU and not the host's cores the
-  workers use; whatever is not compiled by then is stopped (Triton writes a cache entry
-  whole or not at all), and the sweep compiles it in turn as before.  A worker's
-  failure is only counted: the sweep's own compile says what is wrong.
+  the sweep's first calls look up) on meta tensors, in GPUBENCH_COMPILE_WORKERS worker
+  processes (benches/sweep/compile_worker.py; default: half the cores, shared by a
+  node's ranks; 0: off).  It runs only while the main process measures the ceilings,
+  on the GPU and not the host's cores the workers use; whatever is not compiled by then
+  is stopped (Triton writes a cache entry whole or not at all), and the sweep compiles
+  it in turn as before.  A worker's failure is only counted: the sweep's own compile
+  says what is wrong.
+
+  The workers create no CUDA context: warmup asks Triton's driver for the current
+  device, stream and target only (torch.cuda.current_device, the current stream's
+  handle, the device's capability), and loads a compiled kernel onto the GPU only at
+  its first launch, which warmup never makes (tests/test_triton_cache.py: the questions
+  recorded on a CPU, no primary context on a GPU).  Each worker runs in a session of
+  its own and is stopped by SIGKILL to its process group, ptxas included; one whose
+  parent dies kills its own group.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import json
 import os
-from collections.abc import Callable
-from typing import Any
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
 
-from benches.sweep.cases import Case, RunConfig
+if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
+    from benches.sweep.cases import Case, RunConfig
 
 WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
+# What a worker runs for each job ("module:name", imported in the worker).
+COMPILE_FN = "benches.sweep.triton_cache:compile_case"
+# How long stop() waits for the killed workers and their last result lines.
+STOP_GRACE_S = 5.0
 
 
 def keep_tuning() -> bool:
@@ -107,27 +128,91 @@ def default_workers() -> int:
 
 
 class CompileAhead:
-    """Worker processes compiling `jobs` (compile_jobs) until stop()."""
+    """Worker processes compiling `jobs` (compile_jobs) until stop().
 
-    def __init__(self, jobs: list[Job], workers: int,
-                 fp8_mode: str, context: Any = None,
-                 compile_fn: Callable[..., int] = compile_case) -> None:
-        ctx = context or multiprocessing.get_context("spawn")
+    Each worker (benches/sweep/compile_worker.py) runs in a session of its own, so a
+    signal to the sweep's process group (Ctrl-C, `timeout`, a CI runner's cancel) never
+    reaches it or the ptxas it runs: the sweep alone stops them, by SIGKILL to each
+    worker's group, ptxas included, and nothing the workers hold (a pool's queue lock,
+    the death of which hung multiprocessing.Pool.terminate) can keep stop() waiting.  A
+    worker whose parent dies kills its own group (its stdin ends)."""
+
+    def __init__(self, jobs: list[Job], workers: int, fp8_mode: str,
+                 compile_fn: str = COMPILE_FN) -> None:
         self.jobs = len(jobs)
         self.workers = min(workers, len(jobs))
-        self.pool = ctx.Pool(self.workers)
-        self.results = [self.pool.apply_async(compile_fn, (*job, fp8_mode)) for job in jobs]
+        self.procs: list[subprocess.Popen] = []
+        self.stopped: dict[str, int] | None = None
+        self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
+        order = json.dumps({"jobs": jobs, "fp8_mode": fp8_mode, "claims": self.claims,
+                            "compile": compile_fn}) + "\n"
+        # The worker imports what this process can (the tests' fakes included).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        try:
+            for _ in range(self.workers):
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "benches.sweep.compile_worker"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                self.procs.append(proc)
+                assert proc.stdin is not None
+                proc.stdin.write(order.encode())
+                proc.stdin.flush()  # stdin stays open: its end tells the worker to die
+        except BaseException:
+            self.stop()
+            raise
 
-    def stop(self) -> dict[str, int]:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int]:
         """Stop the workers (what they have not compiled is left to the sweep); what was
-        done, for the run's metadata."""
-        done = [r for r in self.results if r.ready()]
-        ok = [r for r in done if r.successful()]
-        compiled = sum(r.get() for r in ok)
-        self.pool.terminate()
-        self.pool.join()
-        return {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
-                "cases_failed": len(done) - len(ok), "kernels_compiled": compiled}
+        done, for the run's metadata.  Returns within about `grace_s`."""
+        if self.stopped is not None:
+            return self.stopped
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its session's group: ptxas too
+        lines: list[dict[str, Any]] = []
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            lines += _result_lines(proc, deadline)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        shutil.rmtree(self.claims, ignore_errors=True)
+        ok = [ln for ln in lines if "compiled" in ln]
+        self.stopped = {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
+                        "cases_failed": len(lines) - len(ok),
+                        "kernels_compiled": sum(int(ln["compiled"]) for ln in ok)}
+        return self.stopped
+
+
+def _result_lines(proc: subprocess.Popen, deadline: float) -> list[dict[str, Any]]:
+    """The whole result lines a stopped worker wrote (a line cut by the kill is not
+    one), read without waiting past `deadline`."""
+    if proc.stdout is None:
+        return []
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    proc.stdout.close()
+    out = []
+    for line in data.split(b"\n")[:-1]:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return [ln for ln in out if isinstance(ln, dict) and "job" in ln]
 
 
 def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,

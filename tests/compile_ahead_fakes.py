@@ -1,0 +1,27 @@
+"""Compile functions a compile-ahead worker runs in tests (benches/sweep/compile_worker.py
+imports them by name): standard library only, so a worker starts in a blink."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def counted(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+            capability: tuple[int, int] | None, fp8_mode: str) -> int:
+    """Compiles len(shape) kernels; the kernel "boom" fails."""
+    if kernel == "boom":
+        raise RuntimeError("ptxas failed")
+    return len(shape)
+
+
+def like_ptxas(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+               capability: tuple[int, int] | None, fp8_mode: str) -> int:
+    """Runs a child process for shape["s"] seconds, as a compile runs ptxas; its pid is
+    written to the file `dtype` as it starts, "done" once it has ended."""
+    child = subprocess.Popen(["sleep", str(shape["s"])])
+    with open(dtype, "a") as f:
+        f.write(f"{child.pid}\n")
+    child.wait()
+    with open(dtype, "a") as f:
+        f.write("done\n")
+    return 1
