@@ -1,7 +1,12 @@
 """What is measured: one module per kernel family (Triton kernel, torch implementation,
-spec with FLOP/byte formulas, inputs and float64 reference), the facts about dtypes, and
-the registry.  Imports nothing from the other packages.  Adding a kernel = one module +
-one line in _registry below.
+spec with FLOP/byte formulas, inputs, float64 reference and shape group), the facts about
+dtypes, and the registry.  Imports nothing from the other packages.  Adding a kernel = one
+module + one line in _registry below (docs/adding-a-kernel.md).
+
+The registry's order is the canonical kernel order: the sweep runs the families in it
+(so a GPU job step with a time budget, cut short, has measured the first ones: keep the
+existing entries' order and append new families), and the reports
+(roofline.model.rows.kernel_order) list and draw them in it.
 
 The family modules load on first use of REGISTRY, not on `import kernels`: loading them
 decorates their Triton kernels, which fixes for the whole process whether Triton compiles
@@ -21,23 +26,34 @@ PROVIDERS: tuple[str, ...] = ("torch", "triton")
 def _registry() -> dict[str, KernelSpec]:
     from kernels import add, attention, dot, gelu, matmul, matvec, mul, rowops
 
-    return {
-        spec.name: spec
-        for spec in [
-            add.SPEC,
-            mul.SPEC,
-            gelu.SPEC,
-            gelu.SPEC_ERF,
-            dot.SPEC,
-            matvec.SPEC,
-            matmul.SPEC,
-            rowops.SOFTMAX_SPEC,
-            rowops.LAYERNORM_SPEC,
-            rowops.RMSNORM_SPEC,
-            attention.SPEC,
-            attention.SPEC_BWD,
-        ]
-    }
+    return checked([
+        add.SPEC,
+        mul.SPEC,
+        gelu.SPEC,
+        gelu.SPEC_ERF,
+        dot.SPEC,
+        matvec.SPEC,
+        matmul.SPEC,
+        rowops.SOFTMAX_SPEC,
+        rowops.LAYERNORM_SPEC,
+        rowops.RMSNORM_SPEC,
+        attention.SPEC,
+        attention.SPEC_BWD,
+    ])
+
+
+def checked(specs: list[KernelSpec]) -> dict[str, KernelSpec]:
+    """The specs by name, in order; ValueError for a name given twice or a spec without a
+    shape group (it would have no sizes to be swept at)."""
+    registry: dict[str, KernelSpec] = {}
+    for spec in specs:
+        if spec.name in registry:
+            raise ValueError(f"kernel {spec.name} is registered twice")
+        if spec.shape_group is None:
+            raise ValueError(f"kernel {spec.name} declares no shape group "
+                             "(KernelSpec.shape_group)")
+        registry[spec.name] = spec
+    return registry
 
 
 def __getattr__(name: str) -> Any:

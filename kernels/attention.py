@@ -54,6 +54,7 @@ from kernels.attention_triton import (
     triton_launches_fwd,
 )
 from kernels.dot import product_out_dtype
+from kernels.shape_groups import ATTENTION
 from kernels.spec import (
     DTYPES,
     Inputs,
@@ -296,6 +297,7 @@ def _spec(name: str, description: str, flops: Callable[[Shape, str], int],
         matrix_unit=True,
         description=description,
         triton_launches=triton_launches_bwd if grad else triton_launches_fwd,
+        shape_group=ATTENTION,
     )
 
 

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.shape_groups import VECTOR
 from kernels.spec import (
     DTYPES,
     PLAIN_DTYPES,
@@ -182,4 +183,5 @@ SPEC = KernelSpec(
     },
     description="inner product of two vectors",
     triton_launches=triton_launches,
+    shape_group=VECTOR,
 )

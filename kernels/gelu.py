@@ -20,6 +20,7 @@ has the SASS before and after.
 """
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels.elementwise import elementwise_spec
+from kernels.shape_groups import VECTOR
 from kernels.triton_utils import tanh_approx
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -73,7 +75,7 @@ def _gelu_erf(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.erf(x * INV_SQRT_2))
 
 
-SPEC = elementwise_spec(
+SPEC = replace(elementwise_spec(
     name="gelu",
     arity=1,
     triton_op=gelu_tanh_op,
@@ -83,9 +85,9 @@ SPEC = elementwise_spec(
     flops_note="tanh form: 8 arithmetic + 1 tanh per element",
     out_bound=lambda ax: ax,  # |gelu(x)| <= |x|
     description="GELU, tanh approximation",
-)
+), shape_group=VECTOR)
 
-SPEC_ERF = elementwise_spec(
+SPEC_ERF = replace(elementwise_spec(
     name="gelu_erf",
     arity=1,
     triton_op=gelu_erf_op,
@@ -95,4 +97,4 @@ SPEC_ERF = elementwise_spec(
     flops_note="erf form: 4 arithmetic + 1 erf per element",
     out_bound=lambda ax: ax,
     description="GELU, exact erf form",
-)
+), shape_group=VECTOR)

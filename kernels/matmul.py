@@ -31,6 +31,7 @@ import triton.language as tl
 
 from kernels import blockscaled, matmul_blockscaled
 from kernels.dot import FP8, product_out_dtype
+from kernels.shape_groups import MATMUL
 from kernels.spec import (
     DTYPE_NAMES,
     DTYPES,
@@ -410,4 +411,5 @@ SPEC = KernelSpec(
     matrix_unit=True,
     description="matrix-matrix product (GEMM)",
     triton_launches=triton_launches,
+    shape_group=MATMUL,
 )

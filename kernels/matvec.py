@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels.dot import DOT_DTYPES, FP8, product_out_dtype
+from kernels.shape_groups import MATVEC
 from kernels.spec import (
     DTYPES,
     Inputs,
@@ -153,4 +154,5 @@ SPEC = KernelSpec(
     },
     description="matrix-vector product (GEMV)",
     triton_launches=triton_launches,
+    shape_group=MATVEC,
 )

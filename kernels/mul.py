@@ -1,10 +1,13 @@
 """mul: out = x * y, elementwise."""
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels.elementwise import elementwise_spec
+from kernels.shape_groups import VECTOR
 
 
 @triton.jit
@@ -12,7 +15,7 @@ def mul_op(x, y, APPROX: tl.constexpr):
     return x * y
 
 
-SPEC = elementwise_spec(
+SPEC = replace(elementwise_spec(
     name="mul",
     arity=2,
     triton_op=mul_op,
@@ -22,4 +25,4 @@ SPEC = elementwise_spec(
     flops_note="one multiply per element",
     out_bound=lambda ax, ay: ax * ay,
     description="elementwise x * y",
-)
+), shape_group=VECTOR)

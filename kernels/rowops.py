@@ -53,6 +53,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.shape_groups import ROWOP
 from kernels.spec import DTYPES, Inputs, KernelSpec, Provider, Shape, TritonLaunch, randn
 from kernels.triton_utils import round_for_store, run_launch, store_round_bits
 
@@ -336,6 +337,7 @@ def rowop_spec(op: RowOp) -> KernelSpec:
         },
         description=op.description,
         triton_launches=lambda inputs, out, sms: [rowop_launch(op, inputs, out)],
+        shape_group=ROWOP,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -200,6 +200,52 @@ def fp8_ok_on(target: Target) -> bool:
     return target.kind != "cuda" or (target.capability or (0, 0)) >= (8, 9)
 
 
+# ---- shape groups: the sizes a family is swept over ----------------------------------
+
+SIZE_PRESETS: tuple[str, ...] = ("quick", "default", "full")  # --sizes by name
+
+
+@dataclass(frozen=True)
+class ShapeGroup:
+    """The shapes of each size preset (SIZE_PRESETS) on a GPU and on a CPU, for the
+    families of one set of dimensions.  Families of the same dimensions and the same
+    sizes share a group (kernels/shape_groups.py: add, mul, gelu and dot share
+    `vector`); a family of dimensions of its own declares its group in its own module.
+    A spec names its group explicitly (KernelSpec.shape_group), so a new family never
+    inherits another's sizes because its dimensions happen to match."""
+
+    name: str
+    gpu: Mapping[str, Sequence[Shape]]  # preset -> shapes, each with every dimension
+    cpu: Mapping[str, Sequence[Shape]]
+    # Dimensions that are 0/1 switches, not sizes (attention's causal): an explicit shape
+    # gives them 0 or 1, and one integer (`--sizes 4096`) cannot size such a group.
+    flags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for where, table in (("GPU", self.gpu), ("CPU", self.cpu)):
+            missing = [p for p in SIZE_PRESETS if not table.get(p)]
+            if missing:
+                raise ValueError(f"shape group {self.name}: no {where} shapes for "
+                                 f"{', '.join(missing)}")
+
+    def shapes(self, preset: str, on_gpu: bool) -> list[Shape]:
+        """The preset's shapes, fresh copies (callers may annotate them)."""
+        return [dict(s) for s in (self.gpu if on_gpu else self.cpu)[preset]]
+
+    def check_dims(self, dims: Iterable[str], kernel: str) -> None:
+        """Raise ValueError unless every shape of the group has exactly `dims`."""
+        want = set(dims)
+        if not set(self.flags) <= want:
+            raise ValueError(f"{kernel}: shape group {self.name}'s flags "
+                             f"{', '.join(self.flags)} are not among its dims")
+        for table in (self.gpu, self.cpu):
+            for preset, shapes in table.items():
+                for s in shapes:
+                    if set(s) != want or any(s[f] not in (0, 1) for f in self.flags):
+                        raise ValueError(f"{kernel}: shape {s} of shape group {self.name} "
+                                         f"({preset}) does not fit dims {tuple(dims)}")
+
+
 class UnsupportedShape(ValueError):
     """A shape a provider's library call rejects; the harness records a skipped row."""
 
@@ -312,11 +358,20 @@ class KernelSpec:
     # Decode an output to float64 in the reference's units (fp8 outputs carry a scale).
     decode: Callable[[torch.Tensor, Inputs, str], torch.Tensor] = (
         lambda out, inputs, dtype: out.double())
-    matrix_unit: bool = False  # True: held against the dtype's tensor-core roof
+    # True: a matrix product on the tensor cores, held against the dtype's tensor-core
+    # roof, and plotted against FLOPs (roofline.model.rows.compute_kernels).
+    matrix_unit: bool = False
     description: str = ""
     # The Triton launches a GPU run makes (None: no Triton provider).
     triton_launches: LaunchFn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The sizes it is swept over (see ShapeGroup).  Every registered spec has one (the
+    # registry checks); None only while a builder's spec is being completed.
+    shape_group: ShapeGroup | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape_group is not None:
+            self.shape_group.check_dims(self.dims, self.name)
 
     def launches(self, inputs: Inputs, out: torch.Tensor, sms: int,
                  target: Target | None = None) -> list[TritonLaunch]:

@@ -17,16 +17,29 @@ from kernels.spec import DTYPE_NAMES
 from roofline.model.ceilings import no_roofs
 from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
-KERNEL_ORDER: tuple[str, ...] = ("add", "mul", "gelu", "gelu_erf", "dot", "softmax",
-                                  "layernorm", "rmsnorm", "matvec", "attention",
-                                  "attention_bwd", "matmul")
-
 DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 
 PROVIDER_ORDER: tuple[str, ...] = ("torch", "triton")
 
-# Kernels compared against compute roofs as GEMMs; everything else is memory-bound by design.
-COMPUTE_KERNELS: frozenset[str] = frozenset({"matmul", "attention", "attention_bwd"})
+
+# The kernel facts below come from the registry, on call and never at import: loading it
+# decorates the Triton kernels, which fixes for the whole process whether they are
+# interpreted (kernels/__init__.py), and a reader of saved runs must not decide that for
+# the command that imported it.  Not cached: a test's registry entry counts at once.
+def kernel_order() -> tuple[str, ...]:
+    """The canonical kernel order: the registry's.  A saved run's kernels that the
+    registry no longer has (an older run's) go after these (canonical_order)."""
+    from kernels import REGISTRY
+
+    return tuple(REGISTRY)
+
+
+def compute_kernels() -> frozenset[str]:
+    """The kernels held against compute roofs, on the tensor cores (KernelSpec.matrix_unit):
+    the GEMMs; every other kernel is memory-bound by design."""
+    from kernels import REGISTRY
+
+    return frozenset(name for name, spec in REGISTRY.items() if spec.matrix_unit)
 
 _NUMERIC = (
     "flops", "bytes", "intensity", "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops",
@@ -64,7 +77,7 @@ def clean_rows(df: pd.DataFrame) -> pd.DataFrame:
 def row_roof_class(kernel: str, dtype: str) -> str:
     """The roof a row is held against when the row does not say: GEMMs run on the
     dtype's tensor cores, every other kernel on the fp32 vector units."""
-    if kernel in COMPUTE_KERNELS:
+    if kernel in compute_kernels():
         return ROOF_CLASS.get(dtype, dtype)
     return "fp32"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.model.rows import DTYPE_ORDER, KERNEL_ORDER, clean_rows, l2_bytes
+from roofline.model.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
 from roofline.model.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
@@ -28,7 +28,7 @@ def finite_or_none(x: Any) -> float | None:
 
 def in_canonical_order(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in canonical kernel, then dtype order (unknown names after known ones)."""
-    k = {v: i for i, v in enumerate(KERNEL_ORDER)}
+    k = {v: i for i, v in enumerate(kernel_order())}
     d = {v: i for i, v in enumerate(DTYPE_ORDER)}
     keyed = df.assign(_k=df["kernel"].map(lambda x: k.get(x, len(k))),
                       _d=df["dtype"].map(lambda x: d.get(x, len(d))))

@@ -35,11 +35,11 @@ from roofline.model.ceilings import NO_ROOF_BELOW_FP32
 from roofline.model.devices import ROOF_CLASSES
 from roofline.model.rows import (
     DTYPE_ORDER,
-    KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
     canonical_order,
     clean_rows,
+    kernel_order,
     ok_rows,
     panel_classes,
     run_ceilings,
@@ -180,7 +180,7 @@ def _draw_points(ax: Any, rows: pd.DataFrame, dtype: str, kernels: list[str],
     read as a cold one.  Warm artists' gids and labels end in "warm"."""
     n = 0
     warm = _warm(rows)
-    for kernel in canonical_order(rows["kernel"].unique(), KERNEL_ORDER):
+    for kernel in canonical_order(rows["kernel"].unique(), kernel_order()):
         for provider in canonical_order(rows["provider"].unique(), PROVIDER_ORDER):
             for is_warm in (False, True):
                 sel = rows[(rows["kernel"] == kernel) & (rows["provider"] == provider)
@@ -276,10 +276,10 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     old = ok_rows(clean_rows(baseline[1])) if baseline is not None else None
 
     dtypes = canonical_order(d["dtype"].unique(), DTYPE_ORDER) if not d.empty else []
-    kernels = canonical_order(ok["kernel"].unique(), KERNEL_ORDER)
+    kernels = canonical_order(ok["kernel"].unique(), kernel_order())
     providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
     if old is not None:
-        kernels = canonical_order(set(kernels) | set(old["kernel"].unique()), KERNEL_ORDER)
+        kernels = canonical_order(set(kernels) | set(old["kernel"].unique()), kernel_order())
         providers = canonical_order(set(providers) | set(old["provider"].unique()), PROVIDER_ORDER)
 
     # One panel per dtype in the run (a dtype whose rows all failed keeps its panel so the

@@ -31,11 +31,11 @@ from matplotlib.ticker import NullFormatter
 from roofline.model.devices import ROOF_CLASSES
 from roofline.model.rows import (
     DTYPE_ORDER,
-    KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
     canonical_order,
     clean_rows,
+    kernel_order,
     ok_rows,
     run_ceilings,
 )
@@ -241,7 +241,7 @@ def _legend(fig: Figure, devs: list[DeviceRun], providers: list[str]) -> None:
     handles: list[Any] = [Line2D([], [], color=d.color, lw=2, label=d.legend) for d in devs]
     handles += [Line2D([], [], ls="", marker=provider_marker(p, providers), ms=6,
                        color="0.3", label=p) for p in providers]
-    kernels = canonical_order(set().union(*(set(d.ok["kernel"]) for d in devs)), KERNEL_ORDER)
+    kernels = canonical_order(set().union(*(set(d.ok["kernel"]) for d in devs)), kernel_order())
     sizes = sorted({KERNEL_SIZES.get(k, POINT_SIZE) for k in kernels})
     if len(sizes) > 1:  # point size tells kernels apart only where KERNEL_SIZES does
         for s in sizes:

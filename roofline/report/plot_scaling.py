@@ -17,13 +17,13 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from roofline.model.rows import (
-    COMPUTE_KERNELS,
     DTYPE_ORDER,
-    KERNEL_ORDER,
     PROVIDER_ORDER,
     Ceiling,
     canonical_order,
     clean_rows,
+    compute_kernels,
+    kernel_order,
     l2_bytes,
     ok_rows,
     panel_classes,
@@ -61,7 +61,8 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
     ok = ok[np.isfinite(ok["bytes"]) & (ok["bytes"] > 0)] if "bytes" in ok.columns else ok
     ceilings = run_ceilings(meta, df)
     l2 = l2_bytes(meta)
-    kernels = canonical_order(ok["kernel"].unique(), KERNEL_ORDER)
+    kernels = canonical_order(ok["kernel"].unique(), kernel_order())
+    compute_bound = compute_kernels()
     dtypes = canonical_order(ok["dtype"].unique(), DTYPE_ORDER)
     providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
 
@@ -78,7 +79,7 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
                 fontsize=12, color="0.35", gid="note:no-ok-rows")
     for ax, kernel in zip(used, kernels, strict=False):
         rows = ok[ok["kernel"] == kernel]
-        compute = kernel in COMPUTE_KERNELS
+        compute = kernel in compute_bound
         xcol, ycol = ("flops", "tflops") if compute else ("bytes", "gbps")
         ax.set_xscale("log")
         ax.set_yscale("log")
