@@ -32,11 +32,21 @@ from kernels.spec import TritonLaunch
 _IDENTITY: dict[int, str] = {}  # CUDA device index -> identity set by the caller
 
 
-def set_device_identity(text: str, device: int = 0) -> None:
-    """Name the GPU at `device` for on-disk tuning keys (the sweep calls this once with
-    what it read of the device: name, SMs, memory, clocks).  Without it, the identity
-    comes from torch's device properties."""
-    _IDENTITY[device] = text
+def set_device_identity(text: str, device: int | None = None) -> None:
+    """Name the GPU at `device` (default: the current one) for on-disk tuning keys (the
+    sweep calls this once with what it read of the device: identity_text).  Without it,
+    the identity comes from torch's device properties."""
+    _IDENTITY[torch.cuda.current_device() if device is None else device] = text
+
+
+def identity_text(name: str, sms: int | None, memory_gb: float | None,
+                  l2_mb: float | None, max_sm_clock_mhz: float | None) -> str:
+    """A GPU's identity from what the sweep read of it (torch's properties, NVML's
+    maximum SM clock): what tells models apart that share an architecture."""
+    parts = [name, f"{sms} SMs", f"{memory_gb:.1f} GB" if memory_gb else "memory ?",
+             f"L2 {l2_mb:g} MiB" if l2_mb else "L2 ?",
+             f"max SM clock {max_sm_clock_mhz:.0f} MHz" if max_sm_clock_mhz else "clock ?"]
+    return ", ".join(parts)
 
 
 def device_identity(device: torch.device) -> str:
