@@ -74,6 +74,27 @@ def test_32_h100_for_two_weeks_trains_12_6b_on_253b_tokens(capsys):
     assert b["fits_compute_optimal"] is True  # 12.6B x 16 B = 202 GB << 32 x 80 GB
 
 
+def test_the_plan_document_keeps_its_keys_in_order(capsys):
+    """plan.json's readers (render.py, plot.py, step_plot.py, scripts) see the same
+    document whatever steps build it: its keys, their order, the budget's optional ones."""
+    p = run_plan(capsys, "--preset", "llama3-8b", "--gpus", "32", "--days", "14")
+    assert list(p) == [
+        "model", "params", "tokens", "tokens_source", "train_flops", "flops_forward",
+        "flops_backward", "attention_flops", "device", "device_name", "dtype", "gpus",
+        "peak_tflops", "peak_source", "mfu", "mfu_source", "mfu_from", "days",
+        "days_with_attention", "budget", "versus", "policy", "bytes_per_param_itemized",
+        "bytes_per_param", "static_bytes", "gpu_memory_bytes", "gpu_memory_source",
+        "total_memory_bytes", "fits", "max_params_fit", "micro_batch", "step", "gemms",
+        "gemms_timed", "warnings", "communication"]
+    optimal = ["days", "flops", "max_params_compute_optimal", "tokens_compute_optimal"]
+    fit = ["static_bytes_compute_optimal", "fits_compute_optimal"]
+    assert list(p["budget"]) == [*optimal, "tokens_for_this_model", *fit]
+    assert p["tokens_source"] == "the --days budget (6 N D = budget)"
+    assert p["tokens"] == p["budget"]["tokens_for_this_model"]
+    # No model: what the budget trains, and whether that fits, but no tokens of its own.
+    assert list(run_plan(capsys, "--gpus", "8", "--days", "1")["budget"]) == [*optimal, *fit]
+
+
 @pytest.mark.parametrize("d,layers,want", [(2048, 24, 1.21e9), (1024, 12, 150.9e6)])
 def test_12_d2_l_approximation(capsys, d, layers, want):
     p = run_plan(capsys, "--d-model", str(d), "--layers", str(layers))

@@ -1,0 +1,187 @@
+"""Where a plan's MFU comes from, the first step of build_plan (roofline/plan/cli.py): a
+training step measured (--measure step), the model's GEMMs timed (--measure), a saved
+run's matmul rows (--from-run), or an assumption (--mfu, or the default).  Each gives the
+device, its peak and how the MFU was found, as an Efficiency."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from roofline.model.devices import DEVICES
+from roofline.plan.arithmetic import Gemm, device_memory_bytes, policy_items
+from roofline.plan.explain import explain_report, step_kernels
+from roofline.plan.harness import Harness
+from roofline.plan.model import ModelShape, PlanError
+from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
+from roofline.plan.step import gemms_from_step, step_report
+
+STEP_DTYPES = ("bf16", "fp16", "fp32")
+# The step's ops as they run: torch's.
+EXPLAIN_PROVIDER = "torch"
+
+
+@dataclass(frozen=True)
+class StepMeasured:
+    """--measure step: the report on the step (roofline/plan/step.py), the harness's
+    measurement, the measured ceilings of a device without a datasheet, and with
+    --explain the step's kernels timed alone; the plan's `step_measured`."""
+
+    report: dict[str, Any]
+    measurement: dict[str, Any]
+    ceilings: dict[str, Any] | None
+    explain: dict[str, Any] | None = None
+    explain_measurement: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"report": self.report, "measurement": self.measurement,
+               "ceilings": self.ceilings}
+        if self.explain is not None:
+            doc.update(explain=self.explain, explain_measurement=self.explain_measurement)
+        return doc
+
+
+@dataclass
+class Efficiency:
+    """The device a plan runs on, its peak for the plan's dtype, and how its MFU was
+    found.  `measured`: --measure's or --from-run's record of the GEMMs (its MFU the
+    GEMMs'); `step`: --measure step's (its MFU the step's); neither: an assumed MFU."""
+
+    device: str
+    dtype: str  # the plan's: --dtype, but fp32 for a step measured on a CPU
+    peak: float
+    peak_source: str
+    mfu_source: str
+    mfu_from: str
+    gemms_timed: str
+    measured: dict[str, Any] | None = None
+    step: StepMeasured | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_efficiency(args: argparse.Namespace, shape: ModelShape | None, gemms: list[Gemm],
+                    harness: Harness, log: Any) -> Efficiency:
+    """The plan's Efficiency from its flags; measuring fills the Gemms' times.  PlanError
+    where the flags ask for a measurement the harness cannot make."""
+    if args.measure == "step":
+        assert shape is not None  # checked with the flags
+        return _step_efficiency(args, shape, gemms, harness, log)
+    if args.measure:
+        return _gemm_efficiency(args, gemms, harness, log)
+    if args.from_run:
+        return _run_efficiency(args, gemms, harness, log)
+    device = args.device or "h100"
+    peak, peak_source = peak_of(device, args.dtype, log, harness.device_ceilings)
+    return Efficiency(device, args.dtype, peak, peak_source, "assumed",
+                      "--mfu" if args.mfu else "default assumption",
+                      "not timed: --measure, --from-run RUN or --measure step times them")
+
+
+def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(device key, warnings) of a --measure, either kind: --device, or the device
+    present.  DeviceError (one line, exit 2) before anything is measured when --device
+    names a GPU and none is present."""
+    # Looked up at the call: a test fakes the device present in roofline.model.devices.
+    from roofline.model.devices import detect, host_cpu, resolve
+
+    if args.device and args.device != "auto":
+        present = host_cpu() if args.device == "cpu" else detect()
+        model, warnings = resolve(args.device, present)
+        return model.key, warnings
+    return detect().key, []
+
+
+def _step_efficiency(args: argparse.Namespace, shape: ModelShape, gemms: list[Gemm],
+                     harness: Harness, log: Any) -> Efficiency:
+    """--measure step: real training steps of the model on the device present."""
+    if harness.measure_step is None:
+        raise PlanError("--measure step runs the model through the benchmark harness: "
+                        "run it as `python -m roofline plan ... --measure step`")
+    device, warnings = _measuring_device(args)
+    on_gpu = DEVICES[device].kind == "cuda"
+    dtype = args.dtype if on_gpu else "fp32"
+    if dtype not in STEP_DTYPES:
+        raise PlanError(f"--measure step trains in {', '.join(STEP_DTYPES)} "
+                        f"(autocast), not {dtype}")
+    if not on_gpu and args.dtype != "fp32":
+        warnings.append(f"the step ran in fp32 on the CPU (--dtype {args.dtype} applies "
+                        "to GPU steps)")
+    device_bytes = device_memory_bytes(device, args.gpu_memory_gb)[0]
+    result = harness.measure_step(shape, args.micro_batch, "cuda" if on_gpu else "cpu",
+                                  dtype, args.measure_layers, device_bytes, args.steps, log)
+    peak, peak_source = peak_of(device, dtype, log, harness.device_ceilings)
+    bpp_policy = args.bytes_per_param if args.bytes_per_param is not None else \
+        float(sum(policy_items(args.policy, getattr(args, "weight_format", None)).values()))
+    report = step_report(shape, result, peak, bpp_policy, device_bytes, peak_source)
+    gemms_timed = gemms_from_step(gemms, result.get("gemm_calls"), peak)
+    ceilings = None if DEVICES[device].peaks_tflops else \
+        measured_ceilings(device, log, harness.device_ceilings).to_json()  # cached by peak_of
+    step = StepMeasured(report, result, ceilings)
+    if getattr(args, "explain", False):
+        step = _explained(step, args, shape, dtype, device, harness, log)
+    mfu_from = (f"--measure step: {report['step_ms']:.4g} ms per step of "
+                f"{int(report['tokens_per_step'])} tokens on {DEVICES[device].name}"
+                + (f", extrapolated from {args.measure_layers} of {shape.n_layers} "
+                   "blocks" if report["slice"] else "")
+                + "; PaLM's 6 N + 12 L H Q T, the full attention square")
+    return Efficiency(device, dtype, peak, peak_source, "measured step", mfu_from,
+                      gemms_timed, step=step, warnings=warnings)
+
+
+def _explained(step: StepMeasured, args: argparse.Namespace, shape: ModelShape, dtype: str,
+               device: str, harness: Harness, log: Any) -> StepMeasured:
+    """--explain: the step's kernels timed alone beside the profiled step's categories."""
+    assert harness.measure_kernels is not None  # checked with the flags
+    kernels = step_kernels(shape, args.micro_batch, dtype)
+    timed = harness.measure_kernels([k.request() for k in kernels], device,
+                                    EXPLAIN_PROVIDER, args.rep_ms, log)
+    explain = explain_report(kernels, timed, step.measurement["profile_explain_ms"],
+                             step.measurement.get("profile_span_ms"))
+    return StepMeasured(step.report, step.measurement, step.ceilings, explain, timed)
+
+
+def _gemm_efficiency(args: argparse.Namespace, gemms: list[Gemm], harness: Harness,
+                     log: Any) -> Efficiency:
+    """--measure: the model's GEMMs, each timed alone on the device present."""
+    if harness.measure_gemms is None:
+        raise PlanError("--measure times GEMMs through the benchmark harness: run it as "
+                        "`python -m roofline plan ... --measure`")
+    # The GEMM timer resolves the device again and logs its warnings.
+    device, _ = _measuring_device(args)
+    measured = harness.measure_gemms(gemms, device, args.dtype, args.provider, args.rep_ms,
+                                     log)
+    return Efficiency(measured["device_key"], args.dtype, measured["peak_tflops"],
+                      measured["peak_source"], "measured",
+                      f"--measure: timed now on {measured['device_name']}",
+                      "each timed alone (--measure)", measured=measured)
+
+
+def _run_efficiency(args: argparse.Namespace, gemms: list[Gemm], harness: Harness,
+                    log: Any) -> Efficiency:
+    """--from-run RUN: each GEMM at the speed of the run's nearest matmul row."""
+    measured = gemms_from_run(gemms, args.from_run, args.dtype, args.provider)
+    run_key = measured["device_key"]
+    device = args.device or run_key
+    if device not in DEVICES:
+        raise PlanError(f"{args.from_run} was measured on '{run_key}', which is not in "
+                        "the device table (pass --device)")
+    warnings = []
+    if device == run_key:
+        peak = measured["peak_tflops"]
+        peak_source = ("datasheet" if DEVICES[device].peaks_tflops
+                       else f"measured (no datasheet), run {args.from_run}")
+    else:
+        peak, peak_source = peak_of(device, args.dtype, log, harness.device_ceilings)
+        warnings.append(f"MFU measured on '{run_key}' applied to '{device}'")
+    if measured["worst_shape_ratio"] > 2:
+        sizes = ";".join(sorted({g.shape for g in gemms}))
+        warnings.append(
+            f"the run's nearest matmul shapes are up to {measured['worst_shape_ratio']:.1f}x "
+            f"off the model's; time the exact ones with --measure, or "
+            f"`python run_bench.py --kernels matmul --dtypes {args.dtype} "
+            f"--sizes '{sizes}'`")
+    return Efficiency(device, args.dtype, peak, peak_source, "measured",
+                      f"--from-run {args.from_run}",
+                      f"the nearest matmul rows of {args.from_run}", measured=measured,
+                      warnings=warnings)
