@@ -283,7 +283,7 @@ def test_a_throttled_row_gets_its_own_verdict(scale):
 
 
 def test_throttled_fails_the_gate_unless_allowed(tmp_path, capsys):
-    from tests.test_compare import write_run
+    from tests.test_regression_gate import write_run
 
     base = write_run(tmp_path / "base", _frame(1.0, False).to_dict("records"),
                      created="2026-01-01T00:00:00+00:00")
@@ -319,7 +319,7 @@ def test_promotion_refuses_throttled_rows_and_pooling_keeps_the_mark(tmp_path):
     refuses it unless forced, and a pool of runs is throttled where any run's row was."""
     import json
 
-    from tests.test_compare import write_run
+    from tests.test_regression_gate import write_run
 
     clean = write_run(tmp_path / "clean", _frame(1.0, False).to_dict("records"))
     hot = write_run(tmp_path / "hot", _frame(1.0, True).to_dict("records"))
