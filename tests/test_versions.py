@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +98,20 @@ def test_a_run_warns_once_and_records_it(torch_v, warned, tmp_path, monkeypatch,
         assert meta["version_warnings"] == ["torch 2.10.0 is outside torch>=2.11"]
     else:
         assert said == [] and meta["version_warnings"] == []
+
+
+def test_the_oldest_leg_selects_the_files_naming_triton_s_internals(tmp_path):
+    """.ci/run's SELECT pattern (grep -E) picks a file that imports triton's compiler or
+    names from triton, and leaves one that merely mentions triton."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")]).returncode == 0
+    (select,) = re.findall(r"^SELECT='([^']+)'", ci, flags=re.M)
+    files = {"a.py": "from triton.compiler import ASTSource\n",
+             "b.py": "from triton import knobs\n",
+             "c.py": "x = triton.runtime.driver.active\n",
+             "d.py": "# triton kernels run in the interpreter\nimport triton.language\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = subprocess.run(["grep", "-lE", select, *sorted(files)], cwd=tmp_path,
+                           capture_output=True, text=True).stdout.split()
+    assert found == ["a.py", "b.py", "c.py"]
