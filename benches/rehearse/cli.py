@@ -111,7 +111,7 @@ def _meta(argv: list[str]) -> dict[str, object]:
 def _in_process(args: argparse.Namespace, arch: str, kernels: list[str],
                 dtypes: list[str]) -> int:
     from benches.rehearse.run import ArchReport, registry_cases, rehearse
-    from benches.sweep.interrupt import exit_code, signals_raise
+    from benches.sweep.interrupt import Terminated, exit_code, signals_raise
     from kernels.spec import fp8_accum
 
     model = GPU_MODELS[args.device or ARCH_DEFAULT_MODEL[arch]]
@@ -126,18 +126,9 @@ def _in_process(args: argparse.Namespace, arch: str, kernels: list[str],
             cases = registry_cases(arch, model, kernels, dtypes, args.sizes, fp8_accum(),
                                    report)
             rehearse(cases, model, report, progress)
-    except (KeyboardInterrupt, SystemExit) as e:
-        if isinstance(e, SystemExit):
-            raise
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: 130, 143
         print("interrupted", file=sys.stderr)
         return exit_code(e)
-    except BaseException as e:  # Terminated (SIGTERM)
-        from benches.sweep.interrupt import Terminated
-
-        if isinstance(e, Terminated):
-            print("interrupted", file=sys.stderr)
-            return exit_code(e)
-        raise
     finally:
         if args.cache_dir is None:
             shutil.rmtree(cache_dir, ignore_errors=True)
