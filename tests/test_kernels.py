@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect as pyinspect
+import subprocess
+import time
 
 import pytest
 import torch
@@ -200,10 +203,69 @@ GPU_SIZES = {
 }
 
 
+def pinned_config(launch):
+    """The one candidate a Triton launch runs in the GPU tests: its last (on Hopper a
+    tuned matmul's last is a persistent TMA one, where the layout allows TMA).  These
+    tests check each kernel's answer, not its tuning: one config a launch, where
+    autotuning compiled and timed every candidate at every size (most of the 169 s
+    `pytest -m gpu` took on the H200; docs/gpu-job.md has the count)."""
+    return launch.configs[-1]
+
+
+def compile_pinned(kernel: str, dtype: str, shape: dict, sms: int, capability, fp8_mode: str
+                   ) -> int:
+    """What a compile-ahead worker runs for the GPU tests: the case's launches with
+    their pinned configs only (benches/sweep/triton_cache.compile_case)."""
+    from benches.sweep.triton_cache import compile_case
+
+    return compile_case(kernel, dtype, shape, sms, capability, fp8_mode,
+                        pick=lambda launch: [pinned_config(launch)])
+
+
+@pytest.fixture(scope="module")
+def compiled_ahead():
+    """Every pinned launch of the GPU tests compiled first, in parallel, by the sweep's
+    own compile-ahead workers (benches/sweep/triton_cache.CompileAhead: half the cores,
+    at most 8): the tests then load them from Triton's on-disk cache instead of
+    compiling some 140 kernels one after another.  A worker's failure only costs time:
+    the test's own launch compiles what is missing, and fails as it would have."""
+    from benches.sweep import triton_cache
+    from kernels.spec import fp8_accum
+
+    target = current_target()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    jobs = [(name, dtype, shape, sms, target.capability)
+            for name, spec in REGISTRY.items() if spec.triton_launches is not None
+            for dtype in spec.dtypes if not spec.skip_reason("triton", dtype, target)
+            for shape in GPU_SIZES[spec.dims]]
+    ahead = triton_cache.CompileAhead(jobs, max(1, triton_cache.default_workers()),
+                                      fp8_accum(), compile_fn=f"{__name__}:compile_pinned")
+    deadline = time.monotonic() + 300  # a hang guard: stop() kills what is left
+    for proc in ahead.procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    return ahead.stop()
+
+
+def run_pinned(name: str, dtype: str, shape: dict) -> float:
+    """run_checked for the Triton provider on the GPU, its launches run with
+    pinned_config, as the sweep runs a row's chosen configs (prepared_call)."""
+    from kernels.triton_utils import prepared_call
+
+    spec = REGISTRY[name]
+    inputs = spec.make_inputs(shape, dtype, 0, "cuda")
+    out = spec.alloc_out(inputs, dtype)
+    out.fill_(float("nan"))  # poison: an element the kernel does not write stays NaN
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    launches = spec.launches(inputs, out, sms, current_target())
+    prepared_call(launches, [pinned_config(ln) for ln in launches])()
+    return spec.check(out, inputs, dtype)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("provider", ["torch", "triton"])
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_gpu_every_dtype_three_sizes(name, provider):
+def test_gpu_every_dtype_three_sizes(name, provider, compiled_ahead):
     spec = REGISTRY[name]
     target = current_target()
     errors = []
@@ -212,7 +274,8 @@ def test_gpu_every_dtype_three_sizes(name, provider):
             continue
         for shape in GPU_SIZES[spec.dims]:
             try:
-                err = run_checked(name, provider, dtype, shape, device="cuda")
+                err = (run_pinned(name, dtype, shape) if provider == "triton" else
+                       run_checked(name, provider, dtype, shape, device="cuda"))
             except UnsupportedShape:
                 continue  # e.g. torch._scaled_mm on dims that are not multiples of 16
             if not err <= DTYPES[dtype].tol:

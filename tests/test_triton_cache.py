@@ -298,17 +298,43 @@ n = compile_case("add", "fp32", {"n": 4096}, 132, cc, "fast")
 print(json.dumps({"compiled": n, "context": torch._C._cuda_hasPrimaryContext(0)}))
 """
 
+# The sweep's first call of the same case, in another process: Triton's compile listener
+# says whether each compile was a hit in the on-disk cache.
+LAUNCH = """
+import json
+import torch
+from triton import knobs
+hits = []
+knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+from kernels import REGISTRY, current_target
+from kernels.triton_utils import run_launch
+spec = REGISTRY["add"]
+inputs = spec.make_inputs({"n": 4096}, "fp32", 0, "cuda")
+out = spec.alloc_out(inputs, "fp32")
+for launch in spec.launches(inputs, out, 132, current_target()):
+    run_launch(launch)
+print(json.dumps({"hits": hits, "rel_err": spec.check(out, inputs, "fp32")}))
+"""
+
 
 @pytest.mark.gpu
-def test_a_workers_compile_creates_no_cuda_context(tmp_path):
+def test_a_workers_compile_creates_no_context_and_is_what_the_sweep_loads(tmp_path):
     """On the GPU itself: a fresh process that compiles as a worker does holds no CUDA
-    context afterwards (no GPU memory, nothing beside the ceilings being measured)."""
+    context afterwards (no GPU memory, nothing beside the ceilings being measured), and
+    the sweep's own first call of that case, in another process, finds every kernel in
+    Triton's cache: the compiles ahead are the ones it looks up."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
-    p = subprocess.run([sys.executable, "-c", NO_CONTEXT], cwd=ROOT, env=env, timeout=300,
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert json.loads(p.stdout.splitlines()[-1]) == {"compiled": 1, "context": False}
+
+    def child(code: str) -> dict:
+        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=300,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.splitlines()[-1])
+
+    assert child(NO_CONTEXT) == {"compiled": 1, "context": False}
+    launched = child(LAUNCH)
+    assert launched["hits"] == [True] and launched["rel_err"] < 1e-5
 
 
 @pytest.mark.parametrize("interpret", ["1", None])
@@ -325,3 +351,19 @@ def test_a_worker_runs_the_real_compile_function(monkeypatch, interpret):
     assert ahead.procs[0].wait(120) == 0
     done = ahead.stop()
     assert (done["cases_done"], done["cases_failed"]) == ((1, 0) if interpret else (0, 1))
+
+
+def test_a_case_compiles_only_the_configs_picked(monkeypatch):
+    """compile_case's pick: the GPU tests' workers compile each launch's one pinned
+    config, not every candidate."""
+    got = []
+    monkeypatch.setattr(triton_cache, "_warmup",
+                        lambda launch, config: got.append(config_str(config)))
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    n = triton_cache.compile_case("matmul", "bf16", shape, 132, (9, 0), "fast",
+                                  pick=lambda launch: [launch.configs[-1]])
+    spec = REGISTRY["matmul"]
+    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
+    (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132, Target("cuda", (9, 0)))
+    assert n == 1 and got == [config_str(launch.configs[-1])]
+    assert len(launch.configs) > 1 and launch.configs[-1].kwargs.get("TMA")

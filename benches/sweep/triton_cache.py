@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
@@ -95,10 +96,12 @@ def _warmup(launch: Any, config: Any) -> None:
 
 
 def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
-                 capability: tuple[int, int] | None, fp8_mode: str) -> int:
+                 capability: tuple[int, int] | None, fp8_mode: str,
+                 pick: Callable[[Any], Sequence[Any]] | None = None) -> int:
     """Compile every launch x config of one case into Triton's cache (in a worker);
     the number compiled.  The launches are those of a GPU of `capability` (on meta
-    tensors a kernel would build the default candidates, not its architecture's)."""
+    tensors a kernel would build the default candidates, not its architecture's).
+    `pick`: the configs of a launch to compile (default: every candidate)."""
     from kernels import REGISTRY
     from kernels.spec import Target, set_fp8_accum
 
@@ -108,7 +111,7 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
     out = spec.alloc_out(inputs, dtype)
     done = 0
     for launch in spec.launches(inputs, out, sms, Target("cuda", capability)):
-        for config in launch.configs:
+        for config in launch.configs if pick is None else pick(launch):
             _warmup(launch, config)
             done += 1
     return done
