@@ -19,11 +19,11 @@ import sys
 
 from benches.fleet.rank_io import say_line
 from benches.sweep.interrupt import Terminated, exit_code, exit_now, signals_raise
+from contract.cli import Parser, UsageError, positive_problem
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate.cli import threshold_help
 from roofline.gate.rules import CompareError, check_threshold
-from roofline.model.cli import Parser, UsageError, positive_problem
 
 
 def _registry_lists() -> dict[str, str]:
@@ -32,9 +32,9 @@ def _registry_lists() -> dict[str, str]:
     for --help: the kernel modules must load after TRITON_INTERPRET is settled."""
     from benches.inspect.compile import ARCHES
     from benches.sweep.shapes import PRESETS
+    from contract.devices import DEVICES
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
-    from roofline.model.devices import DEVICES
 
     devices = [k for k in DEVICES if k not in ("cpu", "gpu")]
     return {"kernels": ",".join(REGISTRY), "dtypes": ",".join(DTYPE_NAMES),
@@ -196,9 +196,14 @@ def _main(argv: list[str], started: float | None = None) -> int:
 
             return run_estimate(args)
         if args.list or args.list_devices:
+            from benches.fleet.listing import print_collectives
             from benches.sweep.console import print_devices, print_kernels
 
-            (print_kernels if args.list else print_devices)()
+            if args.list:
+                print_kernels()
+                print_collectives()
+            else:
+                print_devices()
             return 0
         from benches.fleet.dist import launched
 

@@ -2,7 +2,7 @@
 small one for cache bandwidth, the best of large matrix products per roof class for
 compute (what the vendor library reaches is what a kernel can hope for), cached per
 device and software versions.  What they mean, and their format in a run's metadata,
-is roofline/model/ceilings.py."""
+is contract/ceilings.py."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from benches.timing.plan import (
     TimingConfig,
     plan_best_of_cpu,
 )
-from roofline.model.ceilings import Ceilings, datasheet_of, no_roofs
-from roofline.model.devices import ROOF_CLASSES, DeviceModel, Present
-from roofline.model.schema import atomic_write_text
+from contract.ceilings import Ceilings, datasheet_of, no_roofs
+from contract.devices import ROOF_CLASSES, DeviceModel, Present
+from contract.schema import atomic_write_text
 
 CACHE_VERSION = 1
 # When set, the one folder every command keeps its ceiling cache in, in place of the one
@@ -161,7 +161,7 @@ def one_line(e: BaseException) -> str:
 
 CACHE_ATTEMPTS = 3
 # How method[name] starts for a ceiling that was not recorded (its reason follows); the
-# same reason is in the measurement's `left_out` (roofline/model/ceilings.py).
+# same reason is in the measurement's `left_out` (contract/ceilings.py).
 LEFT_OUT = "left out"
 
 
@@ -398,7 +398,7 @@ def device_ceilings(key: str, log: Any = print) -> tuple[DeviceModel, Present, C
     """The ceilings of device model `key` with the device present behind them (measured
     where the model has no datasheet, as a CPU's; cached), and that Present and model:
     the planner's harness function (roofline/plan/harness.py)."""
-    from roofline.model.devices import detect, host_cpu, resolve
+    from contract.devices import detect, host_cpu, resolve
 
     present = host_cpu() if key == "cpu" else detect()
     model, warnings = resolve(key, present)

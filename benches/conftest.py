@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 def pytest_benchmark_update_machine_info(config, machine_info):
     import torch
 
-    from roofline.model.devices import detect
+    from contract.devices import detect
 
     present = detect()
     machine_info["gpu_name"] = present.name

@@ -25,11 +25,11 @@ import torch
 from benches.sweep.shapes import preset_shapes
 from benches.timing.clock import time_gpu
 from benches.timing.plan import TimingConfig
+from contract import metrics
+from contract.schema import format_shape
 from kernels import DTYPES, REGISTRY, current_target
 from kernels.spec import Target
 from kernels.triton_utils import prepared_call, run_launch
-from roofline.model import metrics
-from roofline.model.schema import format_shape
 
 TARGET: Target = current_target()
 ON_GPU = TARGET.kind == "cuda"
@@ -49,7 +49,7 @@ def _cases():
 def ceilings():
     """The run_bench ceilings cache (results/.ceilings): measured once per device."""
     from benches.ceilings import get_ceilings
-    from roofline.model.devices import DEVICES, detect
+    from contract.devices import DEVICES, detect
 
     present = detect()
     cache = Path(__file__).resolve().parent.parent / "results" / ".ceilings"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from benches.sweep.results import ResultWriter
-from roofline.model.schema import ALL_COLUMNS, SAMPLES
+from contract.schema import ALL_COLUMNS, SAMPLES
 
 SAMPLES_PER_ROW = 900
 

@@ -6,7 +6,7 @@ module + one line in _registry below (docs/adding-a-kernel.md).
 The registry's order is the canonical kernel order: the sweep runs the families in it
 (so a GPU job step with a time budget, cut short, has measured the first ones: keep the
 existing entries' order and append new families), and the reports
-(roofline.model.rows.kernel_order) list and draw them in it.
+(contract.rows.kernel_order) list and draw them in it.
 
 The family modules load on first use of REGISTRY, not on `import kernels`: loading them
 decorates their Triton kernels, which fixes for the whole process whether Triton compiles

@@ -91,7 +91,7 @@ PLAIN_DTYPES: tuple[str, ...] = tuple(d for d in DTYPES if not DTYPES[d].block)
 BLOCK_SCALED: tuple[str, ...] = tuple(d for d in DTYPES if DTYPES[d].block)
 
 # Which roof each benchmark dtype is measured against (a fact about the dtype, so it lives
-# here; roofline.model.devices re-exports it).  fp16 and bf16 share the 16-bit tensor-core
+# here; contract.devices re-exports it).  fp16 and bf16 share the 16-bit tensor-core
 # roof; both fp8 encodings share the fp8 roof.
 ROOF_CLASS: dict[str, str] = {
     "fp32": "fp32",
@@ -107,7 +107,7 @@ ROOF_CLASS: dict[str, str] = {
     "nvfp4": "fp4",
 }
 # "fp4" is the 4-bit tensor-core roof, with a datasheet peak on Blackwell only (sm_100);
-# every other device has none (roofline/model/devices.py).
+# every other device has none (contract/devices.py).
 ROOF_CLASSES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")
 
 # Largest finite value of each fp8 encoding; per-tensor scales map amax onto it.
@@ -359,7 +359,7 @@ class KernelSpec:
     decode: Callable[[torch.Tensor, Inputs, str], torch.Tensor] = (
         lambda out, inputs, dtype: out.double())
     # True: a matrix product on the tensor cores, held against the dtype's tensor-core
-    # roof, and plotted against FLOPs (roofline.model.rows.compute_kernels).
+    # roof, and plotted against FLOPs (contract.rows.compute_kernels).
     matrix_unit: bool = False
     description: str = ""
     # The Triton launches a GPU run makes (None: no Triton provider).

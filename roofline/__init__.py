@@ -1,3 +1,3 @@
-"""What a number means: device models and measured ceilings, the metrics (MFU, % of
-roof), the results schema, the figures and summary.md; the regression gate
-(roofline/gate/) and resource accounting (roofline/plan/) are its two sub-packages."""
+"""What reads saved runs: the figures and summary.md (report/), the regression gate
+(gate/), the history store (history/) and resource accounting (plan/).  Built on the
+contract (contract/) and the kernels' registry; `python -m roofline` is its command line."""

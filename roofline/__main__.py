@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from roofline.model.cli import Parser, UsageError
+from contract.cli import Parser, UsageError
 
 if TYPE_CHECKING:
     from roofline.gate.rules import Retime

@@ -59,8 +59,8 @@ import pytest  # noqa: E402
 
 from benches.ceilings import CACHE_DIR_ENV as CEILINGS_ENV  # noqa: E402
 from benches.ceilings import cache_key  # noqa: E402
-from roofline.model.ceilings import no_roofs  # noqa: E402
-from roofline.model.devices import host_cpu  # noqa: E402
+from contract.ceilings import no_roofs  # noqa: E402
+from contract.devices import host_cpu  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -204,7 +204,7 @@ FP8_MODES = ("fast", "precise")
 class CpuCeilings:
     """The CPU a test runs under: its name in CPU_CEILINGS, its ceilings, and its classes
     that are no roof with the explanation rows and summaries give
-    (roofline.model.ceilings.no_roofs)."""
+    (contract.ceilings.no_roofs)."""
 
     kind: str
     measured: dict

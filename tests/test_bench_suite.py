@@ -15,7 +15,7 @@ HANG_GUARD_S = 1800
 def test_bench_suite_records_metrics_and_machine(tmp_path):
     out = tmp_path / "bench.json"
     # fp32 rows: fp32 is a roof on every device, while a CPU may have no bf16 unit (a
-    # measured bf16 ceiling below fp32's is no roof, so no MFU: roofline.model.ceilings.no_roofs).
+    # measured bf16 ceiling below fp32's is no roof, so no MFU: contract.ceilings.no_roofs).
     p = subprocess.run(
         [sys.executable, "-m", "pytest", "benches/", "-q", "-p", "no:cacheprovider",
          "-k", "add-torch-fp32 or matmul-torch-fp32", f"--benchmark-json={out}"],

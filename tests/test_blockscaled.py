@@ -14,12 +14,12 @@ import torch
 
 from benches.sweep.cases import Case, InputCache, RunConfig, base_row
 from benches.sweep.runner import run_case
+from contract.ceilings import Ceilings, datasheet_of
+from contract.devices import DEVICES, Present, host_cpu
 from kernels import REGISTRY
 from kernels import blockscaled as bs
 from kernels import matmul_blockscaled as mb
 from kernels.spec import BLOCK_SCALED, DTYPE_NAMES, DTYPES, Target
-from roofline.model.ceilings import Ceilings, datasheet_of
-from roofline.model.devices import DEVICES, Present, host_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 MATMUL = REGISTRY["matmul"]

@@ -22,9 +22,9 @@ from benches.sweep.runner import iterate, run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from benches.timing.plan import OverBudget, TimingConfig, plan_cpu
+from contract.ceilings import Ceilings, no_roofs
+from contract.rows import positive_float, run_ceilings
 from roofline.gate.stats import min_p_value, row_alpha
-from roofline.model.ceilings import Ceilings, no_roofs
-from roofline.model.rows import positive_float, run_ceilings
 from roofline.report.summary import render_summary
 from tests.test_measurement import case, cpu_cfg
 
@@ -160,7 +160,7 @@ def test_the_cli_refuses_a_budget_that_is_not_a_positive_time(capsys):
 
 def test_the_default_cpu_run_has_a_run_budget_and_a_gpu_run_none(monkeypatch):
     from benches.sweep import job
-    from roofline.model.devices import Present, host_cpu
+    from contract.devices import Present, host_cpu
 
     args = run_bench.parse_args([])
     assert job.run_budget_s_of(args, host_cpu()) == 90.0
@@ -233,7 +233,7 @@ def test_a_slow_ceiling_call_is_timed_once_and_stops_the_sizes(monkeypatch):
     monkeypatch.setattr(ceil_mod, "_gemm_fn", gemm)
     monkeypatch.setattr(ceil_mod, "_copy_fn", lambda nbytes, device, reps=1: lambda: None)
     monkeypatch.setattr(ceil_mod, "_time_ms", lambda fn, device, l2_flush=True: 1e-3)
-    from roofline.model.devices import host_cpu
+    from contract.devices import host_cpu
 
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)
     assert [n for rc, n in sizes if rc == "fp8"] == [256]  # 1024^3 would be 150 s a call

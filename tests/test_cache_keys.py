@@ -1,7 +1,7 @@
 """Readers of saved rows that pick or pair rows keep a case's cold and warm rows apart, as
 the gate does: the fleet's per-device figures (roofline/report/fleet.py) and section 7's targets
 (roofline/report/targets.py).  A row without a `cache` cell has its device's native mode (cold
-on a GPU, warm on a CPU: roofline.model.schema.native_cache)."""
+on a GPU, warm on a CPU: contract.schema.native_cache)."""
 
 from __future__ import annotations
 

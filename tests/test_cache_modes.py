@@ -30,11 +30,11 @@ from benches.timing import plan as timing_plan
 from benches.timing.clock import Rotation
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig
+from contract.ceilings import Ceilings
+from contract.schema import ALL_COLUMNS, load_run, row_key
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
-from roofline.model.ceilings import Ceilings
-from roofline.model.schema import ALL_COLUMNS, load_run, row_key
 from roofline.report.plot import plot_roofline
 from roofline.report.summary import render_summary
 from tests.test_dispatch import FakeGpu

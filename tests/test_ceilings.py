@@ -24,8 +24,8 @@ from benches.timing.plan import (
     plan_best_of_cpu,
     plan_cpu,
 )
-from roofline.model.devices import DEVICES, Present, host_cpu
-from roofline.model.schema import load_run
+from contract.devices import DEVICES, Present, host_cpu
+from contract.schema import load_run
 from tests.test_measurement import fake_cuda
 
 COPY_BYTES_CPU = 1 << 28  # the DRAM copy measure() makes on a CPU

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from roofline.model.schema import ALL_COLUMNS
+from contract.metrics import BUSBW_FACTOR
+from contract.schema import ALL_COLUMNS
 from roofline.plan.cli import main as plan_main
-from roofline.plan.comm import BUSBW_FACTOR, collective_seconds, step_communication
+from roofline.plan.comm import collective_seconds, step_communication
 
 
 @pytest.mark.parametrize("n, all_reduce, gather", [(2, 1.0, 0.5), (4, 1.5, 0.75),

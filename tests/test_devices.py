@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from benches.sweep import console
-from roofline.model import devices
-from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES, detect, match_sku
+from contract import devices
+from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES, detect, match_sku
 
 # Dense TFLOP/s per roof class, HBM TB/s, L2 MB, SMs, NVLink GB/s per direction.
 BLACKWELL = {

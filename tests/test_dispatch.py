@@ -28,6 +28,8 @@ from benches.timing import plan as timing_plan
 from benches.timing.clock import flush_padding_us, host_dispatch_us
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig, graph_plan
+from contract.ceilings import Ceilings
+from contract.schema import ALL_COLUMNS
 from kernels import REGISTRY, triton_utils
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import (
@@ -37,8 +39,6 @@ from kernels.triton_utils import (
     prepared_call,
     run_launch,
 )
-from roofline.model.ceilings import Ceilings
-from roofline.model.schema import ALL_COLUMNS
 from roofline.report.findings import launch_bound_rows
 from roofline.report.summary import render_summary
 from tests.test_measurement import cpu_cfg, gpu_cfg

@@ -18,9 +18,9 @@ from benches.estimate.speeds import CPU, GPU
 from benches.sweep import job
 from benches.sweep.cases import Case, build_cases
 from benches.sweep.phases import PHASES
+from contract.ceilings import Ceilings, datasheet_of
+from contract.devices import DEVICES
 from kernels import REGISTRY
-from roofline.model.ceilings import Ceilings, datasheet_of
-from roofline.model.devices import DEVICES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"

@@ -33,7 +33,7 @@ def test_counts(name, shape, dtype, flops, nbytes):
 
 
 def test_h100_bf16_ridge_is_about_295():
-    from roofline.model.devices import DEVICES
+    from contract.devices import DEVICES
 
     assert DEVICES["h100"].ridge("bf16") == pytest.approx(295.3, abs=0.5)
     assert DEVICES["h200"].ridge("bf16") == pytest.approx(206.1, abs=0.5)

@@ -15,7 +15,7 @@ import pytest
 
 import run_bench
 from benches.sweep import job, run_folder, runner
-from roofline.model.schema import ROWS_JOURNAL, journal_rows, load_run
+from contract.schema import ROWS_JOURNAL, journal_rows, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--sizes", "n=2048", "--kernels", "add,mul", "--dtypes", "fp32",
@@ -24,7 +24,7 @@ TINY = ["--device", "cpu", "--sizes", "n=2048", "--kernels", "add,mul", "--dtype
 
 def _fake_ceilings(monkeypatch) -> None:
     """Ceilings take seconds to measure on a CPU; these tests are about the run's files."""
-    from roofline.model.ceilings import Ceilings
+    from contract.ceilings import Ceilings
 
     fake = {"tflops": {"fp32": 1.0, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0},
             "hbm_gbps": 10.0, "l2_gbps": 50.0, "method": {}}
@@ -313,7 +313,7 @@ def _wait_for_a_journal_row(p: subprocess.Popen, journal: Path, log: Path) -> No
                                                  "l2_gbps": "x"}, "text"])
 def test_a_bad_ceiling_cache_is_measured_again(tmp_path, monkeypatch, cached):
     from benches import ceilings
-    from roofline.model.devices import DEVICES, host_cpu
+    from contract.devices import DEVICES, host_cpu
 
     monkeypatch.delenv(ceilings.CACHE_DIR_ENV, raising=False)  # the cache is tmp_path
     present = host_cpu()
@@ -331,7 +331,7 @@ def test_the_ceiling_cache_folder_can_be_set_for_every_command(tmp_path, monkeyp
     results/.ceilings): the suite points it at a temporary cache, so tests never write
     a user's measured peaks."""
     from benches import ceilings
-    from roofline.model.devices import DEVICES, host_cpu
+    from contract.devices import DEVICES, host_cpu
 
     fresh = {"tflops": {"fp32": 0.5}, "hbm_gbps": 20.0, "l2_gbps": None, "method": {}}
     monkeypatch.setattr(ceilings, "measure", lambda present, log=print: fresh)

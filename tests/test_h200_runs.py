@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import run_bench
+from contract.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
 from roofline.__main__ import main as roofline_main
-from roofline.model.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
 from roofline.report import targets, targets_cli
 from roofline.report.finalize import finalize
 

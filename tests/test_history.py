@@ -410,7 +410,7 @@ def test_retiming_confirms_or_clears_a_new_slowdown(tmp_path):
 def test_run_bench_adds_the_finished_run(tmp_path, capsys, monkeypatch):
     import run_bench
     from benches.sweep import job
-    from roofline.model.ceilings import Ceilings
+    from contract.ceilings import Ceilings
 
     fake = {"tflops": {"fp32": 1.0, "fp16": 1.0, "bf16": 1.0, "fp8": 1.0},
             "hbm_gbps": 10.0, "l2_gbps": 50.0, "method": {}}

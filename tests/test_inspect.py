@@ -519,7 +519,7 @@ def test_mlir_pass_failure_named():
 
 
 def test_sm100_sm_count_from_the_device_model_else_b200s(monkeypatch):
-    from roofline.model import devices
+    from contract import devices
 
     b200 = devices.DEVICES.get("b200")
     assert ins.sms_of("b200") == (b200.sms if b200 and b200.sms else 148)

@@ -346,7 +346,7 @@ def test_triton_fp8_matmul_in_both_modes(mode, fp8_mode):
 
 def test_ceiling_cache_key_depends_on_fp8_mode(fp8_mode):
     from benches.ceilings import cache_key
-    from roofline.model.devices import Present
+    from contract.devices import Present
 
     present = Present("cpu", "host", "cpu")
     fast = cache_key(present)

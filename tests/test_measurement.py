@@ -27,11 +27,11 @@ from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig
+from contract.ceilings import Ceilings, datasheet_of
+from contract.devices import DEVICES, Present, host_cpu, match_sku
+from contract.schema import load_run
 from kernels import REGISTRY, Target
 from kernels.spec import DTYPES, UnsupportedShape
-from roofline.model.ceilings import Ceilings, datasheet_of
-from roofline.model.devices import DEVICES, Present, host_cpu, match_sku
-from roofline.model.schema import load_run
 
 FAST = TimingConfig(cpu_min_run_time_s=0.005)
 
@@ -554,7 +554,7 @@ def test_metadata_records_fp8_accumulation_and_llc():
 # ---- point 8: above the roof, cache roof, fp8e5 on a CPU ---------------------------------
 
 def test_above_roof_flag():
-    from roofline.model.metrics import derive
+    from contract.metrics import derive
 
     # 1 GB at 2 ms = 500 GB/s against a 100 GB/s roof
     assert derive(1e6, 1e9, 2.0, None, 100.0)["above_roof"] is True

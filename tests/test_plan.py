@@ -204,7 +204,7 @@ def test_memory_capacity_and_fit(capsys):
 def fake_run(tmp_path: Path, rows: list[tuple[str, str, str, float]], peak: float = 989.4,
              status: str = "ok", name: str = "run") -> Path:
     """A results.json with matmul rows (provider, dtype, shape, tflops)."""
-    from roofline.model.schema import COLUMNS
+    from contract.schema import COLUMNS
 
     out = []
     for prov, dt, shape, tf in rows:

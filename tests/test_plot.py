@@ -13,10 +13,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline.model.ceilings import no_roofs
-from roofline.model.devices import DEVICES, ROOF_CLASS
-from roofline.model.metrics import derive
-from roofline.model.schema import ALL_COLUMNS
+from contract.ceilings import no_roofs
+from contract.devices import DEVICES, ROOF_CLASS
+from contract.metrics import derive
+from contract.schema import ALL_COLUMNS
 from roofline.report import plot, plot_cli
 from roofline.report.plot_scaling import plot_scaling
 from roofline.report.style import fmt_tflops
@@ -76,12 +76,12 @@ def cpu_meta() -> dict[str, Any]:
 
 def make_row(kernel: str, provider: str, dtype: str, shape: str, eff: float,
              meta: dict[str, Any], status: str = "ok", reason: str = "") -> dict[str, Any]:
-    """One result row made consistent through roofline.model.metrics.derive."""
+    """One result row made consistent through contract.metrics.derive."""
     dims = {k: int(v) for k, v in (p.split("=") for p in shape.split(","))}
     flops, nbytes = counts(kernel, dtype, dims)
     cls = ROOF_CLASS[dtype] if kernel == "matmul" else "fp32"
     ds, ms_ = meta["ceilings"]["datasheet"], meta["ceilings"]["measured"]
-    # A measured class that is no roof gives its rows none (roofline.model.ceilings.no_roofs).
+    # A measured class that is no roof gives its rows none (contract.ceilings.no_roofs).
     mpeak = None if cls in no_roofs(ms_["tflops"]) else ms_["tflops"].get(cls)
     peak = ds["tflops"].get(cls) if ds else mpeak
     gbps = (ds or ms_)["hbm_gbps"]
@@ -396,7 +396,7 @@ def test_cli_replots_from_folder(tmp_path, capsys):
 def test_figures_get_the_umask_mode_like_other_files(tmp_path, capsys, umask, mode):
     """PNGs were written through mkstemp (0600 whatever the umask) while results.json and
     summary.md were 0644: figures get the mode open() gives, read at the write."""
-    from roofline.model.schema import atomic_write_text
+    from contract.schema import atomic_write_text
 
     run = write_run(tmp_path / "run", h100_meta(), small_run(h100_meta()))
     old = os.umask(umask)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from roofline.model.devices import DEVICES
+from contract.devices import DEVICES
 from roofline.report import plot_cli
 from roofline.report.plot_devices import plot_devices
 from tests.test_plot import (

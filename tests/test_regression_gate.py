@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract.schema import COLUMNS, KEY, SAMPLES
 from roofline.gate.cli import main
 from roofline.gate.promote import baseline_path
 from roofline.gate.render import compare_and_report
@@ -29,7 +30,6 @@ from roofline.gate.rules import (
 from roofline.gate.runs import check_baseline, compare_runs
 from roofline.gate.stats import Timing, min_p_value, row_alpha
 from roofline.gate.verdicts import compare_frames, judge
-from roofline.model.schema import COLUMNS, KEY, SAMPLES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -41,8 +41,8 @@ from benches.sweep.timers import (
     rotation_of,
     timer_for,
 )
+from contract.schema import CACHE_MODES
 from kernels import DTYPE_NAMES, REGISTRY
-from roofline.model.schema import CACHE_MODES
 
 pytestmark = pytest.mark.rehearsal
 

@@ -9,9 +9,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from roofline.model.devices import DEVICES, ROOF_CLASS
-from roofline.model.metrics import derive
-from roofline.model.schema import ALL_COLUMNS, SUMMARY_MD
+from contract.devices import DEVICES, ROOF_CLASS
+from contract.metrics import derive
+from contract.schema import ALL_COLUMNS, SUMMARY_MD
 from roofline.report import summary as report
 
 H100 = DEVICES["h100"]
@@ -31,7 +31,7 @@ def meta(datasheet: bool = True) -> dict[str, Any]:
 
 def row(kernel: str, provider: str, dtype: str, shape: str, ms: float | None,
         status: str = "ok", reason: str | None = None, rel_err: float = 1e-4) -> dict[str, Any]:
-    """A row made consistent by roofline.model.metrics.derive (H100 datasheet + 0.8x measured)."""
+    """A row made consistent by contract.metrics.derive (H100 datasheet + 0.8x measured)."""
     dims = [int(p.split("=")[1]) for p in shape.split(",")]
     b = BYTES[dtype]
     if kernel == "matmul":

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import run_bench
-from roofline.model.schema import ALL_COLUMNS, COLUMNS, load_run
+from contract.schema import ALL_COLUMNS, COLUMNS, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = "n=4099;M=67,K=129;M=48,N=40,K=72"
@@ -166,9 +166,9 @@ def test_help_lists_every_registered_name(capsys, monkeypatch):
     dtypes and no h200-nvl)."""
     from benches.inspect.compile import ARCHES
     from benches.sweep.shapes import PRESETS
+    from contract.devices import DEVICES
     from kernels import PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
-    from roofline.model.devices import DEVICES
 
     monkeypatch.setenv("COLUMNS", "2000")  # one line per option: no wrapped names
     with pytest.raises(SystemExit) as e:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from roofline.model.schema import ROWS_JOURNAL
+from contract.schema import ROWS_JOURNAL
 
 ROOT = Path(__file__).resolve().parent.parent
 

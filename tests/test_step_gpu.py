@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benches.step.explain import gemm_calls
 from benches.step.flops import flop_counter
-from roofline.model.devices import DEVICES, Present
+from contract.devices import DEVICES, Present
 from roofline.plan.arithmetic import step_gemms
 from roofline.plan.cli import build_plan
 from roofline.plan.flags import build_parser
@@ -172,10 +172,10 @@ def test_what_fits_by_the_device_memory(device_gb, expect):
 
 def h200_plan(monkeypatch, measurement: dict) -> dict:
     """build_plan on a faked H200 with the step's measurement given back."""
-    import roofline.model.devices
+    import contract.devices
 
     h200 = Present("h200", "NVIDIA H200", "cuda", (9, 0), 132, 50.0, 141.0)
-    monkeypatch.setattr(roofline.model.devices, "detect", lambda: h200)
+    monkeypatch.setattr(contract.devices, "detect", lambda: h200)
     args = build_parser().parse_args(["--preset", "llama3-8b", "--measure", "step",
                                       "--measure-layers", "1", "--no-save"])
     return build_plan(args, log=lambda msg: None,

@@ -26,8 +26,8 @@ GUARDED = Path(os.environ["GPUBENCH_TEST_GUARDED_DIR"])
 
 def test_the_cache_is_a_seeded_copy():
     from benches.ceilings import get_ceilings
-    from roofline.model.ceilings import Ceilings
-    from roofline.model.devices import DEVICES, host_cpu
+    from contract.ceilings import Ceilings
+    from contract.devices import DEVICES, host_cpu
 
     cache = Path(os.environ["{CACHE_DIR_ENV}"])
     assert not cache.is_relative_to(GUARDED)
@@ -42,7 +42,7 @@ def test_the_cache_is_a_seeded_copy():
 
 def test_measures_this_cpu():
     from benches.ceilings import cache_key
-    from roofline.model.devices import host_cpu
+    from contract.devices import host_cpu
 
     cache = Path(os.environ["{CACHE_DIR_ENV}"])
     (cache / f"ceilings-{{cache_key(host_cpu(), 99)}}.json").write_text("{{}}")

@@ -11,7 +11,7 @@ import pandas as pd
 
 from benches.sweep import results
 from benches.timing.plan import TimingConfig
-from roofline.model.schema import ALL_COLUMNS, RESULTS_JSON
+from contract.schema import ALL_COLUMNS, RESULTS_JSON
 from roofline.report.summary import render_summary
 from roofline.report.timing_settings import TIMING_MEANINGS
 from tests.test_measurement import cpu_cfg

@@ -29,12 +29,12 @@ from benches.sweep.gpu_monitor import (
 from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
+from contract.schema import ALL_COLUMNS, parse_row_key
 from kernels import Target
 from roofline.gate.cli import main
 from roofline.gate.promote import promote
 from roofline.gate.rules import CompareError
 from roofline.gate.verdicts import compare_frames
-from roofline.model.schema import ALL_COLUMNS, parse_row_key
 from roofline.report.summary import render_summary
 from tests.test_measurement import case, gpu_cfg
 

@@ -108,7 +108,7 @@ def test_the_split_line_says_timing_of_wall():
 def pd_rows():
     import pandas as pd
 
-    from roofline.model.schema import ALL_COLUMNS
+    from contract.schema import ALL_COLUMNS
 
     return pd.DataFrame(columns=ALL_COLUMNS)
 

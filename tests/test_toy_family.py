@@ -19,9 +19,9 @@ import torch
 import kernels
 import run_bench
 from benches.sweep.shapes import ShapeError, parse_sizes, preset_shapes, shapes_for
+from contract.rows import canonical_order, compute_kernels, kernel_order, row_roof_class
+from contract.schema import load_run
 from kernels.spec import DTYPES, Inputs, KernelSpec, Provider, Shape, ShapeGroup, randn
-from roofline.model.rows import canonical_order, compute_kernels, kernel_order, row_roof_class
-from roofline.model.schema import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,7 +192,7 @@ import benches.sweep.shapes, roofline.gate.cli, roofline.report.findings
 import roofline.report.plot, roofline.report.plot_devices, roofline.report.plot_scaling
 import roofline.report.summary
 before = sorted(m for m in sys.modules if m.startswith("kernels."))
-from roofline.model.rows import kernel_order
+from contract.rows import kernel_order
 order = kernel_order()
 print(json.dumps([before, "kernels.triton_utils" in sys.modules, order[0]]))
 """

@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import run_bench
-from roofline.model import versions
+from contract import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUNDS = [Requirement("torch>=2.11"), Requirement("triton>=3.6; sys_platform == 'linux'")]

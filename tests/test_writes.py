@@ -17,8 +17,8 @@ import pytest
 
 from benches.sweep import results
 from benches.sweep.results import ResultWriter
-from roofline.model import schema
-from roofline.model.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
+from contract import schema
+from contract.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_run, read_doc
 
 
 def written_row(i: int, n_samples: int = 50) -> dict:

@@ -42,8 +42,8 @@ from benches.timing.plan import (
     plan_cpu,
     sample_count,
 )
+from contract.schema import DEFAULT_CACHE
 from kernels.triton_utils import config_str
-from roofline.model.schema import DEFAULT_CACHE
 
 # (method, Triton's cache warm) of each column, in print order.
 PLANS = (("before", False), ("before", True), ("now", False), ("now", True))

@@ -18,8 +18,8 @@ from benches.estimate.speeds import capability_of, speed_of
 from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console
 from benches.sweep.phases import PHASES
-from roofline.model.ceilings import Ceilings, datasheet_of
-from roofline.model.devices import DEVICES, DeviceModel, Present, detect, host_cpu
+from contract.ceilings import Ceilings, datasheet_of
+from contract.devices import DEVICES, DeviceModel, Present, detect, host_cpu
 
 
 def target_device(args: argparse.Namespace, ref_meta: dict | None = None

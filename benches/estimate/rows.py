@@ -14,10 +14,10 @@ from typing import Any
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.cases import Case, RunConfig
 from benches.timing.plan import TIMER_GRAPH_FALLBACK, bound_ms
+from contract.ceilings import datasheet_of
+from contract.devices import DEVICES, DeviceModel
+from contract.schema import row_key
 from kernels.spec import Target
-from roofline.model.ceilings import datasheet_of
-from roofline.model.devices import DEVICES, DeviceModel
-from roofline.model.schema import row_key
 
 
 @dataclass

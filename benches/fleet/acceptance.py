@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benches.fleet.acceptance_rules import Thresholds
-from roofline.model.cli import positive_problem
+from contract.cli import positive_problem
 
 TEST_WRONG = "GPUBENCH_TEST_WRONG_RANK"
 DEFAULT_MINUTES = 2.0
@@ -148,9 +148,9 @@ def _folder(me: Any, args: argparse.Namespace) -> Path:
 
 def _device(me: Any, args: argparse.Namespace) -> tuple[str, str, float | None]:
     """(device key, device name, expected busbw GB/s): the device model's NVLink figure
-    per direction (roofline/model/devices.py, as the fleet run's collectives roof) unless
+    per direction (contract/devices.py, as the fleet run's collectives roof) unless
     --expected-busbw."""
-    from roofline.model.devices import DEVICES, detect, host_cpu
+    from contract.devices import DEVICES, detect, host_cpu
 
     present = detect() if me.device == "cuda" else host_cpu()
     model = DEVICES.get(present.key)

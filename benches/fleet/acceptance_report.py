@@ -133,7 +133,7 @@ def write_reports(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bo
                   ) -> None:
     """acceptance.json and .md, then the figure; a figure that fails is a warning line
     on stderr (the verdict stands on the two documents)."""
-    from roofline.model.schema import atomic_write_text
+    from contract.schema import atomic_write_text
 
     doc = {**doc, "rules": [asdict(r) for r in rules(t)]}
     atomic_write_text(folder / JSON, json.dumps(doc, indent=1, default=str) + "\n")

@@ -404,7 +404,7 @@ def _nvlink_model(r: dict[str, Any]) -> tuple[str | None, int | None]:
     """(the device model's name, its NVLink links) where it is joined by NVLink (an SXM
     part: the device table gives it an NVLink figure), else (None, None); by the rank's
     device key, else its name."""
-    from roofline.model.devices import DEVICES, match_sku
+    from contract.devices import DEVICES, match_sku
 
     key = r.get("device_key") or match_sku(_model(r))
     model = DEVICES.get(key)

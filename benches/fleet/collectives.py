@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from benches.timing.clock import summarize, time_call_ms
-from roofline.model.schema import ALL_COLUMNS, SAMPLES
-from roofline.plan.comm import BUSBW_FACTOR
+from contract.metrics import BUSBW_FACTOR
+from contract.schema import ALL_COLUMNS, SAMPLES
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -121,7 +121,7 @@ def wants_gpu(requested: str) -> bool:
         return False
     if requested == "auto":
         return torch.cuda.is_available()
-    from roofline.model.devices import DEVICES
+    from contract.devices import DEVICES
 
     model = DEVICES.get(requested)
     if model is not None and model.kind == "cpu":

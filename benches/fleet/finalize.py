@@ -35,7 +35,8 @@ from typing import Any
 
 from benches.fleet.dist import Rank
 from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
-from roofline.model.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
+from benches.fleet.rank_io import say_line
+from contract.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
 from roofline.report.finalize import FinalizeError, finalize
 
 USAGE = "python -m benches.fleet.finalize DIR [--no-plots]"
@@ -201,18 +202,18 @@ def main(argv: list[str]) -> int:
     bad = [a for a in args if a.startswith("-")]
     if bad or len(args) != 1:
         what = f"unknown option {bad[0]}" if bad else f"expected one DIR, got {len(args)}"
-        print(f"error: {what} (usage: {USAGE})", file=sys.stderr)
+        say_line(f"error: {what} (usage: {USAGE})")
         return 2
     root = Path(args[0])
     if not root.is_dir():
-        print(f"error: {root} is not a folder (usage: {USAGE})", file=sys.stderr)
+        say_line(f"error: {root} is not a folder (usage: {USAGE})")
         return 2
     result = finalize_tree(root, plots="--no-plots" not in argv)
     for d in result.done:
         how = "from its journal" if d.what == "run" else "from its rank folders"
         print(f"{d.folder}: {d.rows} rows written whole {how}; still incomplete")
     for r in result.refused:
-        print(f"error: {r.folder}: {r.why}", file=sys.stderr)
+        say_line(f"error: {r.folder}: {r.why}")
     if not result.done and not result.refused:
         print(f"nothing to finalize under {root}")
     return 1 if result.refused else 0

@@ -83,7 +83,7 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
              ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(rows, metadata, device info) of this rank's own run folder; `slow`: the test-only
     slow-rank hook's 10x longer times."""
-    from roofline.model.schema import read_doc
+    from contract.schema import read_doc
 
     found = sorted(run_root.glob(f"*/{run_id}/results.json"))
     doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
@@ -125,7 +125,7 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
 
     from benches.sweep.job import finish_run
     from benches.sweep.results import ResultWriter
-    from roofline.model.devices import DEVICES
+    from contract.devices import DEVICES
     from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
 
     infos = [g[0] for g in gathered]

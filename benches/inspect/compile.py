@@ -71,7 +71,7 @@ ARCHES: dict[str, tuple[int, str, int]] = {
     "sm_100": (100, "b200", 232448),
 }
 
-# SM count of a B200 (148: two dies of 74), used only while roofline.model.devices has no
+# SM count of a B200 (148: two dies of 74), used only while contract.devices has no
 # "b200" model to read it from.
 _SMS_FALLBACK = {"b200": 148}
 
@@ -110,8 +110,8 @@ def gpu_target(cc: int):
 
 
 def sms_of(model: str) -> int:
-    """SM count of a device model (roofline.model.devices, else _SMS_FALLBACK; 0 unknown)."""
-    from roofline.model.devices import DEVICES
+    """SM count of a device model (contract.devices, else _SMS_FALLBACK; 0 unknown)."""
+    from contract.devices import DEVICES
 
     dev = DEVICES.get(model)
     return (dev.sms if dev is not None else None) or _SMS_FALLBACK.get(model, 0)

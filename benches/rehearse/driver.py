@@ -48,7 +48,7 @@ class GpuModel:
     """What a CUDA driver reports about one GPU (cuDeviceGetAttribute, and torch's
     device properties for the name, memory and L2)."""
 
-    key: str  # roofline.model.devices key
+    key: str  # contract.devices key
     name: str  # torch.cuda.get_device_name
     capability: tuple[int, int]
     sms: int

@@ -137,9 +137,9 @@ def registry_cases(arch: str, model: GpuModel, kernels: list[str], dtypes: list[
     from benches.inspect.compile import bind
     from benches.sweep import triton_cache
     from benches.sweep.shapes import preset_shapes
+    from contract.schema import format_shape
     from kernels import REGISTRY
     from kernels.spec import Target
-    from roofline.model.schema import format_shape
 
     target = Target("cuda", model.capability, False, arch)
     seen: set[str] = set()

@@ -8,13 +8,13 @@ import os
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS, GpuModel, StandInDriver
 from benches.sweep.cases import RunConfig
-from roofline.model.devices import Present
+from contract.devices import Present
 
 
 def present_of(model: GpuModel) -> Present:
-    """The Present a GPU run would detect on this device (roofline.model.devices.detect
+    """The Present a GPU run would detect on this device (contract.devices.detect
     from torch's device properties)."""
-    from roofline.model.devices import match_sku
+    from contract.devices import match_sku
 
     return Present(key=match_sku(model.name, model.sms), name=model.name, kind="cuda",
                    capability=model.capability, sms=model.sms,
@@ -25,10 +25,10 @@ def run_config(model: GpuModel, kernels: list[str], dtypes: list[str], sizes: st
                cache: list[str] | None = None) -> RunConfig:
     """A GPU sweep's RunConfig on `model` (compiled Triton, the datasheet's ceilings), as
     benches/sweep/job.py builds it on that GPU."""
+    from contract.ceilings import Ceilings, datasheet_of
+    from contract.devices import DEVICES
+    from contract.schema import DEFAULT_CACHE
     from kernels.spec import Target
-    from roofline.model.ceilings import Ceilings, datasheet_of
-    from roofline.model.devices import DEVICES
-    from roofline.model.schema import DEFAULT_CACHE
 
     present = present_of(model)
     device = DEVICES[present.key]

@@ -22,7 +22,7 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
     lacks, or a dtype or provider it does not have, are left out.  `native_cache`: in
     the device's native cache mode, as run_bench.py times by default (cold on a GPU,
     warm on a CPU); else the sweep's default mode."""
-    from roofline.model.schema import native_cache as native_mode
+    from contract.schema import native_cache as native_mode
 
     model, present, ceilings = device
     from benches.sweep.cases import Case, RunConfig

@@ -20,17 +20,17 @@ from benches.sweep.gpu_monitor import (
 )
 from benches.sweep.shapes import shapes_for
 from benches.timing.plan import TimingConfig
-from kernels import DTYPES, REGISTRY, KernelSpec, Target
-from kernels.spec import Shape
-from roofline.model import metrics
-from roofline.model.ceilings import Ceilings
-from roofline.model.devices import DeviceModel, Present
-from roofline.model.schema import (
+from contract import metrics
+from contract.ceilings import Ceilings
+from contract.devices import DeviceModel, Present
+from contract.schema import (
     ALL_COLUMNS,
     DEFAULT_CACHE,
     RowKey,
     format_shape,
 )
+from kernels import DTYPES, REGISTRY, KernelSpec, Target
+from kernels.spec import Shape
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Case:
     dtype: str
     shape: Shape
     # "cold" (caches flushed or rotated past between calls) or "warm" (back-to-back calls
-    # on the same buffers): roofline.model.schema.CACHE_MODES.
+    # on the same buffers): contract.schema.CACHE_MODES.
     cache: str = DEFAULT_CACHE
 
     @property
@@ -49,7 +49,7 @@ class Case:
 
     @property
     def key(self) -> RowKey:
-        """The key of this case's row (roofline.model.schema.row_key)."""
+        """The key of this case's row (contract.schema.row_key)."""
         return (self.spec.name, self.provider, self.dtype, self.shape_str, self.cache)
 
     @property

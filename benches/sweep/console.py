@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 from kernels import REGISTRY
-from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default,
 # so tables do not fold.
@@ -36,7 +36,6 @@ def print_kernels() -> None:
             notes.add_row(spec.name, n, p.note)
     console.print(notes)
     print_block_formats()
-    print_collectives()
 
 
 def print_block_formats() -> None:
@@ -54,30 +53,6 @@ def print_block_formats() -> None:
         t.add_row(name, element_format(name), f"{d.block} along K", scale_format(name),
                   "fp32" if d.tensor_scale else "-", f"{8 * d.bytes_per_element:g}",
                   ROOF_CLASS[name], f"{d.tol:g}")
-    console.print(t)
-
-
-def _size(n: int) -> str:
-    return f"{n >> 30} GB" if n >= 2**30 else f"{n >> 20} MB" if n >= 2**20 else f"{n >> 10} KB"
-
-
-def print_collectives() -> None:
-    """The collectives: not a --kernels family, they run in every fleet run (torchrun)."""
-    from benches.fleet.collectives import CPU_SIZES, DTYPES, GPU_SIZES, OPS
-    from roofline.plan.comm import BUSBW_FACTOR
-
-    t = Table(title="Collectives: timed by every fleet run with more than one rank "
-                    "(torchrun --nproc-per-node=G run_bench.py ...; --no-collectives skips "
-                    "them); not chosen with --kernels")
-    for col in ("collective", "dtypes", "sizes (whole array)", "busbw = algbw x"):
-        t.add_column(col)
-    sizes = (f"GPUs (NCCL): {_size(GPU_SIZES[0])}..{_size(GPU_SIZES[-1])}; "
-             f"CPUs (gloo): {_size(CPU_SIZES[0])}..{_size(CPU_SIZES[-1])}; x4 apart")
-    # The factor's formula, recognised from its value at 4 ranks (roofline/plan/comm.py
-    # holds the factors).
-    formula = {1.5: "2(n-1)/n", 0.75: "(n-1)/n", 1.0: "1"}
-    for op in OPS:
-        t.add_row(op, ",".join(DTYPES), sizes, formula.get(BUSBW_FACTOR[op](4), "?"))
     console.print(t)
 
 

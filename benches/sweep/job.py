@@ -40,14 +40,8 @@ from benches.sweep.run_folder import (
 )
 from benches.sweep.shapes import PRESETS, ShapeError, parse_sizes
 from benches.timing.plan import TimingConfig
-from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
-from kernels import spec as kernel_spec
-from kernels.spec import Target, interpreter_enabled
-from kernels.tuning import identity_text, set_device_identity
-from roofline.gate.rules import CompareError, parse_allow
-from roofline.gate.runs import check_baseline
-from roofline.model.ceilings import Ceilings
-from roofline.model.devices import (
+from contract.ceilings import Ceilings
+from contract.devices import (
     DEVICES,
     DeviceError,
     DeviceModel,
@@ -56,7 +50,7 @@ from roofline.model.devices import (
     host_cpu,
     resolve,
 )
-from roofline.model.schema import (
+from contract.schema import (
     CACHE_MODES,
     DEFAULT_CACHE,
     RowKey,
@@ -65,7 +59,13 @@ from roofline.model.schema import (
     parse_row_key,
     row_key,
 )
-from roofline.model.versions import check_versions, warning_line
+from contract.versions import check_versions, warning_line
+from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
+from kernels import spec as kernel_spec
+from kernels.spec import Target, interpreter_enabled
+from kernels.tuning import identity_text, set_device_identity
+from roofline.gate.rules import CompareError, parse_allow
+from roofline.gate.runs import check_baseline
 from roofline.report.summary import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
@@ -119,7 +119,7 @@ def finish_run(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
     df = writer.frame()
     meta = writer.metadata
     try:
-        from roofline.model.schema import ROOFLINE_PNG, SCALING_PNG
+        from contract.schema import ROOFLINE_PNG, SCALING_PNG
         from roofline.report.plot import plot_roofline
         from roofline.report.plot_scaling import plot_scaling
         from roofline.report.summary import write_summary

@@ -22,7 +22,7 @@ from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
 from benches.timing.plan import cpu_cache_bytes, read_llc
-from roofline.model.schema import (
+from contract.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
     RESULTS_JSON,
@@ -30,7 +30,7 @@ from roofline.model.schema import (
     SAMPLES,
     atomic_write_text,
 )
-from roofline.model.versions import check_versions
+from contract.versions import check_versions
 
 
 def head_commit() -> str | None:
@@ -176,7 +176,7 @@ class ResultWriter:
     """Keeps the run folder's results current after every row, at a cost per row that
     does not grow with the rows before it.
 
-    A row is appended to the journal (roofline.model.schema.ROWS_JOURNAL, one JSON row with its
+    A row is appended to the journal (contract.schema.ROWS_JOURNAL, one JSON row with its
     raw samples per line) and to results.csv; results.json and results.csv are rewritten
     whole (atomically) only by flush(): at the run's start, after its ceilings and at its
     end, also after an interrupt or abort.  Rewriting them after every row cost time

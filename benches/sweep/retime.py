@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from roofline.model.schema import DEFAULT_CACHE, RowKey, parse_row_key, row_key
+from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key, row_key
 
 SEP = "|"
 
@@ -103,7 +103,7 @@ def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]
                    ) -> Retimer:
     """The Retimer of a saved run's rows, with the run's own settings from its metadata;
     refuses (ForeignRun) a run of another device than this machine's."""
-    from roofline.model.devices import detect
+    from contract.devices import detect
 
     here = detect().key
     if device != here:
@@ -121,11 +121,11 @@ def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.sweep.runner import run_case
     from benches.sweep.timers import sweep_cache
     from benches.timing.plan import TimingConfig
+    from contract.ceilings import Ceilings
+    from contract.devices import detect, host_cpu, resolve
+    from contract.schema import parse_shape
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
-    from roofline.model.ceilings import Ceilings
-    from roofline.model.devices import detect, host_cpu, resolve
-    from roofline.model.schema import parse_shape
 
     set_fp8_accum(spec["fp8_accum"])
     present = detect()

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from roofline.model.schema import RunLoadError, read_doc, resolve_results_json
+from contract.schema import RunLoadError, read_doc, resolve_results_json
 
 
 class RequestError(ValueError):

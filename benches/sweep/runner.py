@@ -50,12 +50,12 @@ from benches.sweep.phases import TimeSplit
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from contract import metrics
+from contract.ceilings import NO_ROOF_BELOW_FP32
+from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES
 from kernels import DTYPES, Target
 from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
-from roofline.model import metrics
-from roofline.model.ceilings import NO_ROOF_BELOW_FP32
-from roofline.model.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES
 
 
 def device_memory_bytes(cfg: RunConfig) -> float | None:
@@ -252,7 +252,7 @@ def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
     rc = case.spec.roof_class(case.dtype, cfg.target)
     note = "; ".join(x for x in (note, case.spec.roof_note(case.dtype, cfg.target)) if x)
     if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
-        # Said in the row, where its MFU would be (roofline.model.ceilings.no_roofs).
+        # Said in the row, where its MFU would be (contract.ceilings.no_roofs).
         no_roof = (f"no {rc} compute roof here (measured under {NO_ROOF_BELOW_FP32:g}x "
                    "fp32's): no MFU")
         if no_roof not in note:

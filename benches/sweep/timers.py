@@ -63,7 +63,7 @@ from benches.timing.plan import (
     graph_plan,
     rotation_copies,
 )
-from roofline.model.schema import DEFAULT_CACHE
+from contract.schema import DEFAULT_CACHE
 
 # The timers of CPU rows: timed in rounds, their samples pooled at the end.
 CPU_TIMERS = (TIMER_CPU, TIMER_CPU_ROTATED)

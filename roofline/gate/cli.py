@@ -9,6 +9,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from contract.cli import Parser, UsageError
+from contract.devices import DeviceError
+from contract.schema import (
+    RESULTS_JSON,
+    RunLoadError,
+    load_run,
+)
 from roofline.gate.promote import promote
 from roofline.gate.render import (
     append_step_summary,
@@ -28,13 +35,6 @@ from roofline.gate.rules import (
     status_column,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
-from roofline.model.cli import Parser, UsageError
-from roofline.model.devices import DeviceError
-from roofline.model.schema import (
-    RESULTS_JSON,
-    RunLoadError,
-    load_run,
-)
 
 
 def _parser() -> argparse.ArgumentParser:

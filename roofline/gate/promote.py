@@ -13,6 +13,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.devices import DeviceError, get_device_model
+from contract.schema import (
+    SAMPLES,
+    RunLoadError,
+    load_run,
+    resolve_results_json,
+    row_key,
+    row_name,
+)
 from roofline.gate.render import write_report
 from roofline.gate.rules import (
     DEFAULT_BASELINES_DIR,
@@ -25,15 +34,6 @@ from roofline.gate.rules import (
 )
 from roofline.gate.runs import incomplete_reasons, read_run, run_device_key
 from roofline.gate.verdicts import is_throttled
-from roofline.model.devices import DeviceError, get_device_model
-from roofline.model.schema import (
-    SAMPLES,
-    RunLoadError,
-    load_run,
-    resolve_results_json,
-    row_key,
-    row_name,
-)
 
 
 def baseline_path(device_key: str, baselines_dir: str | Path = DEFAULT_BASELINES_DIR) -> Path:
@@ -80,7 +80,7 @@ def pool_rows(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     test then asks whether a new run lies outside what the machine itself does.  A row
     that is not ok with the same timer in every run is taken from the last run as it is.
     """
-    from roofline.model import metrics
+    from contract import metrics
 
     last = docs[-1]["rows"]
     by_run = [{row_key(r): r for r in d["rows"] if isinstance(r, dict)} for d in docs]
@@ -137,7 +137,7 @@ def promote(run: str | Path | Sequence[str | Path], device: str | None = None,
     """Make a run the device's baseline; returns (baseline path, where the replaced
     baseline was kept or None).
 
-    The device key is `device` (validated against roofline.model.devices), else the run's
+    The device key is `device` (validated against contract.devices), else the run's
     device_key.  Refused (CompareError) unless `force`: a run that was interrupted,
     aborted or is incomplete, a run with no ok row, a run with rows timed while the GPU
     throttled, a run of another device than `device` or than the baseline it replaces.

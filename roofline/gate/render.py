@@ -13,6 +13,15 @@ from typing import Any
 
 import pandas as pd
 
+from contract.schema import (
+    DEFAULT_CACHE,
+    ROW_ID,
+    RunLoadError,
+    atomic_write_text,
+    native_cache,
+    resolve_results_json,
+    row_name,
+)
 from roofline.gate.rules import (
     ALLOWABLE_VERDICTS,
     BENCHMARK_JSON,
@@ -26,15 +35,6 @@ from roofline.gate.rules import (
 )
 from roofline.gate.runs import compare_runs, confirm_slower
 from roofline.gate.verdicts import CompareResult, normalise_rows
-from roofline.model.schema import (
-    DEFAULT_CACHE,
-    ROW_ID,
-    RunLoadError,
-    atomic_write_text,
-    native_cache,
-    resolve_results_json,
-    row_name,
-)
 
 
 def _fmt_ms(x: float) -> str:

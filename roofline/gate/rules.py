@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from roofline.model.devices import DeviceError, get_device_model
-from roofline.model.schema import (
+from contract.devices import DeviceError, get_device_model
+from contract.schema import (
     SAMPLES,
     RowKey,
 )

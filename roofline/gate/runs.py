@@ -12,6 +12,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.schema import (
+    RunLoadError,
+    load_run,
+    row_key,
+    row_name,
+)
 from roofline.gate.rules import (
     CompareError,
     Retime,
@@ -27,12 +33,6 @@ from roofline.gate.rules import (
 )
 from roofline.gate.stats import Timing, fast_end_ratio
 from roofline.gate.verdicts import CompareResult, Problem, judge_frames, sort_by_verdict
-from roofline.model.schema import (
-    RunLoadError,
-    load_run,
-    row_key,
-    row_name,
-)
 
 
 def read_run(path: str | os.PathLike, role: str) -> tuple[dict[str, Any], pd.DataFrame]:

@@ -33,6 +33,16 @@ from typing import Any
 
 import pandas as pd
 
+from contract.schema import (
+    CACHE,
+    KEY,
+    ROW_ID,
+    SAMPLES,
+    RowKey,
+    cache_column,
+    row_key,
+    row_name,
+)
 from roofline.gate.rules import (
     ALLOWABLE_VERDICTS,
     DEFAULT_THRESHOLD,
@@ -55,16 +65,6 @@ from roofline.gate.stats import (
     min_p_value,
     row_alpha,
     shift_p_value,
-)
-from roofline.model.schema import (
-    CACHE,
-    KEY,
-    ROW_ID,
-    SAMPLES,
-    RowKey,
-    cache_column,
-    row_key,
-    row_name,
 )
 
 

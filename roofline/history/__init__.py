@@ -6,6 +6,6 @@ series, a report for CI and a static dashboard.
     python -m roofline history html STORE --out DIR
 
 A series is one row key across runs: (kernel, provider, dtype, shape, cache mode), as the
-regression gate joins rows (roofline.model.schema.ROW_ID).  Saved results only: nothing here
+regression gate joins rows (contract.schema.ROW_ID).  Saved results only: nothing here
 launches a kernel (the report's re-timing is a command the command line passes in).
 """

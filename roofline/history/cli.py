@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from contract.cli import Parser, UsageError
+from contract.schema import RESULTS_JSON, atomic_write_text
 from roofline.gate.render import append_step_summary
 from roofline.gate.rules import RetimerFactory, cli_exit_code
 from roofline.history.changepoints import (
@@ -26,8 +28,6 @@ from roofline.history.changepoints import (
 from roofline.history.errors import HistoryError, require
 from roofline.history.series import DeviceSeries, Options, build_series
 from roofline.history.store import DEFAULT_STORE, add_run, load_store, run_document
-from roofline.model.cli import Parser, UsageError
-from roofline.model.schema import RESULTS_JSON, atomic_write_text
 
 
 def _detection_options(p: argparse.ArgumentParser, window: int | None) -> None:

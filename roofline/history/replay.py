@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.schema import SAMPLES, load_run, row_name
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -40,7 +41,6 @@ from roofline.history.changepoints import (
     new_changes,
 )
 from roofline.history.noise import median_noise
-from roofline.model.schema import SAMPLES, load_run, row_name
 
 RUNS = 200
 STEPS = (0.03, 0.05, 0.10, 0.30)

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.schema import RowKey
 from roofline.gate.rules import Retime
 from roofline.gate.runs import CONFIRM_MIN_ROUNDS
 from roofline.gate.stats import fast_end
 from roofline.history.changepoints import ChangePoint, young_runs
 from roofline.history.detectable import MAX_RUNS
 from roofline.history.series import DeviceSeries, Series
-from roofline.model.schema import RowKey
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.schema import ROW_ID, RowKey, row_name
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -24,7 +25,6 @@ from roofline.history.detectable import Sight, sight
 from roofline.history.errors import HistoryError
 from roofline.history.noise import median_noise, spread
 from roofline.history.store import History
-from roofline.model.schema import ROW_ID, RowKey, row_name
 
 
 @dataclass(frozen=True)

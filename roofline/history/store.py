@@ -41,11 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from roofline.gate.rules import time_problem
-from roofline.gate.runs import incomplete_reasons, run_device_key
-from roofline.gate.stats import fast_end
-from roofline.history.errors import HistoryError
-from roofline.model.schema import (
+from contract.schema import (
     KEY,
     ROW_ID,
     SAMPLES,
@@ -55,6 +51,10 @@ from roofline.model.schema import (
     row_cache,
     row_name,
 )
+from roofline.gate.rules import time_problem
+from roofline.gate.runs import incomplete_reasons, run_device_key
+from roofline.gate.stats import fast_end
+from roofline.history.errors import HistoryError
 
 DEFAULT_STORE = "results/history"
 MARKER = "HISTORY_STORE"

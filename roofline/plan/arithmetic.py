@@ -19,7 +19,7 @@ DEFAULT_MFU = 0.5  # the customary assumption this tool exists to replace
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
 
-# Memory per GPU in GB (1e9 bytes) as sold, keyed like roofline.model.devices.DEVICES.  The
+# Memory per GPU in GB (1e9 bytes) as sold, keyed like contract.devices.DEVICES.  The
 # worked examples use these nominal sizes (8 x 80 GB at 12 B/param ~ 53B parameters);
 # what an allocator can actually hand out is a few percent less.
 GPU_MEMORY_GB: dict[str, float] = {

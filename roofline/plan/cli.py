@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from roofline.model.devices import DEVICES, DeviceError
+from contract.devices import DEVICES, DeviceError
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
@@ -371,7 +371,7 @@ def main(argv: list[str], harness: Harness | None = None) -> int:
     args = parser.parse_or_exit_code(argv)
     if isinstance(args, int):
         return args
-    from roofline.model.schema import RunLoadError, atomic_write_text
+    from contract.schema import RunLoadError, atomic_write_text
 
     dest = None
     try:

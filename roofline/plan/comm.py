@@ -29,16 +29,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from contract.metrics import BUSBW_FACTOR
 from roofline.plan.arithmetic import SECONDS_PER_DAY, attention_score_flops
 from roofline.plan.model import DEFAULT_SEQ_LEN, ModelShape, PlanError
-
-BUSBW_FACTOR = {
-    "all_reduce": lambda g: 2 * (g - 1) / g,
-    "all_gather": lambda g: (g - 1) / g,
-    "reduce_scatter": lambda g: (g - 1) / g,
-    "all_to_all": lambda g: (g - 1) / g,
-    "broadcast": lambda g: 1.0,
-}
 
 
 def collective_seconds(op: str, size_bytes: float, gpus: int, busbw_gbps: float) -> float:
@@ -104,7 +97,7 @@ def busbw_row(run: str, op: str = "all_reduce", size: int | None = None) -> dict
     ranks)."""
     import pandas as pd
 
-    from roofline.model.schema import load_run, parse_shape
+    from contract.schema import load_run, parse_shape
 
     _, df = load_run(run)
     if df.empty or "busbw_gbps" not in df.columns:
@@ -145,7 +138,7 @@ def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: 
                   warnings: list[str]) -> None:
     """Refuse a busbw measured on another kind of device than the plan's (unless
     forced); warn when its backend or rank count is not what the plan's would be."""
-    from roofline.model.devices import DEVICES
+    from contract.devices import DEVICES
 
     where = (f"{row['device'] or 'an unnamed device'}"
              + (f", {row['backend']}" if row["backend"] else "")

@@ -9,7 +9,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from roofline.model.devices import DEVICES
+from contract.devices import DEVICES
 from roofline.plan.arithmetic import Gemm, device_memory_bytes, policy_items
 from roofline.plan.explain import explain_report, step_kernels
 from roofline.plan.harness import Harness
@@ -82,8 +82,8 @@ def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
     """(device key, warnings) of a --measure, either kind: --device, or the device
     present.  DeviceError (one line, exit 2) before anything is measured when --device
     names a GPU and none is present."""
-    # Looked up at the call: a test fakes the device present in roofline.model.devices.
-    from roofline.model.devices import detect, host_cpu, resolve
+    # Looked up at the call: a test fakes the device present in contract.devices.
+    from contract.devices import detect, host_cpu, resolve
 
     if args.device and args.device != "auto":
         present = host_cpu() if args.device == "cpu" else detect()

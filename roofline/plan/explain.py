@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from roofline.model.ceilings import Ceilings
+from contract.ceilings import Ceilings
 from roofline.plan.arithmetic import over_peak, rate_text, step_gemms
 from roofline.plan.model import ModelShape
 

@@ -6,8 +6,8 @@ import argparse
 import math
 from dataclasses import replace
 
-from roofline.model.cli import Parser
-from roofline.model.devices import ROOF_CLASS
+from contract.cli import Parser
+from contract.devices import ROOF_CLASS
 from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES, WEIGHT_FORMATS
 from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
 
@@ -80,7 +80,7 @@ def build_parser() -> Parser:
     dd.add_argument("--tokens", type=_positive_float, metavar="D", help="e.g. 15e12 or 15T")
     dd.add_argument("--chinchilla", action="store_true", help="D = 20 N")
     h = p.add_argument_group("hardware")
-    h.add_argument("--device", help="device key (roofline.model.devices): default h100, or the "
+    h.add_argument("--device", help="device key (contract.devices): default h100, or the "
                                     "device present with --measure, or the run's with "
                                     "--from-run")
     h.add_argument("--gpus", type=_positive_int, default=1, metavar="G")

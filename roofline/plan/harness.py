@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from roofline.model.ceilings import Ceilings
-from roofline.model.devices import DeviceModel, Present
+from contract.ceilings import Ceilings
+from contract.devices import DeviceModel, Present
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import ModelShape
 

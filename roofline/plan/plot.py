@@ -10,8 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from roofline.model.devices import ROOF_CLASS
-from roofline.model.rows import run_ceilings
+from contract.devices import ROOF_CLASS
+from contract.rows import run_ceilings
 from roofline.report.plot import draw_ceilings
 from roofline.report.style import fmt_tflops, new_figure, save_figure
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from roofline.model.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
+from contract.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
 
 if TYPE_CHECKING:
-    from roofline.model.ceilings import Ceilings
+    from contract.ceilings import Ceilings
     from roofline.plan.harness import DeviceCeilings
 
 
@@ -35,7 +35,7 @@ def ceilings_peak(model: DeviceModel, present: Present, ceilings: Ceilings,
                   dtype: str) -> float:
     """The peak TFLOP/s `ceilings` hold `dtype` to (the datasheet's, else the measured
     one), or PlanError saying why there is none.  A class measured under 0.1x fp32's rate
-    is no roof (roofline.model.ceilings.no_roofs: bf16 and fp16 on a CPU without their units),
+    is no roof (contract.ceilings.no_roofs: bf16 and fp16 on a CPU without their units),
     and the refusal says so with the figures, and to plan in fp32."""
     rc = ROOF_CLASS[dtype]
     peak = ceilings.peak_tflops(rc)
@@ -76,7 +76,7 @@ def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> di
     space over M, N, K); MFU is that row's TFLOP/s over the peak the run held it to."""
     import pandas as pd
 
-    from roofline.model.schema import load_run, parse_shape
+    from contract.schema import load_run, parse_shape
 
     meta, df = load_run(run)
     if df.empty or "kernel" not in df.columns:

@@ -15,8 +15,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from roofline.model.devices import ROOF_CLASS
-from roofline.model.rows import run_ceilings
+from contract.devices import ROOF_CLASS
+from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.plot import marker_area, roofline_axes
 from roofline.report.style import save_figure

@@ -6,7 +6,7 @@ and results.csv, then summary.md and the figures are drawn.  The run stays what 
 incomplete (`complete` false, `cut_short` saying how it ended), so the gate and the
 targets never take it for a whole run, and `run_bench.py --resume RUN` can still finish
 it.  Its ceilings stay as measured: a run cut before they reached its metadata has them
-in every row (meas_peak_*), where the readers find them (roofline.model.rows.run_ceilings).
+in every row (meas_peak_*), where the readers find them (contract.rows.run_ceilings).
 Nothing is lost: the journal is removed only once results.json holds each of its rows.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from roofline.model.schema import (
+from contract.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
     RESULTS_JSON,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.model.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
-from roofline.model.schema import WARM, cache_column, native_cache, parse_shape, row_cache
+from contract.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
+from contract.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
                 "pct_meas_roof", "intensity", "ms_median", "roof"]

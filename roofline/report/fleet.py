@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.model.rows import positive_float
-from roofline.model.schema import atomic_write_text, mode_tag
+from contract.rows import positive_float
+from contract.schema import atomic_write_text, mode_tag
 from roofline.report.style import new_figure, save_figure
 
 DEFAULT_TOLERANCE = {"cuda": 5.0, "cpu": 25.0}  # percent below the fleet median

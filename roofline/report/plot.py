@@ -31,9 +31,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
-from roofline.model.ceilings import NO_ROOF_BELOW_FP32
-from roofline.model.devices import ROOF_CLASSES
-from roofline.model.rows import (
+from contract.ceilings import NO_ROOF_BELOW_FP32
+from contract.devices import ROOF_CLASSES
+from contract.rows import (
     DTYPE_ORDER,
     PROVIDER_ORDER,
     Ceiling,
@@ -44,7 +44,7 @@ from roofline.model.rows import (
     panel_classes,
     run_ceilings,
 )
-from roofline.model.schema import (
+from contract.schema import (
     CACHE,
     ROW_ID,
     WARM,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.model.cli import Parser, UsageError
-from roofline.model.schema import (
+from contract.cli import Parser, UsageError
+from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
     RunLoadError,

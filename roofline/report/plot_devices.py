@@ -28,8 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
-from roofline.model.devices import ROOF_CLASSES
-from roofline.model.rows import (
+from contract.devices import ROOF_CLASSES
+from contract.rows import (
     DTYPE_ORDER,
     PROVIDER_ORDER,
     Ceiling,
@@ -67,7 +67,7 @@ class DeviceRun:
     tag: str  # unique in the figure: the device key, "-2", "-3" when keys repeat
     name: str  # the device's name as the run recorded it
     run_id: str
-    rows: pd.DataFrame  # clean rows (roofline.model.rows.clean_rows)
+    rows: pd.DataFrame  # clean rows (contract.rows.clean_rows)
     ok: pd.DataFrame  # the plottable ones (ok_rows)
     ceilings: dict[str, Ceiling]
     color: str
@@ -182,7 +182,7 @@ def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
                  out: str | os.PathLike | None = None) -> Figure:
     """Rooflines of several runs (one per device) on one figure, one panel per dtype.
 
-    `runs` are (metadata, rows) pairs as roofline.model.schema.load_run returns them.  Writes a
+    `runs` are (metadata, rows) pairs as contract.schema.load_run returns them.  Writes a
     PNG to `out` when given and returns the Figure either way."""
     devs = device_runs(runs)
     every = pd.concat([d.rows for d in devs if not d.rows.empty] or [pd.DataFrame()])

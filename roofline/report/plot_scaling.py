@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from roofline.model.rows import (
+from contract.rows import (
     DTYPE_ORDER,
     PROVIDER_ORDER,
     Ceiling,
@@ -29,7 +29,7 @@ from roofline.model.rows import (
     panel_classes,
     run_ceilings,
 )
-from roofline.model.schema import WARM, cache_column
+from contract.schema import WARM, cache_column
 from roofline.report.style import (
     ROOF_COLOR,
     ROOF_STYLE,

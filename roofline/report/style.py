@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
 
-from roofline.model.schema import atomic_write
+from contract.schema import atomic_write
 
 # Kernel colours avoid tab10 green/red/grey: green and red mean faster/slower on baseline
 # arrows, grey is the ceilings.
@@ -164,7 +164,7 @@ def tidy_grid(fig: Figure, axes: np.ndarray, n: int) -> list[Any]:
 
 
 def save_figure(fig: Figure, out: str | os.PathLike) -> Path:
-    """Write the figure as PNG atomically (temp file + rename, roofline.model.schema.atomic_write):
+    """Write the figure as PNG atomically (temp file + rename, contract.schema.atomic_write):
     a crash mid-write never leaves a truncated image in place of a good one, and the PNG
     gets the same mode as the run's other files."""
     return atomic_write(out, lambda f: fig.savefig(f, format="png", dpi=DPI))

@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from roofline.model.ceilings import no_roofs
-from roofline.model.devices import ROOF_CLASSES
-from roofline.model.rows import Ceiling, clean_rows, run_ceilings
-from roofline.model.schema import (
+from contract.ceilings import no_roofs
+from contract.devices import ROOF_CLASSES
+from contract.rows import Ceiling, clean_rows, run_ceilings
+from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
     SUMMARY_MD,

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.spec import PLAIN_DTYPES
-from roofline.gate.runs import incomplete_reasons
-from roofline.model.devices import ROOF_CLASS
-from roofline.model.rows import DTYPE_ORDER, clean_rows, positive_float, run_ceilings
-from roofline.model.schema import (
+from contract.devices import ROOF_CLASS
+from contract.rows import DTYPE_ORDER, clean_rows, positive_float, run_ceilings
+from contract.schema import (
     ROWS_JOURNAL,
     load_run,
     mode_tag,
     parse_shape,
     row_cache,
 )
+from kernels.spec import PLAIN_DTYPES
+from roofline.gate.runs import incomplete_reasons
 
 # ---- The targets (docs/targets.md: "on an H100 or H200, large sizes, in one run"). ----
 # "Large" for the vector kernels: a footprint (the row's compulsory bytes) of at least

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from contract.cli import Parser
+from contract.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
-from roofline.model.cli import Parser
-from roofline.model.schema import KEY, RunLoadError, atomic_write_text, mode_tag
 from roofline.report.summary import md_table
 from roofline.report.targets import (
     MET,

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.ceilings import no_roofs
+from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 from kernels.spec import DTYPE_NAMES
-from roofline.model.ceilings import no_roofs
-from roofline.model.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
 
 DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from roofline.model.devices import DeviceModel
+from contract.devices import DeviceModel
 
 
 @dataclass

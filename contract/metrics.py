@@ -62,3 +62,16 @@ def derive(flops: float, nbytes: float, ms: float | None, peak_tflops: float | N
     pct = out["pct_roof"] if out["pct_roof"] is not None else out["pct_meas_roof"]
     out["above_roof"] = None if pct is None else bool(pct > 100.0)
     return out
+
+
+# nccl-tests' bus bandwidth (its docs/PERFORMANCE.md): busbw = algbw x the factor of the
+# collective at n ranks, the traffic each link carries relative to the whole array, so
+# that busbw is comparable with the link's own speed across rank counts.  At one rank
+# nothing crosses a link: the factor is 0 (broadcast's 1 holds from two ranks on).
+BUSBW_FACTOR = {
+    "all_reduce": lambda g: 2 * (g - 1) / g,
+    "all_gather": lambda g: (g - 1) / g,
+    "reduce_scatter": lambda g: (g - 1) / g,
+    "all_to_all": lambda g: (g - 1) / g,
+    "broadcast": lambda g: 1.0,
+}
