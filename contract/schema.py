@@ -11,50 +11,156 @@ import os
 import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypedDict
 
 import pandas as pd
 
-# Required columns, in order, then the extra ones this suite adds.
-COLUMNS: list[str] = [
-    "kernel", "provider", "dtype", "shape", "flops", "bytes", "intensity",
-    "ms_median", "ms_p20", "ms_p80", "n_samples", "tflops", "gbps",
-    "peak_tflops", "peak_gbps", "roof_tflops", "mfu", "pct_roof",
-    "correct", "rel_err", "status", "reason",
-]
-EXTRA_COLUMNS: list[str] = [
-    "device",  # device model key (e.g. h100), in every row
-    "gpu_name",  # name of the device present (GPU or CPU model), in every row
-    "meas_peak_tflops",  # measured compute ceiling for this row's roof
-    "meas_peak_gbps",  # measured memory bandwidth (large copy)
-    "meas_roof_tflops",  # min(meas_peak, intensity x meas_bandwidth)
-    "pct_meas_roof",  # achieved / meas_roof_tflops, in percent
-    "roof_class",  # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
-    "tolerance",  # the relative-error tolerance the correctness gate used
-    "timer",  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
-    "cache",  # cold (caches flushed or rotated past) or warm (back-to-back calls on the
-    # same buffers); a row written before this column has its device's native mode
+
+class Row(TypedDict, total=False):
+    """One row of a run: the columns, in order, with their types; the one place a column
+    is named.  The required columns (docs/design.md) come first, through `reason`, then
+    the ones this suite adds.  A row's columns are all present in a written run (None
+    where they do not apply); `samples_ms` is in results.json only."""
+
+    kernel: str
+    provider: str
+    dtype: str
+    shape: str  # "n=1048576", "M=4096,K=4096", "M=4096,N=4096,K=4096", ...
+    flops: int
+    bytes: int
+    intensity: float
+    ms_median: float | None
+    ms_p20: float | None
+    ms_p80: float | None
+    n_samples: int
+    tflops: float | None
+    gbps: float | None
+    peak_tflops: float | None
+    peak_gbps: float | None
+    roof_tflops: float | None
+    mfu: float | None
+    pct_roof: float | None
+    correct: bool | None
+    rel_err: float | None
+    status: str  # STATUSES
+    reason: str | None
+    device: str  # device model key (e.g. h100), in every row
+    gpu_name: str  # name of the device present (GPU or CPU model), in every row
+    meas_peak_tflops: float | None  # measured compute ceiling for this row's roof
+    meas_peak_gbps: float | None  # measured memory bandwidth (large copy)
+    meas_roof_tflops: float | None  # min(meas_peak, intensity x meas_bandwidth)
+    pct_meas_roof: float | None  # achieved / meas_roof_tflops, in percent
+    # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
+    roof_class: str | None
+    tolerance: float | None  # the relative-error tolerance the correctness gate used
+    timer: str | None  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
+    # cold (caches flushed or rotated past) or warm (back-to-back calls on the same
+    # buffers); a row written before this column has its device's native mode
     # (native_cache: cold on a GPU, warm on a CPU)
-    "above_roof",  # ok row faster than its roof allows (pct_roof > 100): a finding to explain
-    "sm_clock_mhz",  # GPU: median SM clock (NVML) while the row ran
-    "throttled",  # GPU: timed with the SM clock below the throttle threshold, still so
-    # after re-timing (clock-event reasons are reported in `reason`, not judged)
-    "host_us",  # GPU: host time to dispatch one call (Python + launch), apart from device
-    # time; longer than the device time (ms_median) = launch-bound
-    "config",  # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
-    "algbw_gbps",  # collectives: size of the whole array / time (nccl-tests' algbw)
-    "busbw_gbps",  # collectives: algbw x the collective's factor (nccl-tests' busbw)
-    "rank",  # fleet runs: the torch.distributed rank that measured the row
-    "host",  # fleet runs: its host name
-    "gpu_uuid",  # fleet runs: the UUID of its GPU (NVML), so a slow GPU can be found
-    "cut_short",  # CPU: "timed/planned" rounds of a row an interrupt cut short (--resume
-    # times it again); empty for a row timed in full
-]
+    cache: str | None
+    # ok row faster than its roof allows (pct_roof > 100): a finding to explain
+    above_roof: bool | None
+    sm_clock_mhz: float | None  # GPU: median SM clock (NVML) while the row ran
+    # GPU: timed with the SM clock below the throttle threshold, still so after
+    # re-timing (clock-event reasons are reported in `reason`, not judged)
+    throttled: bool | None
+    # GPU: host time to dispatch one call (Python + launch), apart from device time;
+    # longer than the device time (ms_median) = launch-bound
+    host_us: float | None
+    # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
+    config: str | None
+    algbw_gbps: float | None  # collectives: size of the whole array / time (nccl-tests')
+    busbw_gbps: float | None  # collectives: algbw x the collective's factor (nccl-tests')
+    rank: int | None  # fleet runs: the torch.distributed rank that measured the row
+    host: str | None  # fleet runs: its host name
+    gpu_uuid: str | None  # fleet runs: the UUID of its GPU (NVML), to find a slow GPU
+    # CPU: "timed/planned" rounds of a row an interrupt cut short (--resume times it
+    # again); empty for a row timed in full
+    cut_short: str | None
+    # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where
+    # the regression gate's rank test reads them; the CSV keeps one scalar per cell.
+    samples_ms: list[float]
+
+
+SAMPLES = "samples_ms"
+ALL_COLUMNS: list[str] = [c for c in Row.__annotations__ if c != SAMPLES]
+# Required columns, in order (docs/design.md), then the extra ones this suite adds.
+COLUMNS: list[str] = ALL_COLUMNS[:ALL_COLUMNS.index("reason") + 1]
+EXTRA_COLUMNS: list[str] = ALL_COLUMNS[len(COLUMNS):]
+
+
+class RunMetadata(TypedDict, total=False):
+    """A run's metadata (results.json's "metadata"), by key.  Written by the sweep
+    (benches/sweep/results.py and job.py), read by every reader; a key that a run of an
+    older version lacks is absent, hence total=False."""
+
+    run_id: str
+    created: str  # ISO 8601, UTC
+    device_key: str  # the device model the rows are held against
+    device_name: str  # the device present
+    device_model: str
+    device_kind: str  # "cuda" or "cpu"
+    detected_key: str
+    capability: list[int] | None
+    sms: int | None
+    l2_mb: float | None
+    llc_mb: float | None
+    llc_rotation_mb: float | None
+    gpu_memory_gb: float | None
+    cpu_cores: int
+    threads: int
+    load_avg_1m: float
+    cuda: str | None
+    driver: str
+    python: str
+    torch: str
+    triton: str
+    triton_interpret: bool
+    platform: str
+    git_commit: str
+    command: str
+    version_warnings: list[str]
+    request: dict[str, Any]  # the typed request the run was made from
+    seed: int
+    sizes: str  # a preset, or "explicit"
+    explicit_shapes: list[str]
+    kernels: list[str]
+    dtypes: list[str]
+    providers: list[str]
+    check_only: bool
+    cache: list[str]
+    fp8_accum: str
+    timing: dict[str, Any]
+    run_budget_s: float | None
+    throttle_settings: dict[str, Any]
+    ceilings: dict[str, Any]  # contract/ceilings.py: datasheet and measured
+    ceilings_ready: bool
+    autotune_on_disk: bool
+    tuning_identity: str  # the GPU's identity its tunings are keyed by on disk
+    compiled_ahead: dict[str, int]
+    nvml_start: dict[str, Any] | None
+    nvml_end: dict[str, Any] | None
+    clocks: dict[str, Any]
+    power: dict[str, Any]
+    throttle: dict[str, Any]
+    interrupted: bool
+    aborted: bool
+    abort_reason: str | None
+    complete: bool
+    signal: str | None
+    cut_short: str
+    resumed: list[dict[str, Any]]
+    time_split_s: dict[str, float]
+    wall_s: float
+    fleet: dict[str, Any]
+    promoted_at: str  # a baseline's: when and from which runs it was promoted
+    promoted_from: list[str]
+    promoted_from_device_key: str
+    promoted_with_force: bool
+    replaced_baseline_kept_at: str
+
 CUT_SHORT = "cut_short"
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
-# Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where the
-# regression gate's rank test reads them; the CSV keeps one scalar per cell.
-SAMPLES = "samples_ms"
 # Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache
 # mode (ROW_ID): a cold and a warm time of one case are different numbers, never compared.
 KEY: list[str] = ["kernel", "provider", "dtype", "shape"]
@@ -308,3 +414,38 @@ def check_metrics(df: pd.DataFrame, where: str | os.PathLike) -> None:
                 raise RunLoadError(f"{where}: row {i} ({name}): '{col}' is {v!r}, not a "
                                    "number")
 
+
+
+def row_problems(row: dict[str, Any]) -> list[str]:
+    """What in `row` the Row type does not allow: a column it does not declare, or a
+    value of another type (None is allowed where the column's type says so; an int is a
+    float; a bool is neither).  [] for a well-typed row."""
+    import types
+    import typing
+
+    hints = typing.get_type_hints(Row)
+    problems = []
+    for key, value in row.items():
+        if key not in hints:
+            problems.append(f"undeclared column {key!r}")
+            continue
+        hint = hints[key]
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if value is None:
+            if type(None) not in allowed:
+                problems.append(f"{key}: None where {hint} is required")
+            continue
+        ok = False
+        for t in allowed:
+            origin = typing.get_origin(t) or t
+            if origin is float:
+                ok = isinstance(value, int | float) and not isinstance(value, bool)
+            elif origin is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif origin is not type(None):
+                ok = isinstance(value, origin)
+            if ok:
+                break
+        if not ok:
+            problems.append(f"{key}: {type(value).__name__} {value!r} is not {hint}")
+    return problems

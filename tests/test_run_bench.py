@@ -278,3 +278,16 @@ def test_a_busy_cpu_is_said_before_the_run(load, cores, threads, warns):
     assert (got is not None) == warns
     if warns:
         assert f"load average {load:g} on {cores} cores" in got
+
+
+def test_every_written_row_and_metadata_key_is_declared(cpu_run):
+    """The run's rows are Rows (contract/schema.py) column by column and type by type,
+    and each metadata key is one RunMetadata declares: a column or key added without
+    its declaration fails here."""
+    from contract.schema import RunMetadata, row_problems
+
+    doc = json.loads((cpu_run / "results.json").read_text())
+    problems = {p for row in doc["rows"] for p in row_problems(row)}
+    assert not problems
+    assert set(doc["metadata"]) <= set(RunMetadata.__annotations__), (
+        set(doc["metadata"]) - set(RunMetadata.__annotations__))

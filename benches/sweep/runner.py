@@ -52,7 +52,7 @@ from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
-from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES
+from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
 from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
@@ -87,7 +87,7 @@ def _sync(target: Target) -> None:
 
 def run_case(case: Case, cfg: RunConfig, cache: InputCache,
              budget: RowBudget | None = None, split: TimeSplit | None = None
-             ) -> dict[str, Any]:
+             ) -> Row:
     """One row: skipped, failed (wrong result or the kernel raised) or ok (correct and
     timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA error.
 
@@ -197,8 +197,8 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
     return row
 
 
-def _error_row(row: dict[str, Any], e: BaseException, case: Case, cfg: RunConfig,
-               cache: InputCache, stage: str) -> dict[str, Any]:
+def _error_row(row: Row, e: BaseException, case: Case, cfg: RunConfig,
+               cache: InputCache, stage: str) -> Row:
     """The row of a case whose kernel raised.  Only a shape the library rejects and
     out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
     error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
@@ -247,8 +247,8 @@ def _bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCa
     return make
 
 
-def _set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
-                note: str) -> dict[str, Any]:
+def _set_timing(row: Row, case: Case, cfg: RunConfig, timing: Timing,
+                note: str) -> Row:
     rc = case.spec.roof_class(case.dtype, cfg.target)
     note = "; ".join(x for x in (note, case.spec.roof_note(case.dtype, cfg.target)) if x)
     if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
@@ -289,7 +289,7 @@ def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
 
 
 def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
-            ) -> Iterator[tuple[Case, dict[str, Any]]]:
+            ) -> Iterator[tuple[Case, Row]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
     the CUDA context unusable yields its failed row, then SweepAborted is raised: no
     later case could run, and hundreds of follow-on rows would hide the first error.
@@ -317,7 +317,7 @@ class Pending:
     and a cold row's rotated copies.  `row` is replaced if a later round fails."""
 
     case: Case
-    row: dict[str, Any]
+    row: Row
     inputs: dict[str, Any] | None
     plan: CpuPlan | None
     copies: Copies | None
@@ -325,7 +325,7 @@ class Pending:
 
 
 def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
-                    ) -> Iterator[tuple[Case, dict[str, Any]]]:
+                    ) -> Iterator[tuple[Case, Row]]:
     """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
     cache = sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
@@ -363,7 +363,7 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
 
 
 def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
-              cases_left: int, split: TimeSplit) -> tuple[dict[str, Any], CpuPlan | None]:
+              cases_left: int, split: TimeSplit) -> tuple[Row, CpuPlan | None]:
     """run_case within the run's budget (benches/sweep/budget.py): on a CPU a case whose path
     cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
     if cfg.target.kind != "cuda" and not cfg.check_only:
@@ -380,7 +380,7 @@ def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
 
 
 def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
-                    ) -> Iterator[tuple[Case, dict[str, Any]]]:
+                    ) -> Iterator[tuple[Case, Row]]:
     cache = sweep_cache(cfg)
     try:
         for i, case in enumerate(cases):
@@ -423,14 +423,14 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
             item.rounds += 1
 
 
-def cut_short(row: dict[str, Any]) -> bool:
+def cut_short(row: Row) -> bool:
     """An ok row whose CPU rounds were cut short by an interrupt (its CUT_SHORT field, see
     _emit): --resume times it again in full."""
     return row.get("status") == "ok" and bool(row.get(CUT_SHORT))
 
 
 def _emit(chunk: list[Pending], cfg: RunConfig, stopped_by: str = ""
-          ) -> Iterator[tuple[Case, dict[str, Any]]]:
+          ) -> Iterator[tuple[Case, Row]]:
     """Yield (and remove) the chunk's rows, each CPU-timed one summarised over all its
     samples; a row cut short (by `stopped_by`) records its rounds in CUT_SHORT and says
     so in its reason.  A row leaves the chunk only as it is yielded, so an interrupt
