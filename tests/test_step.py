@@ -100,8 +100,19 @@ def test_categories(op, cat):
     assert category(op) == cat
 
 
-def test_a_slice_extrapolates_linearly_to_the_whole_model(tiny):
+def test_a_slice_extrapolates_linearly_to_the_whole_model(tiny, monkeypatch):
+    real = step_mod._measure
+
+    def timed(shape, n_blocks, *args, **kwargs):
+        # Times fixed (1 ms for the embedding and head, +1 ms a block): on a busy host a
+        # tiny model's blocks are lost in the noise, and such a slice is refused.
+        m = real(shape, n_blocks, *args, **kwargs)
+        m["time_ms"] = {**m["time_ms"], "median": 1.0 + n_blocks}
+        return m
+
+    monkeypatch.setattr(step_mod, "_measure", timed)
     part = measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
+    assert part["time_ms"]["median"] == pytest.approx(3.0)  # 1 + 2 x (2 - 1) / 1
     assert part["slice"]["blocks"] == 1 and part["measured_layers"] == 1
     # FLOPs and the training state grow by the same amount per block: exact.
     for key in ("flops_forward", "flops_backward"):
@@ -194,3 +205,21 @@ def test_step_error_is_a_plan_error():
     from roofline.plan.model import PlanError
 
     assert issubclass(StepError, PlanError)
+
+
+def test_a_slice_lost_in_the_noise_is_refused_not_extrapolated(monkeypatch):
+    """On a busy host a tiny slice can time no slower than the embedding and head alone;
+    extrapolating the difference gave a negative step time (and a traceback further on,
+    in the plan's arithmetic).  It is refused in one line instead."""
+    real = step_mod._measure
+
+    def noisy(shape, n_blocks, *args, **kwargs):
+        m = real(shape, n_blocks, *args, **kwargs)
+        # The slice measured faster than the base: what noise does to a tiny model.
+        m["time_ms"] = {**m["time_ms"], "median": 1.0 if n_blocks else 2.0}
+        return m
+
+    monkeypatch.setattr(step_mod, "_measure", noisy)
+    with pytest.raises(StepError, match="cannot be told from the noise") as e:
+        measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
+    assert "\n" not in str(e.value)

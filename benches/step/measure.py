@@ -406,6 +406,15 @@ def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
         return {**result, **part, "slice": None}
     log("measuring the embedding and head alone, to extrapolate the slice to all blocks")
     base = _measure(shape, 0, micro_batch, device, dtype, steps, warmup, free)
+    added = part["time_ms"]["median"] - base["time_ms"]["median"]
+    if added <= 0:
+        # The blocks' time is lost in the noise (a tiny model on a busy host): an
+        # extrapolation from it would be meaningless, a negative step time at worst.
+        raise StepError(
+            f"the slice of {k} blocks took {part['time_ms']['median']:.3g} ms a step, no "
+            f"more than the embedding and head alone ({base['time_ms']['median']:.3g} ms): "
+            "the blocks' time cannot be told from the noise; measure more blocks "
+            "(--measure-layers) or the whole model")
     whole = {key: _line(base[key], part[key], L, k) for key in
              ("time_ms", "flops_forward", "flops_backward", "flops_optimizer", "memory",
               "profile_ms", "profile_explain_ms", "profile_span_ms")}
