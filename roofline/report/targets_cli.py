@@ -41,24 +41,40 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
         return {(*(str(r.get(k)) for k in KEY), mode_tag(r)): str(r.get("status"))
                 for r in run.rows}
 
-    a, b = keyed(plain), keyed(fleet)
+    def asked_of_both(row: dict) -> bool:
+        # The GPU job's fleet step runs a few kernels of the plain sweep, and its own
+        # collectives (rows no sweep has): only the cases both runs asked for are compared.
+        for field, column in (("kernels", "kernel"), ("dtypes", "dtype"),
+                              ("providers", "provider")):
+            for run in (plain, fleet):
+                asked = run.meta.get(field)
+                if asked and row.get(column) not in asked:
+                    return False
+        return True
+
+    a_all, b_all = keyed(plain), keyed(fleet)
+    a = {k: v for k, v in a_all.items() if asked_of_both(dict(zip(KEY, k, strict=False)))}
+    b = {k: v for k, v in b_all.items() if asked_of_both(dict(zip(KEY, k, strict=False)))}
+    outside = len(a_all) - len(a) + len(b_all) - len(b)
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
     status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     cut = [f"the {what} run is incomplete ({'; '.join(run.incomplete)})"
            for run, what in ((plain, "plain"), (fleet, "fleet")) if run.incomplete]
     unexplained_a = only_a if not fleet.incomplete else []  # the fleet never reached them
     unexplained_b = only_b if not plain.incomplete else []
+    aside = (f"; {outside} rows of cases only one run asked for (its kernels, dtypes, "
+             "providers, the fleet's collectives) are not compared") if outside else ""
     if not (unexplained_a or unexplained_b or status):
         if not cut:
-            return True, f"same {len(a)} rows, same statuses"
+            return True, f"same {len(a)} rows, same statuses{aside}"
         return True, (f"the {len(a.keys() & b.keys())} rows both hold have the same "
                       f"statuses; {', '.join(cut)}: {len(only_a)} rows only in the plain "
-                      f"run and {len(only_b)} only in the fleet run are not compared")
+                      f"run and {len(only_b)} only in the fleet run are not compared{aside}")
     groups = ((unexplained_a, "only in the plain run"), (unexplained_b, "only in the fleet run"),
               (status, "with another status"))
     parts = [f"{len(keys)} {what} (first: {' '.join(k for k in keys[0] if k)})"
              for keys, what in groups if keys]
-    return False, "; ".join(parts + cut)
+    return False, "; ".join(parts + cut) + aside
 
 
 def read_steps(path: str) -> list[list[str]]:
