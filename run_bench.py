@@ -20,6 +20,7 @@ import sys
 from benches.fleet.rank_io import say_line
 from benches.sweep.interrupt import Terminated, exit_code, exit_now, signals_raise
 from contract.cli import Parser, UsageError, positive_problem
+from contract.request import RunRequest
 
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate.cli import threshold_help
@@ -44,7 +45,7 @@ def _registry_lists() -> dict[str, str]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # Lists are validated against the registries once they are imported (benches.sweep.job).
+    # Lists are validated against the registries once they are imported (RunRequest.from_args).
     names = _registry_lists() if {"-h", "--help"} & set(argv) else {
         k: f"see --{'list-devices' if k == 'devices' else 'list'}"
         for k in ("kernels", "dtypes", "providers", "devices", "sizes", "arches")}
@@ -163,6 +164,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def request_of(args: argparse.Namespace) -> RunRequest:
+    """The run request of a parsed command line, checked against the registries (which
+    it loads: the interpreter must be settled first)."""
+    from benches.fleet.acceptance import acceptance_options
+    from benches.sweep.shapes import parse_sizes
+
+    return RunRequest.from_args(args, parse_sizes, acceptance_options(args))
+
+
 def main(argv: list[str] | None = None, started: float | None = None) -> int:
     """The command; `started`: the perf_counter reading at which this process started
     (the run's time split then counts start-up and imports; default: from job.run on)."""
@@ -182,19 +192,20 @@ def _main(argv: list[str], started: float | None = None) -> int:
     switched_on = False
     try:
         args = parse_args(argv)
-        args.started = started
         switched_on = _interpreter_for_check_only(args)
         from benches.sweep import job
 
-        job.validate(args)
+        # The one request every job below reads (the kernel registry loads here, after
+        # the interpreter was settled).
+        req = request_of(args)
         if args.inspect:
             from benches.inspect.compile import run_inspect
 
-            return run_inspect(args)
+            return run_inspect(req)
         if args.estimate:
             from benches.estimate.report import run_estimate
 
-            return run_estimate(args)
+            return run_estimate(req)
         if args.list or args.list_devices:
             from benches.fleet.listing import print_collectives
             from benches.sweep.console import print_devices, print_kernels
@@ -213,26 +224,26 @@ def _main(argv: list[str], started: float | None = None) -> int:
                                  "torchrun --nproc-per-node=G run_bench.py --acceptance")
             from benches.fleet.acceptance import run_acceptance
 
-            return run_acceptance(args, argv)
+            return run_acceptance(req, argv)
         if launched():
             # torchrun started this process: one rank of a fleet run (benches/fleet/run.py).
-            if args.resume:
+            if req.resume:
                 raise UsageError("--resume continues a single-process run; start a fleet "
                                  "run again under torchrun (its rows are kept per rank)")
-            if args.compare:
+            if req.compare:
                 raise UsageError("--compare gates a single-process run; gate a fleet's "
                                  "rank folders afterwards (python -m roofline compare "
                                  "BASELINE <out>/fleet/<run-id>/ranks/rank-<r>/<device>/"
                                  "<run-id>)")
-            if args.history:
+            if req.history:
                 raise UsageError("--history adds a single-process run; add a fleet's rank "
                                  "folders afterwards (python -m roofline history add RUN)")
             from benches.fleet.run import run_fleet
 
-            return run_fleet(args, argv)
-        if args.history:
-            return _run_and_add(args, argv)
-        return job.run(args, argv)
+            return run_fleet(req, argv)
+        if req.history:
+            return _run_and_add(req, argv, started)
+        return job.run(req, argv, started=started)
     except UsageError as e:
         say_line(f"error: {e}")  # one write: under torchrun every rank says it at once
         return 2
@@ -250,7 +261,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
             os.environ.pop("TRITON_INTERPRET", None)
 
 
-def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
+def _run_and_add(req: RunRequest, argv: list[str], started: float | None) -> int:
     """--history STORE: the store is checked (and made) before anything is measured, the
     run made, then its folder added.  The folder is the one this run created under
     <out>/<device>/ (the --resume folder when resuming); a run that did not finish
@@ -261,31 +272,31 @@ def _run_and_add(args: argparse.Namespace, argv: list[str]) -> int:
     from roofline.history.errors import HistoryError
     from roofline.history.store import add_run, prepare_store
 
-    if args.check_only:
+    if req.check_only:
         raise UsageError("--history keeps timings: a --check-only run has none")
     try:
-        prepare_store(args.history)
+        prepare_store(req.history)
     except HistoryError as e:
         raise UsageError(str(e)) from None
-    out = Path(args.out)
+    out = Path(req.out)
     before = set(out.glob("*/*/results.json"))
-    code = job.run(args, argv)
-    if args.resume:
-        made = [Path(args.resume)]
+    code = job.run(req, argv, started=started)
+    if req.resume:
+        made = [Path(req.resume)]
     else:
         made = [p.parent for p in set(out.glob("*/*/results.json")) - before
-                if args.run_id is None or p.parent.name == args.run_id]
+                if req.run_id is None or p.parent.name == req.run_id]
     if len(made) != 1:
         say_line(f"error: --history: {len(made)} new run folders under {out} (another run "
                  "wrote there at the same time?): add this run with python -m roofline "
                  "history add RUN")
         return max(code, 2)
     if code not in (0, 1):  # 1: failed rows, a whole run all the same
-        print(f"note: the run did not finish: not added to {args.history} (resume it with "
-              f"--resume {made[0]} --history {args.history})", file=sys.stderr)
+        print(f"note: the run did not finish: not added to {req.history} (resume it with "
+              f"--resume {made[0]} --history {req.history})", file=sys.stderr)
         return code
     try:
-        added = add_run(made[0], args.history)
+        added = add_run(made[0], req.history)
     except HistoryError as e:
         say_line(f"error: --history: {e}")
         return 2

@@ -398,11 +398,11 @@ def device_ceilings(key: str, log: Any = print) -> tuple[DeviceModel, Present, C
     """The ceilings of device model `key` with the device present behind them (measured
     where the model has no datasheet, as a CPU's; cached), and that Present and model:
     the planner's harness function (roofline/plan/harness.py)."""
-    from contract.devices import detect, host_cpu, resolve
+    from contract.devices import resolve_device
 
-    present = host_cpu() if key == "cpu" else detect()
-    model, warnings = resolve(key, present)
-    for w in warnings:
+    dev = resolve_device(key)
+    model, present = dev.model, dev.present
+    for w in dev.warnings:
         log(f"warning: {w}")
     ceilings = get_ceilings(model, present, Path("results") / ".ceilings",
                             measure_ceilings=not model.peaks_tflops, log=log)

@@ -233,3 +233,28 @@ def resolve(requested: str, present: Present) -> tuple[DeviceModel, list[str]]:
             f"({present.name}, detected as '{present.key}'): rows use {requested}'s peaks"
         )
     return model, warnings
+
+
+@dataclass(frozen=True)
+class ResolvedDevice:
+    """`--device requested` interpreted once: the model the rows use, the device they are
+    measured on, and what the user should be told about the pair."""
+
+    requested: str
+    model: DeviceModel
+    present: Present
+    warnings: tuple[str, ...] = ()
+
+
+def resolve_device(requested: str) -> ResolvedDevice:
+    """The one reading of `--device` for everything that measures (the sweep, its
+    re-timing children, the planner's ceilings and timers, a fleet rank's GPU check,
+    the estimate's device present): the device present detected (a fleet rank's
+    cuda:LOCAL_RANK once it is bound), the model resolved against it (DeviceError, one
+    line, when it cannot be honoured), and the host CPU measured when a CPU model is
+    asked for on a GPU machine."""
+    present = detect()
+    model, warnings = resolve(requested, present)
+    if model.kind == "cpu" and present.kind != "cpu":
+        present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
+    return ResolvedDevice(requested, model, present, tuple(warnings))

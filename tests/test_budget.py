@@ -162,12 +162,14 @@ def test_the_default_cpu_run_has_a_run_budget_and_a_gpu_run_none(monkeypatch):
     from benches.sweep import job
     from contract.devices import Present, host_cpu
 
-    args = run_bench.parse_args([])
-    assert job.run_budget_s_of(args, host_cpu()) == 90.0
+    def req(*argv: str):
+        return run_bench.request_of(run_bench.parse_args(list(argv)))
+
+    assert job.run_budget_s_of(req(), host_cpu()) == 90.0
     gpu = Present(key="h100", name="H100", kind="cuda")
-    assert job.run_budget_s_of(args, gpu) is None
-    assert job.run_budget_s_of(run_bench.parse_args(["--run-budget", "inf"]), host_cpu()) is None
-    assert job.timing_config(run_bench.parse_args(["--row-budget", "5"])).row_budget_s == 5
+    assert job.run_budget_s_of(req(), gpu) is None
+    assert job.run_budget_s_of(req("--run-budget", "inf"), host_cpu()) is None
+    assert job.timing_config(req("--row-budget", "5")).row_budget_s == 5
 
 
 # ---- ceilings -----------------------------------------------------------------------------

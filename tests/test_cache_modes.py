@@ -97,13 +97,14 @@ def test_bad_cache_values_are_one_line_and_exit_2(value: str, tmp_path: Path,
 
 
 def test_a_resumed_run_keeps_its_cache_modes() -> None:
-    args = run_bench.parse_args([*TINY, "--cache", "warm"])
+    from contract.request import resumed_request
+
+    req = run_bench.request_of(run_bench.parse_args([*TINY, "--cache", "warm"]))
     meta = {"kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"], "seed": 0,
             "device_key": "cpu", "sizes": "quick"}
-    job.apply_resume(args, {**meta, "cache": ["cold", "warm"]})
-    assert args.cache == ["cold", "warm"]
-    job.apply_resume(args, meta)  # written before --cache: cold
-    assert args.cache == ["cold"]
+    assert resumed_request(req, {**meta, "cache": ["cold", "warm"]}).cache == ("cold", "warm")
+    # written before --cache: cold
+    assert resumed_request(req, meta).cache == ("cold",)
     # ... and its rows written before the column count as cold cases
     spec = REGISTRY["add"]
     old_row = {"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": "n=4096"}

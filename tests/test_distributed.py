@@ -262,14 +262,12 @@ def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
 
 
 def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
-    import argparse
-
     from benches.fleet import dist as fdist
     from benches.fleet.folder import versions as _versions
+    from contract.request import RunRequest
 
-    mine = _versions(argparse.Namespace(kernels=["add"], dtypes=["fp32"], providers=["torch"],
-                                        sizes="n=4096", seed=0, device="cpu",
-                                        check_only=False))
+    mine = _versions(RunRequest(kernels=("add",), dtypes=("fp32",), providers=("torch",),
+                                sizes="explicit", shapes=({"n": 4096},), device="cpu"))
     assert {"suite commit", "suite package", "torch", "triton", "kernels"} <= mine.keys()
     other = {**mine, "torch": "2.11.0+cu128"}
     monkeypatch.setattr(fdist, "all_gather_object", lambda doing, obj: [

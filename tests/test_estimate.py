@@ -27,8 +27,8 @@ RESULTS = ROOT / "results"
 
 
 def _gpu_plan(device: str, *flags: str):
-    args = run_bench.parse_args(["--estimate", "--device", device, *flags])
-    job.validate(args)
+    args = run_bench.request_of(run_bench.parse_args(["--estimate", "--device", device,
+                                                      *flags]))
     ref = find_reference(RESULTS, DEVICES[device])
     meta = json.loads(ref.paths[-1].read_text())["metadata"]
     model, present = target_device(args, meta)
@@ -144,7 +144,7 @@ def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path
     args = run_bench.parse_args(["--estimate", "--device", "cpu", "--kernels", "add",
                                  "--dtypes", "fp32", "--providers", "torch",
                                  "--sizes", "n=2048;n=4194304"])
-    job.validate(args)
+    args = run_bench.request_of(args)
     model, present = target_device(args)
     cfg = job.run_config(args, model, present, interpret=False)
     cases = build_cases(cfg)

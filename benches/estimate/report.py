@@ -4,7 +4,6 @@ Triton cache (benches/estimate/price.py), printed; nothing is measured or writte
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -19,19 +18,19 @@ from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console
 from benches.sweep.phases import PHASES
 from contract.ceilings import Ceilings, datasheet_of
-from contract.devices import DEVICES, DeviceModel, Present, detect, host_cpu
+from contract.devices import DEVICES, DeviceModel, Present, resolve_device
+from contract.request import RunRequest
 
 
-def target_device(args: argparse.Namespace, ref_meta: dict | None = None
+def target_device(req: RunRequest, ref_meta: dict | None = None
                   ) -> tuple[DeviceModel, Present]:
     """The model estimated for and what is present there: this machine for `auto` and
-    `cpu`; for a GPU model, the GPU its reference run had, else the model's own."""
-    if args.device == "auto":
-        present = detect()
-        return DEVICES[present.key], present
-    model = DEVICES[args.device]
-    if model.kind == "cpu":
-        return model, host_cpu()
+    `cpu` (as a run would resolve them); for a GPU model, which need not be here, the GPU
+    its reference run had, else the model's own."""
+    model = DEVICES.get(req.device)
+    if model is None or model.kind == "cpu":  # None: auto
+        dev = resolve_device(req.device)
+        return dev.model, dev.present
     meta = ref_meta or {}
     if meta.get("device_key") == model.key:
         cap = meta.get("capability")
@@ -66,16 +65,16 @@ def _reference_meta(ref: Reference) -> dict | None:
     return None
 
 
-def run_estimate(args: argparse.Namespace) -> int:
+def run_estimate(req: RunRequest) -> int:
     from benches.sweep import job
 
-    out = Path(args.out)
-    first_model = DEVICES[args.device] if args.device != "auto" else DEVICES[detect().key]
+    out = Path(req.out)
+    first_model, _ = target_device(req)
     ref = find_reference(out, first_model)
-    model, present = target_device(args, _reference_meta(ref))
-    cfg = job.run_config(args, model, present, interpret=False)
+    model, present = target_device(req, _reference_meta(ref))
+    cfg = job.run_config(req, model, present, interpret=False)
     cfg.ceilings, cached = _cached_ceilings(model, present, out)
-    if args.no_measure_ceilings and model.kind == "cuda":
+    if not req.measure_ceilings and model.kind == "cuda":
         cached = True
     cases = build_cases(cfg)
     if not cases:

@@ -30,12 +30,14 @@ import argparse
 import contextlib
 import os
 import time
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benches.fleet.acceptance_rules import Thresholds
 from contract.cli import positive_problem
+from contract.request import AcceptanceOptions, RunRequest
 
 TEST_WRONG = "GPUBENCH_TEST_WRONG_RANK"
 DEFAULT_MINUTES = 2.0
@@ -72,50 +74,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "device model's NVLink GB/s per direction; none on CPUs)")
 
 
-def check_args(args: argparse.Namespace) -> str | None:
-    """The usage error in the acceptance options (None: fine); fills in the defaults."""
-    given = [flag for key, flag in _FLAGS.items() if getattr(args, key) is not None]
-    if not args.acceptance:
+def acceptance_options(ns: argparse.Namespace) -> AcceptanceOptions | None:
+    """The --acceptance options of a parsed command line, defaults filled in; None
+    without --acceptance."""
+    if not ns.acceptance:
+        return None
+    given = {key: getattr(ns, key) for key in _FLAGS}
+    return AcceptanceOptions(**{k: _DEFAULTS.get(k) if v is None else v
+                                for k, v in given.items()})
+
+
+def check_args(ns: argparse.Namespace) -> str | None:
+    """The usage error in the acceptance options of a parsed command line (None: fine)."""
+    given = [flag for key, flag in _FLAGS.items() if getattr(ns, key) is not None]
+    o = acceptance_options(ns)
+    if o is None:
         return f"{given[0]} needs --acceptance" if given else None
-    for key, default in _DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
     for flag in ("resume", "compare", "check_only", "inspect"):
-        if getattr(args, flag, None):
+        if getattr(ns, flag, None):
             return f"--acceptance does not take --{flag.replace('_', '-')}"
-    problem = positive_problem("--minutes", args.minutes)
+    problem = positive_problem("--minutes", o.minutes)
     if problem:
         return problem
-    w, c = args.median_warn_pct, args.median_critical_pct
+    w, c = o.median_warn_pct, o.median_critical_pct
     if not 0 <= w < c < 100:
         return (f"--median-warn and --median-critical must satisfy 0 <= warn < critical < "
                 f"100, got {w:g} and {c:g}")
-    w, c = args.busbw_warn_pct, args.busbw_critical_pct
+    w, c = o.busbw_warn_pct, o.busbw_critical_pct
     if not 0 < c < w <= 100:
         return (f"--busbw-critical and --busbw-warn must satisfy 0 < critical < warn <= "
                 f"100, got {c:g} and {w:g}")
-    return positive_problem("--expected-busbw", args.expected_busbw, "GB/s")
+    return positive_problem("--expected-busbw", o.expected_busbw, "GB/s")
 
 
-def thresholds(args: argparse.Namespace) -> Thresholds:
-    return Thresholds(args.median_warn_pct, args.median_critical_pct, args.busbw_warn_pct,
-                      args.busbw_critical_pct)
+def thresholds(o: AcceptanceOptions) -> Thresholds:
+    return Thresholds(o.median_warn_pct, o.median_critical_pct, o.busbw_warn_pct,
+                      o.busbw_critical_pct)
 
 
-def run_acceptance(args: argparse.Namespace, argv: list[str]) -> int:
+def run_acceptance(req: RunRequest, argv: list[str]) -> int:
     """One rank's part; returns its exit code (rank 0: the fleet's verdict's)."""
     from benches.fleet import dist as fdist
     from benches.fleet.liveness import FleetError
     from benches.fleet.rank_io import say_line
 
     try:
-        me = fdist.start(args.dist_timeout, args.device)
+        me = fdist.start(req.dist_timeout, req.device)
     except FleetError as e:
         fdist.stop()
         say_line(f"error: {e}")
         return e.code
     try:
-        return _run(me, args, argv)
+        return _run(me, req, argv)
     except FleetError as e:
         say_line(f"error: rank {me.rank} on {me.host}: {e}")
         return e.code
@@ -123,15 +133,15 @@ def run_acceptance(args: argparse.Namespace, argv: list[str]) -> int:
         fdist.stop()
 
 
-def _folder(me: Any, args: argparse.Namespace) -> Path:
+def _folder(me: Any, req: RunRequest) -> Path:
     """<out>/acceptance/<run-id>/, made by rank 0 before anything is measured; refused
     (exit 2) where it exists: nothing measured is overwritten."""
     from benches.fleet import dist as fdist
     from benches.fleet.dist import FleetRefused
 
-    run_id = fdist.broadcast_object("sharing the run id", args.run_id
+    run_id = fdist.broadcast_object("sharing the run id", req.run_id
                                     or datetime.now().strftime("%Y%m%d-%H%M%S"))
-    folder = Path(args.out) / "acceptance" / run_id
+    folder = Path(req.out) / "acceptance" / run_id
     problem = None
     if me.rank == 0:
         try:
@@ -146,7 +156,7 @@ def _folder(me: Any, args: argparse.Namespace) -> Path:
     return folder
 
 
-def _device(me: Any, args: argparse.Namespace) -> tuple[str, str, float | None]:
+def _device(me: Any, opts: AcceptanceOptions) -> tuple[str, str, float | None]:
     """(device key, device name, expected busbw GB/s): the device model's NVLink figure
     per direction (contract/devices.py, as the fleet run's collectives roof) unless
     --expected-busbw."""
@@ -155,7 +165,7 @@ def _device(me: Any, args: argparse.Namespace) -> tuple[str, str, float | None]:
     present = detect() if me.device == "cuda" else host_cpu()
     model = DEVICES.get(present.key)
     link = model.nvlink_gbps if model is not None else None
-    return present.key, present.name, args.expected_busbw or link
+    return present.key, present.name, opts.expected_busbw or link
 
 
 def _nvml(me: Any) -> tuple[Any, Any, str]:
@@ -176,7 +186,7 @@ def _nvml(me: Any) -> tuple[Any, Any, str]:
     return (nv, h, "") if h is not None else (None, None, f"NVML: {how}")
 
 
-def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
+def _run(me: Any, req: RunRequest, argv: list[str]) -> int:
     from benches.fleet import acceptance_stress as stress
     from benches.fleet import dist as fdist
     from benches.fleet.acceptance_nvml import read_passive, read_pcie, stress_summary
@@ -187,10 +197,13 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
     from benches.sweep.gpu_monitor import GpuMonitor
 
     t_begin = time.monotonic()
-    settings = {k: getattr(args, k) for k in _FLAGS}
-    fdist.agree("versions and request", {**versions(args), **settings})
-    folder = _folder(me, args)
-    key, name, expected = _device(me, args)
+    opts = req.acceptance
+    if opts is None:
+        raise ValueError("run_acceptance needs a request with --acceptance's options")
+    settings = asdict(opts)
+    fdist.agree("versions and request", {**versions(req), **settings})
+    folder = _folder(me, req)
+    key, name, expected = _device(me, opts)
     nv, h, why = _nvml(me)
     monitor = GpuMonitor(nv, h).start() if nv is not None else None
     slow = SLOW_FACTOR if os.environ.get(TEST_SLOW) == str(me.rank) else 1.0
@@ -203,7 +216,7 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
             pcie.update(read_pcie(nv, h))
 
     dtypes = stress.stress_dtypes(me.device)
-    seconds = args.minutes * 60 / len(dtypes)
+    seconds = opts.minutes * 60 / len(dtypes)
     results, t0 = {}, time.monotonic()
     for dtype in dtypes:
         results[dtype] = stress.matmul_stress(dtype, seconds, me.device, slow=slow,
@@ -235,10 +248,10 @@ def _run(me: Any, args: argparse.Namespace, argv: list[str]) -> int:
         b = every[ranks[0]].get("busbw") or {}
         nodes.append({"host": host, "ranks": ranks, "busbw_gbps": b.get("busbw_gbps"),
                       "expected_gbps": expected, "busbw": b or None})
-    t = thresholds(args)
+    t = thresholds(opts)
     judged = judge_fleet(every, nodes, t)
     doc = {"run_id": folder.name, "command": " ".join(["run_bench.py", *argv]),
            "world": me.world, "backend": me.backend, "settings": settings,
            "stress_dtypes": list(dtypes), "stress_seconds_per_dtype": seconds,
            "seconds": time.monotonic() - t_begin, **judged, "ranks": every}
-    return finish(folder, doc, t, plot_png=not args.no_plots)
+    return finish(folder, doc, t, plot_png=req.plots)

@@ -121,14 +121,17 @@ def wants_gpu(requested: str) -> bool:
         return False
     if requested == "auto":
         return torch.cuda.is_available()
-    from contract.devices import DEVICES
+    from contract.devices import DEVICES, DeviceError, resolve_device
 
     model = DEVICES.get(requested)
     if model is not None and model.kind == "cpu":
         return False
     if not torch.cuda.is_available():
-        raise FleetRefused(f"--device {requested} needs a CUDA GPU, but none is present "
-                           "(use --device cpu or auto)")
+        # No GPU here, so resolving touches none: it refuses the GPU model in its words.
+        try:
+            resolve_device(requested)
+        except DeviceError as e:
+            raise FleetRefused(str(e)) from None
     return True
 
 

@@ -4,13 +4,14 @@ share, one rank's rows and device as gathered, and the fleet folder written from
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benches.fleet.dist import Rank
+from contract.request import RunRequest
+from contract.schema import format_shape
 
 SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet/run.py)
 # Who a rank folder's rank was (rank, host, world, ...), written before its sweep: a fleet
@@ -24,7 +25,7 @@ def write_rank_file(rank_dir: Path, me: Rank) -> None:
     (rank_dir / RANK_FILE).write_text(json.dumps(asdict(me), indent=1) + "\n")
 
 
-def versions(args: argparse.Namespace) -> dict[str, Any]:
+def versions(req: RunRequest) -> dict[str, Any]:
     """What every rank must share: the suite (git commit, package version), torch,
     triton and the request."""
     import importlib.metadata
@@ -45,9 +46,10 @@ def versions(args: argparse.Namespace) -> dict[str, Any]:
         package = None
     return {"suite commit": head_commit(), "suite package": package,
             "torch": torch.__version__, "triton": triton_v,
-            "kernels": list(args.kernels), "dtypes": list(args.dtypes),
-            "providers": list(args.providers), "sizes": args.sizes, "seed": args.seed,
-            "device": args.device, "check only": bool(args.check_only)}
+            "kernels": list(req.kernels), "dtypes": list(req.dtypes),
+            "providers": list(req.providers), "sizes": req.sizes,
+            "shapes": None if req.shapes is None else [format_shape(s) for s in req.shapes],
+            "seed": req.seed, "device": req.device, "check only": req.check_only}
 
 
 def slow_down(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
@@ -114,7 +116,7 @@ def mark_rows(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
         r.update(rank=info["rank"], host=info["host"], gpu_uuid=info["gpu_uuid"])
 
 
-def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list[str],
+def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
                  meta: dict[str, Any],
                  gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]],
                  coll_rows: list[dict[str, Any]], *, final: bool, problem: str | None = None,
@@ -141,9 +143,9 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
     writer.close()
     if not final:
         return []
-    finish_run(writer, fleet_dir, plots=not args.no_plots)
+    finish_run(writer, fleet_dir, plots=req.plots)
     frame = writer.frame()
-    tol = args.fleet_tolerance if args.fleet_tolerance is not None \
+    tol = req.fleet_tolerance if req.fleet_tolerance is not None \
         else DEFAULT_TOLERANCE[me.device]
     devices = [device_figures(i, frame[frame["rank"] == i["rank"]]) for i in infos]
     coll = pd.DataFrame(coll_rows) if coll_rows else pd.DataFrame(columns=["status"])
@@ -154,5 +156,5 @@ def write_folder(fleet_dir: Path, me: Rank, args: argparse.Namespace, argv: list
     # The collectives' roof: the device's NVLink bandwidth per direction (device models).
     model = DEVICES.get(str(infos[0].get("device_key"))) if infos else None
     link = model.nvlink_gbps if model is not None else None
-    return write_fleet(fleet_dir, devices, coll, tol, link, plot=not args.no_plots,
+    return write_fleet(fleet_dir, devices, coll, tol, link, plot=req.plots,
                        note=note)

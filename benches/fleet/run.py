@@ -40,13 +40,12 @@ machine); GPUBENCH_TEST_CASES_RANK=r drops the first case from rank r's case lis
 
 from __future__ import annotations
 
-import argparse
-import copy
 import os
 import signal
 import threading
 import time
 import traceback
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from benches.fleet.folder import own_rows, versions, write_folder, write_rank_fi
 from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
+from contract.request import RunRequest
 from roofline.report.summary import time_split_line
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
@@ -72,11 +72,11 @@ STOP_GRACE_S = 10.0
 SIGNAL_CODES = {"SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
 
 
-def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
+def run_fleet(req: RunRequest, argv: list[str]) -> int:
     from benches.sweep.job import USER_ERRORS
 
     try:
-        me = fdist.start(args.dist_timeout, args.device)
+        me = fdist.start(req.dist_timeout, req.device)
     except FleetError as e:
         fdist.stop()
         say_line(f"error: {e}")  # every rank: nothing else has been said
@@ -84,7 +84,7 @@ def run_fleet(args: argparse.Namespace, argv: list[str]) -> int:
     out = RankOutput(me.rank)
     fleet: _Fleet | None = None
     try:
-        fleet = _Fleet(me, args, argv, out)
+        fleet = _Fleet(me, req, argv, out)
         return fleet.main()
     except FleetError as e:
         if fleet is not None:
@@ -119,15 +119,15 @@ def _test_rank(var: str, me: Rank) -> bool:
 class _Fleet:
     """One rank's part of a fleet run, from the agreement to its exit code."""
 
-    def __init__(self, me: Rank, args: argparse.Namespace, argv: list[str],
+    def __init__(self, me: Rank, req: RunRequest, argv: list[str],
                  out: RankOutput) -> None:
-        self.me, self.args, self.argv, self.out = me, args, argv, out
+        self.me, self.req, self.argv, self.out = me, req, argv, out
         live = fdist.liveness()
         if live is None:
             raise FleetError("torch does not expose the rendezvous store the fleet needs")
         self.live: Liveness = live
         self.run_id = ""
-        self.fleet_dir = self.rank_dir = Path(args.out)
+        self.fleet_dir = self.rank_dir = Path(req.out)
 
     def where(self) -> str:
         """Where a rank other than 0 left its console (for its one line on stderr)."""
@@ -144,16 +144,16 @@ class _Fleet:
     def main(self) -> int:
         from benches.sweep import job
 
-        me, args = self.me, self.args
-        fdist.agree("versions and request", versions(args))
-        self.run_id = fdist.broadcast_object("sharing the run id", args.run_id
+        me, req = self.me, self.req
+        fdist.agree("versions and request", versions(req))
+        self.run_id = fdist.broadcast_object("sharing the run id", req.run_id
                                              or datetime.now().strftime("%Y%m%d-%H%M%S"))
-        self.fleet_dir = Path(args.out) / "fleet" / self.run_id
+        self.fleet_dir = Path(req.out) / "fleet" / self.run_id
         self.rank_dir = self.fleet_dir / "ranks" / f"rank-{me.rank}"
-        mine = copy.copy(args)
-        mine.out = str(self.rank_dir)
-        mine.run_id, mine.compare, mine.no_plots = self.run_id, None, True
-        mine.ceilings_dir = str(Path(args.out) / ".ceilings" / f"{me.host}-rank{me.local_rank}")
+        # This rank's own sweep: its folder and ceiling cache, no gate, no figures.
+        mine = replace(req, out=str(self.rank_dir), run_id=self.run_id, compare=None,
+                       plots=False, ceilings_dir=str(Path(req.out) / ".ceilings"
+                                                     / f"{me.host}-rank{me.local_rank}"))
         t0 = time.monotonic()
         try:
             with self.live.armed():
@@ -332,10 +332,10 @@ class _Fleet:
 
     def _rank0(self, code: int, sweep_s: float, rows: list[dict[str, Any]],
                meta: dict[str, Any], info: dict[str, Any], noted: Noted) -> int:
-        me, args = self.me, self.args
+        me, req = self.me, self.req
         got, missing = self._gather(sweep_s + me.timeout_s, meta, noted)
         gathered = [(info, rows)] + [got[r] for r in sorted(got)]
-        write_folder(self.fleet_dir, me, args, self.argv, meta, gathered, [], final=False)
+        write_folder(self.fleet_dir, me, req, self.argv, meta, gathered, [], final=False)
         stopped = self._stop_reason(meta, noted)
         # (why the fleet stopped, its exit code): a rank's interrupt (130, 143), a lost
         # rank or one that never posted its rows (1)
@@ -347,8 +347,8 @@ class _Fleet:
         coll_rows: list[dict[str, Any]] = []
         # One rank too: NCCL and gloo take a world of one, so every op is run and
         # checked on the node's own backend (its rows then carry no busbw).
-        step = fdist.decide(self.key("next"), "collectives" if args.collectives
-                            and not args.check_only and stop is None else "done")
+        step = fdist.decide(self.key("next"), "collectives" if req.collectives
+                            and not req.check_only and stop is None else "done")
         if step == "collectives":
             try:
                 agreed = self._collectives(noted, coll_rows)
@@ -363,7 +363,7 @@ class _Fleet:
                          gpu_name=info["device_name"])
         signal_name = next((n for n, c in SIGNAL_CODES.items() if stop and c == stop[1]),
                            None)
-        outliers = write_folder(self.fleet_dir, me, args, self.argv, meta, gathered,
+        outliers = write_folder(self.fleet_dir, me, req, self.argv, meta, gathered,
                                 coll_rows, final=True, problem=stop[0] if stop else None,
                                 signal_name=signal_name)
         self.retire("done")

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ from benches.inspect.read import (
 )
 from benches.inspect.report import print_table, summary_lines, write_files
 from benches.sweep.interrupt import python_handlers_back
+from contract.request import RequestError, RunRequest, validated
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
 # count sizes the launches (dot's number of partial sums), and the per-block shared
@@ -437,51 +438,56 @@ def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
     return 0, folder
 
 
-def run_inspect(args: argparse.Namespace) -> int:
-    """Entry point of `run_bench.py --inspect`: args has .kernels and .dtypes (validated
-    lists), .arch and .out; .fp8_accum when given."""
+def run_inspect(req: RunRequest) -> int:
+    """Entry point of `run_bench.py --inspect`: the request's kernels and dtypes for
+    req.arch, written under req.out, with req.fp8_accum when given."""
     from kernels.spec import fp8_accum, interpreter_enabled, set_fp8_accum
 
-    if args.arch not in ARCHES:
-        print(f"error: unknown --arch '{args.arch}' (choose from {', '.join(ARCHES)})",
+    if req.arch not in ARCHES:
+        print(f"error: unknown --arch '{req.arch}' (choose from {', '.join(ARCHES)})",
               file=sys.stderr)
         return 2
-    if getattr(args, "fp8_accum", None):
-        set_fp8_accum(args.fp8_accum)
+    if req.fp8_accum:
+        set_fp8_accum(req.fp8_accum)
     if interpreter_enabled():
         # The interpreter swapped every @triton.jit function for an interpreted one at
-        # import time: compile in a fresh process without it.
+        # import time: compile in a fresh process without it, given the request itself.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        cmd = [sys.executable, "-m", "benches.inspect", "--arch", args.arch,
-               "--kernels", ",".join(args.kernels), "--dtypes", ",".join(args.dtypes),
-               "--out", str(args.out), "--fp8-accum", fp8_accum()]
+        child = replace(req, fp8_accum=fp8_accum())
+        cmd = [sys.executable, "-m", "benches.inspect", "--request",
+               json.dumps(child.to_json())]
         root = Path(__file__).resolve().parents[2]  # the repository root
         return subprocess.run(cmd, env=env, cwd=root).returncode
-    code, _ = inspect(list(args.kernels), list(args.dtypes), args.arch, Path(args.out),
+    code, _ = inspect(list(req.kernels), list(req.dtypes), req.arch, Path(req.out),
                       fp8_accum(), workers=int(os.environ.get("GPUBENCH_INSPECT_WORKERS", 2)))
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kernels import DTYPE_NAMES, REGISTRY
+    """`python -m benches.inspect`: its own flags, or --request JSON (run_inspect's child:
+    the parent's request as it stands, not re-parsed)."""
     from kernels.spec import FP8_ACCUM_MODES
 
     p = argparse.ArgumentParser(prog="python -m benches.inspect",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_90")
-    p.add_argument("--kernels", default=",".join(REGISTRY))
-    p.add_argument("--dtypes", default=",".join(DTYPE_NAMES))
+    p.add_argument("--kernels", default="all")
+    p.add_argument("--dtypes", default="all")
     p.add_argument("--out", default="results")
     p.add_argument("--fp8-accum", choices=FP8_ACCUM_MODES, default="fast")
-    args = p.parse_args(argv)
-    args.kernels = [k for k in args.kernels.split(",") if k]
-    args.dtypes = [d for d in args.dtypes.split(",") if d]
-    bad = [k for k in args.kernels if k not in REGISTRY] + \
-        [d for d in args.dtypes if d not in DTYPE_NAMES]
-    if bad:
-        print(f"error: unknown kernel or dtype: {', '.join(bad)}", file=sys.stderr)
+    p.add_argument("--request", default=None, help=argparse.SUPPRESS)
+    ns = p.parse_args(argv)
+    try:
+        if ns.request is not None:
+            req = validated(RunRequest.from_json(json.loads(ns.request)))
+        else:
+            req = validated(RunRequest(kernels=ns.kernels, dtypes=ns.dtypes,
+                                       providers=("all",), out=ns.out,
+                                       fp8_accum=ns.fp8_accum, arch=ns.arch))
+    except (RequestError, ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    return run_inspect(args)
+    return run_inspect(req)
 
 
 if __name__ == "__main__":

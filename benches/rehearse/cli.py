@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS
@@ -34,6 +35,20 @@ from benches.rehearse.report import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+
+@dataclass(frozen=True)
+class Options:
+    """The rehearsal's command line, checked: arches, kernels and dtypes as tuples."""
+
+    arches: tuple[str, ...]
+    kernels: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    sizes: str = "quick"
+    device: str | None = None  # the stand-in GPU model (default: the arch's own)
+    out: str | None = None
+    cache_dir: str | None = None
+    child_report: str | None = None
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -70,32 +85,40 @@ def _list(text: str | None, known: list[str] | tuple[str, ...], what: str) -> li
     return items
 
 
-def main(argv: list[str] | None = None) -> int:
+def options(ns: argparse.Namespace) -> Options:
+    """The checked options of a parsed command line; ValueError (one line) when bad."""
     from benches.sweep.shapes import PRESETS
     from kernels import DTYPE_NAMES, REGISTRY
+
+    o = Options(arches=tuple(_list(ns.arch, tuple(ARCH_DEFAULT_MODEL), "--arch")),
+                kernels=tuple(_list(ns.kernels, tuple(REGISTRY), "kernel")),
+                dtypes=tuple(_list(ns.dtypes, DTYPE_NAMES, "dtype")), sizes=ns.sizes,
+                device=ns.device, out=ns.out, cache_dir=ns.cache_dir,
+                child_report=ns.child_report)
+    if o.sizes not in PRESETS:
+        raise ValueError(f"unknown --sizes {o.sizes} (choose from {', '.join(PRESETS)})")
+    if o.device is not None:
+        model = GPU_MODELS.get(o.device)
+        if model is None:
+            raise ValueError(f"unknown --device {o.device} "
+                             f"(choose from {', '.join(GPU_MODELS)})")
+        wrong = [a for a in o.arches if f"sm_{model.arch}" != a]
+        if wrong:
+            raise ValueError(f"--device {o.device} is sm_{model.arch}, not "
+                             f"{', '.join(wrong)}")
+    return o
+
+
+def main(argv: list[str] | None = None) -> int:
     from kernels.spec import interpreter_enabled
 
-    args = parse(argv)
     try:
-        arches = _list(args.arch, tuple(ARCH_DEFAULT_MODEL), "--arch")
-        kernels = _list(args.kernels, tuple(REGISTRY), "kernel")
-        dtypes = _list(args.dtypes, DTYPE_NAMES, "dtype")
-        if args.sizes not in PRESETS:
-            raise ValueError(f"unknown --sizes {args.sizes} (choose from {', '.join(PRESETS)})")
-        if args.device is not None:
-            model = GPU_MODELS.get(args.device)
-            if model is None:
-                raise ValueError(f"unknown --device {args.device} "
-                                 f"(choose from {', '.join(GPU_MODELS)})")
-            wrong = [a for a in arches if f"sm_{model.arch}" != a]
-            if wrong:
-                raise ValueError(f"--device {args.device} is sm_{model.arch}, not "
-                                 f"{', '.join(wrong)}")
+        opts = options(parse(argv))
     except ValueError as e:
         return error(str(e))
-    if len(arches) > 1 or interpreter_enabled():
-        return _in_children(args, arches, kernels, dtypes)
-    return _in_process(args, arches[0], kernels, dtypes)
+    if len(opts.arches) > 1 or interpreter_enabled():
+        return _in_children(opts)
+    return _in_process(opts, opts.arches[0])
 
 
 def _meta(argv: list[str]) -> dict[str, object]:
@@ -108,14 +131,13 @@ def _meta(argv: list[str]) -> dict[str, object]:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def _in_process(args: argparse.Namespace, arch: str, kernels: list[str],
-                dtypes: list[str]) -> int:
+def _in_process(opts: Options, arch: str) -> int:
     from benches.rehearse.run import ArchReport, registry_cases, rehearse
     from benches.sweep.interrupt import Terminated, exit_code, signals_raise
     from kernels.spec import fp8_accum
 
-    model = GPU_MODELS[args.device or ARCH_DEFAULT_MODEL[arch]]
-    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="rehearse-triton-")
+    model = GPU_MODELS[opts.device or ARCH_DEFAULT_MODEL[arch]]
+    cache_dir = opts.cache_dir or tempfile.mkdtemp(prefix="rehearse-triton-")
     report = ArchReport(arch, model.key, list(model.capability), "", cache_dir)
 
     def progress(msg: str) -> None:
@@ -123,36 +145,35 @@ def _in_process(args: argparse.Namespace, arch: str, kernels: list[str],
 
     try:
         with signals_raise():
-            cases = registry_cases(arch, model, kernels, dtypes, args.sizes, fp8_accum(),
-                                   report)
+            cases = registry_cases(arch, model, list(opts.kernels), list(opts.dtypes),
+                                   opts.sizes, fp8_accum(), report)
             rehearse(cases, model, report, progress)
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C, SIGTERM: 130, 143
         print("interrupted", file=sys.stderr)
         return exit_code(e)
     finally:
-        if args.cache_dir is None:
+        if opts.cache_dir is None:
             shutil.rmtree(cache_dir, ignore_errors=True)
     print_report(report)
-    if args.child_report:
-        Path(args.child_report).write_text(json.dumps(to_json(report)))
-    if args.out:
-        path = write_report(Path(args.out), [report], _meta(sys.argv[1:]))
+    if opts.child_report:
+        Path(opts.child_report).write_text(json.dumps(to_json(report)))
+    if opts.out:
+        path = write_report(Path(opts.out), [report], _meta(sys.argv[1:]))
         print(f"wrote {path}")
     return 1 if report.failures else 0
 
 
-def _in_children(args: argparse.Namespace, arches: list[str], kernels: list[str],
-                 dtypes: list[str]) -> int:
+def _in_children(opts: Options) -> int:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     reports, codes = [], []
     with tempfile.TemporaryDirectory(prefix="rehearse-") as tmp:
-        for arch in arches:
+        for arch in opts.arches:
             child = Path(tmp) / f"{arch}.json"
             cmd = [sys.executable, "-m", "benches.rehearse", "--arch", arch,
-                   "--kernels", ",".join(kernels), "--dtypes", ",".join(dtypes),
-                   "--sizes", args.sizes, "--child-report", str(child)]
-            cmd += ["--device", args.device] if args.device else []
-            cmd += ["--cache-dir", args.cache_dir] if args.cache_dir else []
+                   "--kernels", ",".join(opts.kernels), "--dtypes", ",".join(opts.dtypes),
+                   "--sizes", opts.sizes, "--child-report", str(child)]
+            cmd += ["--device", opts.device] if opts.device else []
+            cmd += ["--cache-dir", opts.cache_dir] if opts.cache_dir else []
             code = subprocess.run(cmd, env=env, cwd=ROOT).returncode
             codes.append(code)
             if child.exists():
@@ -161,7 +182,7 @@ def _in_children(args: argparse.Namespace, arches: list[str], kernels: list[str]
                 return code  # bad input or an interrupt: the child said why
     for r in reports:
         print(f"{r.arch}: {verdict(r)} ({r.wall_s:.1f} s, triton {r.triton})")
-    if args.out:
-        path = write_report(Path(args.out), reports, _meta(sys.argv[1:]))
+    if opts.out:
+        path = write_report(Path(opts.out), reports, _meta(sys.argv[1:]))
         print(f"wrote {path}")
     return 1 if any(c != 0 for c in codes) else 0

@@ -3,7 +3,6 @@ or load ceilings, run the sweep with a progress bar, then plots, summary and com
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -38,20 +37,13 @@ from benches.sweep.run_folder import (
     read_run_doc,
     writable_dir,
 )
-from benches.sweep.shapes import PRESETS, ShapeError, parse_sizes
+from benches.sweep.shapes import ShapeError
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
-from contract.devices import (
-    DEVICES,
-    DeviceError,
-    DeviceModel,
-    Present,
-    detect,
-    host_cpu,
-    resolve,
-)
+from contract.devices import DeviceError, DeviceModel, Present, resolve_device
+from contract.request import RequestError as BadRequest
+from contract.request import RunRequest, resumed_request
 from contract.schema import (
-    CACHE_MODES,
     DEFAULT_CACHE,
     RowKey,
     RunLoadError,
@@ -60,7 +52,6 @@ from contract.schema import (
     row_key,
 )
 from contract.versions import check_versions, warning_line
-from kernels import DTYPE_NAMES, PROVIDERS, REGISTRY
 from kernels import spec as kernel_spec
 from kernels.spec import Target, interpreter_enabled
 from kernels.tuning import identity_text, set_device_identity
@@ -69,49 +60,17 @@ from roofline.gate.runs import check_baseline
 from roofline.report.summary import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
-                                             CompareError, RequestError)
+                                             CompareError, RequestError, BadRequest)
 
 
-def _choose(value: str | list[str], allowed: tuple[str, ...], flag: str) -> list[str]:
-    if isinstance(value, list):  # already a list (a resumed run's metadata)
-        value = ",".join(map(str, value))
-    if value.strip() == "all":
-        return list(allowed)
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items:
-        raise RequestError(f"--{flag} is empty (choose from {','.join(allowed)})")
-    for v in items:
-        if v not in allowed:
-            raise RequestError(f"unknown {flag.rstrip('s')} '{v}' "
-                               f"(choose from {','.join(allowed)})")
-    return list(dict.fromkeys(items))
-
-
-def validate(args: argparse.Namespace) -> None:
-    """Turn the comma lists into validated lists; parse explicit sizes."""
-    validate_lists(args)
-    if args.device != "auto" and args.device not in DEVICES:
-        raise RequestError(f"unknown device '{args.device}' "
-                           f"(choose from auto, {', '.join(DEVICES)})")
-    args.explicit_shapes = None if args.sizes in PRESETS else parse_sizes(args.sizes)
-
-
-def validate_lists(args: argparse.Namespace) -> None:
-    args.kernels = _choose(args.kernels, tuple(REGISTRY), "kernels")
-    args.dtypes = _choose(args.dtypes, DTYPE_NAMES, "dtypes")
-    args.providers = _choose(args.providers, PROVIDERS, "providers")
-    if getattr(args, "cache", None) is not None:
-        args.cache = cache_modes(args.cache)
-
-
-def cache_modes(value: str | list[str] | None, gpu: bool = True) -> list[str]:
-    """--cache as a list of modes.  By default cold on a GPU (L2 flushed or rotated
-    past); warm on a CPU: what its timer has always measured (blocks of calls on the same
-    buffers), and its cold rotation, on request, still shows scheduler artifacts on this
-    project's 2-core VM (matmuls quantized to ~8 ms)."""
+def cache_modes(value: tuple[str, ...] | None, gpu: bool = True) -> list[str]:
+    """--cache (validated: contract/request.py) as a list of modes.  By default cold on a
+    GPU (L2 flushed or rotated past); warm on a CPU: what its timer has always measured
+    (blocks of calls on the same buffers), and its cold rotation, on request, still shows
+    scheduler artifacts on this project's 2-core VM (matmuls quantized to ~8 ms)."""
     if value is None:
         return [DEFAULT_CACHE] if gpu else ["warm"]
-    return _choose(value, CACHE_MODES, "cache")
+    return list(value)
 
 
 def finish_run(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
@@ -135,30 +94,6 @@ def finish_run(writer: ResultWriter, run_dir: Path, plots: bool) -> None:
                       f"{type(e).__name__}: {e}")
 
 
-def apply_resume(args: argparse.Namespace, meta: dict[str, Any]) -> None:
-    """The resumed run's own settings replace the command line's."""
-    args.kernels, args.dtypes, args.providers = meta["kernels"], meta["dtypes"], meta["providers"]
-    # A run written before --cache existed was timed cold.
-    args.cache = meta.get("cache") or [DEFAULT_CACHE]
-    args.seed, args.check_only = meta["seed"], bool(meta.get("check_only"))
-    args.device = meta["device_key"]
-    if meta.get("fp8_accum"):
-        args.fp8_accum = meta["fp8_accum"]
-    throttle = meta.get("throttle_settings") or {}
-    args.throttle_threshold = throttle.get("threshold_pct", args.throttle_threshold)
-    args.throttle_recovery_delay = throttle.get("recovery_delay_s",
-                                                args.throttle_recovery_delay)
-    if meta["sizes"] == "explicit":
-        shapes = meta.get("explicit_shapes")
-        if not shapes:
-            raise RequestError("cannot resume: the run used explicit --sizes that its "
-                               "metadata does not list")
-        args.sizes = ";".join(shapes)
-        args.explicit_shapes = parse_sizes(args.sizes)
-    else:
-        args.sizes, args.explicit_shapes = meta["sizes"], None
-
-
 def compare_retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]]
              ) -> Callable[[list[RowKey]], dict[RowKey, list[list[float]]]]:
     """The compare step's `retime` callback: this run's settings, the rows of its cases
@@ -179,74 +114,73 @@ def compare_retimer(cases: list[Case], cfg: RunConfig, rows: list[dict[str, Any]
     return retime
 
 
-def _ceilings_dir(args: argparse.Namespace, out_root: Path) -> Path:
-    """The ceiling cache: <out>/.ceilings, or the fleet rank's own (args.ceilings_dir)."""
-    own = getattr(args, "ceilings_dir", None)
-    return Path(own) if own else out_root / ".ceilings"
+def _ceilings_dir(req: RunRequest, out_root: Path) -> Path:
+    """The ceiling cache: <out>/.ceilings, or the fleet rank's own (req.ceilings_dir)."""
+    return Path(req.ceilings_dir) if req.ceilings_dir else out_root / ".ceilings"
 
 
-def timing_config(args: argparse.Namespace) -> TimingConfig:
-    row = getattr(args, "row_budget", None)
+def timing_config(req: RunRequest) -> TimingConfig:
+    row = req.row_budget
     return TimingConfig() if row is None else TimingConfig(row_budget_s=row)
 
 
-def run_budget_s_of(args: argparse.Namespace, present: Present) -> float | None:
+def run_budget_s_of(req: RunRequest, present: Present) -> float | None:
     """--run-budget: seconds, None for none ('inf'); by default the CPU's (a GPU's sweep
     is bounded by its rows' budgets alone)."""
-    v = getattr(args, "run_budget", None)
+    v = req.run_budget
     if v is None:
         return DEFAULT_CPU_RUN_BUDGET_S if present.kind != "cuda" else None
     return None if math.isinf(v) else float(v)
 
 
-def run_config(args: argparse.Namespace, model: DeviceModel, present: Present,
+def run_config(req: RunRequest, model: DeviceModel, present: Present,
                interpret: bool | None = None) -> RunConfig:
-    """The run's configuration from the (validated) command line, its ceilings still
-    unknown; `interpret`: Triton's interpreter (default: as this process has it)."""
+    """The run's configuration from the request, its ceilings still unknown;
+    `interpret`: Triton's interpreter (default: as this process has it)."""
     interpret = interpreter_enabled() if interpret is None else interpret
     return RunConfig(
-        kernels=args.kernels, dtypes=args.dtypes, providers=args.providers,
-        sizes=args.sizes if args.explicit_shapes is None else "explicit",
-        explicit_shapes=args.explicit_shapes, seed=args.seed, check_only=args.check_only,
+        kernels=list(req.kernels), dtypes=list(req.dtypes), providers=list(req.providers),
+        sizes=req.sizes,
+        explicit_shapes=None if req.shapes is None else [dict(s) for s in req.shapes],
+        seed=req.seed, check_only=req.check_only,
         model=model, present=present,
         target=Target(present.kind, present.capability, interpret, present.name),
-        ceilings=Ceilings(None, None), timing=timing_config(args),
-        run_budget_s=run_budget_s_of(args, present),
-        throttle=ThrottleConfig(threshold_pct=args.throttle_threshold,
-                                recovery_delay_s=args.throttle_recovery_delay),
-        cache=cache_modes(getattr(args, "cache", None), gpu=present.kind == "cuda"),
+        ceilings=Ceilings(None, None), timing=timing_config(req),
+        run_budget_s=run_budget_s_of(req, present),
+        throttle=ThrottleConfig(threshold_pct=req.throttle_threshold,
+                                recovery_delay_s=req.throttle_recovery_delay),
+        cache=cache_modes(req.cache, gpu=present.kind == "cuda"),
     )
 
 
-def run(args: argparse.Namespace, argv: list[str],
-        on_cases: Callable[[list[Case]], None] | None = None) -> int:
-    """One run; `on_cases` sees the selected cases before any folder is made or anything
-    measured (a fleet's ranks agree on them there: benches/fleet/run.py)."""
+def run(req: RunRequest, argv: list[str],
+        on_cases: Callable[[list[Case]], None] | None = None,
+        started: float | None = None) -> int:
+    """One run of the request; `on_cases` sees the selected cases before any folder is
+    made or anything measured (a fleet's ranks agree on them there: benches/fleet/run.py);
+    `started`: the perf_counter reading at which the process started."""
     # From the process's start when run as the command (start-up and imports count),
     # else from here (a caller's process: tests, a notebook).
-    split = TimeSplit(start=getattr(args, "started", None))
+    split = TimeSplit(start=started)
     # ---- everything the run needs is checked before any ceiling or kernel is measured
-    allow = parse_allow(args.allow)
+    allow = parse_allow(req.allow)
     resume_rows: list[dict[str, Any]] = []
     old_meta: dict[str, Any] | None = None
-    if args.resume:
-        run_dir, old_meta, resume_rows = read_run_doc(args.resume)
-        apply_resume(args, old_meta)
-        validate_lists(args)
-    elif args.run_id is not None:
-        check_run_id(args.run_id)
-    if args.fp8_accum:
-        kernel_spec.set_fp8_accum(args.fp8_accum)
-    present = detect()
-    model, warnings = resolve(args.device, present)
-    for w in warnings:
+    if req.resume:
+        run_dir, old_meta, resume_rows = read_run_doc(req.resume)
+        req = resumed_request(req, old_meta)  # the run's own settings
+    elif req.run_id is not None:
+        check_run_id(req.run_id)
+    if req.fp8_accum:
+        kernel_spec.set_fp8_accum(req.fp8_accum)
+    dev = resolve_device(req.device)
+    present, model = dev.present, dev.model
+    for w in dev.warnings:
         console.print(f"[yellow]warning[/yellow]: {w}")
     untested = warning_line(check_versions())
     if untested:
         console.print(f"[yellow]warning[/yellow]: {untested}")
-    if model.kind == "cpu" and present.kind != "cpu":
-        present = host_cpu()  # --device cpu on a GPU machine benchmarks the host
-    if model.kind == "cpu" and not args.check_only:
+    if model.kind == "cpu" and not req.check_only:
         import torch
 
         busy = busy_cpu_warning(load_average(), os.cpu_count(), torch.get_num_threads())
@@ -255,30 +189,33 @@ def run(args: argparse.Namespace, argv: list[str],
     if old_meta is not None and old_meta.get("detected_key") not in (None, present.key):
         raise RequestError(f"cannot resume a run of '{old_meta.get('detected_key')}' on "
                            f"'{present.key}'")
-    if args.compare:
+    if req.compare:
         # A bad baseline found after the sweep would waste the whole (GPU) run.
-        check_baseline(args.compare, model.key,
-                       allow_device_mismatch=args.allow_device_mismatch)
-    cfg = run_config(args, model, present)
+        check_baseline(req.compare, model.key,
+                       allow_device_mismatch=req.allow_device_mismatch)
+    cfg = run_config(req, model, present)
     cases = build_cases(cfg)
     if not cases:
         raise RequestError("nothing to run: no selected kernel has a selected dtype and "
                            "shape (check --kernels, --dtypes and --sizes)")
     if on_cases is not None:
         on_cases(cases)
-    out_root = Path(args.out)
+    out_root = Path(req.out)
     if old_meta is None:
         out_root = writable_dir(out_root, "--out")
-        writable_dir(_ceilings_dir(args, out_root), "ceiling cache")
+        writable_dir(_ceilings_dir(req, out_root), "ceiling cache")
         run_dir = new_run_dir(writable_dir(out_root / model.key, "device folder"),
-                               args.run_id)
-        meta = collect_metadata(cfg, run_dir.name, ["run_bench.py", *argv])
+                               req.run_id)
+        meta = collect_metadata(cfg, run_dir.name, ["run_bench.py", *argv], req)
         if cfg.explicit_shapes is not None:
             meta["explicit_shapes"] = [format_shape(s) for s in cfg.explicit_shapes]
     else:
         writable_dir(run_dir, "run folder")
         out_root = run_dir.parent.parent  # <out>/<device>/<run-id>: the ceiling cache's root
         meta = old_meta
+        # A run written before the request was stored keeps the one rebuilt from its
+        # old keys, so that its next resume reads it as any other.
+        meta.setdefault("request", req.to_json())
         # Rows an interrupt cut short (timed in fewer rounds than the rest) are timed
         # again in full, and their new rows replace them.
         short = [r for r in resume_rows if runner.cut_short(r)]
@@ -314,9 +251,9 @@ def run(args: argparse.Namespace, argv: list[str],
             ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum())
             try:
                 with split.phase("ceilings"):
-                    cfg.ceilings = get_ceilings(model, present, _ceilings_dir(args, out_root),
-                                                measure_ceilings=not args.no_measure_ceilings,
-                                                force=args.remeasure_ceilings,
+                    cfg.ceilings = get_ceilings(model, present, _ceilings_dir(req, out_root),
+                                                measure_ceilings=req.measure_ceilings,
+                                                force=req.remeasure_ceilings,
                                                 log=lambda m: console.print(m))
             finally:
                 if ahead is not None:
@@ -351,7 +288,7 @@ def run(args: argparse.Namespace, argv: list[str],
             _record_split(meta, split)  # as of summary.md; the final one below
             writer.close()  # results.json whole: the row journal is no longer needed
             if code == 0 or stage == "sweep":
-                finish_run(writer, run_dir, plots=not args.no_plots)
+                finish_run(writer, run_dir, plots=req.plots)
         print_summary(writer.rows)
         console.print(f"results: {run_dir}")
         _record_split(meta, split)
@@ -367,12 +304,12 @@ def run(args: argparse.Namespace, argv: list[str],
     if code:
         return code
     code = 1 if any(r["status"] == "failed" for r in writer.rows) else 0
-    if args.compare:
+    if req.compare:
         from roofline.gate.render import compare_and_report
 
         retime = None if cfg.check_only else compare_retimer(cases, cfg, writer.rows)
-        code = max(code, compare_and_report(args.compare, run_dir, args.threshold,
-                                            args.allow_device_mismatch, allow=allow,
+        code = max(code, compare_and_report(req.compare, run_dir, req.threshold,
+                                            req.allow_device_mismatch, allow=allow,
                                             retime=retime))
     return code
 
@@ -435,4 +372,4 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
             raise
 
 
-__all__ = ["USER_ERRORS", "print_devices", "print_kernels", "run", "validate"]
+__all__ = ["USER_ERRORS", "print_devices", "print_kernels", "run"]

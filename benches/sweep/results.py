@@ -22,6 +22,7 @@ from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
 from benches.timing.plan import cpu_cache_bytes, read_llc
+from contract.request import RunRequest
 from contract.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
@@ -86,7 +87,10 @@ def busy_cpu_warning(load: float | None, cores: int | None, threads: int) -> str
             "cores, gives steadier rows")
 
 
-def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, Any]:
+def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
+                     request: RunRequest | None = None) -> dict[str, Any]:
+    """The run's metadata; `request`: what it was asked (stored whole, so that --resume
+    rebuilds it: contract/request.py); the keys beside it are what readers use."""
     try:
         import triton
 
@@ -165,6 +169,8 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str]) -> dict[str, 
         "interrupted": False,
         "complete": False,
     }
+    if request is not None:
+        meta["request"] = request.to_json()
     if p.kind == "cuda":
         snap = nvml_snapshot()
         meta["nvml_start"] = snap

@@ -122,16 +122,14 @@ def retime(spec: dict[str, Any]) -> dict[str, Any]:
     from benches.sweep.timers import sweep_cache
     from benches.timing.plan import TimingConfig
     from contract.ceilings import Ceilings
-    from contract.devices import detect, host_cpu, resolve
+    from contract.devices import resolve_device
     from contract.schema import parse_shape
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
 
     set_fp8_accum(spec["fp8_accum"])
-    present = detect()
-    model, _ = resolve(spec["device"], present)
-    if model.kind == "cpu" and present.kind != "cpu":
-        present = host_cpu()
+    dev = resolve_device(spec["device"])
+    model, present = dev.model, dev.present
     c = spec.get("ceilings") or {}
     cfg = RunConfig(kernels=[], dtypes=[], providers=[], sizes="explicit",
                     explicit_shapes=None, seed=int(spec["seed"]), check_only=False,

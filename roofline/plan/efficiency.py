@@ -83,13 +83,10 @@ def _measuring_device(args: argparse.Namespace) -> tuple[str, list[str]]:
     present.  DeviceError (one line, exit 2) before anything is measured when --device
     names a GPU and none is present."""
     # Looked up at the call: a test fakes the device present in contract.devices.
-    from contract.devices import detect, host_cpu, resolve
+    from contract.devices import resolve_device
 
-    if args.device and args.device != "auto":
-        present = host_cpu() if args.device == "cpu" else detect()
-        model, warnings = resolve(args.device, present)
-        return model.key, warnings
-    return detect().key, []
+    dev = resolve_device(args.device or "auto")
+    return dev.model.key, list(dev.warnings)
 
 
 def _step_efficiency(args: argparse.Namespace, shape: ModelShape, gemms: list[Gemm],

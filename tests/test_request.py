@@ -1,0 +1,136 @@
+"""The run request (contract/request.py): built once from the command line, stored in
+results.json, and rebuilt from there by --resume; a run stored before it resumes from its
+old metadata keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import run_bench
+from contract.devices import DeviceError, resolve_device
+from contract.request import (
+    RequestError,
+    RunRequest,
+    request_from_old_metadata,
+    resumed_request,
+)
+from contract.schema import RESULTS_JSON
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--device", "cpu", "--sizes", "n=4096;n=8192", "--kernels", "add", "--providers",
+        "torch", "--dtypes", "fp32", "--check-only", "--no-plots", "--seed", "7"]
+
+
+def _request(*argv: str) -> RunRequest:
+    return run_bench.request_of(run_bench.parse_args(list(argv)))
+
+
+def _meta(run: Path) -> dict:
+    return json.loads((run / RESULTS_JSON).read_text())["metadata"]
+
+
+def _cut_short(run: Path, drop_request: bool = False) -> dict:
+    """The run as if interrupted after its first row (its request dropped: as written
+    before the request was stored); returns its metadata as written."""
+    doc = json.loads((run / RESULTS_JSON).read_text())
+    meta = dict(doc["metadata"])
+    if drop_request:
+        del doc["metadata"]["request"]
+    doc["rows"] = doc["rows"][:1]
+    doc["metadata"].update(complete=False, interrupted=True)
+    (run / RESULTS_JSON).write_text(json.dumps(doc))
+    (run / "results.csv").unlink()
+    return meta
+
+
+def test_the_request_is_typed_frozen_and_survives_json() -> None:
+    req = _request(*TINY, "--cache", "warm,cold", "--run-budget", "inf",
+                   "--fp8-accum", "precise")
+    assert req.kernels == ("add",) and req.cache == ("warm", "cold")
+    assert req.sizes == "explicit" and req.shapes == ({"n": 4096}, {"n": 8192})
+    assert math.isinf(req.run_budget) and not req.plots and req.check_only
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.seed = 1  # type: ignore[misc]
+    text = json.dumps(req.to_json(), allow_nan=False)  # strict JSON: inf as "inf"
+    assert RunRequest.from_json(json.loads(text)) == req
+    assert _request("--kernels", "all").kernels == _request().kernels
+
+
+@pytest.mark.parametrize("flags, word", [(["--kernels", "add,nope"], "kernel 'nope'"),
+                                         (["--device", "tpu9"], "unknown device 'tpu9'"),
+                                         (["--cache", ""], "--cache is empty")])
+def test_a_bad_request_is_one_error_line_and_exit_2(flags, word, tmp_path, capsys) -> None:
+    assert run_bench.main([*TINY, "--out", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and word in err and len(err.splitlines()) == 1
+
+
+def test_a_resumed_run_rebuilds_the_request_it_stored(tmp_path: Path) -> None:
+    out = str(tmp_path)
+    assert run_bench.main([*TINY, "--out", out, "--run-id", "r1"]) == 0
+    run = tmp_path / "cpu" / "r1"
+    stored = _meta(run)["request"]
+    original = _request(*TINY, "--out", out, "--run-id", "r1")
+    assert RunRequest.from_json(stored) == original
+    # The resume's own command line names other settings: the run's own win, and only
+    # what a resume may change (its folder, gate, figures, ...) comes from it.
+    cli = _request("--resume", str(run), "--out", out, "--kernels", "mul", "--seed", "1",
+                   "--sizes", "quick", "--compare", "BASE", "--no-plots")
+    resumed = resumed_request(cli, _meta(run))
+    assert dataclasses.replace(resumed, resume=None, run_id="r1", compare=None) == original
+    assert resumed.resume == str(run) and resumed.compare == "BASE"
+    # ... and a real resume keeps the stored request and its rows' settings.
+    _cut_short(run)
+    assert run_bench.main(["--resume", str(run), "--out", out, "--kernels", "mul"]) == 0
+    meta = _meta(run)
+    assert meta["request"] == stored and meta["kernels"] == ["add"] and meta["seed"] == 7
+    assert [r["shape"] for r in json.loads((run / RESULTS_JSON).read_text())["rows"]] == \
+        ["n=4096", "n=8192"]
+
+
+def test_a_run_stored_without_a_request_resumes_from_its_old_keys(tmp_path: Path) -> None:
+    assert run_bench.main([*TINY, "--out", str(tmp_path), "--run-id", "old"]) == 0
+    run = tmp_path / "cpu" / "old"
+    original = RunRequest.from_json(_cut_short(run, drop_request=True)["request"])
+    assert "request" not in _meta(run)
+    assert run_bench.main(["--resume", str(run), "--out", str(tmp_path),
+                           "--kernels", "mul", "--seed", "3"]) == 0
+    after = json.loads((run / RESULTS_JSON).read_text())
+    assert [r["shape"] for r in after["rows"]] == ["n=4096", "n=8192"]
+    rebuilt = RunRequest.from_json(after["metadata"]["request"])
+    settings = ("kernels", "dtypes", "providers", "sizes", "shapes", "seed", "check_only",
+                "device", "throttle_threshold", "throttle_recovery_delay")
+    assert {k: getattr(rebuilt, k) for k in settings} == \
+        {k: getattr(original, k) for k in settings}
+
+
+@pytest.mark.parametrize("run", ["results/cpu/example", "results/h200/2026-11-26/quick",
+                                 "results/h200/2026-11-26/fp8-precise"])
+def test_the_saved_runs_rebuild_a_request_from_their_old_keys(run: str) -> None:
+    meta = _meta(ROOT / run)
+    assert "request" not in meta  # written before the request was stored
+    req = request_from_old_metadata(meta, _request("--resume", run))
+    assert list(req.kernels) == meta["kernels"] and req.device == meta["device_key"]
+    assert req.cache == tuple(meta.get("cache") or ["cold"]) and req.seed == meta["seed"]
+    if meta["sizes"] == "explicit":  # '*=8192': one size in every dimension
+        assert req.shapes == ({"*": 8192},)
+    assert req.fp8_accum == (meta.get("fp8_accum") or None)
+
+
+def test_old_metadata_with_explicit_sizes_it_does_not_list_cannot_resume() -> None:
+    meta = {"kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"], "seed": 0,
+            "device_key": "cpu", "sizes": "explicit"}
+    with pytest.raises(RequestError, match="does not list"):
+        request_from_old_metadata(meta, _request())
+
+
+def test_the_device_is_resolved_in_one_place(monkeypatch) -> None:
+    dev = resolve_device("cpu")
+    assert dev.model.key == "cpu" and dev.present.kind == "cpu" and dev.warnings == ()
+    with pytest.raises(DeviceError, match="--device h100 needs a CUDA GPU"):
+        resolve_device("h100")
