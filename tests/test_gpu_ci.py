@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from contract.schema import COLUMNS
 
 from roofline.__main__ import main as roofline_main
-from roofline.model.schema import COLUMNS
 from roofline.report import targets
 from roofline.report.targets import MET, MISSED, NOT_MEASURED
 
@@ -85,21 +85,27 @@ def _step_table() -> list[tuple[str, int, int]]:
             for ln in table.strip().splitlines()]
 
 
+def _setting(name: str) -> int:
+    return int(SCRIPT.read_text().split(f"\n{name}=", 1)[1].split()[0])
+
+
 def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
     """`.ci/gpu --plan` runs nothing (no GPU needed); the caps of every step but the
-    whole suite, plus the summary's reserve, fit the job's default budget, so no step
-    is starved by the others' time on an H100 or H200."""
+    whole suite, the grace a stopped step has before SIGKILL and the summary's reserve
+    fit the job's default budget, so no step is starved by the others' time on an H100
+    or H200, and a step killed at the end of its grace has not eaten the summary's."""
     p = _script("--plan")
     assert p.returncode == 0, p.stderr
     steps = _step_table()
     text = SCRIPT.read_text()
-    budget = int(text.split("DEFAULT_BUDGET_S=", 1)[1].split()[0])
-    reserve = int(text.split("SUMMARY_RESERVE_S=", 1)[1].split()[0])
+    budget, reserve = _setting("DEFAULT_BUDGET_S"), _setting("SUMMARY_RESERVE_S")
+    grace = _setting("KILL_GRACE_S")
     assert budget <= 540  # the job within 9 minutes
+    assert 0 < grace <= 20 and "--kill-after=$KILL_GRACE_S" in text
     total = sum(cap for name, cap, _ in steps if name != "pytest")
-    assert total + reserve <= budget
-    assert f"caps: {total} s + {reserve} s for the summary = {total + reserve} s of a " \
-           f"{budget} s budget" in p.stdout
+    assert total + grace + reserve <= budget
+    assert f"caps: {total} s + {grace} s of kill grace + {reserve} s for the summary = " \
+           f"{total + grace + reserve} s of a {budget} s budget" in p.stdout
     for name, cap, expect in steps:
         assert 0 < expect <= cap, name
         assert f"run_step {name} " in text or f"run_step --log-outside {name} " in text \
@@ -109,6 +115,52 @@ def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
     for step in ("resume", "cache-modes", "throttle", "acceptance", "ncu", "history",
                  "pytest-gpu", "pytest"):
         assert step in dict((n, c) for n, c, _ in steps)
+
+
+def test_every_cap_says_whether_it_is_measured_or_estimated() -> None:
+    """Each step's cap has its basis in the comment under the table: a measurement (the
+    table's measured column holds it) or an estimate saying how it was made."""
+    text = SCRIPT.read_text()
+    basis = {}
+    for line in text.split("# Where each cap comes from", 1)[1].splitlines()[1:]:
+        if line.startswith("#   "):
+            name, kind = line[4:].split()[:2]
+            basis[name] = kind
+        elif basis:
+            break
+    table = text.split("STEP_TABLE='", 1)[1].split("'", 1)[0].strip().splitlines()
+    measured = {ln.split()[0]: ln.split()[3] for ln in table}
+    assert set(basis) == set(measured)  # every step, no other
+    for name, kind in basis.items():
+        assert kind in ("measured:", "estimate:"), name
+        # a measured cap's time is in the table; an estimated one's may be (an old run)
+        if kind == "measured:":
+            assert measured[name].isdigit(), name
+        assert measured[name] == "-" or measured[name].isdigit(), name
+
+
+def _rehearse(out: Path, *steps: str, budget: int | None = None, timeout: int = 120,
+              env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="", **(env_extra or {}))
+    if budget is not None:
+        env["GPU_CI_BUDGET_S"] = str(budget)
+    return subprocess.run(["bash", str(SCRIPT), "--rehearse", str(out), *steps],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_a_step_is_given_the_budget_less_the_summarys_reserve_and_the_kill_grace(tmp_path
+                                                                                ) -> None:
+    """A step's limit leaves the summary's reserve and the grace its SIGKILL may come
+    after: a step stopped at its limit and killed at the end of its grace still leaves
+    the summary its time.  With too little left it is not started."""
+    reserve, grace = _setting("SUMMARY_RESERVE_S"), _setting("KILL_GRACE_S")
+    p = _rehearse(tmp_path / "a", "ncu", budget=reserve + grace + 20)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "(limit 20 s)" in p.stdout  # 20 s: not the rehearsal's 300 s cap, nor 20 + grace
+    p = _rehearse(tmp_path / "b", "ncu", budget=reserve + grace + 5)
+    assert p.returncode == 0, p.stdout + p.stderr
+    tsv = (tmp_path / "b" / "steps.tsv").read_text()
+    assert "ncu\tskipped\t0\t-\tnot started: it needs about 10 s, 5 s of the job's" in tsv
 
 
 def test_a_step_without_its_expected_time_left_is_skipped_with_the_reason() -> None:
@@ -347,3 +399,34 @@ def test_the_step_kernels_targets(tmp_path: Path) -> None:
     assert [p.value for p in slow.parts] == pytest.approx([0.8, 0.4])
     assert c["attention bf16 D=128 S=4096"].verdict == NOT_MEASURED
     assert "no Triton row" in c["attention bf16 D=128 S=4096"].cells()[-1]
+
+
+# ---- the job rehearsed on a CPU -----------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_job_rehearsed_on_a_cpu_passes_with_every_step_run_or_skipped_with_why(
+        tmp_path: Path) -> None:
+    """`.ci/gpu --rehearse`: every step's command, its outputs, the finalize of a killed
+    run and the summary, on this CPU (3 to 4 minutes on the 2-core VM)."""
+    out = tmp_path / "job"
+    p = _rehearse(out, timeout=1800,
+                  env_extra={"GPU_CI_REHEARSE_SELECT": "--kernels add --dtypes fp32"})
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    rows = [ln.split("\t") for ln in (out / "steps.tsv").read_text().splitlines()[1:]]
+    status = {r[0]: (r[1], r[4]) for r in rows}
+    steps = [name for name, _, _ in _step_table()] + ["rehearse"]
+    assert sorted(status) == sorted(steps) and len(rows) == len(steps)  # each once
+    for name, (st, note) in status.items():
+        assert st == "pass" or (st == "skipped" and note), (name, st, note)
+    assert status["pytest"] == ("skipped", "the whole suite on a CPU is .ci/run's job")
+    assert status["rehearse"][0] == "pass"  # the launch rehearsal ran (add fp32, sm_90)
+    # the sweep ran past its rehearsal cap and was killed; its journal was written whole
+    assert status["sweep"][1].startswith("killed at its 40 s rehearsal cap, as designed")
+    quick = out / "runs" / "cpu" / "quick"
+    doc = json.loads((quick / "results.json").read_text())
+    assert not (quick / "rows.jsonl").exists()
+    assert doc["rows"] and doc["metadata"]["complete"] is False
+    assert "finalized from its row journal" in json.dumps(doc["metadata"])
+    summary = (out / "summary.md").read_text()
+    assert "## Steps: " in summary and "One-rank fleet run against the plain run" in summary
+    assert p.stdout.rstrip().splitlines()[-1].startswith("gpu job (rehearsed): passed in ")
