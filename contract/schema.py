@@ -69,6 +69,7 @@ class Row(TypedDict, total=False):
     host_us: float | None
     # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
     config: str | None
+    config_source: str | None  # Triton: shipped, tuned, cached, fixed or given (per launch)
     algbw_gbps: float | None  # collectives: size of the whole array / time (nccl-tests')
     busbw_gbps: float | None  # collectives: algbw x the collective's factor (nccl-tests')
     rank: int | None  # fleet runs: the torch.distributed rank that measured the row

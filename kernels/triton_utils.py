@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import triton
 import triton.language as tl
 
 from kernels.spec import TritonLaunch, interpreter_enabled
-from kernels.tuning import device_identity, make_tuner
+from kernels.tuning import device_identity, make_tuner, tuning_values
 
 # Explicit mantissa bits of the formats whose fp32 -> narrow cast the Triton interpreter
 # gets wrong (seen with triton 3.9: bf16 truncates; fp8 loses the exponent carry when
@@ -234,25 +235,103 @@ def run_launch(launch: TritonLaunch, config: Any = None) -> Any:
     """Launch a declared kernel launch and return the config it ran: `config` when given
     (no tuning: re-timing runs the row's own config), else autotuned over its configs
     on a GPU, or its small interpreter config (or first config) on the CPU interpreter."""
+    return run_launch_with(launch, config).config
+
+
+# Where a launch's config came from (the row's `config_source`): a shipped config
+# (kernels/shipped.py), tuned on this call, read from Triton's on-disk tuning cache, the
+# launch's one candidate, or given by the caller (re-timing runs the row's own).
+CONFIG_SOURCES: tuple[str, ...] = ("shipped", "tuned", "cached", "fixed", "given")
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What one launch ran: its config, where the config came from (CONFIG_SOURCES),
+    and under --retune how the shipped config timed against the tuned one."""
+
+    config: Any
+    source: str
+    note: str = ""
+
+
+# The source and per-config timings of each tuned bucket, by (tuner key, bucket, tensor
+# dtypes): a later row of the same bucket (another cache mode) gets the tuner's in-memory
+# result and says where it first came from.
+_RESOLVED: dict[tuple[Any, ...], tuple[str, dict[Any, Any] | None]] = {}
+
+
+def run_launch_with(launch: TritonLaunch, config: Any = None, shipped: Any = None,
+                    retune: bool = False) -> Launched:
+    """run_launch, saying where the config came from.  `shipped`: the shipped config of
+    this launch (kernels/shipped.py), run without building a tuner; with `retune`, the
+    launch is tuned anyway and the note compares the shipped config's tuning time with
+    the winner's."""
     on_gpu = _on_gpu(launch)
     if on_gpu:
         _use_scratch_allocator()
     if config is not None:
         _launch_with(launch, config, on_gpu)
-        return config
+        return Launched(config, "given")
     if not on_gpu or len(launch.configs) == 1:
         cfg = (launch.interp_config or launch.configs[0]) if not on_gpu else launch.configs[0]
         _launch_with(launch, cfg, on_gpu)
-        return cfg
+        return Launched(cfg, "fixed")
+    if shipped is not None and not retune:
+        _launch_with(launch, shipped, on_gpu)
+        return Launched(shipped, "shipped")
     identity = device_identity(_gpu_device(launch))
     key = (launch.name, launch.tuner, tuple(config_str(c) for c in launch.configs), identity)
     tuner = _TUNERS.get(key)
     if tuner is None:
         tuner = make_tuner(launch, identity)
         _TUNERS[key] = tuner
+    bucket = (*key, bucket_values(launch))
+    resolved = _RESOLVED.get(bucket)
+    tuner.configs_timings = None
+    tuner.disk_hit = None  # set by make_tuner's check_disk_cache when it is consulted
     tuner[launch.grid](*launch.args, **launch.constexprs)
     # Set by the autotuner on every call: the config tuned for this key.
-    return getattr(tuner, "best_config", None)
+    best = getattr(tuner, "best_config", None)
+    if resolved is None:
+        resolved = ("cached" if tuner.disk_hit else "tuned", tuner.configs_timings)
+        _RESOLVED[bucket] = resolved
+    source, timings = resolved
+    note = retune_note(launch, shipped, best, timings) if shipped is not None else ""
+    return Launched(best, source, note)
+
+
+def bucket_values(launch: TritonLaunch) -> tuple[str, ...]:
+    """What the autotuner keys a call by: the tuning key's values (kernels/tuning.py)
+    and the tensor arguments' dtypes, as text."""
+    return (*(str(v) for v in tuning_values(launch).values()),
+            *(str(a.dtype) for a in launch.args if isinstance(a, torch.Tensor)))
+
+
+def _ms(timing: Any) -> float:
+    # do_bench with quantiles returns [median, p20, p80]; a plain float otherwise.
+    return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
+
+
+def retune_note(launch: TritonLaunch, shipped: Any, best: Any,
+                timings: dict[Any, Any] | None) -> str:
+    """How the shipped config timed against the tuned winner in the autotuner's own
+    timings (configs_timings), as one clause of the row's reason."""
+    text = config_str(shipped)
+    if best is not None and config_str(best) == text:
+        return f"retune {launch.name}: the shipped config is the tuned one"
+    by_text = {config_str(c): _ms(t) for c, t in (timings or {}).items()}
+    if text not in by_text or best is None or config_str(best) not in by_text:
+        return f"retune {launch.name}: shipped [{text}] not timed by the tuner"
+    s, b = by_text[text], by_text[config_str(best)]
+    return (f"retune {launch.name}: shipped [{text}] {s:.4g} ms vs tuned "
+            f"[{config_str(best)}] {b:.4g} ms ({(s / b - 1) * 100:+.1f}%)")
+
+
+def sources_text(launched: list[Launched]) -> str:
+    """The `config_source` column: one source when every launch agrees, else each
+    launch's in the order of the `config` column, "; " between."""
+    sources = [x.source for x in launched]
+    return sources[0] if len(set(sources)) == 1 else "; ".join(sources)
 
 
 def configs_text(launches: list[TritonLaunch], configs: list[Any]) -> str:

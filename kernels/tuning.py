@@ -76,9 +76,20 @@ def tuning_key(launch: TritonLaunch) -> list[str]:
     return [*launch.tune_key, *(k for k in launch.constexprs if k not in launch.tune_key)]
 
 
+def tuning_values(launch: TritonLaunch) -> dict[str, Any]:
+    """The values the autotuner keys `launch` by, in tuning_key's order: the tune_key
+    arguments' values and the constexprs (Triton adds the tensors' dtypes)."""
+    # args are the leading parameters; the constexprs follow by name.
+    values = {**dict(zip(launch.fn.arg_names, launch.args, strict=False)),
+              **launch.constexprs}
+    return {k: values.get(k) for k in tuning_key(launch)}
+
+
 def make_tuner(launch: TritonLaunch, identity: str) -> Any:
     """Triton's autotuner over `launch`'s configs, keyed by tuning_key, whose on-disk
-    records also carry `identity` (the GPU it tunes on)."""
+    records also carry `identity` (the GPU it tunes on).  Each consultation of the
+    on-disk cache sets the tuner's `disk_hit` (whether the tuning was read, not run):
+    a row's config_source says `cached` for it."""
     tuner = triton.autotune(configs=list(launch.configs), key=tuning_key(launch))(launch.fn)
     on_disk = tuner.check_disk_cache
 
@@ -87,6 +98,7 @@ def make_tuner(launch: TritonLaunch, identity: str) -> Any:
         # reads back under the key it was given, so move it to the key run() looks up.
         keyed = (*(plain(v) for v in key), identity)
         hit = on_disk(keyed, configs, bench_fn)
+        tuner.disk_hit = hit
         if keyed in tuner.cache:
             tuner.cache[key] = tuner.cache.pop(keyed)
         return hit

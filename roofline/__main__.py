@@ -75,6 +75,12 @@ def _finalize(argv: list[str]) -> int:
     return main(argv)
 
 
+def _configs(argv: list[str]) -> int:
+    from roofline.report.configs import main
+
+    return main(argv)
+
+
 def _history(argv: list[str]) -> int:
     from roofline.history.cli import main
 
@@ -100,6 +106,8 @@ COMMAND_TABLE = (
     Command("plan", "model size, tokens, days, memory and MFU of a training run", _plan),
     Command("targets", "the performance targets: met, missed or not measured", _targets),
     Command("finalize", "write a killed run whole from its row journal", _finalize),
+    Command("configs", "a device model's tuned configs, shipped so its runs tune nothing",
+            _configs),
     Command("history", "every run kept per device: change points, report, dashboard",
             _history),
 )

@@ -54,8 +54,15 @@ from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
+from kernels.shipped import retune_requested, shipped_for
 from kernels.spec import TritonLaunch, UnsupportedShape
-from kernels.triton_utils import configs_text, parse_configs, prepared_call, run_launch
+from kernels.triton_utils import (
+    configs_text,
+    parse_configs,
+    prepared_call,
+    run_launch_with,
+    sources_text,
+)
 
 
 def device_memory_bytes(cfg: RunConfig) -> float | None:
@@ -118,18 +125,33 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         # config fails to write stays NaN instead of holding another config's answer.
         launches = _triton_launches(case, cfg, inputs, out)
         forced = cfg.configs.get(case.key)
-        with split.phase("tune" if _tunes(launches, forced, cfg) else "check"):
+        shipped, not_shipped = _shipped(case, cfg, launches, forced)
+        retune = retune_requested()
+        tunes = _tunes(launches, forced, cfg) and (retune or any(
+            s is None and len(ln.configs) > 1 for ln, s in zip(launches or [], shipped,
+                                                               strict=True)))
+        config_note = ""
+        with split.phase("tune" if tunes else "check"):
             if launches is None:
                 fn(inputs, out)
                 call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
             else:
                 # A Triton row runs (and records) its chosen configs; re-timing passes
-                # the confirmed row's configs in, so it never tunes to another one.
+                # the confirmed row's configs in, so it never tunes to another one; a
+                # shipped config (kernels/shipped.py) runs untuned unless --retune.
                 chosen = parse_configs(launches, forced) if forced else [None] * len(launches)
-                chosen = [run_launch(ln, c) for ln, c in zip(launches, chosen, strict=True)]
+                ran_with = [run_launch_with(ln, c, s, retune) for ln, c, s in
+                            zip(launches, chosen, shipped, strict=True)]
+                chosen = [r.config for r in ran_with]
                 call = lambda: fn(inputs, out)  # noqa: E731
+                # Why a launch tuned where a shipped config could have run, and under
+                # --retune how the shipped config timed: in the row's reason.
+                config_note = "; ".join(x for x in (
+                    not_shipped if any(r.source in ("tuned", "cached") for r in ran_with)
+                    else "", *(r.note for r in ran_with)) if x)
                 if all(c is not None for c in chosen):
                     row["config"] = configs_text(launches, chosen)
+                    row["config_source"] = sources_text(ran_with)
                     make_call = _bound_triton_call(case, cfg, chosen)
                     call = make_call(inputs, out)
         with split.phase("check"):
@@ -145,7 +167,8 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
             rel_err = spec.check(result, inputs, dtype, ref=ref)
             # What a library provider ran (SDPA's backend): one more call, untimed.
             backend = spec.providers[case.provider].backend
-            ran = backend(call) if backend is not None else ""
+            ran = "; ".join(x for x in (backend(call) if backend is not None else "",
+                                        config_note) if x)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
@@ -228,6 +251,20 @@ def _tunes(launches: list[TritonLaunch] | None, forced: str | None, cfg: RunConf
     no config forced): its time is the run's `tune`."""
     return bool(launches) and not forced and cfg.target.kind == "cuda" \
         and any(len(ln.configs) > 1 for ln in launches)
+
+
+def _shipped(case: Case, cfg: RunConfig, launches: list[TritonLaunch] | None,
+             forced: str | None) -> tuple[list[Any], str]:
+    """The shipped config of each launch of a GPU row (None where none applies) and why
+    none applied (kernels/shipped.py: the file of the device present, never another's)."""
+    n = len(launches or [])
+    if not launches or forced or cfg.target.kind != "cuda" or cfg.target.interpret:
+        return [None] * n, ""
+    choice = shipped_for(cfg.present.name, cfg.present.sms, cfg.present.memory_gb)
+    if choice.configs is None:
+        return [None] * n, choice.reason
+    picks = [choice.configs.pick(case.spec.name, case.dtype, ln) for ln in launches]
+    return [c for c, _ in picks], "; ".join(why for c, why in picks if why)
 
 
 def _triton_launches(case: Case, cfg: RunConfig, inputs: dict[str, Any],

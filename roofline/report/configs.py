@@ -1,0 +1,177 @@
+"""python -m roofline configs RUN [RUN ...] --out kernels/configs/<device>.json
+
+The tuned configs a GPU model's runs found, written as the file a sweep on that model
+runs without tuning (kernels/shipped.py: its format and how a run picks it).
+
+Only ok Triton rows count, and only their launches that tune today (more than one
+candidate); each row's `config` column is read launch by launch against the launches a
+GPU of the run's architecture builds today (on meta tensors, at the run's SM count and
+fp8 accumulation mode).  A part whose launch no longer exists, or whose config is no
+longer one of its candidates, is dropped with a count, never written.  When rows of one
+bucket disagree (another run, another cache mode), the cold row with the lowest median
+wins.  Runs of different device models are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contract.schema import RunLoadError, load_run, parse_shape
+from kernels import REGISTRY
+from kernels.shipped import ShippedDevice, ShippedEntry, bucket_text, document, find_candidate
+from kernels.spec import Target, TritonLaunch, fp8_accum, interpreter_enabled, set_fp8_accum
+
+USAGE = "python -m roofline configs RUN [RUN ...] --out kernels/configs/<device>.json"
+
+
+class ConfigsError(ValueError):
+    """Runs that cannot make one shipped file (one-line message)."""
+
+
+@dataclass
+class Collected:
+    """The winners found, and what was left out and why (counts)."""
+
+    device: ShippedDevice
+    runs: list[str]
+    entries: dict[tuple[str, str, str, str], tuple[tuple[bool, float], ShippedEntry]] = \
+        field(default_factory=dict)
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def add(self, entry: ShippedEntry, rank: tuple[bool, float]) -> None:
+        old = self.entries.get(entry.key)
+        if old is None or rank < old[0]:
+            self.entries[entry.key] = (rank, entry)
+
+
+def _device_of(meta: dict[str, Any], where: str) -> ShippedDevice:
+    name, sms, mem = meta.get("device_name"), meta.get("sms"), meta.get("gpu_memory_gb")
+    if meta.get("device_kind") != "cuda" or not name or not sms or not mem:
+        raise ConfigsError(f"{where} is not a GPU run (its metadata lacks device_name, "
+                           "sms or gpu_memory_gb)")
+    return ShippedDevice(str(name), int(sms), float(mem), meta.get("tuning_identity"))
+
+
+def _launches(kernel: str, dtype: str, shape: str, sms: int,
+              capability: tuple[int, int]) -> list[TritonLaunch]:
+    spec = REGISTRY[kernel]
+    inputs = spec.make_inputs(parse_shape(shape), dtype, 0, "meta")
+    return spec.launches(inputs, spec.alloc_out(inputs, dtype), sms,
+                         Target("cuda", capability))
+
+
+def _parts(text: str) -> list[tuple[str, str]]:
+    """A `config` cell as (launch name, config text) pairs."""
+    out = []
+    for part in (p.strip() for p in text.split("; ")):
+        name, _, rest = part.partition("[")
+        if part and rest.endswith("]"):
+            out.append((name, rest[:-1]))
+    return out
+
+
+def collect(runs: list[str]) -> Collected:
+    """The winning configs of `runs` (module docstring)."""
+    if interpreter_enabled():
+        # The interpreter sets constexprs a compiled GPU launch does not (MBITS): its
+        # buckets would never match a GPU's.
+        raise ConfigsError("TRITON_INTERPRET=1 is set: the buckets must be a compiled "
+                           "GPU launch's (run without it)")
+    collected: Collected | None = None
+    mode = fp8_accum()
+    try:
+        for run in runs:
+            meta, df = load_run(run)
+            device = _device_of(meta, run)
+            if collected is None:
+                collected = Collected(device, [])
+            elif (why := collected.device.mismatch(device.device_name, device.sms,
+                                                   device.gpu_memory_gb)) is not None:
+                raise ConfigsError(f"{run} is another device model than {runs[0]} "
+                                   f"({why})")
+            if collected.device.tuning_identity is None and device.tuning_identity:
+                collected.device = device
+            run_id = str(meta.get("run_id") or Path(run).name)
+            collected.runs.append(run_id)
+            cap = meta.get("capability") or [9, 0]
+            set_fp8_accum(str(meta.get("fp8_accum") or "fast"))
+            _collect_run(collected, df, run_id, device.sms, (int(cap[0]), int(cap[1])))
+    finally:
+        set_fp8_accum(mode)
+    assert collected is not None
+    return collected
+
+
+def _collect_run(collected: Collected, df: Any, run_id: str, sms: int,
+                 capability: tuple[int, int]) -> None:
+    rows = df[(df["provider"] == "triton") & (df["status"] == "ok")]
+    for row in rows.to_dict("records"):
+        text = row.get("config")
+        if not isinstance(text, str) or not text:
+            continue
+        if row["kernel"] not in REGISTRY:
+            collected.dropped["kernel no longer registered"] += 1
+            continue
+        today = {ln.name: ln for ln in _launches(row["kernel"], row["dtype"], row["shape"],
+                                                 sms, capability)}
+        rank = (row.get("cache") not in (None, "cold"), float(row["ms_median"]))
+        for name, cfg_text in _parts(text):
+            launch = today.get(name)
+            if launch is None:
+                collected.dropped["launch no longer made"] += 1
+            elif len(launch.configs) == 1:
+                collected.dropped["launch has one candidate today (nothing to tune)"] += 1
+            else:
+                try:
+                    find_candidate(launch, cfg_text)
+                except ValueError:
+                    collected.dropped["config no longer a candidate"] += 1
+                    continue
+                collected.add(ShippedEntry(row["kernel"], name, row["dtype"],
+                                           bucket_text(launch), cfg_text, run_id,
+                                           float(row["ms_median"])), rank)
+
+
+def write(collected: Collected, out: Path) -> int:
+    """The file at `out`; the number of configs written."""
+    entries = [e for _, e in collected.entries.values()]
+    doc = document(collected.device, entries, collected.runs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return len(entries)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {USAGE}\n{__doc__}")
+        return 0 if argv else 2
+    runs, out, i = [], None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--out" and i + 1 < len(argv):
+            out, i = Path(argv[i + 1]), i + 2
+            continue
+        if a.startswith("-"):
+            print(f"error: unknown option {a} (usage: {USAGE})", file=sys.stderr)
+            return 2
+        runs.append(a)
+        i += 1
+    if out is None or not runs:
+        what = "--out is required" if out is None else "expected at least one RUN"
+        print(f"error: {what} (usage: {USAGE})", file=sys.stderr)
+        return 2
+    try:
+        collected = collect(runs)
+        n = write(collected, out)
+    except (ConfigsError, RunLoadError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dropped = ", ".join(f"{v} {k}" for k, v in sorted(collected.dropped.items()))
+    print(f"{out}: {n} configs of {collected.device.device_name} from "
+          f"{len(collected.runs)} runs" + (f"; dropped: {dropped}" if dropped else ""))
+    return 0
