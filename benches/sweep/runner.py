@@ -125,7 +125,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         # config fails to write stays NaN instead of holding another config's answer.
         launches = _triton_launches(case, cfg, inputs, out)
         forced = cfg.configs.get(case.key)
-        shipped, not_shipped = _shipped(case, cfg, launches, forced)
+        shipped, not_shipped = shipped_configs_of(case, cfg, launches, forced)
         retune = retune_requested()
         tunes = _tunes(launches, forced, cfg) and (retune or any(
             s is None and len(ln.configs) > 1 for ln, s in zip(launches or [], shipped,
@@ -253,8 +253,8 @@ def _tunes(launches: list[TritonLaunch] | None, forced: str | None, cfg: RunConf
         and any(len(ln.configs) > 1 for ln in launches)
 
 
-def _shipped(case: Case, cfg: RunConfig, launches: list[TritonLaunch] | None,
-             forced: str | None) -> tuple[list[Any], str]:
+def shipped_configs_of(case: Case, cfg: RunConfig, launches: list[TritonLaunch] | None,
+                       forced: str | None) -> tuple[list[Any], str]:
     """The shipped config of each launch of a GPU row (None where none applies) and why
     none applied (kernels/shipped.py: the file of the device present, never another's)."""
     n = len(launches or [])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,25 +77,23 @@ def _parts(text: str) -> list[tuple[str, str]]:
 
 def collect(runs: list[str]) -> Collected:
     """The winning configs of `runs` (module docstring)."""
+    loaded = [(run, *load_run(run)) for run in runs]
+    devices = [_device_of(meta, run) for run, meta, _ in loaded]
+    for (run, _, _), device in zip(loaded, devices, strict=True):
+        why = devices[0].mismatch(device.device_name, device.sms, device.gpu_memory_gb)
+        if why is not None:
+            raise ConfigsError(f"{run} is another device model than {runs[0]} ({why})")
     if interpreter_enabled():
         # The interpreter sets constexprs a compiled GPU launch does not (MBITS): its
         # buckets would never match a GPU's.
         raise ConfigsError("TRITON_INTERPRET=1 is set: the buckets must be a compiled "
                            "GPU launch's (run without it)")
-    collected: Collected | None = None
+    # The tuning identity of the first run that recorded one.
+    identity = next((d.tuning_identity for d in devices if d.tuning_identity), None)
+    collected = Collected(replace(devices[0], tuning_identity=identity), [])
     mode = fp8_accum()
     try:
-        for run in runs:
-            meta, df = load_run(run)
-            device = _device_of(meta, run)
-            if collected is None:
-                collected = Collected(device, [])
-            elif (why := collected.device.mismatch(device.device_name, device.sms,
-                                                   device.gpu_memory_gb)) is not None:
-                raise ConfigsError(f"{run} is another device model than {runs[0]} "
-                                   f"({why})")
-            if collected.device.tuning_identity is None and device.tuning_identity:
-                collected.device = device
+        for (run, meta, df), device in zip(loaded, devices, strict=True):
             run_id = str(meta.get("run_id") or Path(run).name)
             collected.runs.append(run_id)
             cap = meta.get("capability") or [9, 0]
@@ -103,7 +101,6 @@ def collect(runs: list[str]) -> Collected:
             _collect_run(collected, df, run_id, device.sms, (int(cap[0]), int(cap[1])))
     finally:
         set_fp8_accum(mode)
-    assert collected is not None
     return collected
 
 
