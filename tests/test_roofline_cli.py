@@ -26,7 +26,7 @@ def test_help_lists_every_command_with_its_line(flag, capsys, monkeypatch):
         # The name and its whole description on one line of an 80-column terminal.
         assert any(re.fullmatch(rf"\s+{c.name}\s+{re.escape(c.summary)}", ln)
                    for ln in lines), c.name
-    assert COMMANDS == ("plot", "compare", "promote", "plan", "targets", "finalize",
+    assert COMMANDS == ("plot", "compare", "promote", "plan", "targets", "finalize", "configs",
                         "history")
 
 
