@@ -263,8 +263,10 @@ def shipped_configs_of(case: Case, cfg: RunConfig, launches: list[TritonLaunch] 
     choice = shipped_for(cfg.present.name, cfg.present.sms, cfg.present.memory_gb)
     if choice.configs is None:
         return [None] * n, choice.reason
-    picks = [choice.configs.pick(case.spec.name, case.dtype, ln) for ln in launches]
-    return [c for c, _ in picks], "; ".join(why for c, why in picks if why)
+    # A launch with one candidate never tunes: nothing to ship, nothing to say.
+    picks = [choice.configs.pick(case.spec.name, case.dtype, ln) if len(ln.configs) > 1
+             else (None, "") for ln in launches]
+    return [c for c, _ in picks], "; ".join(why for _, why in picks if why)
 
 
 def _triton_launches(case: Case, cfg: RunConfig, inputs: dict[str, Any],
