@@ -240,7 +240,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
                                  "folders afterwards (python -m roofline history add RUN)")
             from benches.fleet.run import run_fleet
 
-            return run_fleet(req, argv)
+            return run_fleet(req, argv, started)
         if req.history:
             return _run_and_add(req, argv, started)
         return job.run(req, argv, started=started)

@@ -72,7 +72,9 @@ STOP_GRACE_S = 10.0
 SIGNAL_CODES = {"SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
 
 
-def run_fleet(req: RunRequest, argv: list[str]) -> int:
+def run_fleet(req: RunRequest, argv: list[str], started: float | None = None) -> int:
+    """One rank's fleet run; `started`: the process's start (its sweep's time split
+    counts from there, as a single-process run's)."""
     from benches.sweep.job import USER_ERRORS
 
     try:
@@ -84,7 +86,7 @@ def run_fleet(req: RunRequest, argv: list[str]) -> int:
     out = RankOutput(me.rank)
     fleet: _Fleet | None = None
     try:
-        fleet = _Fleet(me, req, argv, out)
+        fleet = _Fleet(me, req, argv, out, started)
         return fleet.main()
     except FleetError as e:
         if fleet is not None:
@@ -120,8 +122,9 @@ class _Fleet:
     """One rank's part of a fleet run, from the agreement to its exit code."""
 
     def __init__(self, me: Rank, req: RunRequest, argv: list[str],
-                 out: RankOutput) -> None:
+                 out: RankOutput, started: float | None = None) -> None:
         self.me, self.req, self.argv, self.out = me, req, argv, out
+        self.started = started
         live = fdist.liveness()
         if live is None:
             raise FleetError("torch does not expose the rendezvous store the fleet needs")
@@ -157,7 +160,8 @@ class _Fleet:
         t0 = time.monotonic()
         try:
             with self.live.armed():
-                code = job.run(mine, self.argv, on_cases=self._agree_on_cases)
+                code = job.run(mine, self.argv, on_cases=self._agree_on_cases,
+                               started=self.started)
         except PeerStopped as e:  # before the sweep's own handling: nothing measured
             raise FleetError(f"stopped before measuring: {e.why}",
                              self.live.problem_code) from None
