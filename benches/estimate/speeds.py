@@ -8,7 +8,7 @@ models' roofline bounds); the numbers here price everything around them.  The GP
 figures were fit to the GPU runs there are, none of which recorded its phases (an H200,
 2026-11-26: the quick sweep cut at its 219th row after about 150 s; `run_bench.py
 --device h100 --dtypes bf16,fp8` stopped after 79 rows at 50 s and 102 rows at 60 s):
-the method before estimates 148, 54 and 64 s for them.  Only those totals check the
+the method before estimates 144, 44 and 53 s for them.  Only those totals check the
 figures, not how they split them.  A CPU estimate scales the phases by those the newest
 run of this CPU recorded (metadata.time_split_s), where there is one.
 """
