@@ -134,3 +134,32 @@ def test_the_device_is_resolved_in_one_place(monkeypatch) -> None:
     assert dev.model.key == "cpu" and dev.present.kind == "cpu" and dev.warnings == ()
     with pytest.raises(DeviceError, match="--device h100 needs a CUDA GPU"):
         resolve_device("h100")
+
+
+def test_inspects_child_gets_the_request_as_json(monkeypatch, tmp_path) -> None:
+    """Under the interpreter --inspect compiles in a child process: it is handed the
+    request itself (its fp8 mode settled), not a command line to parse again."""
+    from types import SimpleNamespace
+
+    from benches.inspect import compile as ins
+
+    req = _request("--inspect", "--kernels", "add,matmul", "--dtypes", "bf16",
+                   "--out", str(tmp_path), "--arch", "sm_100", "--fp8-accum", "precise")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(ins.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or SimpleNamespace(returncode=0))
+    monkeypatch.setattr("kernels.spec.interpreter_enabled", lambda: True)
+    from kernels import spec
+
+    before = spec.fp8_accum()
+    try:
+        assert ins.run_inspect(req) == 0
+    finally:
+        spec.set_fp8_accum(before)  # run_inspect set the request's for this process
+    (cmd,) = seen
+    assert cmd[cmd.index("--request") + 1:] == [json.dumps(req.to_json())]
+    # The child reads it back as it was (ins.main's --request path).
+    got: list[RunRequest] = []
+    monkeypatch.setattr(ins, "run_inspect", lambda r: got.append(r) or 0)
+    assert ins.main(cmd[cmd.index("--request"):]) == 0
+    assert got == [req]
