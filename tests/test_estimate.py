@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +242,35 @@ def test_the_total_is_the_sum_of_every_phase_other_included(h200_quick):
         assert all(v >= 0 for v in w.phases.values())
         assert w.per_case == sorted(w.per_case)  # cumulative
         assert w.per_case[-1] + GPU.write_end_s == pytest.approx(w.total)
+
+
+def _estimate_line(*env: str) -> dict[str, float]:
+    """`run_bench.py --estimate --device h200 --sizes quick` in a process of its own
+    (compiled kernels' launches: no interpreter, whose bf16 rounding constexpr puts a
+    launch in another tuning bucket): the cold column's tune seconds and counts."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
+                                                                 "GPUBENCH_RETUNE")}
+    environ.update(dict(e.split("=", 1) for e in env))
+    p = subprocess.run([sys.executable, "run_bench.py", "--estimate", "--device", "h200",
+                        "--sizes", "quick"], cwd=ROOT, env=environ,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    tune = re.search(r"│ tune\s+│\s+([\d.]+)\s+│\s+[\d.]+\s+│\s+([\d.]+)", p.stdout)
+    out = p.stdout.splitlines()  # the console wraps a long line: the next one with it
+    i = next(i for i, ln in enumerate(out) if ln.startswith("now, Triton cache cold"))
+    line = " ".join(out[i:i + 2])
+    counts = {k: int(v.replace(",", "")) for k, v in
+              re.findall(r"(compiles|tunings) ([\d,]+)", line)}
+    assert tune is not None, p.stdout
+    return {"before_tune": float(tune.group(1)), "tune": float(tune.group(2)), **counts}
+
+
+def test_a_shipped_config_is_priced_untuned_as_the_sweep_runs_it():
+    """On the H200, whose tuned configs ship (kernels/configs/h200.json), a launch with a
+    shipped config runs it untuned: the cold sweep pays one compile for it and no
+    tuning; GPUBENCH_RETUNE=1 tunes anyway, as the method before did."""
+    shipped, retuned = _estimate_line(), _estimate_line("GPUBENCH_RETUNE=1")
+    assert retuned["tune"] == retuned["before_tune"] == shipped["before_tune"]
+    assert shipped["tunings"] < retuned["tunings"]
+    assert shipped["tune"] < retuned["tune"]
+    assert shipped["compiles"] < retuned["compiles"]

@@ -28,7 +28,7 @@ from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
 from benches.sweep.phases import PHASES
-from benches.sweep.runner import footprint_reason
+from benches.sweep.runner import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
 from benches.timing.clock import DISPATCH_BUDGET_S
 from benches.timing.plan import (
@@ -43,6 +43,7 @@ from benches.timing.plan import (
     sample_count,
 )
 from contract.schema import DEFAULT_CACHE
+from kernels.shipped import retune_requested
 from kernels.triton_utils import config_str
 
 # (method, Triton's cache warm) of each column, in print order.
@@ -197,12 +198,20 @@ class Pricer:
                       + flops / (self.sp.fp64_tflops * 1e12))
 
     def first_call(self, case: Case, rs: RowSpeed) -> None:
-        """The untimed first call: a Triton row's compiles and autotuning, else a call."""
+        """The untimed first call: a Triton row's compiles and autotuning, else a call.
+        Now, a launch with a shipped config for the device (kernels/shipped.py, as the
+        runner finds it) runs that config untuned, unless GPUBENCH_RETUNE asks."""
         w, sp = self.walk, self.sp
         launches = _launches(case, self.cfg)
         one = rs.call_ms * 1e-3 + rs.host_us * 1e-6
         tuned = False
-        for ln in launches:
+        shipped: list[Any] = [None] * len(launches)
+        if self.method == "now" and launches and not retune_requested():
+            shipped = shipped_configs_of(case, self.cfg, launches, None)[0]
+        for ln, ship in zip(launches, shipped, strict=True):
+            if ship is not None:
+                self.compile_one(ln, ship)
+                continue
             tunes = len(ln.configs) > 1 and self.cfg.target.kind == "cuda"
             kept = tunes and self.method == "now" and self.warm
             key = _tune_key(ln)
@@ -214,18 +223,23 @@ class Pricer:
                 tuned = True
             # compiled: every candidate when timed, the chosen one when the tuning is kept
             for c in ln.configs[:1] if kept or not tunes else ln.configs:
-                ck = (ln.name, _arg_dtypes(ln), config_str(c))
-                if ck in self.compiled:
-                    continue
-                self.compiled.add(ck)
-                w.count("compiles")
-                if self.warm:
-                    w.add("compile", sp.cached_compile_s)
-                else:
-                    w.add("compile", sp.compile_s)
-                    w.compile_serial_s += sp.compile_s
+                self.compile_one(ln, c)
         if not tuned:
             w.add("check", one)
+
+    def compile_one(self, ln: Any, config: Any) -> None:
+        """One compile of a launch with a config, once per run (cached when warm)."""
+        w, sp = self.walk, self.sp
+        ck = (ln.name, _arg_dtypes(ln), config_str(config))
+        if ck in self.compiled:
+            return
+        self.compiled.add(ck)
+        w.count("compiles")
+        if self.warm:
+            w.add("compile", sp.cached_compile_s)
+        else:
+            w.add("compile", sp.compile_s)
+            w.compile_serial_s += sp.compile_s
 
     def check(self, case: Case, rs: RowSpeed) -> None:
         nbytes = case.spec.nbytes(case.shape, case.dtype)
