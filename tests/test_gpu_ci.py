@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contract.schema import COLUMNS
 
+from contract.schema import COLUMNS
 from roofline.__main__ import main as roofline_main
 from roofline.report import targets
 from roofline.report.targets import MET, MISSED, NOT_MEASURED
