@@ -51,6 +51,11 @@ def identity_text(name: str, sms: int | None, memory_gb: float | None,
 
 def device_identity(device: torch.device) -> str:
     """The identity of a CUDA device that keys its tunings on disk."""
+    if not torch.cuda.is_available():
+        # Launches on tensors that only look like CUDA ones (the launch rehearsal's, a
+        # test's fakes): what names the device is what was set for it, else its index.
+        index = device.index or 0
+        return _IDENTITY.get(index, f"cuda:{index} (no CUDA here: not a real GPU)")
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index in _IDENTITY:
         return _IDENTITY[index]

@@ -158,9 +158,13 @@ def test_autotuners_are_kept_apart_per_arch(monkeypatch):
     from kernels import triton_utils
     from kernels.spec import Target
 
-    class FakeTuner:
+    class FakeTuner:  # what run_launch uses of Triton's Autotuner
         def __init__(self, configs):
             self.best_config = configs[0]
+            self.cache: dict = {}
+
+        def check_disk_cache(self, key, configs, bench_fn):
+            return False
 
         def __getitem__(self, grid):
             return lambda *args, **kwargs: None
