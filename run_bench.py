@@ -123,6 +123,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="print what the selected sweep would cost on --device, phase by "
                         "phase, from its plan and earlier runs' rows under --out; "
                         "nothing is measured")
+    p.add_argument("--retune", action="store_true",
+                   help="GPU: autotune every Triton launch even where this GPU model has "
+                        "shipped configs (kernels/configs/), and say in each row by how "
+                        "much the shipped config was slower")
     p.add_argument("--remeasure-ceilings", action="store_true",
                    help="measure the device's ceilings again instead of using the cache")
     p.add_argument("--no-measure-ceilings", action="store_true",

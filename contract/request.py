@@ -71,6 +71,7 @@ class RunRequest:
     collectives: bool = True
     acceptance: AcceptanceOptions | None = None
     arch: str = "sm_90"  # --inspect's target
+    retune: bool = False  # tune every launch even where a shipped config exists
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace,
@@ -94,7 +95,7 @@ class RunRequest:
             history=ns.history, remeasure_ceilings=ns.remeasure_ceilings,
             measure_ceilings=not ns.no_measure_ceilings, fleet_tolerance=ns.fleet_tolerance,
             dist_timeout=ns.dist_timeout, collectives=ns.collectives, acceptance=acceptance,
-            arch=ns.arch))
+            arch=ns.arch, retune=ns.retune))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (results.json's metadata["request"]); inf budgets as "inf"."""
@@ -132,7 +133,7 @@ RESUME_FROM_COMMAND_LINE: tuple[str, ...] = (
     "out", "run_id", "resume", "compare", "threshold", "allow", "allow_device_mismatch",
     "plots", "history", "remeasure_ceilings", "measure_ceilings", "ceilings_dir",
     "row_budget", "run_budget", "fleet_tolerance", "dist_timeout", "collectives",
-    "acceptance", "arch")
+    "acceptance", "arch", "retune")
 
 
 def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str) -> tuple[str, ...]:

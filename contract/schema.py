@@ -138,6 +138,7 @@ class RunMetadata(TypedDict, total=False):
     ceilings_ready: bool
     autotune_on_disk: bool
     tuning_identity: str  # the GPU's identity its tunings are keyed by on disk
+    shipped_configs: dict[str, Any]  # the shipped configs file used, or why none
     compiled_ahead: dict[str, int]
     nvml_start: dict[str, Any] | None
     nvml_end: dict[str, Any] | None

@@ -163,3 +163,15 @@ def test_inspects_child_gets_the_request_as_json(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(ins, "run_inspect", lambda r: got.append(r) or 0)
     assert ins.main(cmd[cmd.index("--request"):]) == 0
     assert got == [req]
+
+
+def test_retune_is_a_request_field_a_resume_may_set() -> None:
+    """--retune reaches the request (and through it the sweep's GPU set-up), survives
+    JSON, and a resume's own command line decides it (tuning afresh is not the run's
+    selection)."""
+    from contract.request import RESUME_FROM_COMMAND_LINE
+
+    assert _request("--retune").retune is True
+    assert _request().retune is False
+    assert RunRequest.from_json(_request("--retune").to_json()).retune is True
+    assert "retune" in RESUME_FROM_COMMAND_LINE

@@ -53,6 +53,7 @@ from contract.schema import (
 )
 from contract.versions import check_versions, warning_line
 from kernels import spec as kernel_spec
+from kernels.shipped import RETUNE_ENV, shipped_for
 from kernels.spec import Target, interpreter_enabled
 from kernels.tuning import identity_text, set_device_identity
 from roofline.gate.rules import CompareError, parse_allow
@@ -239,6 +240,11 @@ def run(req: RunRequest, argv: list[str],
         meta["tuning_identity"] = identity_text(present.name, present.sms, present.memory_gb,
                                                 present.l2_mb, clock)
         set_device_identity(meta["tuning_identity"])
+        # The tuned configs shipped for this GPU model (kernels/configs/), or why none.
+        meta["shipped_configs"] = shipped_for(present.name, present.sms,
+                                              present.memory_gb).to_json()
+        if req.retune:  # read where the launches are made, and by re-timing children
+            os.environ[RETUNE_ENV] = "1"
     code, stage = 0, "ceilings"
     try:
         with split.phase("write"):
