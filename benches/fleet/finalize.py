@@ -23,12 +23,11 @@ one was refused (one `error:` line each), 2 on a usage error.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 from benches.fleet.dist import Rank
 from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
 from benches.fleet.rank_io import say_line
+from contract.request import RunRequest
 from contract.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
 from roofline.report.finalize import FinalizeError, finalize
 
@@ -187,10 +187,9 @@ def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
               host=str(ident.get("host") or "unknown"),
               backend=str(ident.get("backend") or fleet_old.get("backend") or "unknown"),
               timeout_s=0.0, device=str(meta.get("device_kind") or "cpu"))
-    args = argparse.Namespace(no_plots=not plots, fleet_tolerance=None)
     problem = fleet_old.get("problem") or "the fleet was killed before rank 0 finished"
-    write_folder(fleet, me, args, _argv(str(meta.get("command") or "")), meta, gathered,
-                 coll_rows, final=True, problem=f"{problem}; {meta['cut_short']}")
+    write_folder(fleet, me, _request_of(meta, plots), _argv(str(meta.get("command") or "")),
+                 meta, gathered, coll_rows, final=True, problem=f"{problem}; {meta['cut_short']}")
     return sum(len(g[1]) for g in gathered) + len(coll_rows)
 
 
@@ -221,3 +220,17 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def _request_of(meta: dict[str, Any], plots: bool) -> RunRequest:
+    """The request the killed fleet was made with: the one its rank stored, else what its
+    older metadata says of the selection; the fleet's tolerance is the report's default."""
+    if meta.get("request"):
+        return replace(RunRequest.from_json(meta["request"]), plots=plots,
+                       fleet_tolerance=None)
+    return RunRequest(kernels=tuple(meta.get("kernels") or ()),
+                      dtypes=tuple(meta.get("dtypes") or ()),
+                      providers=tuple(meta.get("providers") or ()),
+                      sizes=str(meta.get("sizes") or "default"), seed=int(meta.get("seed") or 0),
+                      device=str(meta.get("device_key") or "auto"),
+                      check_only=bool(meta.get("check_only")), plots=plots)
