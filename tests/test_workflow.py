@@ -19,7 +19,8 @@ import pytest
 WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "gpu-bench.yml"
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A workflow file as a dict (ruamel.yaml or PyYAML; tests/test_workflows.py too)."""
     try:
         from ruamel.yaml import YAML
 
@@ -37,7 +38,7 @@ def _load_yaml(path: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def workflow() -> dict[str, Any]:
     assert WORKFLOW.is_file(), f"{WORKFLOW} is missing"
-    return _load_yaml(WORKFLOW)
+    return load_yaml(WORKFLOW)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_checkout_and_install(job: dict[str, Any]) -> None:
 
 
 def test_device_detection_snippet_is_valid_python(job: dict[str, Any]) -> None:
-    (step,) = _steps(job, r"roofline\.model\.devices")
+    (step,) = _steps(job, r"contract\.devices")
     code = re.search(r'python -c "([^"]+)"', step["run"])
     assert code, "device detection should be a `python -c \"...\"` call"
     assert "detect()" in code.group(1) and ".key" in code.group(1)

@@ -18,27 +18,15 @@ from typing import Any
 
 import pytest
 
+from tests.test_workflow import load_yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
 
 
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        from ruamel.yaml import YAML
-
-        return YAML(typ="safe", pure=True).load(path.read_text())
-    except ImportError:
-        pass
-    yaml = pytest.importorskip("yaml", reason="needs ruamel.yaml or PyYAML to parse YAML")
-    doc = yaml.safe_load(path.read_text())
-    if True in doc:  # PyYAML reads YAML 1.1, where a bare `on` key is the boolean True
-        doc["on"] = doc.pop(True)
-    return doc
-
-
 def _workflows() -> list[tuple[Path, dict[str, Any]]]:
-    return [(p, _load(p)) for p in sorted(WORKFLOWS.glob("*.y*ml"))]
+    return [(p, load_yaml(p)) for p in sorted(WORKFLOWS.glob("*.y*ml"))]
 
 
 def _zizmor() -> str | None:
