@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 DISTRIBUTION = "gpubench"
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"  # contract/ is at the root
 
 
 @dataclass(frozen=True)

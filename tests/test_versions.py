@@ -116,3 +116,12 @@ def test_the_oldest_leg_selects_the_files_naming_triton_s_internals(tmp_path):
     found = subprocess.run(["grep", "-lE", select, *sorted(files)], cwd=tmp_path,
                            capture_output=True, text=True).stdout.split()
     assert found == ["a.py", "b.py", "c.py"]
+
+
+def test_the_fallback_reads_this_repository_s_pyproject():
+    """A checkout never installed reads the bounds from its own pyproject.toml (the
+    default path, wherever the module lives in the tree)."""
+    pytest.importorskip("tomllib")
+    reqs = {r.name: str(r.specifier) for r in
+            versions.declared_requirements("no-such-distribution-here")}
+    assert reqs["torch"] == ">=2.11" and "numpy" in reqs
