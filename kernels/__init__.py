@@ -56,6 +56,31 @@ def checked(specs: list[KernelSpec]) -> dict[str, KernelSpec]:
     return registry
 
 
+def triton_selection(kernels: list[str], dtypes: list[str], target: Target
+                     ) -> tuple[list[tuple[KernelSpec, str]], list[str]]:
+    """The (spec, dtype) pairs of a selection whose Triton provider runs on `target`, in
+    order, and a note for each pair that has the variant but cannot run there (why).
+    Kernels without Triton launches and dtypes their Triton provider lacks are passed
+    over in silence: there is nothing of theirs to compile or launch."""
+    from kernels import REGISTRY  # loads the families (this module's __getattr__)
+
+    pairs: list[tuple[KernelSpec, str]] = []
+    notes: list[str] = []
+    for kernel in kernels:
+        spec = REGISTRY[kernel]
+        if spec.triton_launches is None or "triton" not in spec.providers:
+            continue
+        for dtype in dtypes:
+            if dtype not in spec.providers["triton"].dtypes:
+                continue
+            reason = spec.skip_reason("triton", dtype, target)
+            if reason:
+                notes.append(f"{kernel} {dtype}: {reason}")
+            else:
+                pairs.append((spec, dtype))
+    return pairs, notes
+
+
 def __getattr__(name: str) -> Any:
     if name == "REGISTRY":
         registry = _registry()

@@ -172,39 +172,29 @@ def _shape_str(shape: dict[str, int]) -> str:
 def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case], list[str]]:
     """Distinct compile cases for the selection, and notes on what was left out."""
     from benches.sweep.shapes import preset_shapes
-    from kernels import REGISTRY
+    from kernels import triton_selection
 
     cc = ARCHES[arch][0]
-    target = arch_target(arch)
     cases: dict[str, Case] = {}
-    notes: list[str] = []
-    for kernel in kernels:
-        spec = REGISTRY[kernel]
-        if spec.triton_launches is None or "triton" not in spec.providers:
-            continue
-        for dtype in dtypes:
-            if dtype not in spec.providers["triton"].dtypes:
-                continue
-            reason = spec.skip_reason("triton", dtype, target)
-            if reason:
-                notes.append(f"{kernel} {dtype}: {reason}")
-                continue
-            for shape in preset_shapes(spec, "default", on_gpu=True):
-                for li, launch in enumerate(launches_for(kernel, dtype, shape, arch)):
-                    for ci, cfg in enumerate(launch.configs):
-                        src, options = bind(launch, cfg, cc)
-                        key = src.hash() + json.dumps(options.__dict__, sort_keys=True,
-                                                      default=str)
-                        case = cases.get(key)
-                        if case is None:
-                            case = cases[key] = Case(
-                                kernel, dtype, launch.name, describe_config(launch, cfg),
-                                options.num_warps, options.num_stages,
-                                where=(dtype, shape, li, ci))
-                        case.shapes.append(_shape_str(shape))
-                        if dtype not in case.dtype.split(","):
-                            # e.g. dot's final sum: fp32 partials whatever the input
-                            case.dtype += "," + dtype
+    pairs, notes = triton_selection(kernels, dtypes, arch_target(arch))
+    for spec, dtype in pairs:
+        kernel = spec.name
+        for shape in preset_shapes(spec, "default", on_gpu=True):
+            for li, launch in enumerate(launches_for(kernel, dtype, shape, arch)):
+                for ci, cfg in enumerate(launch.configs):
+                    src, options = bind(launch, cfg, cc)
+                    key = src.hash() + json.dumps(options.__dict__, sort_keys=True,
+                                                  default=str)
+                    case = cases.get(key)
+                    if case is None:
+                        case = cases[key] = Case(
+                            kernel, dtype, launch.name, describe_config(launch, cfg),
+                            options.num_warps, options.num_stages,
+                            where=(dtype, shape, li, ci))
+                    case.shapes.append(_shape_str(shape))
+                    if dtype not in case.dtype.split(","):
+                        # e.g. dot's final sum: fp32 partials whatever the input
+                        case.dtype += "," + dtype
     return list(cases.values()), notes
 
 

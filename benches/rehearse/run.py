@@ -138,50 +138,43 @@ def registry_cases(arch: str, model: GpuModel, kernels: list[str], dtypes: list[
     from benches.sweep import triton_cache
     from benches.sweep.shapes import preset_shapes
     from contract.schema import format_shape
-    from kernels import REGISTRY
+    from kernels import triton_selection
     from kernels.spec import Target
 
     target = Target("cuda", model.capability, False, arch)
     seen: set[str] = set()
     cases: list[Case] = []
-    for kernel in kernels:
-        spec = REGISTRY[kernel]
-        if spec.triton_launches is None or "triton" not in spec.providers:
-            continue
-        for dtype in dtypes:
-            if dtype not in spec.providers["triton"].dtypes:
+    pairs, notes = triton_selection(kernels, dtypes, target)
+    report.left_out.extend(notes)
+    for spec, dtype in pairs:
+        kernel = spec.name
+        count = report.count(kernel)
+        count.dtypes.append(dtype)
+        for shape in preset_shapes(spec, sizes, on_gpu=True):
+            text = format_shape(shape)
+            try:
+                inputs = spec.make_inputs(shape, dtype, 0, "meta")
+                launches = spec.launches(inputs, spec.alloc_out(inputs, dtype),
+                                         model.sms, target)
+                keys = set()
+                for launch in launches:
+                    for cfg in launch.configs:
+                        src, options = bind(launch, cfg, model.arch)
+                        keys.add(src.hash() + json.dumps(options.__dict__,
+                                                         sort_keys=True, default=str))
+            except Exception as e:
+                report.failures.append(Failure(kernel, dtype, text, "build", "-", "-",
+                                               one_line(e)))
+                count.failures += 1
                 continue
-            reason = spec.skip_reason("triton", dtype, target)
-            if reason:
-                report.left_out.append(f"{kernel} {dtype}: {reason}")
+            if keys <= seen:
+                count.covered += 1
                 continue
-            count = report.count(kernel)
-            count.dtypes.append(dtype)
-            for shape in preset_shapes(spec, sizes, on_gpu=True):
-                text = format_shape(shape)
-                try:
-                    inputs = spec.make_inputs(shape, dtype, 0, "meta")
-                    launches = spec.launches(inputs, spec.alloc_out(inputs, dtype),
-                                             model.sms, target)
-                    keys = set()
-                    for launch in launches:
-                        for cfg in launch.configs:
-                            src, options = bind(launch, cfg, model.arch)
-                            keys.add(src.hash() + json.dumps(options.__dict__,
-                                                             sort_keys=True, default=str))
-                except Exception as e:
-                    report.failures.append(Failure(kernel, dtype, text, "build", "-", "-",
-                                                   one_line(e)))
-                    count.failures += 1
-                    continue
-                if keys <= seen:
-                    count.covered += 1
-                    continue
-                seen |= keys
-                ahead = functools.partial(triton_cache.compile_case, kernel, dtype,
-                                          dict(shape), model.sms, model.capability,
-                                          fp8_mode)
-                cases.append(Case(kernel, dtype, text, launches, ahead))
+            seen |= keys
+            ahead = functools.partial(triton_cache.compile_case, kernel, dtype,
+                                      dict(shape), model.sms, model.capability,
+                                      fp8_mode)
+            cases.append(Case(kernel, dtype, text, launches, ahead))
     return cases
 
 
