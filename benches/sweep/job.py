@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,41 @@ def run_config(req: RunRequest, model: DeviceModel, present: Present,
     )
 
 
+@dataclass(frozen=True)
+class Checked:
+    """The request as checked before anything is measured (a resume's: the run's own
+    settings), with what it resolved to; `resume_dir`, `old_meta`, `resume_rows`: the
+    resumed run's folder, metadata and rows (None, None, [] for a new run)."""
+    req: RunRequest
+    present: Present
+    model: DeviceModel
+    cfg: RunConfig
+    cases: list[Case]
+    old_meta: dict[str, Any] | None
+    resume_rows: list[dict[str, Any]]
+    resume_dir: Path | None
+    allow: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The run's folder (new or resumed), its output root, metadata, writer and the cases
+    it has still to measure."""
+    run_dir: Path
+    out_root: Path
+    meta: dict[str, Any]
+    writer: ResultWriter
+    todo: list[Case]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """How the measuring ended: its exit code so far (0, or an abort's or interrupt's)
+    and the stage it reached ('ceilings' or 'sweep')."""
+    code: int
+    stage: str
+
+
 def run(req: RunRequest, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None,
         started: float | None = None) -> int:
@@ -164,9 +200,20 @@ def run(req: RunRequest, argv: list[str],
     # else from here (a caller's process: tests, a notebook).
     split = TimeSplit(start=started)
     # ---- everything the run needs is checked before any ceiling or kernel is measured
+    chk = _check(req, on_cases)
+    opened = _open(chk, argv)
+    _gpu_setup(chk, opened.meta)
+    measured = _measure(chk, opened, split)
+    return _finish(chk, opened, split, measured)
+
+
+def _check(req: RunRequest, on_cases: Callable[[list[Case]], None] | None) -> Checked:
+    """Everything the run needs, checked before any ceiling or kernel is measured (and
+    before any folder is made): the request, the device, the baseline, the cases."""
     allow = parse_allow(req.allow)
     resume_rows: list[dict[str, Any]] = []
     old_meta: dict[str, Any] | None = None
+    run_dir: Path | None = None
     if req.resume:
         run_dir, old_meta, resume_rows = read_run_doc(req.resume)
         req = resumed_request(req, old_meta)  # the run's own settings
@@ -201,6 +248,16 @@ def run(req: RunRequest, argv: list[str],
                            "shape (check --kernels, --dtypes and --sizes)")
     if on_cases is not None:
         on_cases(cases)
+    return Checked(req=req, present=present, model=model, cfg=cfg, cases=cases,
+                   old_meta=old_meta, resume_rows=resume_rows, resume_dir=run_dir,
+                   allow=allow)
+
+
+def _open(chk: Checked, argv: list[str]) -> Opened:
+    """The run's folder: a new one with its metadata, or the resumed one with a record of
+    this resume; its writer, and the cases not yet measured."""
+    req, model, cfg, cases = chk.req, chk.model, chk.cfg, chk.cases
+    old_meta, resume_rows = chk.old_meta, chk.resume_rows
     out_root = Path(req.out)
     if old_meta is None:
         out_root = writable_dir(out_root, "--out")
@@ -211,6 +268,7 @@ def run(req: RunRequest, argv: list[str],
         if cfg.explicit_shapes is not None:
             meta["explicit_shapes"] = [format_shape(s) for s in cfg.explicit_shapes]
     else:
+        run_dir = chk.resume_dir  # type: ignore[assignment]  # set with old_meta
         writable_dir(run_dir, "run folder")
         out_root = run_dir.parent.parent  # <out>/<device>/<run-id>: the ceiling cache's root
         meta = old_meta
@@ -232,7 +290,13 @@ def run(req: RunRequest, argv: list[str],
     writer = ResultWriter(run_dir, meta, resume_rows)
     done = {row_key(r) for r in resume_rows}
     todo = [c for c in cases if c.key not in done]
+    return Opened(run_dir=run_dir, out_root=out_root, meta=meta, writer=writer, todo=todo)
 
+
+def _gpu_setup(chk: Checked, meta: dict[str, Any]) -> None:
+    """A compiled GPU run's tuning set-up: tunings kept on disk under this GPU's identity,
+    the configs shipped for its model, and --retune for the launches."""
+    req, present, cfg = chk.req, chk.present, chk.cfg
     if present.kind == "cuda" and not cfg.target.interpret:
         meta["autotune_on_disk"] = triton_cache.keep_tuning()
         # Tunings on disk are keyed by this GPU's identity (kernels/tuning.py).
@@ -245,6 +309,14 @@ def run(req: RunRequest, argv: list[str],
                                               present.memory_gb).to_json()
         if req.retune:  # read where the launches are made, and by re-timing children
             os.environ[RETUNE_ENV] = "1"
+
+
+def _measure(chk: Checked, opened: Opened, split: TimeSplit) -> Measured:
+    """The ceilings (the sweep's kernels compiling ahead meanwhile), then the sweep; an
+    abort or an interrupt ends it with its exit code, at the stage it reached."""
+    req, present, model, cfg, cases = chk.req, chk.present, chk.model, chk.cfg, chk.cases
+    run_dir, out_root, meta = opened.run_dir, opened.out_root, opened.meta
+    writer, todo = opened.writer, opened.todo
     code, stage = 0, "ceilings"
     try:
         with split.phase("write"):
@@ -283,6 +355,15 @@ def run(req: RunRequest, argv: list[str],
                       f"{len(writer.rows)} rows measured so far (resume with --resume "
                       f"{run_dir})")
         code = exit_code(e)
+    return Measured(code=code, stage=stage)
+
+
+def _finish(chk: Checked, opened: Opened, split: TimeSplit, measured: Measured) -> int:
+    """After the measuring, whatever its end: the GPU's end state and clock facts, the
+    results, figures and summary written, then the exit code (failed rows; --compare)."""
+    req, present, cfg, cases = chk.req, chk.present, chk.cfg, chk.cases
+    run_dir, meta, writer = opened.run_dir, opened.meta, opened.writer
+    code, stage = measured.code, measured.stage
     if present.kind == "cuda":
         meta["nvml_end"] = nvml_snapshot()  # includes the run's sampler summary
         during = gpu_monitor.stop_gpu_monitor()
@@ -315,7 +396,7 @@ def run(req: RunRequest, argv: list[str],
 
         retime = None if cfg.check_only else compare_retimer(cases, cfg, writer.rows)
         code = max(code, compare_and_report(req.compare, run_dir, req.threshold,
-                                            req.allow_device_mismatch, allow=allow,
+                                            req.allow_device_mismatch, allow=chk.allow,
                                             retime=retime))
     return code
 
