@@ -49,8 +49,11 @@ def identity_text(name: str, sms: int | None, memory_gb: float | None,
     return ", ".join(parts)
 
 
-def device_identity(device: torch.device) -> str:
-    """The identity of a CUDA device that keys its tunings on disk."""
+def device_identity(device: torch.device | None) -> str:
+    """The identity of a CUDA device that keys its tunings on disk (None: the current
+    one)."""
+    if device is None:
+        device = torch.device("cuda")
     if not torch.cuda.is_available():
         # Launches on tensors that only look like CUDA ones (the launch rehearsal's, a
         # test's fakes): what names the device is what was set for it, else its index.

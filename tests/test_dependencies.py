@@ -20,7 +20,7 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_PACKAGES = ("kernels", "benches", "roofline")
+PROJECT_PACKAGES = ("kernels", "contract", "benches", "roofline")
 OWN_MODULES = {*PROJECT_PACKAGES, "run_bench", "tests", "conftest"}
 
 
@@ -96,5 +96,5 @@ def test_the_check_sees_an_undeclared_import(tmp_path):
 
 
 def test_scipy_is_declared():
-    # roofline/compare.py's rank test: the import that once went undeclared.
+    # the regression gate's rank test (roofline/gate/stats.py), once undeclared
     assert "scipy" in _declared()

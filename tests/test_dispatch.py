@@ -420,6 +420,7 @@ class FakeKernel:
     """A @triton.jit function as the launch code sees it: kernel[grid](*args, **kw)."""
 
     __name__ = "fake_kernel"
+    arg_names = ["n", "OP", "BLOCK"]  # its parameters, as a JITFunction lists them
 
     def __init__(self) -> None:
         self.bound = 0
@@ -452,11 +453,15 @@ def test_run_launch_on_a_gpu_autotunes_and_returns_the_tuned_config(monkeypatch)
     launch = _fake_launch()
     asked = []
 
-    class Tuner:
+    class Tuner:  # what run_launch uses of Triton's Autotuner
         best_config = launch.configs[1]
+        cache: dict = {}
 
         def __getitem__(self, grid):
             return lambda *args, **kw: asked.append((args, kw))
+
+        def check_disk_cache(self, key, configs, bench_fn):
+            return False
 
     def autotune(configs, key):
         asked.append((configs, key))
@@ -466,7 +471,8 @@ def test_run_launch_on_a_gpu_autotunes_and_returns_the_tuned_config(monkeypatch)
     monkeypatch.setattr(triton_utils, "_TUNERS", {})
     monkeypatch.setattr(triton, "autotune", autotune)
     assert run_launch(launch) is launch.configs[1]
-    assert asked == [(list(launch.configs), ["n"]), ((1000,), {"OP": 1})]
+    # The tuner is keyed by the declared key and then every constexpr (kernels/tuning.py).
+    assert asked == [(list(launch.configs), ["n", "OP"]), ((1000,), {"OP": 1})]
 
 
 def test_a_prepared_call_binds_grid_and_config_once(monkeypatch):
