@@ -39,3 +39,15 @@ def positive_problem(flag: str, value: float | None, unit: str = "",
     if value is None or (value > 0 and (infinite_ok or math.isfinite(value))):
         return None
     return f"{flag} must be a positive number{f' of {unit}' if unit else ''}, got {value:g}"
+
+
+def one_path_and_plots(argv: list[str], noun: str, usage: str) -> tuple[str, bool]:
+    """The arguments of a command that takes one path (named `noun` in the error) and an
+    optional --no-plots: (the path, whether to plot).  UsageError (one line, with the
+    usage) for an unknown option or another number of paths."""
+    args = [a for a in argv if a != "--no-plots"]
+    bad = [a for a in args if a.startswith("-")]
+    if bad or len(args) != 1:
+        what = f"unknown option {bad[0]}" if bad else f"expected one {noun}, got {len(args)}"
+        raise UsageError(f"{what} (usage: {usage})")
+    return args[0], "--no-plots" not in argv

@@ -35,6 +35,7 @@ from typing import Any
 from benches.fleet.dist import Rank
 from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
 from benches.fleet.rank_io import say_line
+from contract.cli import UsageError, one_path_and_plots
 from contract.request import RunRequest
 from contract.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
 from roofline.report.finalize import FinalizeError, finalize
@@ -197,17 +198,16 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {USAGE}\n{__doc__}")
         return 0 if argv else 2
-    args = [a for a in argv if a != "--no-plots"]
-    bad = [a for a in args if a.startswith("-")]
-    if bad or len(args) != 1:
-        what = f"unknown option {bad[0]}" if bad else f"expected one DIR, got {len(args)}"
-        say_line(f"error: {what} (usage: {USAGE})")
+    try:
+        path, plots = one_path_and_plots(argv, "DIR", USAGE)
+    except UsageError as e:
+        say_line(f"error: {e}")
         return 2
-    root = Path(args[0])
+    root = Path(path)
     if not root.is_dir():
         say_line(f"error: {root} is not a folder (usage: {USAGE})")
         return 2
-    result = finalize_tree(root, plots="--no-plots" not in argv)
+    result = finalize_tree(root, plots=plots)
     for d in result.done:
         how = "from its journal" if d.what == "run" else "from its rank folders"
         print(f"{d.folder}: {d.rows} rows written whole {how}; still incomplete")

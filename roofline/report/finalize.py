@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from contract.cli import UsageError, one_path_and_plots
 from contract.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
@@ -88,14 +89,13 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {USAGE}\n{__doc__}")
         return 0 if argv else 2
-    args = [a for a in argv if a != "--no-plots"]
-    bad = [a for a in args if a.startswith("-")]
-    if bad or len(args) != 1:
-        what = f"unknown option {bad[0]}" if bad else f"expected one RUN, got {len(args)}"
-        print(f"error: {what} (usage: {USAGE})", file=sys.stderr)
+    try:
+        run, plots = one_path_and_plots(argv, "RUN", USAGE)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        folder, n = finalize(args[0], plots="--no-plots" not in argv)
+        folder, n = finalize(run, plots=plots)
     except (FinalizeError, RunLoadError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
