@@ -104,7 +104,7 @@ import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from kernels import REGISTRY
-from kernels.tuning import make_tuner, tuning_key
+from kernels.tuning import make_tuner, tuning_values
 
 class Target:
     def get_current_target(self):
@@ -120,8 +120,7 @@ for attempt in range(2):
         assert len(launch.configs) > 1, "needs a tuned launch"
         for gpu in ("NVIDIA H100 80GB HBM3, 132 SMs", "NVIDIA H200, 132 SMs"):
             tuner = make_tuner(launch, gpu)
-            values = {**dict(zip(launch.fn.arg_names, launch.args)), **launch.constexprs}
-            key = tuple(values[k] for k in tuning_key(launch)) + ("torch.bfloat16",) * 4
+            key = tuple(tuning_values(launch).values()) + ("torch.bfloat16",) * 4
             def bench(cfg=launch.configs[-1], key=key, tuner=tuner):
                 tuner.cache[key] = cfg
                 tuner.configs_timings = {c: [1.0 + i] for i, c in enumerate(launch.configs)}
