@@ -67,6 +67,19 @@ class Row(TypedDict, total=False):
     # GPU: host time to dispatch one call (Python + launch), apart from device time;
     # longer than the device time (ms_median) = launch-bound
     host_us: float | None
+    # GPU: the device kernels' time per call (torch.profiler over a few calls, apart from
+    # the timing) and the kernels' names, "name; name" (docs/measurement.md)
+    kernel_ms: float | None
+    kernels: str | None
+    # Energy per call (J): the mean power over the timed samples (NVML's total energy
+    # counter on a GPU, RAPL on a CPU where readable) x ms_median; and what it buys
+    energy_j: float | None
+    tflop_per_j: float | None
+    gb_per_j: float | None
+    power_w: float | None  # mean power over the timed samples
+    power_limit_w: float | None  # GPU: the enforced power limit while the row ran
+    # GPU: samples left out as timed below the throttle threshold (per-sample SM clock)
+    throttled_samples: int | None
     # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
     config: str | None
     config_source: str | None  # Triton: shipped, tuned, cached, fixed or given (per launch)
@@ -145,6 +158,10 @@ class RunMetadata(TypedDict, total=False):
     clocks: dict[str, Any]
     power: dict[str, Any]
     throttle: dict[str, Any]
+    # Where the rows' energy and kernel_ms come from, or why they are empty:
+    # {"source": "nvml" | "rapl" | "torch.profiler" | None, "reason": str}
+    energy: dict[str, Any]
+    kernel_time: dict[str, Any]
     interrupted: bool
     aborted: bool
     abort_reason: str | None

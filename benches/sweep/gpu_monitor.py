@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import torch
 
 from benches.sweep.failures import error_message
+from benches.sweep.sample_clocks import keep_unthrottled
 
 T = TypeVar("T")
 
@@ -108,9 +109,15 @@ def _clock_reasons(pynvml: Any, h: Any) -> int:
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
 
-def nvml_reading(pynvml: Any, h: Any) -> dict[str, Any]:
+# A light reading (GpuMonitor.fast, during a timing): what a sample's clock, the idle
+# rule and the row's energy need, three NVML calls.
+LIGHT_KEYS = ("sm_clock_mhz", "clock_reasons", "energy_mj")
+
+
+def nvml_reading(pynvml: Any, h: Any, light: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons,
-    GPU utilization (%)."""
+    GPU utilization (%), the total energy counter (mJ); `light`: LIGHT_KEYS only."""
     readers = {
         "sm_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
         "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
@@ -118,9 +125,12 @@ def nvml_reading(pynvml: Any, h: Any) -> dict[str, Any]:
             h, pynvml.NVML_TEMPERATURE_GPU),
         "clock_reasons": lambda: _clock_reasons(pynvml, h),
         "gpu_util_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+        "energy_mj": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
     }
-    out: dict[str, Any] = {"t": time.monotonic()}
+    out: dict[str, Any] = {"t": clock()}
     for key, read in readers.items():
+        if light and key not in LIGHT_KEYS:
+            continue
         try:
             out[key] = read()
         except Exception:
@@ -134,8 +144,15 @@ class GpuMonitor:
     and whether the GPU throttled while it ran, not only at the run's idle ends."""
 
     def __init__(self, pynvml: Any, handle: Any, interval_s: float = 0.1,
-                 keep: int = 100_000) -> None:
+                 keep: int = 100_000, fast_interval_s: float = 0.01,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
+        # During a timing (fast()) light readings every fast_interval_s between the full
+        # ones: each sample's clock (benches/sweep/sample_clocks.py) and the energy counter.
+        self.fast_interval_s, self.clock = fast_interval_s, clock
+        self._fast = threading.Event()
+        self.last_readings: list[dict[str, Any]] = []
+        self.last_busy: list[dict[str, Any]] = []
         self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
         # The busy readings of the timing windows (see window): what the run's clocks,
         # power and throttle facts describe, not the compile and reference work between
@@ -152,8 +169,8 @@ class GpuMonitor:
         except Exception:
             self.max_sm_clock_mhz = None
 
-    def sample(self) -> dict[str, Any]:
-        r = nvml_reading(self.pynvml, self.handle)
+    def sample(self, light: bool = False) -> dict[str, Any]:
+        r = nvml_reading(self.pynvml, self.handle, light, self.clock)
         with self._lock:
             self.readings.append(r)
         return r
@@ -165,9 +182,21 @@ class GpuMonitor:
             self._thread.start()
         return self
 
+    @contextlib.contextmanager
+    def fast(self) -> Any:
+        self._fast.set()
+        try:
+            yield
+        finally:
+            self._fast.clear()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
+        next_full = 0.0
+        while not self._stop.wait(self.fast_interval_s if self._fast.is_set()
+                                  else self.interval_s):
+            light = self._fast.is_set() and self.clock() < next_full
+            self.sample(light)
+            next_full = next_full if light else self.clock() + self.interval_s
 
     def stop(self) -> None:
         self._stop.set()
@@ -194,6 +223,8 @@ class GpuMonitor:
             rs.reverse()
             rs.append(now)
             busy = [r for r in rs if not is_idle(r)]
+            # The last window's readings: each sample's clock, the row's energy.
+            self.last_readings, self.last_busy = rs, busy
             self.timed.extend(busy)
             self.idle_in_windows += len(rs) - len(busy)
         clocks = [r["sm_clock_mhz"] for r in busy
@@ -394,12 +425,22 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
     timing's median SM clock and whether it was throttled; the note says what was done,
     and which clock-event reasons NVML gave while it ran."""
     max_clock = getattr(monitor, "max_sm_clock_mhz", None)
+    fast = getattr(monitor, "fast", contextlib.nullcontext)
     attempt = 0
     while True:
         t0 = time.monotonic()
-        timing, note = time_fn()
+        with fast():
+            timing, note = time_fn()
         window = monitor.window(*(_span(timing) or (t0, time.monotonic())))
         why = throttle_state(window, max_clock, cfg)
+        # nvbench's rule per sample where each sample's clock is known: the slow samples
+        # are left out, and the timing is taken again only when too few would be left.
+        busy = getattr(monitor, "last_busy", None)
+        kept = keep_unthrottled(timing, busy, cfg.threshold_pct / 100 * max_clock) \
+            if max_clock and busy else None
+        if kept is not None:
+            timing, dropped, clock = kept
+            why, window = None, {**window, "sm_clock_mhz": clock or window["sm_clock_mhz"]}
         if why is None or attempt >= cfg.retries:
             break
         attempt += 1
@@ -410,6 +451,10 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
         said = f"timed again {attempt}x after the GPU throttled"
     else:
         said = ""
+    if kept is not None and dropped:
+        said = "; ".join(x for x in (said, (
+            f"{dropped} of {dropped + timing.n_samples} samples left out: SM clock below "
+            f"{cfg.threshold_pct:g}% of {max_clock:.0f} MHz")) if x)
     reasons = _reasons_text(window)
     clock = window.get("sm_clock_mhz")
     if reasons and why is None and isinstance(clock, int | float):
@@ -420,8 +465,8 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
                          if x)
     if said:
         note = f"{note}; {said}" if note else said
-    return timing, note, {"sm_clock_mhz": window.get("sm_clock_mhz"),
-                          "throttled": why is not None}
+    cols = {"sm_clock_mhz": window.get("sm_clock_mhz"), "throttled": why is not None}
+    return timing, note, cols | ({"throttled_samples": dropped} if kept is not None else {})
 
 
 def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,

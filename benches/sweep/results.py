@@ -18,9 +18,11 @@ import pandas as pd
 import torch
 
 from benches.sweep.cases import RunConfig
+from benches.sweep.energy import energy_metadata
 from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
+from benches.sweep.kernel_time import kernel_time_metadata
 from benches.timing.plan import cpu_cache_bytes, read_llc
 from contract.request import RunRequest
 from contract.schema import (
@@ -171,6 +173,8 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
     }
     if request is not None:
         meta["request"] = request.to_json()
+    meta["energy"] = energy_metadata(p.kind)
+    meta["kernel_time"] = kernel_time_metadata(p.kind)
     if p.kind == "cuda":
         snap = nvml_snapshot()
         meta["nvml_start"] = snap

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from benches.sweep import energy, kernel_time
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import (
     Case,
@@ -209,14 +210,21 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
                 return time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
                                  split, timer)
 
+        meter = energy.row_meter(monitor, cfg.target.kind)  # energy over the samples
         if monitor is None:
-            timing, note = timed()
+            timing, note = meter.around(timed)
         else:
-            timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
+            timing, note, clocks = time_unthrottled(timed, meter, cfg.throttle)
+        if cfg.target.kind == "cuda":  # kernel-only time: torch.profiler, after the timing
+            with split.phase("timing"):
+                kcols, knote = kernel_time.row_columns(call, budget.call_s)
+            clocks.update(kcols)
+            note = "; ".join(x for x in (note, knote) if x)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
     row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
     row.update(clocks)
+    row.update(meter.columns(row))
     return row
 
 

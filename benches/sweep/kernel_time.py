@@ -1,0 +1,133 @@
+"""A GPU row's kernel-only time: torch.profiler (CUPTI) over a few back-to-back calls,
+apart from the timing, and the sum of the device work's durations (kernels, memcpy,
+memset) per call: `kernel_ms`, beside the events' `ms_median`; and which kernels ran
+(`kernels`: the library kernel torch chose, the Triton kernel).  Events' time above the
+kernels' by more than 10% is a launch gap (roofline/report/energy.py): the GPU waited
+between the calls' kernels, for the host or for launches.
+
+The events come from the live profiler (`events_from_profiler`) or from a trace it
+exported (`events_from_trace`, chrome-trace JSON: export_chrome_trace), so a recorded
+trace stands in for the GPU in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benches.step.profile import is_device_event, profile_events
+from benches.sweep.failures import error_message
+
+# Device work in an exported trace's "cat" (kineto's activity types); GPU user
+# annotations ("gpu_user_annotation", record_function ranges) are spans, not work.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+# Calls profiled per row, and the device time they may take together (s): a long GEMM
+# gets fewer calls (never fewer than one).
+PROFILED_CALLS = 5
+PROFILE_BUDGET_S = 0.01
+# Characters of the `kernels` column at most (cuBLAS's names are long templates).
+KERNELS_TEXT_MAX = 400
+
+
+@dataclass(frozen=True)
+class DeviceEvent:
+    name: str
+    dur_us: float
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    kernel_ms: float  # device work per call
+    kernels: str  # the work's names, once each, in order of first appearance
+
+
+def events_from_profiler(events: Iterable[Any]) -> list[DeviceEvent]:
+    """Device work of a live profiler's event list (FunctionEvent: device_type not CPU),
+    each once; user annotations left out."""
+    return [DeviceEvent(str(e.name), float(e.time_range.elapsed_us())) for e in events
+            if is_device_event(e) and not getattr(e, "is_user_annotation", False)]
+
+
+def events_from_trace(doc: dict[str, Any]) -> list[DeviceEvent]:
+    """Device work of an exported chrome trace ({"traceEvents": [...]}): complete events
+    ("ph": "X") of a DEVICE_WORK category, their `dur` in µs."""
+    out = []
+    for e in doc.get("traceEvents", []):
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in DEVICE_WORK \
+                and isinstance(e.get("dur"), int | float):
+            out.append(DeviceEvent(str(e.get("name", "")), float(e["dur"])))
+    return out
+
+
+def read_trace(path: str | Path) -> list[DeviceEvent]:
+    return events_from_trace(json.loads(Path(path).read_text()))
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without "void ", its template arguments and its parameter list:
+    at::native::vectorized_elementwise_kernel, nvjet_hsh_256x128_..., add_kernel."""
+    name = re.sub(r"^void ", "", name.strip())
+    return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
+
+
+def kernel_time(events: list[DeviceEvent], calls: int) -> KernelTime | None:
+    """Device work per call over `calls` profiled calls (None when none was seen)."""
+    if not events or calls < 1:
+        return None
+    names = list(dict.fromkeys(short_name(e.name) for e in events))
+    text = "; ".join(names)
+    if len(text) > KERNELS_TEXT_MAX:
+        text = text[:KERNELS_TEXT_MAX - 3] + "..."
+    return KernelTime(sum(e.dur_us for e in events) / calls / 1e3, text)
+
+
+def calls_to_profile(call_s: float | None) -> int:
+    """PROFILED_CALLS, fewer where they would take over PROFILE_BUDGET_S of device time."""
+    if not call_s or call_s <= 0:
+        return PROFILED_CALLS
+    return max(1, min(PROFILED_CALLS, int(PROFILE_BUDGET_S / call_s)))
+
+
+def profile_calls(call: Callable[[], object], calls: int) -> KernelTime | None:
+    """torch.profiler (CPU and CUDA activity) over `calls` back-to-back calls, after one
+    unprofiled call (a lazy first launch stays out)."""
+    import torch
+
+    call()
+    torch.cuda.synchronize()
+
+    def run() -> None:
+        for _ in range(calls):
+            call()
+
+    return kernel_time(events_from_profiler(profile_events(run, on_gpu=True)), calls)
+
+
+def row_columns(call: Callable[[], object], call_s: float | None
+                ) -> tuple[dict[str, Any], str]:
+    """A GPU row's (kernel_ms, kernels) columns and a note for its reason: why they are
+    empty, where the profiler failed or saw no device work."""
+    try:
+        got = profile_calls(call, calls_to_profile(call_s))
+    except Exception as e:
+        return {"kernel_ms": None, "kernels": None}, \
+            f"kernel_ms: torch.profiler failed ({error_message(e)})"
+    if got is None:
+        return {"kernel_ms": None, "kernels": None}, "kernel_ms: the profiler saw no kernel"
+    return {"kernel_ms": got.kernel_ms, "kernels": got.kernels}, ""
+
+
+def kernel_time_metadata(kind: str) -> dict[str, Any]:
+    """The run's metadata key `kernel_time`: where kernel_ms comes from, or why not."""
+    if kind != "cuda":
+        return {"source": None, "reason": (
+            "no GPU: kernel_ms is the device kernels' time under torch.profiler (CUPTI); "
+            "a CPU call is its own time (ms_median)")}
+    return {"source": "torch.profiler", "reason": (
+        f"device kernels, memcpy and memset per call over up to {PROFILED_CALLS} "
+        f"back-to-back calls (at most {PROFILE_BUDGET_S * 1e3:g} ms of them), after the "
+        "timing")}
