@@ -68,10 +68,13 @@ def read_trace(path: str | Path) -> list[DeviceEvent]:
 
 
 def short_name(name: str) -> str:
-    """A kernel's name without "void ", its template arguments and its parameter list:
-    at::native::vectorized_elementwise_kernel, nvjet_hsh_256x128_..., add_kernel."""
-    name = re.sub(r"^void ", "", name.strip())
-    return re.split(r"[<(]", name, maxsplit=1)[0].strip() or name
+    """A C++ kernel's name ("void f<...>(...)") without "void ", its template arguments
+    and its parameter list: at::native::vectorized_elementwise_kernel; other names
+    (nvjet_hsh_256x128_..., a Triton kernel's, "Memset (Device)") as they are."""
+    name = name.strip()
+    if not name.startswith("void "):
+        return name
+    return re.split(r"[<(]", name[5:], maxsplit=1)[0].strip() or name
 
 
 def kernel_time(events: list[DeviceEvent], calls: int) -> KernelTime | None:

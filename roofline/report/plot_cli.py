@@ -21,6 +21,7 @@ from contract.schema import (
 )
 from roofline.report.plot import plot_roofline
 from roofline.report.plot_devices import plot_devices
+from roofline.report.plot_energy import ENERGY_PNG, NoEnergy, plot_energy
 from roofline.report.plot_scaling import plot_scaling
 
 # `plot RUN_A RUN_B ... --devices` writes this, in the first RUN's folder unless --out.
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
     """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
     figure with `--devices` (roofline/report/plot_devices.py); returns the exit code."""
     usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
-             "plot RUN_A RUN_B [...] --devices [--out PNG]")
+             "plot RUN_A RUN_B [...] --devices [--out PNG] | plot RUN --energy [--out PNG]")
     parser = Parser(prog="python -m roofline plot", usage=usage,
                      description="Re-plot a saved run: roofline.png and scaling.png; or "
                                  "compare devices: several runs' rooflines on one figure.")
@@ -63,8 +64,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--devices", action="store_true",
                         help=f"one figure ({DEVICES_PNG}, in the first RUN's folder unless "
                              "--out) with every RUN's roofs and points, one colour per device")
+    parser.add_argument("--energy", action="store_true",
+                        help=f"the energy roofline instead ({ENERGY_PNG}, in RUN's folder "
+                             "unless --out): FLOP/J against intensity under the run's best "
+                             "GEMM and memory-bound row")
     try:
         args = parser.parse_args(argv)
+        if args.energy and (args.devices or args.baseline):
+            raise UsageError("--energy draws one run: it does not combine with --devices "
+                             "or --baseline")
         if args.devices and len(args.runs) < 2:
             raise UsageError(f"--devices compares at least two runs, got {len(args.runs)}")
         if args.devices and args.baseline:
@@ -93,6 +101,8 @@ def main(argv: list[str]) -> int:
     meta = meta if isinstance(meta, dict) else {}
     if base is not None and not isinstance(base[0], dict):
         base = ({}, base[1])
+    if args.energy:
+        return _main_energy(run, meta, df, args.out)
     roof_png, scaling_png = figure_paths(run, args.out)
     try:
         plot_roofline(meta, df, roof_png, baseline=base)
@@ -141,6 +151,29 @@ def _main_devices(runs: list[str], out: str | None) -> int:
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         print(f"error: cannot plot {' '.join(runs)}: {type(e).__name__}: {e}",
               file=sys.stderr)
+        return 2
+    print(png)
+    return 0
+
+
+def _main_energy(run: str, meta: dict[str, Any], df: pd.DataFrame, out: str | None) -> int:
+    """`plot RUN --energy`: energy.png beside the run's figures (or at --out)."""
+    run_path = Path(run)
+    png = (run_path if run_path.is_dir() else run_path.parent) / ENERGY_PNG
+    if out is not None:
+        o = Path(out)
+        png = o / ENERGY_PNG if o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix \
+            else o
+    try:
+        plot_energy(meta, df, png)
+    except NoEnergy as e:
+        print(f"error: cannot plot {run}'s energy: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write the figure: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        print(f"error: cannot plot {run}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(png)
     return 0

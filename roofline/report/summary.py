@@ -26,6 +26,7 @@ from contract.schema import (
     atomic_write_text,
     mode_tag,
 )
+from roofline.report.energy import energy_sections
 from roofline.report.findings import (
     above_roof_cause,
     above_roof_rows,
@@ -438,6 +439,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
           if len(throttled_rows(d)) else []),
         *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]
           if len(launch_bound_rows(d)) else []),
+        *energy_sections(meta, d, md_table),  # roofline/report/energy.py
         f"## Failed rows ({n['failed']})",
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",
