@@ -351,6 +351,9 @@ def test_the_summary_has_the_best_tflop_per_joule_per_kernel_and_dtype(tmp_path)
     assert int(at_power_limit(df).sum()) == 1
     text = render_summary(meta | {"energy": {"source": "rapl", "reason": "x"}}, df)
     assert "## Energy per call" in text and "1 of" in text and "| TFLOP/J |" in text
+    assert "## Rows at the power limit (1)" in text
+    capped = text.split("## Rows at the power limit (1)")[1].split("##")[0]
+    assert "| 100 | 105 |" in capped  # its mean power and the limit
 
 
 def test_plot_energy_draws_a_doctored_run(tmp_path, capsys):
@@ -375,3 +378,19 @@ def test_plot_energy_refuses_a_run_without_energy_in_one_line(tmp_path, capsys):
     assert err.startswith("error:") and "no ok row carries an energy per call" in err
     assert len(err.splitlines()) == 1
     assert roofline_main(["plot", str(run), str(run), "--energy", "--devices"]) == 2
+
+
+def test_a_profiler_failure_is_a_note_and_a_sticky_cuda_error_aborts(monkeypatch):
+    def fails(msg):
+        def profile(call, n):
+            raise RuntimeError(msg)
+        return profile
+
+    monkeypatch.setattr(kernel_time, "profile_calls", fails("CUPTI_ERROR_NOT_INITIALIZED"))
+    cols, note = kernel_time.row_columns(lambda: None, 1e-4)
+    assert cols == {"kernel_ms": None, "kernels": None}
+    assert note.startswith("kernel_ms: torch.profiler failed") and "CUPTI" in note
+    monkeypatch.setattr(kernel_time, "profile_calls",
+                        fails("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        kernel_time.row_columns(lambda: None, 1e-4)

@@ -440,7 +440,7 @@ def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
             if max_clock and busy else None
         if kept is not None:
             timing, dropped, clock = kept
-            why, window = None, {**window, "sm_clock_mhz": clock or window["sm_clock_mhz"]}
+            why, window = None, {**window, "sm_clock_mhz": clock or window.get("sm_clock_mhz")}
         if why is None or attempt >= cfg.retries:
             break
         attempt += 1

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benches.step.profile import is_device_event, profile_events
-from benches.sweep.failures import error_message
+from benches.sweep.failures import error_message, is_sticky_cuda_error
 
 # Device work in an exported trace's "cat" (kineto's activity types); GPU user
 # annotations ("gpu_user_annotation", record_function ranges) are spans, not work.
@@ -117,6 +117,8 @@ def row_columns(call: Callable[[], object], call_s: float | None
     try:
         got = profile_calls(call, calls_to_profile(call_s))
     except Exception as e:
+        if is_sticky_cuda_error(e):
+            raise  # run_case aborts the sweep on it (SweepAborted), as on the timing's
         return {"kernel_ms": None, "kernels": None}, \
             f"kernel_ms: torch.profiler failed ({error_message(e)})"
     if got is None:

@@ -139,6 +139,18 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
     elif energy:
         parts += ["## Energy per call",
                   f"No energy per call in this run: {energy.get('reason') or 'no source'}."]
+    capped = in_canonical_order(energy_rows(df)[at_power_limit(energy_rows(df))])
+    if len(capped):
+        parts += [f"## Rows at the power limit ({len(capped)})", (
+            "Mean power over the timed samples at "
+            f"{AT_LIMIT_SHARE:.0%} of the enforced limit or above, or NVML's sw_power_cap "
+            "reason: what these rows reach is the power budget's, at the clock shown.\n\n")
+            + table(["kernel", "provider", "dtype", "shape", "W", "limit W", "SM MHz",
+                     "TFLOP/J"],
+                    [[r["kernel"], r["provider"], r["dtype"], _shape(r), _f(r["power_w"], ".0f"),
+                      _f(r["power_limit_w"], ".0f"), _f(r["sm_clock_mhz"], ".0f"),
+                      _f(r["tflop_per_j"], ".4g")] for _, r in capped.iterrows()],
+                    "llllrrrr")]
     gaps = in_canonical_order(launch_gap_rows(df))
     if len(gaps):
         parts += [f"## Launch gaps ({len(gaps)})", (
