@@ -118,7 +118,7 @@ def row_columns(call: Callable[[], object], call_s: float | None
         got = profile_calls(call, calls_to_profile(call_s))
     except Exception as e:
         if is_sticky_cuda_error(e):
-            raise  # run_case aborts the sweep on it (SweepAborted), as on the timing's
+            raise  # run_case aborts the sweep on it (SweepAborted), as on a timing error
         return {"kernel_ms": None, "kernels": None}, \
             f"kernel_ms: torch.profiler failed ({error_message(e)})"
     if got is None:
