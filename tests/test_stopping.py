@@ -19,6 +19,7 @@ from benches.timing.plan import TimingConfig
 from benches.timing.stopping import (
     STOP_CAP,
     STOP_NOISE,
+    cpu_settled,
     median_ci,
     median_ci_ranks,
     sample_until_settled,
@@ -152,10 +153,10 @@ def test_the_cpu_rule_waits_for_its_minimum_rounds():
     t = TimingConfig()
     assert t.cpu_min_rounds == 3
     flat = [0.01] * 30
-    assert not runner.cpu_settled(flat, 2, t)
-    assert runner.cpu_settled(flat, 3, t)
-    assert not runner.cpu_settled(flat, 3, dataclasses.replace(t, ci_rel_width=0.0))
-    assert not runner.cpu_settled(list(np.linspace(0.01, 0.02, 30)), 4, t)
+    assert not cpu_settled(flat, 2, t)
+    assert cpu_settled(flat, 3, t)
+    assert not cpu_settled(flat, 3, dataclasses.replace(t, ci_rel_width=0.0))
+    assert not cpu_settled(list(np.linspace(0.01, 0.02, 30)), 4, t)
 
 
 def test_the_width_docs_quote_replayed_on_the_committed_h200_rows():

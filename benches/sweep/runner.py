@@ -49,8 +49,8 @@ from benches.sweep.interrupt import (
 from benches.sweep.phases import TimeSplit
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
-from benches.timing.plan import CpuPlan, OverBudget, TimingConfig, cpu_round_config, plan_cpu
-from benches.timing.stopping import settled
+from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from benches.timing.stopping import cpu_settled
 from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
@@ -466,16 +466,6 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
                 continue
             row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
             item.rounds += 1
-
-
-def cpu_settled(samples: list[float], rounds: int, timing: TimingConfig) -> bool:
-    """Whether a CPU row may skip its later rounds: `rounds` done, at least
-    timing.cpu_min_rounds of them (so that its samples span more than one of a shared
-    machine's slow and fast spells), and its samples so far meet the stopping rule
-    (benches/timing/stopping.py)."""
-    return timing.ci_rel_width > 0 and rounds >= timing.cpu_min_rounds and settled(
-        samples, timing.ci_rel_width, timing.ci_level,
-        min(timing.gate_min_samples, timing.min_samples))
 
 
 def cut_short(row: Row) -> bool:

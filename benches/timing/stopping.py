@@ -22,6 +22,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.stats import binom
 
+from benches.timing.plan import TimingConfig
+
 # Why a row stopped sampling (Timing.stopped).
 STOP_NOISE = "noise"  # its median's interval was within the width
 STOP_CAP = "time cap"  # it took all the samples its time allowed
@@ -92,6 +94,16 @@ def batch_step(taken: int) -> int:
     about 25% while the checks (each a device synchronization) stay few: about 10 for a
     row of 1,000 samples."""
     return max(5, taken // 4)
+
+
+def cpu_settled(samples: list[float], rounds: int, timing: TimingConfig) -> bool:
+    """Whether a CPU row may skip its later rounds: `rounds` done, at least
+    timing.cpu_min_rounds of them (so that its samples span more than one of a shared
+    machine's slow and fast spells), and its samples so far meet the stopping rule
+    (above)."""
+    return timing.ci_rel_width > 0 and rounds >= timing.cpu_min_rounds and settled(
+        samples, timing.ci_rel_width, timing.ci_level,
+        min(timing.gate_min_samples, timing.min_samples))
 
 
 @dataclass(frozen=True)
