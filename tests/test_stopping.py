@@ -210,3 +210,17 @@ def test_the_gate_on_identical_h200_runs_is_no_worse_with_the_rule():
                 alarms[key] += verdict in ("slower", "faster")
     assert alarms == {"all": 0, "rule": 0}
     assert kept / total == pytest.approx(0.58, abs=0.01)
+
+
+def test_a_ceilings_best_of_takes_every_sample(monkeypatch):
+    """A ceiling is its fastest sample (benches/ceilings.py): the stopping rule, which
+    settles a median, would cut its samples and make it slower.  On the fake GPU a
+    steady copy takes all its 200 ms of samples, not the gate's 10."""
+    from benches import ceilings
+
+    gpu = FakeGpu()
+    gpu.install(monkeypatch, flush_us=55.0)
+    got = timing.time_flushed(lambda: gpu.op(300.0, 5.0), ceilings.CEILING_TIMING,
+                              host_us=300.0)
+    assert got.n_samples == timing_plan.sample_count(0.055 + 0.61 + 0.005,
+                                                     ceilings.CEILING_TIMING) > 10
