@@ -115,15 +115,18 @@ def test_the_gpu_timers_stop_when_the_median_settles(monkeypatch):
 
 # ---- CPU: later rounds skipped --------------------------------------------------------
 
+PER_ROUND = 10  # a short call's round: 10 blocks of 1 ms (cpu_min_run_time_s / 5)
+
+
 def _fixed_time_cpu(values: Any):
     def time_cpu(fn: Any, cfg: TimingConfig, plan: Any = None) -> timing.Timing:
         fn()
-        return timing.summarize([next(values) for _ in range(cfg.min_samples)],
+        return timing.summarize([next(values) for _ in range(PER_ROUND)],
                                 timing_plan.TIMER_CPU)
     return time_cpu
 
 
-@pytest.mark.parametrize("min_rounds", [3, 2])
+@pytest.mark.parametrize("min_rounds", [3, 4])
 def test_a_settled_cpu_row_skips_its_later_rounds(monkeypatch, min_rounds):
     flat = iter([0.01] * 10_000)
     monkeypatch.setattr(timing, "time_cpu", _fixed_time_cpu(flat))
@@ -131,10 +134,9 @@ def test_a_settled_cpu_row_skips_its_later_rounds(monkeypatch, min_rounds):
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0,
                                              cpu_min_rounds=min_rounds))
     rows = [row for _, row in runner.iterate(_cases(fn), cfg)]
-    per_round = timing_plan.cpu_round_config(cfg.timing).min_samples
     for row in rows:
         assert row["status"] == "ok"
-        assert row["n_samples"] == min_rounds * per_round  # rounds after the rule: none
+        assert row["n_samples"] == min_rounds * PER_ROUND  # rounds after the rule: none
         assert not runner.cut_short(row) and "rounds only" not in row["reason"]
 
 
@@ -144,9 +146,8 @@ def test_a_noisy_cpu_row_takes_all_its_rounds(monkeypatch):
                         _fixed_time_cpu(iter(rng.lognormal(-4, 0.3, 10_000))))
     calls, fn = _recorder()
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))
-    per_round = timing_plan.cpu_round_config(cfg.timing).min_samples
     for _, row in runner.iterate(_cases(fn), cfg):
-        assert row["n_samples"] == cfg.timing.cpu_rounds * per_round
+        assert row["n_samples"] == cfg.timing.cpu_rounds * PER_ROUND
 
 
 def test_the_cpu_rule_waits_for_its_minimum_rounds():
@@ -157,6 +158,8 @@ def test_the_cpu_rule_waits_for_its_minimum_rounds():
     assert cpu_settled(flat, 3, t)
     assert not cpu_settled(flat, 3, dataclasses.replace(t, ci_rel_width=0.0))
     assert not cpu_settled(list(np.linspace(0.01, 0.02, 30)), 4, t)
+    # a CPU row's floor of 25 samples stays: 3 rounds of 5 are not enough
+    assert not cpu_settled([0.01] * 15, 3, t)
 
 
 def test_the_width_docs_quote_replayed_on_the_committed_h200_rows():

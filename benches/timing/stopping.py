@@ -99,11 +99,11 @@ def batch_step(taken: int) -> int:
 def cpu_settled(samples: list[float], rounds: int, timing: TimingConfig) -> bool:
     """Whether a CPU row may skip its later rounds: `rounds` done, at least
     timing.cpu_min_rounds of them (so that its samples span more than one of a shared
-    machine's slow and fast spells), and its samples so far meet the stopping rule
-    (above)."""
+    machine's slow and fast spells), at least timing.min_samples samples (a CPU row's
+    floor, 25, stays), and its samples so far meet the stopping rule (above)."""
     return timing.ci_rel_width > 0 and rounds >= timing.cpu_min_rounds and settled(
         samples, timing.ci_rel_width, timing.ci_level,
-        min(timing.gate_min_samples, timing.min_samples))
+        max(timing.gate_min_samples, timing.min_samples))
 
 
 @dataclass(frozen=True)
