@@ -255,7 +255,8 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     runs ahead of the GPU and every call is already queued when the GPU reaches its start
     event: the event pair spans the call's device time only.  The flush buffer is
     Triton's own; the sample count follows do_bench (`rep` over the time of one sample,
-    flush and padding included), at least cfg.min_samples."""
+    flush and padding included), at least cfg.min_samples, and fewer once the median
+    has settled (the stopping rule, benches/timing/stopping.py)."""
     import triton.testing as tt
 
     t_start = time.monotonic()
@@ -297,7 +298,8 @@ def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
                            pad_us: float) -> Sampled:
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
-    samples in ms.  See time_flushed."""
+    samples in ms, until the stopping rule or the time cap (benches/timing/stopping.py),
+    and why they stopped.  See time_flushed."""
     return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_)
 
 
