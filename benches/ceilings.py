@@ -73,8 +73,10 @@ def _gemm_fn(roof_class: str, n: int, device: str):
 # The sweep's own timers (benches/timing/clock.py) with a ceiling's longer measuring time:
 # do_bench's rep of 200 ms for a GPU ceiling, do_bench_cudagraph's 100 ms for the cache
 # copy's replays, 0.3 s of blocks on a CPU (cut to what fits in row_budget_s, 5 s, for a
-# slow call: plan_best_of_cpu).
-CEILING_TIMING = TimingConfig(rep_ms=200.0, graph_rep_ms=100.0, cpu_min_run_time_s=0.3)
+# slow call: plan_best_of_cpu).  The stopping rule is off: a ceiling is the fastest
+# sample, which fewer samples would make slower, not the median the rule settles.
+CEILING_TIMING = TimingConfig(rep_ms=200.0, graph_rep_ms=100.0, cpu_min_run_time_s=0.3,
+                              ci_rel_width=0.0)
 # Calls of the cache copy (each `reps` copies) captured in the one CUDA graph its samples
 # replay: 4 x 50 copies of ~3.3 us on an H200, a replay of ~0.66 ms, so the graph's own
 # launch is under 1% of a sample.

@@ -25,3 +25,10 @@ def like_ptxas(kernel: str, dtype: str, shape: dict[str, int], sms: int,
     with open(dtype, "a") as f:
         f.write("done\n")
     return 1
+
+
+def with_device(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+                capability: tuple[int, int] | None, fp8_mode: str,
+                device: list[object] | None = None) -> int:
+    """Compiles as many kernels as the device's SM count it was given (0: none given)."""
+    return int(device[1]) if device else 0  # type: ignore[call-overload]

@@ -145,7 +145,8 @@ def test_a_spent_run_budget_keeps_every_case_at_the_gates_minimum():
 
 
 def test_without_a_run_budget_a_fast_row_keeps_its_samples():
-    rows = [r for _, r in iterate([case()], cpu_cfg(timing=TimingConfig()))]
+    # (the stopping rule off: it could end a quiet machine's row after 3 rounds)
+    rows = [r for _, r in iterate([case()], cpu_cfg(timing=TimingConfig(ci_rel_width=0.0)))]
     assert rows[0]["status"] == "ok" and rows[0]["n_samples"] == 50
     assert rows[0]["reason"] == ""
 

@@ -285,7 +285,9 @@ def test_the_sweep_keeps_a_rows_copies_for_its_rounds(monkeypatch: pytest.Monkey
     spec = with_torch_fn("add", _recording_add([]))
     cases = [Case(spec, "torch", "fp32", {"n": n}, mode) for n in (4096, 8192)
              for mode in ("cold", "warm")]
-    rows = [row for _, row in runner.iterate(cases, cpu_cfg(timing=FAST))]
+    # (the stopping rule off: every round is taken)
+    timing = dataclasses.replace(FAST, ci_rel_width=0.0)
+    rows = [row for _, row in runner.iterate(cases, cpu_cfg(timing=timing))]
     rotated, blocks = timing_plan.TIMER_CPU_ROTATED, timing_plan.TIMER_CPU
     assert [(r["shape"], r["cache"], r["timer"]) for r in rows] == [
         ("n=4096", "cold", rotated), ("n=4096", "warm", blocks),
@@ -434,7 +436,8 @@ def test_time_warm_pads_without_flushing(monkeypatch: pytest.MonkeyPatch) -> Non
     def triton_call() -> None:  # 300 us of Python before a 5 us kernel
         gpu.op(300.0, 5.0)
 
-    cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3)
+    # (the stopping rule off: the count is the time cap's)
+    cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3, ci_rel_width=0.0)
     # Back to back without padding, the GPU waits for the host inside every sample...
     plain = timing.time_warm(triton_call, cfg)
     assert plain.timer == timing_plan.TIMER_WARM and min(plain.samples_ms) > 0.2

@@ -28,6 +28,7 @@ from benches.timing import plan as timing_plan
 from benches.timing.clock import flush_padding_us, host_dispatch_us
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig, graph_plan
+from benches.timing.stopping import STOP_CAP
 from contract.ceilings import Ceilings
 from contract.schema import ALL_COLUMNS
 from kernels import REGISTRY, triton_utils
@@ -140,19 +141,22 @@ def test_flushed_samples_count_device_time_only_when_the_gpu_is_kept_busy(monkey
     # As do_bench does it: the start event runs when the flush ends (85 us after it was
     # enqueued), the kernel is enqueued 303 us after the flush (event, call): every
     # sample is 218 us of waiting for the host plus the 5 us kernel.
-    cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3)
-    plain = timing.padded_flushed_samples(triton_call, cfg, 0.0)
+    # (the stopping rule off: every sample the time cap allows)
+    cfg = TimingConfig(rep_ms=10.0, warmup_ms=1.0, min_samples=3, ci_rel_width=0.0)
+    plain = timing.padded_flushed_samples(triton_call, cfg, 0.0).samples
     assert plain == [pytest.approx(0.223)] * len(plain)
     # Kept busy for 2 x 300 + 10 us after each flush: the kernel's 5 us, every sample.
     padded = timing.padded_flushed_samples(triton_call, cfg, flush_padding_us(300.0))
-    assert padded == [pytest.approx(0.005)] * 14  # 10 ms over 700 us a sample
+    assert padded.samples == [pytest.approx(0.005)] * 14  # 10 ms over 700 us a sample
+    assert padded.stopped == STOP_CAP
 
 
 def test_time_flushed_pads_by_the_dispatch_it_is_given(monkeypatch):
     gpu = FakeGpu()
     gpu.install(monkeypatch, flush_us=55.0)  # an H200
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("do_bench"))
-    t = timing.time_flushed(lambda: gpu.op(300.0, 5.0), TimingConfig(), host_us=300.0)
+    t = timing.time_flushed(lambda: gpu.op(300.0, 5.0), TimingConfig(ci_rel_width=0.0),
+                            host_us=300.0)
     assert t.timer == timing_plan.TIMER_FLUSHED and t.ms_median == pytest.approx(0.005)
     assert t.n_samples == int(100.0 / ((55.0 + 610.0 + 5.0) / 1e3))  # rep over a sample
 

@@ -47,7 +47,8 @@ def test_round_defaults_are_pinned() -> None:
 
 def test_rounds_alternate_between_the_cases_of_a_chunk() -> None:
     calls, fn = _recorder()
-    cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))
+    # (the stopping rule off: every round is taken)
+    cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0, ci_rel_width=0.0))
     rows = [row for _, row in runner.iterate(_cases(fn), cfg)]
     rounds = cfg.timing.cpu_rounds
     assert _order(calls) == [1000, 2000] * rounds

@@ -203,23 +203,39 @@ GPU_SIZES = {
 }
 
 
-def pinned_config(launch):
-    """The one candidate a Triton launch runs in the GPU tests: its last (on Hopper a
-    tuned matmul's last is a persistent TMA one, where the layout allows TMA).  These
-    tests check each kernel's answer, not its tuning: one config a launch, where
-    autotuning compiled and timed every candidate at every size (most of the 169 s
-    `pytest -m gpu` took on the H200; docs/gpu-job.md has the count)."""
+def pinned_config(launch, kernel: str = "", dtype: str = "", device=None):
+    """The one candidate a Triton launch runs in the GPU tests: the config shipped for
+    the GPU present (kernels/shipped.py; `device`: its name, SMs and memory in GB), the
+    one a sweep there runs, else the launch's last (on Hopper a tuned matmul's last is a
+    persistent TMA one, where the layout allows TMA).  These tests check each kernel's
+    answer, not its tuning: one config a launch, where autotuning compiled and timed
+    every candidate at every size (most of the 169 s `pytest -m gpu` took on the H200;
+    docs/gpu-job.md has the count)."""
+    if device is not None and len(launch.configs) > 1:
+        from kernels.shipped import shipped_for
+
+        shipped = shipped_for(str(device[0]), device[1], device[2]).configs
+        config = shipped.pick(kernel, dtype, launch)[0] if shipped is not None else None
+        if config is not None:
+            return config
     return launch.configs[-1]
 
 
-def compile_pinned(kernel: str, dtype: str, shape: dict, sms: int, capability, fp8_mode: str
-                   ) -> int:
+def gpu_present() -> tuple[str, int, float]:
+    """The GPU's name, SM count and memory in GB, as the sweep reads them (Present)."""
+    props = torch.cuda.get_device_properties(0)
+    return props.name, props.multi_processor_count, props.total_memory / 1e9
+
+
+def compile_pinned(kernel: str, dtype: str, shape: dict, sms: int, capability, fp8_mode: str,
+                   device=None) -> int:
     """What a compile-ahead worker runs for the GPU tests: the case's launches with
-    their pinned configs only (benches/sweep/triton_cache.compile_case)."""
+    their pinned configs only (benches/sweep/triton_cache.compile_case); `device`: the
+    GPU present, passed by CompileAhead."""
     from benches.sweep.triton_cache import compile_case
 
     return compile_case(kernel, dtype, shape, sms, capability, fp8_mode,
-                        pick=lambda launch: [pinned_config(launch)])
+                        pick=lambda launch: [pinned_config(launch, kernel, dtype, device)])
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +255,8 @@ def compiled_ahead():
             for dtype in spec.dtypes if not spec.skip_reason("triton", dtype, target)
             for shape in GPU_SIZES[spec.dims]]
     ahead = triton_cache.CompileAhead(jobs, max(1, triton_cache.default_workers()),
-                                      fp8_accum(), compile_fn=f"{__name__}:compile_pinned")
+                                      fp8_accum(), compile_fn=f"{__name__}:compile_pinned",
+                                      device=gpu_present())
     deadline = time.monotonic() + 300  # a hang guard: stop() kills what is left
     for proc in ahead.procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -258,7 +275,8 @@ def run_pinned(name: str, dtype: str, shape: dict) -> float:
     out.fill_(float("nan"))  # poison: an element the kernel does not write stays NaN
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     launches = spec.launches(inputs, out, sms, current_target())
-    prepared_call(launches, [pinned_config(ln) for ln in launches])()
+    device = gpu_present()
+    prepared_call(launches, [pinned_config(ln, name, dtype, device) for ln in launches])()
     return spec.check(out, inputs, dtype)
 
 
@@ -281,6 +299,42 @@ def test_gpu_every_dtype_three_sizes(name, provider, compiled_ahead):
             if not err <= DTYPES[dtype].tol:
                 errors.append(f"{dtype} {shape}: {err:.3g}")
     assert not errors, errors
+
+
+def test_the_gpu_tests_run_the_shipped_config_of_the_gpu_present(tmp_path, monkeypatch):
+    """pinned_config: on the GPU a file was shipped for, its config (what a sweep there
+    runs), also in the compile-ahead workers (compile_pinned); elsewhere the last
+    candidate."""
+    import functools
+    import json
+
+    from benches.sweep import triton_cache
+    from kernels import shipped as shipped_mod
+    from kernels.shipped import ShippedDevice, ShippedEntry, bucket_text, document
+    from kernels.triton_utils import config_str
+
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    spec = REGISTRY["matmul"]
+    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
+    (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132,
+                              Target("cuda", (9, 0)))
+    h200 = ("NVIDIA H200", 132, 150.1)
+    chosen = config_str(launch.configs[2])
+    entry = ShippedEntry("matmul", launch.name, "bf16", bucket_text(launch), chosen, "r", 1.0)
+    (tmp_path / "h200.json").write_text(json.dumps(document(ShippedDevice(*h200), [entry],
+                                                            ["r"])))
+    monkeypatch.setattr(shipped_mod, "shipped_for",
+                        functools.partial(shipped_mod.shipped_for.__wrapped__,
+                                          directory=tmp_path))
+    assert config_str(pinned_config(launch, "matmul", "bf16", h200)) == chosen
+    assert pinned_config(launch, "matmul", "bf16", ("NVIDIA H100", 132, 85.0)) \
+        is launch.configs[-1]
+    assert pinned_config(launch) is launch.configs[-1]
+    got = []
+    monkeypatch.setattr(triton_cache, "_warmup",
+                        lambda ln, config: got.append(config_str(config)))
+    assert compile_pinned("matmul", "bf16", shape, 132, (9, 0), "fast", device=h200) == 1
+    assert got == [chosen]
 
 
 # ---- fp8 accumulation mode and the declared launches --------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import os
 import signal
@@ -367,3 +368,76 @@ def test_a_case_compiles_only_the_configs_picked(monkeypatch):
     (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132, Target("cuda", (9, 0)))
     assert n == 1 and got == [config_str(launch.configs[-1])]
     assert len(launch.configs) > 1 and launch.configs[-1].kwargs.get("TMA")
+
+
+H200 = ("NVIDIA H200", 132, 150.1)
+
+
+@pytest.mark.parametrize("retune", [False, True])
+def test_a_shipped_config_is_compiled_alone(monkeypatch, tmp_path, retune):
+    """With the GPU present given (as the sweep passes it), a launch with a config
+    shipped for that GPU compiles that config only, the one the sweep runs untuned;
+    under GPUBENCH_RETUNE (the sweep tunes) every candidate; on another GPU, or at a
+    bucket the file lacks, every candidate."""
+    import functools
+
+    from kernels import shipped as shipped_mod
+    from kernels.shipped import RETUNE_ENV, ShippedDevice, ShippedEntry, bucket_text, document
+
+    if retune:
+        monkeypatch.setenv(RETUNE_ENV, "1")
+    else:
+        monkeypatch.delenv(RETUNE_ENV, raising=False)
+    shape = {"M": 4096, "N": 4096, "K": 4096}
+    spec = REGISTRY["matmul"]
+    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
+    (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132,
+                              Target("cuda", (9, 0)))
+    chosen = config_str(launch.configs[3])  # not the first candidate
+    entry = ShippedEntry("matmul", launch.name, "bf16", bucket_text(launch), chosen, "r", 1.0)
+    (tmp_path / "h200.json").write_text(json.dumps(document(ShippedDevice(*H200), [entry],
+                                                            ["r"])))
+    monkeypatch.setattr(shipped_mod, "shipped_for",
+                        functools.partial(shipped_mod.shipped_for.__wrapped__,
+                                          directory=tmp_path))
+    got = []
+    monkeypatch.setattr(triton_cache, "_warmup",
+                        lambda launch, config: got.append(config_str(config)))
+    n = triton_cache.compile_case("matmul", "bf16", shape, 132, (9, 0), "fast", device=H200)
+    if retune:
+        assert n == len(launch.configs) > 1
+    else:
+        assert got == [chosen] and n == 1
+    # an H100 (no file for it), or a bucket the file lacks: every candidate
+    assert triton_cache.compile_case("matmul", "bf16", shape, 132, (9, 0), "fast",
+                                     device=("NVIDIA H100 80GB HBM3", 132, 85.0)) > 1
+    assert triton_cache.compile_case("matmul", "bf16", {"M": 512, "N": 512, "K": 512},
+                                     132, (9, 0), "fast", device=H200) > 1
+
+
+def test_the_sweep_passes_the_gpu_present_to_its_workers(monkeypatch):
+    got = {}
+
+    class Ahead:
+        def __init__(self, jobs, workers, fp8_mode, compile_fn=None, device=None):
+            got["device"] = device
+
+    monkeypatch.setattr(triton_cache, "CompileAhead", Ahead)
+    cfg = _quick_gpu_cfg()
+    assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2) is not None
+    p = cfg.present
+    assert got["device"] == (p.name, p.sms, p.memory_gb)
+
+
+def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
+    """The order's device reaches the compile function as its keyword (the default
+    compile_case takes it); an order without one calls it as before."""
+    from benches.sweep import compile_worker
+
+    out = io.StringIO()
+    (tmp_path / "c").mkdir()
+    order = {"jobs": [["k", "d", {}, 1, None]], "fp8_mode": "fast",
+             "claims": str(tmp_path / "c"), "compile": "tests.compile_ahead_fakes:with_device",
+             "device": ["NVIDIA H200", 132, 150.1]}
+    assert compile_worker.run(order, out) == 1
+    assert json.loads(out.getvalue()) == {"job": 0, "compiled": 132}

@@ -259,7 +259,7 @@ class Pricer:
         if timing_method(case, self.cfg) == TIMER_FLUSHED or rs.fallback or copies is None:
             if rs.fallback:  # its graph was tried first
                 w.add("capture", 2 * once * 1e-3)
-            self.flushed(case, call, rs.host_us)
+            self.flushed(case, call, rs)
             return
         w.count("graph rows")
         total = graph_calls(copies, t)
@@ -282,16 +282,26 @@ class Pricer:
             w.add("capture", (copies - 1) * sp.view_us * 1e-6 + 2 * eager * 1e-3
                   + 5 * once * 1e-3 + total * cap + total * call * 1e-3)
             replay = sizes[0] * call
-            reps = graph_sample_count(replay, t)
+            reps = self.stopped(graph_sample_count(replay, t), rs)
         w.count("replays", reps)
         w.add("timing", (reps + 1) * replay * 1e-3)
 
-    def flushed(self, case: Case, call: float, host_us: float) -> None:
+    def stopped(self, cap: int, rs: RowSpeed) -> int:
+        """A GPU row's samples: now, as many as the stopping rule took on the reference
+        row's recorded samples (RowSpeed.settles), within the time cap `cap`; before,
+        the cap."""
+        if self.method != "now" or rs.settles is None:
+            return cap
+        floor = min(self.timing.gate_min_samples, self.timing.min_samples)
+        self.walk.count("rows stopped by the rule")
+        return min(cap, max(floor, rs.settles))
+
+    def flushed(self, case: Case, call: float, rs: RowSpeed) -> None:
         """do_bench's loop with the GPU kept busy after each flush (timing.time_flushed);
         the warm twin without the flush."""
         flush = self.sp.flush_ms if case.cache == DEFAULT_CACHE else 0.0
-        per = call + flush + (2 * host_us + 10) * 1e-3
-        n = sample_count(per, self.timing)
+        per = call + flush + (2 * rs.host_us + 10) * 1e-3
+        n = self.stopped(sample_count(per, self.timing), rs)
         warm_up = int(self.timing.warmup_ms / per) * call
         self.walk.count("do_bench rows")
         self.walk.add("timing", (5 * per + warm_up + n * per) * 1e-3)

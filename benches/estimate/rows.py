@@ -13,7 +13,8 @@ from typing import Any
 
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.cases import Case, RunConfig
-from benches.timing.plan import TIMER_GRAPH_FALLBACK, bound_ms
+from benches.timing.plan import TIMER_GRAPH_FALLBACK, TimingConfig, bound_ms
+from benches.timing.stopping import settled, settled_count
 from contract.ceilings import datasheet_of
 from contract.devices import DEVICES, DeviceModel
 from contract.schema import row_key
@@ -37,6 +38,7 @@ class Reference:
     # Seconds each distinct ceilings measurement of these runs took (their metadata's
     # ceilings.measured.seconds, one per measured_at: runs sharing a cache share one)
     ceilings_measured_s: dict[str, float] = field(default_factory=dict)
+    _settles: dict[tuple[float, float, int], int | None] = field(default_factory=dict)
 
     @property
     def ceilings_s(self) -> float | None:
@@ -46,6 +48,15 @@ class Reference:
             return None
         mid = len(times) // 2
         return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+    def settles(self, timing: TimingConfig) -> int | None:
+        """The median count at which the stopping rule stops these runs' rows (see
+        settles_at), computed once per width and level."""
+        key = (timing.ci_rel_width, timing.ci_level,
+               min(timing.gate_min_samples, timing.min_samples))
+        if key not in self._settles:
+            self._settles[key] = _median_settles(self.rows.values(), timing)
+        return self._settles[key]
 
     def series(self, case: Case) -> list[dict[str, Any]]:
         return [r for k, r in self.rows.items()
@@ -120,6 +131,31 @@ class RowSpeed:
     call_ms: float
     host_us: float
     fallback: bool = False  # its graph could not be used (the reference row says)
+    # The samples after which the stopping rule stops this row, simulated on the
+    # reference's recorded samples (settles_at); None: it runs to its time cap.
+    settles: int | None = None
+
+
+def settles_at(row: dict[str, Any], timing: TimingConfig) -> int | None:
+    """How many of a recorded row's samples (in the order taken) the stopping rule
+    would have taken (benches/timing/stopping.py, with `timing`'s width and level);
+    None when they never meet it (the row runs to its time cap) or it has none."""
+    samples = [float(x) for x in row.get("samples_ms") or []]
+    floor = min(timing.gate_min_samples, timing.min_samples)
+    if timing.ci_rel_width <= 0 or len(samples) < floor:
+        return None
+    n = settled_count(samples, timing.ci_rel_width, timing.ci_level, floor)
+    return n if settled(samples[:n], timing.ci_rel_width, timing.ci_level, floor) else None
+
+
+def _median_settles(rows: Iterable[dict[str, Any]], timing: TimingConfig) -> int | None:
+    """The median of settles_at over rows with samples (a row that never settles counts
+    as None, above every count); None when there are none or the median never settles."""
+    got = [settles_at(r, timing) for r in rows if r.get("samples_ms")]
+    if not got:
+        return None
+    got.sort(key=lambda n: float("inf") if n is None else n)
+    return got[len(got) // 2]
 
 
 def row_speed(case: Case, cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> RowSpeed:
@@ -135,16 +171,23 @@ def row_speed(case: Case, cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Ro
     host = (row or {}).get("host_us") or (hosts[len(hosts) // 2] if hosts else
                                           sp.host_us.get(case.provider, 10.0))
     fallback = str((row or {}).get("timer")) == TIMER_GRAPH_FALLBACK
+    # The rule's count: the row's own samples, else its series', else those of every
+    # reference row (the samples of a case of another size are the nearest measure).
+    timing = cfg.timing
+    settles = settles_at(row, timing) if row and row.get("samples_ms") else (
+        _median_settles(series, timing) if any(r.get("samples_ms") for r in series)
+        else ref.settles(timing))
     if row is not None and row.get("ms_median"):
-        return RowSpeed(float(row["ms_median"]) * scale, float(host), fallback)
+        return RowSpeed(float(row["ms_median"]) * scale, float(host), fallback, settles)
     call = _over_budget_call_s(row)
     if call is not None:
-        return RowSpeed(call * 1e3, float(host))
+        return RowSpeed(call * 1e3, float(host), settles=settles)
     if series:
         work = case.spec.flops(case.shape, case.dtype) + case.spec.nbytes(case.shape,
                                                                             case.dtype)
-        return RowSpeed(_interpolate(series, work) * scale, float(host))
-    return RowSpeed(max(sp.floor_ms, (mine or 0.0) / sp.roof_fraction), float(host))
+        return RowSpeed(_interpolate(series, work) * scale, float(host), settles=settles)
+    return RowSpeed(max(sp.floor_ms, (mine or 0.0) / sp.roof_fraction), float(host),
+                    settles=settles)
 
 
 def _interpolate(series: list[dict[str, Any]], work: float) -> float:

@@ -46,6 +46,9 @@ def run(order: dict[str, Any], results: IO[str]) -> int:
     """Claim and compile the jobs of `order`, one result line each; how many were done."""
     compile_fn = _compile_fn(order["compile"])
     claims = Path(order["claims"])
+    # The GPU present, when the sweep passed it: compile_case then compiles a launch's
+    # shipped config alone (other compile functions are called as before).
+    extra = {"device": order["device"]} if order.get("device") else {}
     done = 0
     for i, (kernel, dtype, shape, sms, capability) in enumerate(order["jobs"]):
         try:
@@ -55,7 +58,7 @@ def run(order: dict[str, Any], results: IO[str]) -> int:
         cc = tuple(capability) if capability is not None else None
         try:
             line = {"job": i, "compiled": int(compile_fn(kernel, dtype, shape, sms, cc,
-                                                         order["fp8_mode"]))}
+                                                         order["fp8_mode"], **extra))}
         except Exception as e:  # counted: the sweep's own compile says what is wrong
             line = {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
         results.write(json.dumps(line) + "\n")

@@ -159,6 +159,12 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
                 "back-to-back calls on the same buffers, nothing flushed: CUDA-graph "
                 "replays of one copy's calls for the CUDA-graph cases, else CUDA events "
                 "around each call (the GPU kept busy before each as after a flush)"),
+            "stopping": (
+                f"a row stops sampling once the {t.ci_level:.0%} interval of its median "
+                f"(order statistics) is within {t.ci_rel_width:.2%} of it, after "
+                f"{t.gate_min_samples} samples at least, within the time above (a CPU row: "
+                f"its later rounds skipped after {t.cpu_min_rounds} of {t.cpu_rounds})"
+                if t.ci_rel_width > 0 else "off: every row takes the time above"),
             "budget": (f"each row's timing within {t.row_budget_s:g} s (never fewer than "
                        f"{t.gate_min_samples} samples; a row that cannot fit them is "
                        "skipped)" + (f"; the sweep's timing within {cfg.run_budget_s:g} s, "

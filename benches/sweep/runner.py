@@ -51,6 +51,7 @@ from benches.sweep.phases import TimeSplit
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
+from benches.timing.stopping import cpu_settled
 from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
@@ -369,6 +370,8 @@ class Pending:
     plan: CpuPlan | None
     copies: Copies | None
     rounds: int = 1
+    # Its later rounds skipped by the stopping rule (cpu_settled): not cut short.
+    settled: bool = False
 
 
 def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
@@ -451,7 +454,10 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
         for item in chunk:
             case, row = item.case, item.row
             if row["status"] != "ok" or row.get("timer") not in CPU_TIMERS \
-                    or item.inputs is None:
+                    or item.inputs is None or item.settled:
+                continue
+            if cpu_settled(row[SAMPLES], item.rounds, cfg.timing):
+                item.settled = True  # its later rounds are skipped
                 continue
             try:
                 with split.phase("inputs"):
@@ -487,7 +493,7 @@ def _emit(chunk: list[Pending], cfg: RunConfig, stopped_by: str = ""
         if row["status"] == "ok" and row.get("timer") in CPU_TIMERS:
             reason = row["reason"]
             planned = cfg.timing.cpu_rounds
-            if rounds < planned:
+            if rounds < planned and not chunk[0].settled:
                 row[CUT_SHORT] = f"{rounds}/{planned}"
                 reason = (f"timed in {rounds} of {planned} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")

@@ -97,11 +97,15 @@ def _warmup(launch: Any, config: Any) -> None:
 
 def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
                  capability: tuple[int, int] | None, fp8_mode: str,
-                 pick: Callable[[Any], Sequence[Any]] | None = None) -> int:
+                 pick: Callable[[Any], Sequence[Any]] | None = None,
+                 device: Sequence[Any] | None = None) -> int:
     """Compile every launch x config of one case into Triton's cache (in a worker);
     the number compiled.  The launches are those of a GPU of `capability` (on meta
     tensors a kernel would build the default candidates, not its architecture's).
-    `pick`: the configs of a launch to compile (default: every candidate)."""
+    `pick`: the configs of a launch to compile (default: every candidate).  `device`:
+    the GPU present (name, SM count, memory in GB): a launch with a config shipped for
+    it (kernels/shipped.py) compiles that config only, the one the sweep will run
+    without tuning (every candidate under GPUBENCH_RETUNE, which tunes)."""
     from kernels import REGISTRY
     from kernels.spec import Target, set_fp8_accum
 
@@ -109,12 +113,37 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
     spec = REGISTRY[kernel]
     inputs = spec.make_inputs(shape, dtype, 0, "meta")
     out = spec.alloc_out(inputs, dtype)
+    if pick is None and device is not None:
+        pick = _shipped_pick(kernel, dtype, device)
     done = 0
     for launch in spec.launches(inputs, out, sms, Target("cuda", capability)):
         for config in launch.configs if pick is None else pick(launch):
             _warmup(launch, config)
             done += 1
     return done
+
+
+def _shipped_pick(kernel: str, dtype: str, device: Sequence[Any]
+                  ) -> Callable[[Any], Sequence[Any]] | None:
+    """compile_case's pick for the device present: a launch's shipped config where one
+    applies (as the sweep's runner.shipped_configs_of finds it), else every candidate;
+    None (every candidate everywhere) under GPUBENCH_RETUNE or with no file for it."""
+    from kernels.shipped import retune_requested, shipped_for
+
+    name, sms, memory_gb = device
+    choice = shipped_for(str(name), sms, memory_gb)
+    if retune_requested() or choice.configs is None:
+        return None
+    shipped = choice.configs
+
+    def pick(launch: Any) -> Sequence[Any]:
+        if len(launch.configs) > 1:
+            config, _ = shipped.pick(kernel, dtype, launch)
+            if config is not None:
+                return [config]
+        return launch.configs
+
+    return pick
 
 
 def default_workers() -> int:
@@ -141,14 +170,18 @@ class CompileAhead:
     worker whose parent dies kills its own group (its stdin ends)."""
 
     def __init__(self, jobs: list[Job], workers: int, fp8_mode: str,
-                 compile_fn: str = COMPILE_FN) -> None:
+                 compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None
+                 ) -> None:
         self.jobs = len(jobs)
         self.workers = min(workers, len(jobs))
         self.procs: list[subprocess.Popen] = []
         self.stopped: dict[str, int] | None = None
         self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
+        # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
+        # compiles a shipped config alone; absent, every candidate.
         order = json.dumps({"jobs": jobs, "fp8_mode": fp8_mode, "claims": self.claims,
-                            "compile": compile_fn}) + "\n"
+                            "compile": compile_fn,
+                            "device": list(device) if device is not None else None}) + "\n"
         # The worker imports what this process can (the tests' fakes included).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
@@ -227,6 +260,8 @@ def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,
     if not jobs or workers < 1:
         return None
     try:
-        return CompileAhead(jobs, workers, fp8_mode)
+        present = cfg.present
+        return CompileAhead(jobs, workers, fp8_mode,
+                            device=(present.name, present.sms, present.memory_gb))
     except OSError:
         return None

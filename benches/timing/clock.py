@@ -47,6 +47,7 @@ from benches.timing.plan import (
     plan_cpu,
     sample_count,
 )
+from benches.timing.stopping import Sampled, sample_until_settled
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,18 @@ class Timing:
     # Seconds the timer spent before its samples that are not part of any measurement
     # (a CUDA graph's warm-up, capture and uploading replays): the run's `capture`.
     setup_s: float = 0.0
+    # Why the samples stopped (benches/timing/stopping.py: STOP_NOISE, STOP_CAP); "" for
+    # a timer without the rule.
+    stopped: str = ""
+
+
+def until_settled(take: Callable[[int], list[float]], cap: int, cfg: TimingConfig
+                  ) -> Sampled:
+    """The stopping rule with cfg's settings: samples from take(k) until the median's
+    interval is within cfg.ci_rel_width, at least cfg.gate_min_samples (or
+    cfg.min_samples when lower), at most `cap` (the timer's time cap)."""
+    return sample_until_settled(take, cap, cfg.ci_rel_width, cfg.ci_level,
+                                min(cfg.gate_min_samples, cfg.min_samples))
 
 
 def summarize(samples_ms: Sequence[float], timer: str) -> Timing:
@@ -242,23 +255,32 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     runs ahead of the GPU and every call is already queued when the GPU reaches its start
     event: the event pair spans the call's device time only.  The flush buffer is
     Triton's own; the sample count follows do_bench (`rep` over the time of one sample,
-    flush and padding included), at least cfg.min_samples."""
+    flush and padding included), at least cfg.min_samples, and fewer once the median
+    has settled (the stopping rule, benches/timing/stopping.py)."""
     import triton.testing as tt
 
     t_start = time.monotonic()
     pad_us = flush_padding_us(host_us)
     if pad_us:
-        return replace(summarize(padded_flushed_samples(fn, cfg, pad_us), TIMER_FLUSHED),
+        sampled = padded_flushed_samples(fn, cfg, pad_us)
+        return replace(summarize(sampled.samples, TIMER_FLUSHED), stopped=sampled.stopped,
                        span=(t_start, time.monotonic()))
     # A short first estimate (flush included, as do_bench's own) sizes the measurement.
     est = tt.do_bench(fn, warmup=1, rep=5, return_mode="median")
-    n = sample_count(est, cfg)
-    samples: list[float] = []
-    while len(samples) < n:  # do_bench counts its flush in its estimate: top up
-        # Warm-up as do_bench sizes it (from its own estimate), on the first call only.
-        samples += tt.do_bench(fn, warmup=0 if samples else cfg.warmup_ms,
-                               rep=max(1e-3, (n - len(samples)) * est), return_mode="all")
-    return replace(summarize(samples, TIMER_FLUSHED), span=(t_start, time.monotonic()))
+    warmed: list[bool] = []
+
+    def take(k: int) -> list[float]:
+        got: list[float] = []
+        while len(got) < k:  # do_bench counts its flush in its estimate: top up
+            # Warm-up as do_bench sizes it (from its own estimate), on the first call only.
+            got += tt.do_bench(fn, warmup=cfg.warmup_ms if not warmed else 0,
+                               rep=max(1e-3, (k - len(got)) * est), return_mode="all")
+            warmed.append(True)
+        return got
+
+    sampled = until_settled(take, sample_count(est, cfg), cfg)
+    return replace(summarize(sampled.samples, TIMER_FLUSHED), stopped=sampled.stopped,
+                   span=(t_start, time.monotonic()))
 
 
 
@@ -273,15 +295,16 @@ def _flush_buffer() -> torch.Tensor:
 
 
 def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
-                           pad_us: float) -> list[float]:
+                           pad_us: float) -> Sampled:
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
-    samples in ms.  See time_flushed."""
+    samples in ms, until the stopping rule or the time cap (benches/timing/stopping.py),
+    and why they stopped.  See time_flushed."""
     return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_)
 
 
 def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
-                    flush: Callable[[], object] | None) -> list[float]:
+                    flush: Callable[[], object] | None) -> Sampled:
     """The loop of padded_flushed_samples (flush: the L2 flush before each sample) and of
     time_warm (flush None: nothing between the calls but the padding, skipped when 0)."""
     cycles = int(pad_us * PAD_CYCLES_PER_US)
@@ -311,13 +334,17 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
     per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
     for _ in range(max(1, int(cfg.warmup_ms / per_sample_ms))):
         fn()
-    n = sample_count(per_sample_ms, cfg)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for s, e in zip(starts, ends, strict=True):
-        sample(s, e)
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+    def take(k: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        for s, e in zip(starts, ends, strict=True):
+            sample(s, e)
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+    # sample_count's samples at most (the time cap), fewer once the median has settled.
+    return until_settled(take, sample_count(per_sample_ms, cfg), cfg)
 
 
 def time_warm(fn: Callable[[], object], cfg: TimingConfig,
@@ -335,8 +362,9 @@ def time_warm(fn: Callable[[], object], cfg: TimingConfig,
     each start event, as after each flush in time_flushed; the spin touches no memory,
     so the cache stays warm."""
     t_start = time.monotonic()
-    samples = _padded_samples(fn, cfg, flush_padding_us(host_us), None)
-    return replace(summarize(samples, TIMER_WARM), span=(t_start, time.monotonic()))
+    sampled = _padded_samples(fn, cfg, flush_padding_us(host_us), None)
+    return replace(summarize(sampled.samples, TIMER_WARM), stopped=sampled.stopped,
+                   span=(t_start, time.monotonic()))
 
 
 def time_gpu(fn: Callable[[], object], cfg: TimingConfig) -> Timing:

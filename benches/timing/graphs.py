@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from benches.timing.clock import Timing, summarize
+from benches.timing.clock import Timing, summarize, until_settled
 from benches.timing.plan import (
     TIMER_GRAPH,
     TimingConfig,
@@ -150,23 +150,31 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
         torch.cuda.synchronize()
         reps = graph_sample_count(max(t0.elapsed_time(t1), 1e-3), cfg)
         t_start = time.monotonic()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        held = []
-        for i, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            g, size = graphs[(i + 1) % len(graphs)]  # the round goes on after graph 0
-            s.record()
-            g.replay()
-            e.record()
-            held.append(size)
-        torch.cuda.synchronize()
+        replayed = [0]
+
+        def take(k: int) -> list[float]:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+            held = []
+            for s, e in zip(starts, ends, strict=True):
+                replayed[0] += 1  # the round goes on after graph 0, batch after batch
+                g, size = graphs[replayed[0] % len(graphs)]
+                s.record()
+                g.replay()
+                e.record()
+                held.append(size)
+            torch.cuda.synchronize()
+            return [s.elapsed_time(e) / size
+                    for s, e, size in zip(starts, ends, held, strict=True)]
+
+        # graph_sample_count's replays at most, fewer once the median has settled.
+        sampled = until_settled(take, reps, cfg)
         span = (t_start, time.monotonic())
-        samples = [s.elapsed_time(e) / size
-                   for s, e, size in zip(starts, ends, held, strict=True)]
     finally:
         graphs.clear()
         live.clear()
-    return replace(summarize(samples, TIMER_GRAPH), note=note, span=span, setup_s=setup_s)
+    return replace(summarize(sampled.samples, TIMER_GRAPH), note=note, span=span,
+                   setup_s=setup_s, stopped=sampled.stopped)
 
 
 def _capture(calls: Sequence[Callable[[], object]], total: int, sizes: list[int],

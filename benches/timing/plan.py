@@ -71,6 +71,13 @@ class TimingConfig:
     # several of a shared machine's slow and fast spells, not one.
     cpu_rounds: int = 5
     cpu_chunk_s: float = 3.0
+    # The stopping rule (benches/timing/stopping.py): a row stops sampling once the
+    # distribution-free ci_level interval of its median is narrower than ci_rel_width of
+    # the median, after gate_min_samples at least and within its time cap (rep_ms,
+    # graph_rep_ms; a CPU row: after cpu_min_rounds of its cpu_rounds).  0 turns it off.
+    ci_rel_width: float = 0.005
+    ci_level: float = 0.95
+    cpu_min_rounds: int = 3
     # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
     # budget's messages speak of the whole row).
     cpu_rounds_of_row: int = 1

@@ -39,9 +39,15 @@ TIMING_MEANINGS: dict[str, str] = {
                    "cases, s",
     "cpu_rounds_of_row": "rounds of the row a one-round setting belongs to (1: the run's "
                          "own settings)",
+    "ci_rel_width": "the stopping rule: a row stops sampling once the ci_level interval "
+                    "of its median is narrower than this fraction of it (0: off)",
+    "ci_level": "confidence of the stopping rule's interval (distribution-free, from "
+                "order statistics)",
+    "cpu_min_rounds": "rounds a CPU row takes before the stopping rule may skip the rest",
     "gpu_method": "how a GPU row is timed (cold: L2 flushed or rotated copies)",
     "cpu_method": "how a CPU row is timed",
     "warm_gpu_method": "how a warm GPU row (--cache warm) is timed",
+    "stopping": "when a row stops sampling (the stopping rule)",
     "budget": "the timing budgets of a row and of the sweep",
 }
 
