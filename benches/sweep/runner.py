@@ -46,6 +46,7 @@ from benches.sweep.interrupt import (
     restore_handlers_after_compiles,
     signal_name,
 )
+from benches.sweep.library import row_library
 from benches.sweep.phases import TimeSplit
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
@@ -54,6 +55,7 @@ from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
+from kernels.compiled import recompile_note
 from kernels.shipped import retune_requested, shipped_for
 from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import (
@@ -115,6 +117,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         return row
     spec, dtype = case.spec, case.dtype
     fn = spec.providers[case.provider].fn
+    compiles = spec.providers[case.provider].compiles
     make_call: MakeCall | None = None
     try:
         with split.phase("inputs"):
@@ -133,7 +136,14 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         config_note = ""
         with split.phase("tune" if tunes else "check"):
             if launches is None:
+                before = compiles() if compiles is not None else 0
+                t0 = time.perf_counter()
                 fn(inputs, out)
+                _sync(cfg.target)
+                # torch.compile compiles at a signature's first call: its time, kept
+                # out of the timing (a row whose shape compiled before has none).
+                if compiles is not None and compiles() != before:
+                    row["compile_s"] = time.perf_counter() - t0
                 call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
             else:
                 # A Triton row runs (and records) its chosen configs; re-timing passes
@@ -169,6 +179,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
             backend = spec.providers[case.provider].backend
             ran = "; ".join(x for x in (backend(call) if backend is not None else "",
                                         config_note) if x)
+            row["library"] = row_library(case.provider, cfg.target.kind == "cuda", call)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, "")
     finite = rel_err != float("inf")
@@ -209,13 +220,16 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
                 return time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
                                  split, timer)
 
+        before = compiles() if compiles is not None else 0
         if monitor is None:
             timing, note = timed()
         else:
             timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
+        recompiled = recompile_note(compiles, before)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
-    row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
+    row = _set_timing(row, case, cfg, timing,
+                      "; ".join(x for x in (note, ran, recompiled) if x))
     row.update(clocks)
     return row
 
@@ -445,13 +459,18 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
             if row["status"] != "ok" or row.get("timer") not in CPU_TIMERS \
                     or item.inputs is None:
                 continue
+            compiles = case.spec.providers[case.provider].compiles
             try:
                 with split.phase("inputs"):
                     ins = clone_inputs(item.inputs)
                     out = case.spec.alloc_out(ins, case.dtype)
+                before = compiles() if compiles is not None else 0
                 with split.phase("timing"):
                     timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
                                           copies=item.copies)
+                recompiled = recompile_note(compiles, before)
+                if recompiled and recompiled not in (row["reason"] or ""):
+                    row["reason"] = "; ".join(x for x in (row["reason"], recompiled) if x)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
