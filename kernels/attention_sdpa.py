@@ -38,10 +38,19 @@ def only_backend(fn: ProviderFn, backend: str) -> ProviderFn:
                 if "no available kernel" not in str(e).lower() \
                         and "no viable backend" not in str(e).lower():
                     raise
-                why = "; ".join(dict.fromkeys(
-                    " ".join(str(w.message).split()) for w in said)) or " ".join(str(e).split())
-                raise UnsupportedShape(f"SDPA's {backend} backend refused this case: "
-                                       f"{why}") from None
+                # torch warns why each backend declined (head dim, dtype, alignment);
+                # where it warns nothing (a CPU, which has no such kernel) its error
+                # says only that no backend was left.
+                why = "; ".join(dict.fromkeys(" ".join(str(w.message).split()) for w in said))
+                if why:
+                    raise UnsupportedShape(f"SDPA's {backend} backend refused this case: "
+                                           f"{why}") from None
+                device = inputs["q"].device.type
+                raise UnsupportedShape(
+                    f"SDPA's {backend} backend has no {device.upper()} kernel (torch: "
+                    f"{' '.join(str(e).split()[:10])} ...)" if device == "cpu" else
+                    f"SDPA's {backend} backend refused this case: "
+                    f"{' '.join(str(e).split())}") from None
     return run
 
 
