@@ -48,8 +48,11 @@ def _providers(ok: pd.DataFrame, baseline: str) -> list[str]:
 
 
 def _ms(x: Any) -> str:
+    """4 significant digits, whole milliseconds from 1000 on (a step's sums)."""
     v = finite_or_none(x)
-    return "-" if v is None else f"{v:.4g}"
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _x(x: Any) -> str:
