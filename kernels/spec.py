@@ -272,6 +272,9 @@ class Provider:
     # call's time is the row's compile_s, and a change while the row is timed means it
     # recompiled there.
     compiles: Callable[[], int] | None = None
+    # (inputs, out) -> the call the timer repeats on those buffers, where it can be bound
+    # once (a compiled provider resolves its compiled graph there, not in every call)
+    bind: Callable[[Inputs, torch.Tensor], Callable[[], object]] | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from contract.request import RequestError, validated
 from contract.schema import load_run
 from contract.speedup import set_speedups
 from kernels import ALL_PROVIDERS, DEFAULT_PROVIDERS, REGISTRY
-from kernels.compiled import compile_count, compiled_fn
+from kernels.compiled import Compiled, compile_count, compiled_fn
 from roofline.report.providers import provider_tables
 from tests.test_measurement import cpu_cfg
 
@@ -141,6 +141,21 @@ def test_a_compiled_fn_compiles_once_per_signature() -> None:
     assert compile_count() > first and out.sum().item() == 32.0
 
 
+def test_a_bound_compiled_call_looks_its_graph_up_once() -> None:
+    import torch
+
+    comp = Compiled(lambda ins, out: torch.mul(ins["x"], 3.0, out=out), "default")
+    ins, out = {"x": torch.ones(8)}, torch.empty(8)
+    call = comp.bind(ins, out)
+    call()  # compiles (torch.compile is lazy)
+    comp.cache.clear()  # a lookup at each call would now compile again
+    before = compile_count()
+    out.zero_()
+    call()
+    assert compile_count() == before and not comp.cache and out.sum().item() == 24.0
+    assert REGISTRY["add"].providers["compile"].bind is not None
+
+
 def test_a_recompile_while_timed_is_said_in_the_row() -> None:
     # A provider whose counter moves at every call after its first: its check call
     # compiles (compile_s), and its timing "recompiles" every sample.
@@ -152,7 +167,7 @@ def test_a_recompile_while_timed_is_said_in_the_row() -> None:
         calls["n"] += 1
         return torch_fn(ins, out)
 
-    prov = dataclasses.replace(spec.providers["compile"], fn=fn,
+    prov = dataclasses.replace(spec.providers["compile"], fn=fn, bind=None,
                                compiles=lambda: calls["n"])
     spec = dataclasses.replace(spec, providers={**spec.providers, "compile": prov})
     row = run_case(Case(spec, "compile", "fp32", {"n": 64}, "warm"),
