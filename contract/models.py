@@ -200,7 +200,10 @@ class ModelSizes:
 @dataclass(frozen=True)
 class LayerShape:
     """One kernel shape a model runs: the kernel, the layer it stands for, its shape and
-    how many times one forward pass runs it (per layer kernels: n_layers)."""
+    how many times one forward pass runs it (per layer kernels: n_layers).  Count 0: a
+    kernel measured at the model's shape that the forward pass does not add to its time
+    (attention_bwd is the backward; gelu_erf a second form of the one activation gelu
+    already counts)."""
 
     kernel: str
     layer: str
@@ -252,11 +255,13 @@ def step_shapes(sizes: ModelSizes) -> list[LayerShape]:
     norm = "rmsnorm" if m.norm_params == 1 else "layernorm"
     out = [LayerShape("matmul", name, {"M": t, "N": n, "K": k}, c)
            for name, k, n, c in m.weight_matrices()]
-    out += [LayerShape(a, "attn.sdpa", dict(attn), L) for a in ("attention", "attention_bwd")]
+    out += [LayerShape("attention", "attn.sdpa", dict(attn), L),
+            LayerShape("attention_bwd", "attn.sdpa", dict(attn), 0)]
     out += [LayerShape(norm, "norm", {"M": t, "N": m.d_model}, 2 * L + 1),
             LayerShape("softmax", "loss.softmax", {"M": t, "N": m.vocab}, 1),
             LayerShape("add", "residual", {"n": t * m.d_model}, 2 * L)]
-    out += [LayerShape(g, "mlp.act", {"n": t * m.d_ff}, L) for g in ("gelu", "gelu_erf")]
+    out += [LayerShape("gelu", "mlp.act", {"n": t * m.d_ff}, L),
+            LayerShape("gelu_erf", "mlp.act", {"n": t * m.d_ff}, 0)]
     if m.gated:
         out.append(LayerShape("mul", "mlp.gate_mul", {"n": t * m.d_ff}, L))
     return _merged(out)

@@ -71,6 +71,8 @@ def test_the_other_kernels_of_a_forward_pass_and_their_counts() -> None:
     assert shapes[("rmsnorm", "norm")] == ({"M": 16384, "N": 4096}, 65)
     assert shapes[("softmax", "loss.softmax")] == ({"M": 16384, "N": 128256}, 1)
     assert shapes[("gelu", "mlp.act")] == ({"n": 16384 * 14336}, 32)
+    # measured at the model's shapes, not counted twice in a forward pass
+    assert shapes[("gelu_erf", "mlp.act")][1] == shapes[("attention_bwd", "attn.sdpa")][1] == 0
     assert shapes[("mul", "mlp.gate_mul")] == ({"n": 16384 * 14336}, 32)
     assert shapes[("add", "residual")] == ({"n": 16384 * 4096}, 64)
     assert ("layernorm", "norm") not in shapes  # llama's norm is RMSNorm
@@ -148,7 +150,7 @@ def test_a_model_run_names_rows_by_layer_and_sums_the_forward_pass(
     config = tmp_path / "tiny" / "config.json"
     config.parent.mkdir()
     config.write_text(json.dumps(TINY_CONFIG))
-    argv = ["--device", "cpu", "--kernels", "matmul,rmsnorm", "--dtypes", "fp32",
+    argv = ["--device", "cpu", "--kernels", "matmul,rmsnorm,gelu,gelu_erf", "--dtypes", "fp32",
             "--providers", "torch,triton", "--sizes", f"model:{config}:tokens=32",
             "--no-plots", "--out", str(tmp_path / "out")]
     assert run_bench.main(argv) == 0
@@ -156,16 +158,17 @@ def test_a_model_run_names_rows_by_layer_and_sums_the_forward_pass(
     meta, df = load_run(run)
     torch_rows = df[df["provider"] == "torch"]
     assert list(torch_rows["layer"]) == ["attn.qkv", "attn.out", "mlp.gate_up", "mlp.down",
-                                         "lm_head", "norm"]
+                                         "lm_head", "norm", "mlp.act", "mlp.act"]
     assert set(torch_rows["status"]) == {"ok"}
     assert meta["model_step"]["tokens"] == 32
     text = (run / "summary.md").read_text()
     assert "## The model's forward pass" in text
     total = sum(r.ms_median * c for r, c in zip(
-        torch_rows.itertuples(), [2, 2, 2, 2, 1, 5], strict=True))
+        torch_rows.itertuples(), [2, 2, 2, 2, 1, 5, 2, 0], strict=True))
     sum_line = next(line for line in text.splitlines() if line.startswith("| **sum**"))
     assert f"| {total:.4g} |" in sum_line
     assert "| mlp.down | `M=32,N=64,K=96` | 2 |" in text
+    assert "| gelu | mlp.act |" in text and "| gelu_erf | mlp.act |" not in text
 
 
 def test_a_bad_model_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -115,7 +115,7 @@ def step_table(df: pd.DataFrame, meta: dict[str, Any], baseline: str) -> Table |
     base_sum = best_sum = 0.0
     for layer in step.get("layers", []):
         part = ok[(ok["kernel"] == layer["kernel"]) & (ok["shape"] == layer["shape"])]
-        if part.empty:
+        if part.empty or not layer["count"]:  # count 0: not part of a forward pass
             continue
         n = int(layer["count"])
         per = {r["provider"]: float(r["ms_median"]) * n for _, r in part.iterrows()}
