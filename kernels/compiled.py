@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,23 @@ def compile_count() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["total"])
+
+
+def compile_mark(compiles: Callable[[], int] | None) -> int:
+    """A provider's compile counter now (0 for one that does not compile)."""
+    return compiles() if compiles is not None else 0
+
+
+def first_call(call: Callable[[], object], compiles: Callable[[], int] | None,
+               sync: Callable[[], None]) -> float | None:
+    """Make a row's first call; the seconds it took when it compiled (torch.compile
+    compiles at a signature's first call, kept out of the timing this way), else None (a
+    provider that does not compile, or a signature compiled by an earlier row)."""
+    before = compile_mark(compiles)
+    t0 = time.perf_counter()
+    call()
+    sync()
+    return time.perf_counter() - t0 if compile_mark(compiles) != before else None
 
 
 def recompile_note(compiles: Callable[[], int] | None, before: int) -> str:

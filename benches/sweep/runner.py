@@ -55,7 +55,7 @@ from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
-from kernels.compiled import recompile_note
+from kernels.compiled import compile_mark, first_call, recompile_note
 from kernels.shipped import retune_requested, shipped_for
 from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import (
@@ -136,14 +136,8 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         config_note = ""
         with split.phase("tune" if tunes else "check"):
             if launches is None:
-                before = compiles() if compiles is not None else 0
-                t0 = time.perf_counter()
-                fn(inputs, out)
-                _sync(cfg.target)
-                # torch.compile compiles at a signature's first call: its time, kept
-                # out of the timing (a row whose shape compiled before has none).
-                if compiles is not None and compiles() != before:
-                    row["compile_s"] = time.perf_counter() - t0
+                row["compile_s"] = first_call(lambda: fn(inputs, out), compiles,
+                                              lambda: _sync(cfg.target))
                 call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
             else:
                 # A Triton row runs (and records) its chosen configs; re-timing passes
@@ -220,7 +214,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
                 return time_case(case, cfg, inputs, out, make_call, budget.plan, copies,
                                  split, timer)
 
-        before = compiles() if compiles is not None else 0
+        before = compile_mark(compiles)
         if monitor is None:
             timing, note = timed()
         else:
@@ -466,13 +460,12 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
                 with split.phase("inputs"):
                     ins = clone_inputs(item.inputs)
                     out = case.spec.alloc_out(ins, case.dtype)
-                before = compiles() if compiles is not None else 0
+                before = compile_mark(compiles)
                 with split.phase("timing"):
                     timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
                                           copies=item.copies)
-                recompiled = recompile_note(compiles, before)
-                if recompiled and recompiled not in (row["reason"] or ""):
-                    row["reason"] = "; ".join(x for x in (row["reason"], recompiled) if x)
+                if (again := recompile_note(compiles, before)) not in (row["reason"] or ""):
+                    row["reason"] = "; ".join(x for x in (row["reason"], again) if x)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)
