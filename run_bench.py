@@ -57,11 +57,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "default all")
     p.add_argument("--kernels", default="all",
                    help=f"comma list of {names['kernels']}; default all")
-    p.add_argument("--providers", default="all",
-                   help=f"comma list of {names['providers']}; default all")
+    p.add_argument("--providers", default="default",
+                   help=f"comma list of {names['providers']}; default: torch,triton; all: "
+                        "every one but compile-max (opt-in: minutes of autotuning a shape)")
     p.add_argument("--sizes", default="default",
                    help=f"{names['sizes']}, or explicit shapes separated by ';', e.g. "
-                        "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096'")
+                        "'n=1048576;M=4096,K=4096;M=4096,N=4096,K=4096' or '4096', or a "
+                        "model's step: model:NAME[:tokens=N] (a plan preset) or "
+                        "model:path/config.json[:tokens=N]")
+    p.add_argument("--baseline-provider", default="torch", metavar="P",
+                   help="the provider each row's speedup column is measured against "
+                        "(its time / the row's; default torch)")
     p.add_argument("--cache", default=None, metavar="MODES",
                    help="comma list of cold,warm: cold = caches flushed (GPU) or rotated "
                         "past (CPU) before every call, warm = back-to-back calls on the "

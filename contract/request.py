@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from contract.devices import DEVICES
+from contract.models import MODEL_SIZES, ModelConfigError, parse_model_sizes
 from contract.schema import CACHE_MODES, DEFAULT_CACHE, parse_shape
 from kernels.spec import SIZE_PRESETS, Shape
 
@@ -37,7 +38,8 @@ class AcceptanceOptions:
 @dataclass(frozen=True)
 class RunRequest:
     """One run_bench.py request.  The selection is validated against the registries and
-    "all" expanded; `sizes` is a preset name or "explicit" (then `shapes` holds them);
+    "all" expanded; `sizes` is a preset name, a model (`model:NAME[:tokens=N]`,
+    contract/models.py) or "explicit" (then `shapes` holds them);
     `cache` None means the device's default (cold on a GPU, warm on a CPU)."""
 
     kernels: tuple[str, ...]
@@ -72,6 +74,7 @@ class RunRequest:
     acceptance: AcceptanceOptions | None = None
     arch: str = "sm_90"  # --inspect's target
     retune: bool = False  # tune every launch even where a shipped config exists
+    baseline_provider: str = "torch"  # rows' speedup: this provider's time / the row's
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace,
@@ -81,7 +84,7 @@ class RunRequest:
         parse_sizes' own error) for a bad list, device or size.  `parse_sizes` reads
         explicit --sizes (benches.sweep.shapes.parse_sizes: it knows the kernel
         families); `acceptance`: --acceptance's options (benches/fleet/acceptance.py)."""
-        explicit = ns.sizes not in SIZE_PRESETS
+        explicit = ns.sizes not in SIZE_PRESETS and not ns.sizes.startswith(MODEL_SIZES)
         return validated(cls(
             kernels=ns.kernels, dtypes=ns.dtypes, providers=ns.providers,
             sizes="explicit" if explicit else ns.sizes,
@@ -95,7 +98,7 @@ class RunRequest:
             history=ns.history, remeasure_ceilings=ns.remeasure_ceilings,
             measure_ceilings=not ns.no_measure_ceilings, fleet_tolerance=ns.fleet_tolerance,
             dist_timeout=ns.dist_timeout, collectives=ns.collectives, acceptance=acceptance,
-            arch=ns.arch, retune=ns.retune))
+            arch=ns.arch, retune=ns.retune, baseline_provider=ns.baseline_provider))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (results.json's metadata["request"]); inf budgets as "inf"."""
@@ -136,12 +139,17 @@ RESUME_FROM_COMMAND_LINE: tuple[str, ...] = (
     "acceptance", "arch", "retune")
 
 
-def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str) -> tuple[str, ...]:
-    """A comma list (or a list) checked against `allowed`, "all" expanded, duplicates
-    dropped in order; RequestError naming the first unknown value."""
+def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str,
+           named: dict[str, Sequence[str]] | None = None) -> tuple[str, ...]:
+    """A comma list (or a list) checked against `allowed`, "all" expanded (to `named`'s
+    "all" where given, else to `allowed`) and so is any other name of `named` (the
+    providers' "default"), duplicates dropped in order; RequestError naming the first
+    unknown value."""
     items = [v.strip() for v in value.split(",")] if isinstance(value, str) \
         else [str(v).strip() for v in value]
     items = [v for v in items if v]
+    if len(items) == 1 and items[0] in (named or {}):
+        return tuple((named or {})[items[0]])
     if items == ["all"]:
         return tuple(allowed)
     if not items:
@@ -156,16 +164,25 @@ def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str) -> tup
 def validated(req: RunRequest) -> RunRequest:
     """The one validation of a request's selection against the registries (the command
     line's and a resumed run's alike): lists as checked tuples, the device name known."""
-    from kernels import PROVIDERS, REGISTRY
+    from kernels import ALL_PROVIDERS, DEFAULT_PROVIDERS, PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
 
     if req.device != "auto" and req.device not in DEVICES:
         raise RequestError(f"unknown device '{req.device}' "
                            f"(choose from auto, {', '.join(DEVICES)})")
+    if req.baseline_provider not in PROVIDERS:
+        raise RequestError(f"unknown baseline provider '{req.baseline_provider}' "
+                           f"(choose from {','.join(PROVIDERS)})")
+    if req.sizes.startswith(MODEL_SIZES):
+        try:
+            parse_model_sizes(req.sizes)
+        except ModelConfigError as e:
+            raise RequestError(str(e)) from None
     return replace(
         req, kernels=choose(req.kernels, tuple(REGISTRY), "kernels"),
         dtypes=choose(req.dtypes, DTYPE_NAMES, "dtypes"),
-        providers=choose(req.providers, PROVIDERS, "providers"),
+        providers=choose(req.providers, PROVIDERS, "providers",
+                         {"all": ALL_PROVIDERS, "default": DEFAULT_PROVIDERS}),
         cache=None if req.cache is None else choose(req.cache, CACHE_MODES, "cache"))
 
 

@@ -15,11 +15,12 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from kernels import PROVIDERS
 from kernels.spec import DTYPE_NAMES
 
 DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 
-PROVIDER_ORDER: tuple[str, ...] = ("torch", "triton")
+PROVIDER_ORDER: tuple[str, ...] = PROVIDERS  # kernels.PROVIDERS' order
 
 
 # The kernel facts below come from the registry, on call and never at import: loading it

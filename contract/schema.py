@@ -83,6 +83,17 @@ class Row(TypedDict, total=False):
     # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
     config: str | None
     config_source: str | None  # Triton: shipped, tuned, cached, fixed or given (per launch)
+    # --sizes model:NAME: the model layer(s) the row's shape stands for ("attn.qkv",
+    # "mlp.down", "lm_head"); None for a preset's or an explicit shape
+    layer: str | None
+    # compile, compile-max: seconds torch.compile took at the row's first call (untimed)
+    compile_s: float | None
+    # GPU: the library of the kernels the row's call ran (cublas, cublasLt, cutlass, cudnn,
+    # flash, triton, aten), from the profiler's kernel names; None on a CPU
+    library: str | None
+    # the run's baseline provider's ms_median / this row's, same kernel, dtype, shape and
+    # cache mode (>1: faster than the baseline); None where the baseline row is not ok
+    speedup: float | None
     algbw_gbps: float | None  # collectives: size of the whole array / time (nccl-tests')
     busbw_gbps: float | None  # collectives: algbw x the collective's factor (nccl-tests')
     rank: int | None  # fleet runs: the torch.distributed rank that measured the row
@@ -138,6 +149,9 @@ class RunMetadata(TypedDict, total=False):
     seed: int
     sizes: str  # a preset, or "explicit"
     explicit_shapes: list[str]
+    # --sizes model:NAME: the model, tokens, and each kernel shape's layer and count per
+    # forward pass (benches/sweep/results.py model_step)
+    model_step: dict[str, Any] | None
     kernels: list[str]
     dtypes: list[str]
     providers: list[str]

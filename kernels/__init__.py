@@ -20,13 +20,22 @@ from typing import Any
 
 from kernels.spec import DTYPE_NAMES, DTYPES, KernelSpec, Target, current_target
 
-PROVIDERS: tuple[str, ...] = ("torch", "triton")
+# Every provider a kernel may have: torch (eager), triton (this project's kernel),
+# torch.compile of the torch provider (kernels/compiled.py: every family), and attention's
+# SDPA backends one by one (kernels/attention_sdpa.py).  `--providers all` is every one but
+# the opt-in compile-max (minutes of autotuning per shape); the default is
+# DEFAULT_PROVIDERS, the two this suite always compared.
+PROVIDERS: tuple[str, ...] = ("torch", "triton", "compile", "compile-max", "sdpa-flash",
+                              "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
+ALL_PROVIDERS: tuple[str, ...] = tuple(p for p in PROVIDERS if p != "compile-max")
+DEFAULT_PROVIDERS: tuple[str, ...] = ("torch", "triton")
 
 
 def _registry() -> dict[str, KernelSpec]:
     from kernels import add, attention, dot, gelu, matmul, matvec, mul, rowops
+    from kernels.compiled import with_compiled
 
-    return checked([
+    return checked([with_compiled(s) for s in [
         add.SPEC,
         mul.SPEC,
         gelu.SPEC,
@@ -39,7 +48,7 @@ def _registry() -> dict[str, KernelSpec]:
         rowops.RMSNORM_SPEC,
         attention.SPEC,
         attention.SPEC_BWD,
-    ])
+    ]])
 
 
 def checked(specs: list[KernelSpec]) -> dict[str, KernelSpec]:
@@ -52,6 +61,10 @@ def checked(specs: list[KernelSpec]) -> dict[str, KernelSpec]:
         if spec.shape_group is None:
             raise ValueError(f"kernel {spec.name} declares no shape group "
                              "(KernelSpec.shape_group)")
+        unknown = set(spec.providers) - set(PROVIDERS)
+        if unknown:
+            raise ValueError(f"kernel {spec.name}: provider(s) {', '.join(sorted(unknown))} "
+                             "not in kernels.PROVIDERS")
         registry[spec.name] = spec
     return registry
 
@@ -89,5 +102,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'kernels' has no attribute '{name}'")
 
 
-__all__ = ["DTYPES", "DTYPE_NAMES", "PROVIDERS", "REGISTRY", "KernelSpec", "Target",
+__all__ = ["ALL_PROVIDERS", "DEFAULT_PROVIDERS", "DTYPES", "DTYPE_NAMES", "PROVIDERS",
+           "REGISTRY", "KernelSpec", "Target",
            "current_target"]

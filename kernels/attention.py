@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernels.attention_sdpa import sdpa_providers
 from kernels.attention_triton import (
     attention_bwd_triton,
     attention_triton,
@@ -293,6 +294,8 @@ def _spec(name: str, description: str, flops: Callable[[Shape, str], int],
                                     "causal tile skipping" + (
                                         "; backward recomputes P (delta, dK/dV, dQ kernels)"
                                         if grad else "; fp8: per-tensor scales, e4m3 P")),
+            **sdpa_providers(attention_bwd_torch if grad else attention_torch, TORCH_DTYPES,
+                             _torch_skip, sdpa_backend),
         },
         matrix_unit=True,
         description=description,

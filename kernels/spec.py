@@ -259,7 +259,7 @@ SkipFn = Callable[[str, Target], "str | None"]
 
 @dataclass(frozen=True)
 class Provider:
-    name: str  # "torch" or "triton"
+    name: str  # "torch", "triton", "compile", "sdpa-flash", ... (kernels.PROVIDERS)
     fn: ProviderFn
     dtypes: tuple[str, ...]
     # Extra reason a (dtype, target) cannot run, beyond dtype availability.
@@ -268,6 +268,13 @@ class Provider:
     # (the row's call) -> which library kernel it ran, written in the row's reason; found
     # by one more call outside the timing (torch's SDPA picks its backend per call).
     backend: Callable[[Callable[[], object]], str] | None = None
+    # A compiling provider's counter of compiles so far (kernels/compiled.py): its first
+    # call's time is the row's compile_s, and a change while the row is timed means it
+    # recompiled there.
+    compiles: Callable[[], int] | None = None
+    # (inputs, out) -> the call the timer repeats on those buffers, where it can be bound
+    # once (a compiled provider resolves its compiled graph there, not in every call)
+    bind: Callable[[Inputs, torch.Tensor], Callable[[], object]] | None = None
 
 
 @dataclass(frozen=True)

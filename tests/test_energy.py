@@ -209,6 +209,19 @@ def test_a_recorded_trace_gives_kernel_ms_and_the_kernels():
     # and the GPU user annotation spanning them are not device work
     assert got is not None and got.kernel_ms == pytest.approx(0.042)
     assert got.kernels == "at::native::vectorized_elementwise_kernel; Memset (Device)"
+    # The row's library from the same pass (no extra profiled call): PyTorch's own kernel
+    assert got.library == "aten"
+
+
+def test_the_library_column_comes_from_the_kernel_time_pass(monkeypatch):
+    got = kernel_time.kernel_time(kernel_time.read_trace(TRACE), calls=5)
+    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n: got)
+    assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] == "aten"
+    # A Triton row is this project's Triton whatever else its call launched.
+    assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
+    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n: None)
+    assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
+    assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] is None
 
 
 def test_the_live_profilers_events_read_as_the_trace_does():
@@ -388,7 +401,7 @@ def test_a_profiler_failure_is_a_note_and_a_sticky_cuda_error_aborts(monkeypatch
 
     monkeypatch.setattr(kernel_time, "profile_calls", fails("CUPTI_ERROR_NOT_INITIALIZED"))
     cols, note = kernel_time.row_columns(lambda: None, 1e-4)
-    assert cols == {"kernel_ms": None, "kernels": None}
+    assert cols == {"kernel_ms": None, "kernels": None, "library": None}
     assert note.startswith("kernel_ms: torch.profiler failed") and "CUPTI" in note
     monkeypatch.setattr(kernel_time, "profile_calls",
                         fails("CUDA error: an illegal memory access was encountered"))

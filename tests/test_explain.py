@@ -17,6 +17,7 @@ from benches.step.explain import PASSES as PROFILED_PASSES
 from benches.step.explain import span_ms, split_explained
 from benches.step.measure import measure_model
 from benches.step.profile import SPAN, split_ms
+from contract.models import ModelShape
 from kernels import REGISTRY
 from roofline.__main__ import main as roofline_main
 from roofline.plan.explain import (
@@ -27,7 +28,6 @@ from roofline.plan.explain import (
     explain_sections,
     step_kernels,
 )
-from roofline.plan.model import ModelShape
 from roofline.plan.step_plot import plot_step
 from tests.test_plan import ROOT
 

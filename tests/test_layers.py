@@ -31,12 +31,10 @@ UPWARD = {
     # the training step measures the planner's model
     ("benches.step.model", "roofline.plan.model"),
     ("benches.step.flops", "roofline.plan.arithmetic"),
-    ("benches.step.flops", "roofline.plan.model"),
     ("benches.step.explain", "roofline.plan.arithmetic"),
     ("benches.step.gemms", "roofline.plan.arithmetic"),
     ("benches.step.gemms", "roofline.plan.model"),
     ("benches.step.gemms", "roofline.plan.sources"),
-    ("benches.step.measure", "roofline.plan.model"),
     ("benches.step.measure", "roofline.plan.step"),
 }
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from benches.ceilings import device_ceilings
+from contract.models import PRESETS
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import (
     GPU_MEMORY_GB,
@@ -23,7 +24,6 @@ from roofline.plan.arithmetic import (
     train_flops,
 )
 from roofline.plan.cli import main
-from roofline.plan.model import PRESETS
 from roofline.plan.sources import peak_of
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -39,7 +39,7 @@ def test_registered_with_the_agreed_interface():
         spec = REGISTRY[name]
         assert spec.dims == ("M", "N")
         assert spec.dtypes == ("fp32", "fp16", "bf16")
-        assert set(spec.providers) == {"torch", "triton"}
+        assert set(spec.providers) == {"torch", "triton", "compile", "compile-max"}
         assert spec.roof_class("bf16") == "fp32" and not spec.matrix_unit
 
 

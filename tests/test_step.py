@@ -14,9 +14,9 @@ from benches.step import measure as step_mod
 from benches.step.measure import measure_step
 from benches.step.model import StepError, Transformer, parameter_count
 from benches.step.profile import CATEGORIES, category
+from contract.models import PRESETS, ModelShape
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import attention_score_flops
-from roofline.plan.model import PRESETS, ModelShape
 from roofline.plan.step import step_report
 from tests.test_plan import ROOT
 

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benches.step.measure import measure_model
 from benches.step.model import Transformer
 from benches.step.profile import CATEGORIES, split_cpu_time, split_device_time
-from roofline.plan.model import ModelShape
+from contract.models import ModelShape
 
 TINY = ModelShape("tiny", d_model=64, n_layers=2, d_ff=256, vocab=1000, seq_len=32,
                   heads=4, kv_heads=4, tied=False)

@@ -19,11 +19,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from benches.step.explain import gemm_calls
 from benches.step.flops import flop_counter
 from contract.devices import DEVICES, Present
+from contract.models import PRESETS
 from roofline.plan.arithmetic import step_gemms
 from roofline.plan.cli import build_plan
 from roofline.plan.flags import build_parser
 from roofline.plan.harness import Harness
-from roofline.plan.model import PRESETS
 from roofline.plan.render import sections
 from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections
 from tests.test_step_accounting import Events

@@ -12,8 +12,8 @@ import torch
 
 from benches.step import measure as step_mod
 from benches.step.model import StepError
+from contract.models import ModelShape
 from roofline.__main__ import main as roofline_main
-from roofline.plan.model import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
 
 TINY_ARGS = ["plan", "--d-model", "64", "--layers", "2", "--heads", "4", "--d-ff", "256",

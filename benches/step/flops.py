@@ -25,8 +25,8 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
+from contract.models import ModelShape
 from roofline.plan.arithmetic import CAUSAL_SHARE
-from roofline.plan.model import ModelShape
 
 # The fused SDPA ops FlopCounterMode sees (queries, keys and values laid out
 # [batch, heads, seq, head_dim]); those this torch lacks are skipped.

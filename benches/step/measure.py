@@ -58,7 +58,7 @@ from benches.step.flops import attention_formula, flop_counter
 from benches.step.model import StepError, Transformer, check_shape, parameter_count
 from benches.step.profile import CATEGORIES, category
 from benches.timing.clock import time_call_ms
-from roofline.plan.model import ModelShape
+from contract.models import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
 
 __all__ = ["CATEGORIES", "AUTOCAST", "category", "free_memory_bytes", "measure_model",

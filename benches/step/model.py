@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from roofline.plan.model import ModelShape, PlanError
+from contract.models import ModelShape
+from roofline.plan.model import PlanError
 
 
 class StepError(PlanError):

@@ -18,7 +18,7 @@ import torch
 from benches.sweep.gpu_monitor import (
     ThrottleConfig,
 )
-from benches.sweep.shapes import shapes_for
+from benches.sweep.shapes import is_model_sizes, model_layers, shapes_for
 from benches.timing.plan import TimingConfig
 from contract import metrics
 from contract.ceilings import Ceilings
@@ -42,6 +42,8 @@ class Case:
     # "cold" (caches flushed or rotated past between calls) or "warm" (back-to-back calls
     # on the same buffers): contract.schema.CACHE_MODES.
     cache: str = DEFAULT_CACHE
+    # The model layer(s) the shape stands for under --sizes model:NAME ("attn.qkv")
+    layer: str | None = None
 
     @property
     def shape_str(self) -> str:
@@ -88,7 +90,8 @@ def build_cases(cfg: RunConfig) -> list[Case]:
     """Cases in run order: kernel, dtype, shape, provider, then cache mode, so that both
     providers of a (kernel, dtype, shape) share one set of inputs, and a row's cold and
     warm times are taken next to each other (the same autotuned config, the same spell
-    of a shared machine)."""
+    of a shared machine).  A provider the kernel does not have (attention's SDPA
+    backends for matmul) makes no case: --list says which kernel has which."""
     cases = []
     on_gpu = cfg.target.kind == "cuda"
     modes = cfg.cache[:1] if cfg.check_only else cfg.cache
@@ -97,9 +100,14 @@ def build_cases(cfg: RunConfig) -> list[Case]:
         for dtype in cfg.dtypes:
             if dtype not in spec.dtypes:
                 continue  # e.g. tf32 exists for matmul only
+            layers = {format_shape(s.shape): s.layer for s in model_layers(cfg.sizes, name)} \
+                if is_model_sizes(cfg.sizes) else {}
             for shape in shapes_for(spec, cfg.sizes, on_gpu, cfg.explicit_shapes):
+                layer = layers.get(format_shape(shape))
                 for prov in cfg.providers:
-                    cases += [Case(spec, prov, dtype, shape, mode) for mode in modes]
+                    if prov not in spec.providers:
+                        continue
+                    cases += [Case(spec, prov, dtype, shape, mode, layer) for mode in modes]
     return cases
 
 
@@ -134,6 +142,7 @@ def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
         kernel=spec.name, provider=case.provider, dtype=dtype, shape=case.shape_str,
         flops=flops, bytes=nbytes, device=cfg.model.key, gpu_name=cfg.present.name,
         roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0, cache=case.cache,
+        layer=case.layer,
     )
     row.update(metrics.derive(flops, nbytes, None, *roofs_of(case, cfg)))
     return row

@@ -21,6 +21,7 @@ from typing import Any
 
 from benches.step.profile import is_device_event, profile_events
 from benches.sweep.failures import error_message, is_sticky_cuda_error
+from contract.libraries import library_of
 
 # Device work in an exported trace's "cat" (kineto's activity types); GPU user
 # annotations ("gpu_user_annotation", record_function ranges) are spans, not work.
@@ -43,6 +44,7 @@ class DeviceEvent:
 class KernelTime:
     kernel_ms: float  # device work per call
     kernels: str  # the work's names, once each, in order of first appearance
+    library: str | None  # the library the kernels come from (contract/libraries.py)
 
 
 def events_from_profiler(events: Iterable[Any]) -> list[DeviceEvent]:
@@ -85,7 +87,9 @@ def kernel_time(events: list[DeviceEvent], calls: int) -> KernelTime | None:
     text = "; ".join(names)
     if len(text) > KERNELS_TEXT_MAX:
         text = text[:KERNELS_TEXT_MAX - 3] + "..."
-    return KernelTime(sum(e.dur_us for e in events) / calls / 1e3, text)
+    # The library from the full names: a short name may have lost what tells it apart.
+    return KernelTime(sum(e.dur_us for e in events) / calls / 1e3, text,
+                      library_of(e.name for e in events))
 
 
 def calls_to_profile(call_s: float | None) -> int:
@@ -110,20 +114,24 @@ def profile_calls(call: Callable[[], object], calls: int) -> KernelTime | None:
     return kernel_time(events_from_profiler(profile_events(run, on_gpu=True)), calls)
 
 
-def row_columns(call: Callable[[], object], call_s: float | None
+def row_columns(call: Callable[[], object], call_s: float | None, provider: str = ""
                 ) -> tuple[dict[str, Any], str]:
-    """A GPU row's (kernel_ms, kernels) columns and a note for its reason: why they are
-    empty, where the profiler failed or saw no device work."""
+    """A GPU row's (kernel_ms, kernels, library) columns and a note for its reason: why
+    they are empty, where the profiler failed or saw no device work.  A Triton row's
+    library is this project's Triton whatever the profiler names."""
+    known = "triton" if provider == "triton" else None
     try:
         got = profile_calls(call, calls_to_profile(call_s))
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise  # run_case aborts the sweep on it (SweepAborted), as on a timing error
-        return {"kernel_ms": None, "kernels": None}, \
+        return {"kernel_ms": None, "kernels": None, "library": known}, \
             f"kernel_ms: torch.profiler failed ({error_message(e)})"
     if got is None:
-        return {"kernel_ms": None, "kernels": None}, "kernel_ms: the profiler saw no kernel"
-    return {"kernel_ms": got.kernel_ms, "kernels": got.kernels}, ""
+        return {"kernel_ms": None, "kernels": None, "library": known}, \
+            "kernel_ms: the profiler saw no kernel"
+    return {"kernel_ms": got.kernel_ms, "kernels": got.kernels,
+            "library": known or got.library}, ""
 
 
 def kernel_time_metadata(kind: str) -> dict[str, Any]:

@@ -23,7 +23,9 @@ from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
 from benches.sweep.kernel_time import kernel_time_metadata
+from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import cpu_cache_bytes, read_llc
+from contract.models import parse_model_sizes, step_shapes
 from contract.request import RunRequest
 from contract.schema import (
     ALL_COLUMNS,
@@ -32,7 +34,9 @@ from contract.schema import (
     ROWS_JOURNAL,
     SAMPLES,
     atomic_write_text,
+    format_shape,
 )
+from contract.speedup import baseline_of, set_speedups
 from contract.versions import check_versions
 
 
@@ -132,6 +136,7 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
         "command": " ".join([Path(sys.executable).name, *argv]),
         "seed": cfg.seed,
         "sizes": cfg.sizes if cfg.explicit_shapes is None else "explicit",
+        "model_step": model_step(cfg.sizes),
         "kernels": cfg.kernels,
         "dtypes": cfg.dtypes,
         "providers": cfg.providers,
@@ -188,6 +193,18 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
     return meta
 
 
+def model_step(sizes: str) -> dict[str, Any] | None:
+    """`--sizes model:NAME`'s model and the kernel shapes of its forward pass, each with
+    its layer and how many times one forward pass runs it (the summary's step table
+    reads them); None for other sizes."""
+    if not is_model_sizes(sizes):
+        return None
+    ms = parse_model_sizes(sizes)
+    return {"model": ms.model.name, "describe": ms.model.describe(), "tokens": ms.tokens,
+            "layers": [{"kernel": s.kernel, "layer": s.layer, "shape": format_shape(s.shape),
+                        "count": s.count} for s in step_shapes(ms)]}
+
+
 class ResultWriter:
     """Keeps the run folder's results current after every row, at a cost per row that
     does not grow with the rows before it.
@@ -234,7 +251,9 @@ class ResultWriter:
         return pd.DataFrame(self.rows, columns=ALL_COLUMNS)
 
     def flush(self) -> None:
-        """Rewrite results.csv and results.json whole (metadata included), atomically."""
+        """Rewrite results.csv and results.json whole (metadata included), atomically,
+        each row's speedup against the run's baseline provider set first."""
+        set_speedups(self.rows, baseline_of(self.metadata))
         self._write_csv()
         doc = {"metadata": self.metadata, "rows": [_jsonable(r) for r in self.rows]}
         atomic_write_text(self.run_dir / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")

@@ -56,6 +56,7 @@ from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
+from kernels.compiled import compile_mark, first_call, recompile_note
 from kernels.shipped import retune_requested, shipped_for
 from kernels.spec import TritonLaunch, UnsupportedShape
 from kernels.triton_utils import (
@@ -117,6 +118,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         return row
     spec, dtype = case.spec, case.dtype
     fn = spec.providers[case.provider].fn
+    compiles = spec.providers[case.provider].compiles
     make_call: MakeCall | None = None
     try:
         with split.phase("inputs"):
@@ -135,7 +137,8 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         config_note = ""
         with split.phase("tune" if tunes else "check"):
             if launches is None:
-                fn(inputs, out)
+                row["compile_s"] = first_call(lambda: fn(inputs, out), compiles,
+                                              lambda: _sync(cfg.target))
                 call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
             else:
                 # A Triton row runs (and records) its chosen configs; re-timing passes
@@ -212,18 +215,21 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
                                  split, timer)
 
         meter = energy.row_meter(monitor, cfg.target.kind)  # energy over the samples
+        before = compile_mark(compiles)
         if monitor is None:
             timing, note = meter.around(timed)
         else:
             timing, note, clocks = time_unthrottled(timed, meter, cfg.throttle)
-        if cfg.target.kind == "cuda":  # kernel-only time: torch.profiler, after the timing
+        recompiled = recompile_note(compiles, before)
+        if cfg.target.kind == "cuda":  # kernel-only time and library: torch.profiler
             with split.phase("timing"):
-                kcols, knote = kernel_time.row_columns(call, budget.call_s)
+                kcols, knote = kernel_time.row_columns(call, budget.call_s, case.provider)
             clocks.update(kcols)
             note = "; ".join(x for x in (note, knote) if x)
     except Exception as e:
         return _error_row(row, e, case, cfg, cache, " while timing")
-    row = _set_timing(row, case, cfg, timing, "; ".join(x for x in (note, ran) if x))
+    row = _set_timing(row, case, cfg, timing,
+                      "; ".join(x for x in (note, ran, recompiled) if x))
     row.update(clocks)
     row.update(meter.columns(row))
     return row
@@ -315,8 +321,10 @@ def _set_timing(row: Row, case: Case, cfg: RunConfig, timing: Timing,
 
 
 def _plain_call(case: Case) -> MakeCall:
-    fn = case.spec.providers[case.provider].fn
-    return lambda ins, o: (lambda: fn(ins, o))
+    prov = case.spec.providers[case.provider]
+    if prov.bind is not None:  # a compiled provider: its graph looked up once per buffers
+        return prov.bind
+    return lambda ins, o: (lambda: prov.fn(ins, o))
 
 
 def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
@@ -459,13 +467,17 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
             if cpu_settled(row[SAMPLES], item.rounds, cfg.timing):
                 item.settled = True  # its later rounds are skipped
                 continue
+            compiles = case.spec.providers[case.provider].compiles
             try:
                 with split.phase("inputs"):
                     ins = clone_inputs(item.inputs)
                     out = case.spec.alloc_out(ins, case.dtype)
+                before = compile_mark(compiles)
                 with split.phase("timing"):
                     timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
                                           copies=item.copies)
+                if (again := recompile_note(compiles, before)) not in (row["reason"] or ""):
+                    row["reason"] = "; ".join(x for x in (row["reason"], again) if x)
             except Exception as e:
                 # A kernel that raises in a later round failed: no timing is kept.
                 failed = base_row(case, cfg)

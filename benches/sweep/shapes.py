@@ -6,7 +6,15 @@ explicit `--sizes`, parsed against the dimensions the registered families have.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache
 
+from contract.models import (
+    MODEL_SIZES,
+    LayerShape,
+    ModelConfigError,
+    parse_model_sizes,
+    step_shapes,
+)
 from kernels.shape_groups import GROUPS
 from kernels.spec import SIZE_PRESETS, KernelSpec, Shape
 
@@ -101,11 +109,33 @@ def parse_sizes(text: str, specs: Iterable[KernelSpec] | None = None) -> list[Sh
     return shapes
 
 
+def is_model_sizes(sizes: str) -> bool:
+    """Whether `sizes` names a model (`model:NAME[:tokens=N]`), not a preset."""
+    return sizes.startswith(MODEL_SIZES)
+
+
+@cache
+def _model_layers(sizes: str) -> tuple[LayerShape, ...]:
+    try:
+        return tuple(step_shapes(parse_model_sizes(sizes)))
+    except ModelConfigError as e:
+        raise ShapeError(str(e)) from None
+
+
+def model_layers(sizes: str, kernel: str) -> list[LayerShape]:
+    """The layers of `--sizes model:...` that `kernel` stands for (contract.models), in
+    the model's order; ShapeError for a model that cannot be read."""
+    return [s for s in _model_layers(sizes) if s.kernel == kernel]
+
+
 def shapes_for(spec: KernelSpec, sizes: str, on_gpu: bool,
                explicit: list[Shape] | None = None) -> list[Shape]:
-    """The shapes a kernel runs at: a preset's, or the explicit ones that fit its dims.
-    One integer sizes every dimension of a family without flags (a family with one,
-    attention's causal, takes whole shapes only)."""
+    """The shapes a kernel runs at: a preset's, a model's (`model:NAME`, the layers it
+    stands for), or the explicit ones that fit its dims.  One integer sizes every
+    dimension of a family without flags (a family with one, attention's causal, takes
+    whole shapes only)."""
+    if is_model_sizes(sizes):
+        return [dict(s.shape) for s in model_layers(sizes, spec.name)]
     if explicit is None:
         return preset_shapes(spec, sizes, on_gpu)
     out = []

@@ -8,8 +8,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from contract.models import ModelShape
 from kernels.spec import DTYPES
-from roofline.plan.model import ModelShape
 
 SECONDS_PER_DAY = 86400.0
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.devices import DEVICES, DeviceError
+from contract.models import ModelShape
 from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
@@ -34,7 +35,7 @@ from roofline.plan.comm import plan_communication
 from roofline.plan.efficiency import Efficiency, plan_efficiency
 from roofline.plan.flags import build_parser, model_from_args
 from roofline.plan.harness import DeviceCeilings, Harness
-from roofline.plan.model import ModelShape, PlanError
+from roofline.plan.model import PlanError
 from roofline.plan.render import print_tables, render_markdown
 from roofline.plan.sources import peak_of
 

@@ -30,8 +30,9 @@ import argparse
 from typing import Any
 
 from contract.metrics import BUSBW_FACTOR
+from contract.models import DEFAULT_SEQ_LEN, ModelShape
 from roofline.plan.arithmetic import SECONDS_PER_DAY, attention_score_flops
-from roofline.plan.model import DEFAULT_SEQ_LEN, ModelShape, PlanError
+from roofline.plan.model import PlanError
 
 
 def collective_seconds(op: str, size_bytes: float, gpus: int, busbw_gbps: float) -> float:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract.devices import DEVICES
+from contract.models import ModelShape
 from roofline.plan.arithmetic import Gemm, device_memory_bytes, policy_items
 from roofline.plan.explain import explain_report, step_kernels
 from roofline.plan.harness import Harness
-from roofline.plan.model import ModelShape, PlanError
+from roofline.plan.model import PlanError
 from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
 from roofline.plan.step import gemms_from_step, step_report
 

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contract.ceilings import Ceilings
+from contract.models import ModelShape
 from roofline.plan.arithmetic import over_peak, rate_text, step_gemms
-from roofline.plan.model import ModelShape
 
 EXPLAIN_CATEGORIES = ("gemm", "attention", "norm", "loss/softmax", "optimizer/elementwise",
                       "other")

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 from contract.cli import Parser
 from contract.devices import ROOF_CLASS
+from contract.models import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape
 from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES, WEIGHT_FORMATS
-from roofline.plan.model import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape, PlanError
+from roofline.plan.model import PlanError
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 

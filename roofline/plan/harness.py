@@ -11,8 +11,8 @@ from typing import Any
 
 from contract.ceilings import Ceilings
 from contract.devices import DeviceModel, Present
+from contract.models import ModelShape
 from roofline.plan.arithmetic import Gemm
-from roofline.plan.model import ModelShape
 
 # (shape, micro-batch, "cuda" | "cpu", dtype, slice blocks or None, device bytes, timed
 # steps, log) -> the step's measurements (benches.step.measure.measure_step).

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from contract.models import ModelShape
 from roofline.plan.arithmetic import (
     Gemm,
     attention_score_flops,
@@ -41,7 +42,6 @@ from roofline.plan.arithmetic import (
     rate_text,
     step_gemms,
 )
-from roofline.plan.model import ModelShape
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SIX_N_TOLERANCE = 0.05  # "6 N D holds" when counted/6N is within 5%

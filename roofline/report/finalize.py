@@ -33,6 +33,7 @@ from contract.schema import (
     read_doc,
     resolve_results_json,
 )
+from contract.speedup import baseline_of, set_speedups
 
 USAGE = "python -m roofline finalize RUN [--no-plots]"
 
@@ -66,6 +67,7 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
     meta["cut_short"] = (f"ended before it wrote {RESULTS_JSON} whole; finalized from its "
                          f"row journal ({len(rows)} rows) on "
                          f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+    set_speedups(rows, baseline_of(meta))
     atomic_write_text(folder / RESULTS_JSON,
                       json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
     df = pd.DataFrame(rows, columns=ALL_COLUMNS)

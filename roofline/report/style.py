@@ -42,14 +42,18 @@ _DTYPE_COLORS = {
     "nvfp4": "#bcbd22",
 }
 
-_PROVIDER_MARKERS = {"torch": "o", "triton": "^"}
+# One marker per provider (kernels.PROVIDERS), fixed so a provider reads the same in every
+# figure; a provider without one takes the next of _EXTRA_MARKERS.
+_PROVIDER_MARKERS = {"torch": "o", "triton": "^", "compile": "s", "compile-max": "D",
+                     "sdpa-flash": "v", "sdpa-cudnn": "P", "sdpa-efficient": "X",
+                     "sdpa-math": "<"}
 
 # The cross-device figure (roofline/report/plot_devices.py): one colour per run, in the order
 # given, for its roofs and its points alike.
 _DEVICE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
                   "#17becf", "#bcbd22", "#d62728", "#7f7f7f")
 
-_EXTRA_MARKERS = ("s", "D", "v", "P", "X")
+_EXTRA_MARKERS = ("p", "h", ">", "*", "d")
 
 # Baseline arrows: this run faster or slower than the baseline.
 FASTER, SLOWER = "#2ca02c", "#d62728"

@@ -26,6 +26,7 @@ from contract.schema import (
     atomic_write_text,
     mode_tag,
 )
+from contract.speedup import baseline_of
 from roofline.report.energy import energy_sections
 from roofline.report.findings import (
     above_roof_cause,
@@ -42,6 +43,7 @@ from roofline.report.findings import (
     throttled_rows,
     warm_rows,
 )
+from roofline.report.providers import Table, provider_tables, step_table
 from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops
 from roofline.report.timing_settings import timing_settings
 
@@ -407,6 +409,10 @@ def _skipped_section(df: pd.DataFrame) -> str:
     return md_table(["reason", "rows", "kernels", "providers", "dtypes"], rows, "lrlll")
 
 
+def _tables(tables: list[Table]) -> str:
+    return "\n\n".join(f"{t.title}\n\n{md_table(t.header, t.rows, t.align)}" for t in tables)
+
+
 def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
     """The markdown text of summary.md."""
     d = clean_rows(df)
@@ -433,6 +439,12 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
            _above_roof_section(d, meta)] if len(above_roof_rows(d)) else []),
         "## Triton vs torch",
         _ratio_section(d),
+        *([f"## Providers (against {baseline_of(meta)})",
+           "Each provider's ms_median (its speedup: the baseline's time / its own), the "
+           "fastest per shape.\n\n" + _tables(provs)]
+          if (provs := provider_tables(d, baseline_of(meta))) else []),
+        *(["## The model's forward pass", _tables([step])]
+          if (step := step_table(d, meta, baseline_of(meta))) else []),
         *(["## Warm vs cold", _gap_section(d, meta)]
           if warm_rows(d).any() and not warm_rows(d).all() else []),
         *([f"## Throttled rows ({len(throttled_rows(d))})", _throttled_section(d)]
