@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import run_bench
-from benches.sweep import failures, runner
+from benches.sweep import failures, row_setup
 from benches.sweep.cases import InputCache
 from benches.sweep.failures import SweepAborted
 from benches.sweep.runner import run_case
@@ -86,7 +86,7 @@ def test_scaled_mm_accepts_an_m_that_is_not_a_multiple_of_16():
 
 def test_a_case_larger_than_memory_is_skipped_before_allocating(monkeypatch):
     made = []
-    monkeypatch.setattr(runner, "device_memory_bytes", lambda cfg: 1e9)
+    monkeypatch.setattr(row_setup, "device_memory_bytes", lambda cfg: 1e9)
     c = case(shape={"n": 10**13})
     c = dataclasses.replace(c, spec=dataclasses.replace(
         c.spec, make_inputs=lambda *a: made.append(a)))

@@ -20,7 +20,7 @@ import pytest
 import torch
 import triton
 
-import benches.sweep.runner as runner
+import benches.sweep.row_setup as row_setup
 import kernels.triton_utils as triton_utils
 from benches.rehearse.tensors import on_device
 from contract.schema import ALL_COLUMNS, parse_shape
@@ -176,11 +176,11 @@ def test_matching_device_runs_the_shipped_config_and_builds_no_tuner(
     launch = _gpu_launch()
     shipped = launch.configs[3]  # not the first candidate: the shipped one is what runs
     folder = _shipped_dir(tmp_path, launch, config_str(shipped))
-    monkeypatch.setattr(runner, "shipped_for", functools.partial(shipped_for,
+    monkeypatch.setattr(row_setup, "shipped_for", functools.partial(shipped_for,
                                                                  directory=folder))
     _no_tuning(monkeypatch)
     case, cfg = _row_setup(H200)
-    picks, why = runner.shipped_configs_of(case, cfg, [launch], None)
+    picks, why = row_setup.shipped_configs_of(case, cfg, [launch], None)
     assert picks == [shipped] and why == ""
     ran = run_launch_with(launch, None, picks[0], retune=False)
     assert (ran.config, ran.source) == (shipped, "shipped")
@@ -189,7 +189,7 @@ def test_matching_device_runs_the_shipped_config_and_builds_no_tuner(
     assert kwargs["num_warps"] == shipped.num_warps
     assert kwargs["num_stages"] == shipped.num_stages
     # A forced config (re-timing) is the row's own, never a shipped one.
-    assert runner.shipped_configs_of(case, cfg, [launch], "x")[0] == [None]
+    assert row_setup.shipped_configs_of(case, cfg, [launch], "x")[0] == [None]
 
 
 class FakeTuner:
@@ -213,7 +213,7 @@ def test_another_device_uses_nothing_shipped_and_says_why(
         monkeypatch: pytest.MonkeyPatch) -> None:
     launch = _gpu_launch()
     case, cfg = _row_setup(H100)
-    picks, why = runner.shipped_configs_of(case, cfg, [launch], None)
+    picks, why = row_setup.shipped_configs_of(case, cfg, [launch], None)
     assert picks == [None]
     assert "no shipped configs for this device" in why and "h200.json: name" in why
     built: list[Any] = []

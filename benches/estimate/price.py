@@ -28,7 +28,7 @@ from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
 from benches.sweep.phases import PHASES
-from benches.sweep.runner import footprint_reason, shipped_configs_of
+from benches.sweep.row_setup import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
 from benches.timing.clock import DISPATCH_BUDGET_S
 from benches.timing.plan import (

@@ -10,7 +10,6 @@ cases, failures, results and gpu_monitor.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -48,6 +47,13 @@ from benches.sweep.interrupt import (
     signal_name,
 )
 from benches.sweep.phases import TimeSplit
+from benches.sweep.row_setup import (
+    bound_triton_call,
+    first_call_tunes,
+    footprint_reason,
+    shipped_configs_of,
+    triton_launches_of,
+)
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
@@ -57,37 +63,14 @@ from contract.ceilings import NO_ROOF_BELOW_FP32
 from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row
 from kernels import DTYPES, Target
 from kernels.compiled import compile_mark, first_call, recompile_note
-from kernels.shipped import retune_requested, shipped_for
-from kernels.spec import TritonLaunch, UnsupportedShape
+from kernels.shipped import retune_requested
+from kernels.spec import UnsupportedShape
 from kernels.triton_utils import (
     configs_text,
     parse_configs,
-    prepared_call,
     run_launch_with,
     sources_text,
 )
-
-
-def device_memory_bytes(cfg: RunConfig) -> float | None:
-    """Memory of the device the cases run on: the GPU's total, or the host's RAM."""
-    if cfg.target.kind == "cuda":
-        gb = cfg.present.memory_gb
-        return gb * 1e9 if gb else None
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def footprint_reason(case: Case, cfg: RunConfig) -> str | None:
-    """Why a case cannot fit, decided before anything is allocated: its compulsory bytes
-    (inputs and output once, the spec's byte count) exceed the device's memory."""
-    need = case.spec.nbytes(case.shape, case.dtype)
-    have = device_memory_bytes(cfg)
-    if have is None or need <= have:
-        return None
-    return (f"out of memory at this shape: inputs and output need {need / 1e9:.6g} GB, "
-            f"the device has {have / 1e9:.4g} GB (not allocated)")
 
 
 def _sync(target: Target) -> None:
@@ -127,11 +110,11 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         # First call untimed: an autotuned kernel tunes here, running every candidate
         # config into `out`.  Only then is `out` poisoned, so an element the chosen
         # config fails to write stays NaN instead of holding another config's answer.
-        launches = _triton_launches(case, cfg, inputs, out)
+        launches = triton_launches_of(case, cfg, inputs, out)
         forced = cfg.configs.get(case.key)
         shipped, not_shipped = shipped_configs_of(case, cfg, launches, forced)
         retune = retune_requested()
-        tunes = _tunes(launches, forced, cfg) and (retune or any(
+        tunes = first_call_tunes(launches, forced, cfg) and (retune or any(
             s is None and len(ln.configs) > 1 for ln, s in zip(launches or [], shipped,
                                                                strict=True)))
         config_note = ""
@@ -157,7 +140,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
                 if all(c is not None for c in chosen):
                     row["config"] = configs_text(launches, chosen)
                     row["config_source"] = sources_text(ran_with)
-                    make_call = _bound_triton_call(case, cfg, chosen)
+                    make_call = bound_triton_call(case, cfg, chosen)
                     call = make_call(inputs, out)
         with split.phase("check"):
             _sync(cfg.target)
@@ -259,46 +242,6 @@ def _error_row(row: Row, e: BaseException, case: Case, cfg: RunConfig,
     else:
         row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
     return row
-
-
-def _tunes(launches: list[TritonLaunch] | None, forced: str | None, cfg: RunConfig) -> bool:
-    """Whether a row's first call autotunes (a Triton launch with candidates on a GPU,
-    no config forced): its time is the run's `tune`."""
-    return bool(launches) and not forced and cfg.target.kind == "cuda" \
-        and any(len(ln.configs) > 1 for ln in launches)
-
-
-def shipped_configs_of(case: Case, cfg: RunConfig, launches: list[TritonLaunch] | None,
-                       forced: str | None) -> tuple[list[Any], str]:
-    """The shipped config of each launch of a GPU row (None where none applies) and why
-    none applied (kernels/shipped.py: the file of the device present, never another's)."""
-    n = len(launches or [])
-    if not launches or forced or cfg.target.kind != "cuda" or cfg.target.interpret:
-        return [None] * n, ""
-    choice = shipped_for(cfg.present.name, cfg.present.sms, cfg.present.memory_gb)
-    if choice.configs is None:
-        return [None] * n, choice.reason
-    # A launch with one candidate never tunes: nothing to ship, nothing to say.
-    picks = [choice.configs.pick(case.spec.name, case.dtype, ln) if len(ln.configs) > 1
-             else (None, "") for ln in launches]
-    return [c for c, _ in picks], "; ".join(why for _, why in picks if why)
-
-
-def _triton_launches(case: Case, cfg: RunConfig, inputs: dict[str, Any],
-                     out: torch.Tensor) -> list[TritonLaunch] | None:
-    """The declared launches of a Triton row (None for torch rows)."""
-    if case.provider != "triton" or case.spec.triton_launches is None:
-        return None
-    sms = (cfg.present.sms or 0) if cfg.target.kind == "cuda" else 0
-    return case.spec.triton_launches(inputs, out, sms)
-
-
-def _bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCall:
-    def make(ins: dict[str, Any], o: torch.Tensor) -> Callable[[], object]:
-        launches = _triton_launches(case, cfg, ins, o)
-        assert launches is not None
-        return prepared_call(launches, configs)
-    return make
 
 
 def _set_timing(row: Row, case: Case, cfg: RunConfig, timing: Timing,

@@ -126,7 +126,7 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
 def _shipped_pick(kernel: str, dtype: str, device: Sequence[Any]
                   ) -> Callable[[Any], Sequence[Any]] | None:
     """compile_case's pick for the device present: a launch's shipped config where one
-    applies (as the sweep's runner.shipped_configs_of finds it), else every candidate;
+    applies (as the sweep's row_setup.shipped_configs_of finds it), else every candidate;
     None (every candidate everywhere) under GPUBENCH_RETUNE or with no file for it."""
     from kernels.shipped import retune_requested, shipped_for
 
