@@ -27,14 +27,28 @@ def _ms(row: Mapping[str, Any]) -> float | None:
     return float(ms)
 
 
+def speedup_against(row: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                    baseline: str) -> float | None:
+    """One row's speedup against its baseline row among `rows` (None where either is not
+    ok and timed, or the baseline row is not there yet): a row as it is appended."""
+    if row.get("provider") == baseline:
+        return 1.0 if _ms(row) is not None else None
+    key = _case(row)
+    ref = next((ms for r in rows if r.get("provider") == baseline and _case(r) == key
+                and (ms := _ms(r)) is not None), None)
+    ms = _ms(row)
+    return ref / ms if ms is not None and ref is not None else None
+
+
+def _case(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (r.get("kernel"), r.get("dtype"), r.get("shape"), row_cache(r))
+
+
 def set_speedups(rows: Sequence[MutableMapping[str, Any]], baseline: str) -> None:
     """Each row's speedup = the baseline row's ms_median / its own (the baseline's own
     rows: 1.0); None where the row or its baseline row is not ok and timed."""
-    def case(r: Mapping[str, Any]) -> tuple[Any, ...]:
-        return (r.get("kernel"), r.get("dtype"), r.get("shape"), row_cache(r))
-
-    base = {case(r): ms for r in rows
+    base = {_case(r): ms for r in rows
             if r.get("provider") == baseline and (ms := _ms(r)) is not None}
     for r in rows:
-        ms, ref = _ms(r), base.get(case(r))
+        ms, ref = _ms(r), base.get(_case(r))
         r["speedup"] = ref / ms if ms is not None and ref is not None else None

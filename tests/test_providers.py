@@ -85,6 +85,22 @@ def test_speedup_is_the_baseline_time_over_the_rows_per_case_and_cache_mode() ->
     assert rows[0]["speedup"] == 0.25 and rows[2]["speedup"] == 0.125
 
 
+def test_a_row_appended_after_its_baseline_row_carries_its_speedup(tmp_path: Path) -> None:
+    from benches.sweep.results import ResultWriter
+    from contract.schema import read_doc
+
+    w = ResultWriter(tmp_path / "run", {"run_id": "x", "request": {
+        "baseline_provider": "torch"}})
+    w.flush()
+    for r in (_row("compile", 1.0, shape="n=8"), _row("torch", 2.0), _row("compile", 0.5)):
+        w.add(r)
+    # Read from the journal and the appended CSV, before any flush: a row whose baseline
+    # row came first has its speedup; one whose baseline is not measured yet has none.
+    assert [r["speedup"] for r in read_doc(tmp_path / "run")["rows"]] == [None, 1.0, 4.0]
+    csv = pd.read_csv(tmp_path / "run" / "results.csv")
+    assert list(csv["speedup"].fillna(-1)) == [-1, 1.0, 4.0]
+
+
 def test_an_unknown_baseline_provider_is_refused() -> None:
     from contract.request import RunRequest
 

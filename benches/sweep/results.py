@@ -36,7 +36,7 @@ from contract.schema import (
     atomic_write_text,
     format_shape,
 )
-from contract.speedup import baseline_of, set_speedups
+from contract.speedup import baseline_of, set_speedups, speedup_against
 from contract.versions import check_versions
 
 
@@ -234,6 +234,8 @@ class ResultWriter:
         self._csv_rows: int | None = None  # rows results.csv holds (None: unknown)
 
     def add(self, row: dict[str, Any]) -> None:
+        # Its speedup where its baseline row is already in (flush sets every row's).
+        row["speedup"] = speedup_against(row, self.rows, baseline_of(self.metadata))
         self.rows.append(row)
         # One write() per line and file: a kill mid-row leaves at most a partial last
         # line, which readers drop.  Files are reopened each time because flush()
