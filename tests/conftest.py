@@ -280,3 +280,33 @@ def _no_cpu_ceilings_measured(request):
     if "dir" in _session:
         _fail_on_measured(_session["dir"], _session["seeded"],
                           f"by {request.node.nodeid}")
+
+
+@pytest.fixture
+def shipped_matmul(tmp_path, monkeypatch):
+    """ship(index) -> (launch, config text): a shipped-configs file for the H200 (132
+    SMs, 150.1 GB) holding bf16 matmul's candidate `index` at 4096^3 (sm_90), in tmp_path,
+    read in place of the repository's files."""
+    import functools
+
+    from kernels import REGISTRY, Target
+    from kernels import shipped as shipped_mod
+    from kernels.shipped import ShippedDevice, ShippedEntry, bucket_text, document
+    from kernels.triton_utils import config_str
+
+    def ship(index: int) -> tuple[object, str]:
+        spec = REGISTRY["matmul"]
+        inputs = spec.make_inputs({"M": 4096, "N": 4096, "K": 4096}, "bf16", 0, "meta")
+        (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132,
+                                  Target("cuda", (9, 0)))
+        chosen = config_str(launch.configs[index])
+        entry = ShippedEntry("matmul", launch.name, "bf16", bucket_text(launch), chosen,
+                             "r", 1.0)
+        doc = document(ShippedDevice("NVIDIA H200", 132, 150.1), [entry], ["r"])
+        (tmp_path / "h200.json").write_text(json.dumps(doc))
+        monkeypatch.setattr(shipped_mod, "shipped_for",
+                            functools.partial(shipped_mod.shipped_for.__wrapped__,
+                                              directory=tmp_path))
+        return launch, chosen
+
+    return ship

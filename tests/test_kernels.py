@@ -301,31 +301,17 @@ def test_gpu_every_dtype_three_sizes(name, provider, compiled_ahead):
     assert not errors, errors
 
 
-def test_the_gpu_tests_run_the_shipped_config_of_the_gpu_present(tmp_path, monkeypatch):
+def test_the_gpu_tests_run_the_shipped_config_of_the_gpu_present(monkeypatch, shipped_matmul):
     """pinned_config: on the GPU a file was shipped for, its config (what a sweep there
     runs), also in the compile-ahead workers (compile_pinned); elsewhere the last
     candidate."""
-    import functools
-    import json
 
     from benches.sweep import triton_cache
-    from kernels import shipped as shipped_mod
-    from kernels.shipped import ShippedDevice, ShippedEntry, bucket_text, document
     from kernels.triton_utils import config_str
 
     shape = {"M": 4096, "N": 4096, "K": 4096}
-    spec = REGISTRY["matmul"]
-    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
-    (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132,
-                              Target("cuda", (9, 0)))
     h200 = ("NVIDIA H200", 132, 150.1)
-    chosen = config_str(launch.configs[2])
-    entry = ShippedEntry("matmul", launch.name, "bf16", bucket_text(launch), chosen, "r", 1.0)
-    (tmp_path / "h200.json").write_text(json.dumps(document(ShippedDevice(*h200), [entry],
-                                                            ["r"])))
-    monkeypatch.setattr(shipped_mod, "shipped_for",
-                        functools.partial(shipped_mod.shipped_for.__wrapped__,
-                                          directory=tmp_path))
+    launch, chosen = shipped_matmul(2)
     assert config_str(pinned_config(launch, "matmul", "bf16", h200)) == chosen
     assert pinned_config(launch, "matmul", "bf16", ("NVIDIA H100", 132, 85.0)) \
         is launch.configs[-1]

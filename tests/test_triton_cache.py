@@ -374,32 +374,20 @@ H200 = ("NVIDIA H200", 132, 150.1)
 
 
 @pytest.mark.parametrize("retune", [False, True])
-def test_a_shipped_config_is_compiled_alone(monkeypatch, tmp_path, retune):
+def test_a_shipped_config_is_compiled_alone(monkeypatch, shipped_matmul, retune):
     """With the GPU present given (as the sweep passes it), a launch with a config
     shipped for that GPU compiles that config only, the one the sweep runs untuned;
     under GPUBENCH_RETUNE (the sweep tunes) every candidate; on another GPU, or at a
     bucket the file lacks, every candidate."""
-    import functools
 
-    from kernels import shipped as shipped_mod
-    from kernels.shipped import RETUNE_ENV, ShippedDevice, ShippedEntry, bucket_text, document
+    from kernels.shipped import RETUNE_ENV
 
     if retune:
         monkeypatch.setenv(RETUNE_ENV, "1")
     else:
         monkeypatch.delenv(RETUNE_ENV, raising=False)
     shape = {"M": 4096, "N": 4096, "K": 4096}
-    spec = REGISTRY["matmul"]
-    inputs = spec.make_inputs(shape, "bf16", 0, "meta")
-    (launch,) = spec.launches(inputs, spec.alloc_out(inputs, "bf16"), 132,
-                              Target("cuda", (9, 0)))
-    chosen = config_str(launch.configs[3])  # not the first candidate
-    entry = ShippedEntry("matmul", launch.name, "bf16", bucket_text(launch), chosen, "r", 1.0)
-    (tmp_path / "h200.json").write_text(json.dumps(document(ShippedDevice(*H200), [entry],
-                                                            ["r"])))
-    monkeypatch.setattr(shipped_mod, "shipped_for",
-                        functools.partial(shipped_mod.shipped_for.__wrapped__,
-                                          directory=tmp_path))
+    launch, chosen = shipped_matmul(3)  # not the first candidate
     got = []
     monkeypatch.setattr(triton_cache, "_warmup",
                         lambda launch, config: got.append(config_str(config)))

@@ -66,6 +66,7 @@ from roofline.report.style import (
     fmt_tflops,
     kernel_color,
     new_figure,
+    point_look,
     provider_marker,
     run_title,
     save_figure,
@@ -188,9 +189,7 @@ def _draw_points(ax: Any, rows: pd.DataFrame, dtype: str, kernels: list[str],
                 if sel.empty:
                     continue
                 color = kernel_color(kernel, kernels)
-                look: dict[str, Any] = (
-                    dict(facecolors="none", edgecolors=color, linewidths=1.2) if is_warm
-                    else dict(color=color, edgecolors="white", linewidths=0.5))
+                look = point_look(color, hollow=is_warm)
                 tag = " warm" if is_warm else ""
                 ax.scatter(sel["intensity"].astype(float), sel["tflops"].astype(float),
                            s=KERNEL_SIZES.get(kernel, POINT_SIZE),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +105,32 @@ def main(argv: list[str]) -> int:
     if args.energy:
         return _main_energy(run, meta, df, args.out)
     roof_png, scaling_png = figure_paths(run, args.out)
-    try:
+
+    def draw() -> None:
         plot_roofline(meta, df, roof_png, baseline=base)
         plot_scaling(meta, df, scaling_png)
+
+    return _drawn(run, draw, [roof_png, scaling_png])
+
+
+def _drawn(run: str, draw: Callable[[], None], pngs: list[Path]) -> int:
+    """Draw the figures `pngs` (exit 0, their paths printed); a run with nothing to draw
+    (NoEnergy), a figure that cannot be written or rows that load but cannot be plotted
+    (hand-edited, wrong types): one line, no traceback, exit 2, per the CLI contract."""
+    try:
+        draw()
+    except NoEnergy as e:
+        print(f"error: cannot plot {run}'s energy: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
-        print(f"error: cannot write figures: {e}", file=sys.stderr)
+        print(f"error: cannot write {'the figure' if len(pngs) == 1 else 'figures'}: {e}",
+              file=sys.stderr)
         return 2
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        # Rows that load but cannot be plotted (hand-edited, wrong types): one line, no
-        # traceback, per the CLI contract.
         print(f"error: cannot plot {run}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    print(roof_png)
-    print(scaling_png)
+    for png in pngs:
+        print(png)
     return 0
 
 
@@ -164,16 +178,4 @@ def _main_energy(run: str, meta: dict[str, Any], df: pd.DataFrame, out: str | No
         o = Path(out)
         png = o / ENERGY_PNG if o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix \
             else o
-    try:
-        plot_energy(meta, df, png)
-    except NoEnergy as e:
-        print(f"error: cannot plot {run}'s energy: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot write the figure: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        print(f"error: cannot plot {run}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(png)
-    return 0
+    return _drawn(run, lambda: plot_energy(meta, df, png), [png])

@@ -23,6 +23,7 @@ from roofline.report.style import (
     dtype_color,
     kernel_color,
     new_figure,
+    point_look,
     provider_marker,
     run_title,
     save_figure,
@@ -73,9 +74,7 @@ def plot_energy(meta: dict[str, Any], df: pd.DataFrame,
                 if not sel.any():
                     continue
                 color = kernel_color(kernel, kernels)
-                look: dict[str, Any] = (
-                    dict(facecolors="none", edgecolors=color, linewidths=1.2) if throttled
-                    else dict(color=color, edgecolors="white", linewidths=0.5))
+                look = point_look(color, hollow=throttled)
                 tag = ":throttled" if throttled else ""
                 ax.scatter(x[sel], y[sel], s=POINT_SIZE,
                            marker=provider_marker(provider, providers), zorder=4, alpha=0.9,

@@ -130,6 +130,14 @@ def provider_marker(provider: str, providers: list[str]) -> str:
     return _EXTRA_MARKERS[unknown.index(provider) % len(_EXTRA_MARKERS)]
 
 
+def point_look(color: str, hollow: bool) -> dict[str, Any]:
+    """A scatter point's face and edge: filled with a white rim, or hollow in its colour
+    (a warm row on the roofline, a throttled one on the energy figure)."""
+    if hollow:
+        return dict(facecolors="none", edgecolors=color, linewidths=1.2)
+    return dict(color=color, edgecolors="white", linewidths=0.5)
+
+
 def dtype_color(dtype: str, dtypes: list[str]) -> str:
     if dtype in _DTYPE_COLORS:
         return _DTYPE_COLORS[dtype]
