@@ -98,6 +98,9 @@ def test_a_run_warns_once_and_records_it(torch_v, warned, tmp_path, monkeypatch,
         assert meta["version_warnings"] == ["torch 2.10.0 is outside torch>=2.11"]
     else:
         assert said == [] and meta["version_warnings"] == []
+    # summary.md says it beside the versions, where a reader of the run looks.
+    summary = (tmp_path / "cpu" / "v" / "summary.md").read_text()
+    assert ("torch 2.10.0 is outside torch>=2.11" in summary) is warned
 
 
 def test_the_oldest_leg_selects_the_files_naming_triton_s_internals(tmp_path):

@@ -139,6 +139,8 @@ def _run_facts(meta: dict[str, Any]) -> str:
         ("run", v("run_id")),
         ("date", v("created")),
         ("versions", versions or None),
+        # Outside the declared bounds (contract/versions.py): the numbers may not hold.
+        ("version warnings", "; ".join(map(str, meta.get("version_warnings") or [])) or None),
         ("git commit", v("git_commit")),
         ("command", f"`{command}`" if command else None),
         ("seed", v("seed")),
