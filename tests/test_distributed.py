@@ -73,7 +73,10 @@ def torchrun(out: Path, *extra: str, env: dict[str, str] | None = None,
 def ours_traceback(stderr: str) -> bool:
     """A traceback through the suite's own files.  torchrun itself prints one
     (ChildFailedError) whenever a worker exits non-zero: that one is the launcher's."""
-    return f'File "{ROOT}' in stderr or 'File "run_bench.py"' in stderr
+    # A virtual environment inside the checkout (the README's `.venv`) puts torch's own
+    # frames under ROOT too: those are not ours.
+    return any(f == "run_bench.py" or (f.startswith(str(ROOT)) and "site-packages" not in f)
+               for f in re.findall(r'File "([^"]+)"', stderr))
 
 
 def rows_of(folder: Path) -> list[dict]:
