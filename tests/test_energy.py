@@ -78,7 +78,7 @@ def test_the_energy_counter_gives_the_exact_joules_per_call():
     mon.sample()
     mon.sample()
     meter = RowMeter(mon)
-    t, note, cols = time_unthrottled(lambda: (_gemm_timing(), ""), meter, ThrottleConfig())
+    t, note, cols = time_unthrottled(lambda: (_gemm_timing(), ""), mon, ThrottleConfig())
     row = {"ms_median": t.ms_median, "flops": GEMM_FLOPS, "bytes": GEMM_BYTES}
     got = meter.columns(row)
     assert got["power_w"] == pytest.approx(700.0, rel=1e-12)
@@ -94,7 +94,7 @@ def test_without_the_counter_the_power_readings_give_the_mean():
     mon = GpuMonitor(nv, nv.devs[1], clock=Ticks())
     mon.sample()
     meter = RowMeter(mon)
-    time_unthrottled(lambda: (_gemm_timing(), ""), meter, ThrottleConfig())
+    time_unthrottled(lambda: (_gemm_timing(), ""), mon, ThrottleConfig())
     got = meter.columns({"ms_median": 2.0, "flops": 10**12, "bytes": 0})
     assert got["power_w"] == 650.0 and got["energy_j"] == pytest.approx(1.3)
     assert got["tflop_per_j"] == pytest.approx(1 / 1.3) and got["gb_per_j"] == 0.0

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -118,31 +118,14 @@ def energy_columns(power_w: float | None, ms_median: float | None, flops: float,
 
 
 class RowMeter:
-    """A row's energy: on a GPU it stands in for the run's GpuMonitor in
-    time_unthrottled (the monitor's windows pass through, and the readings of the last
-    one give the row's power); on a CPU `around` reads RAPL before and after the timing."""
+    """A row's energy: on a GPU from the readings of the run's GpuMonitor's last timing
+    window (time_unthrottled opens it); on a CPU `around` reads RAPL before and after the
+    timing."""
 
     def __init__(self, monitor: Any | None, rapl: Rapl | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.monitor, self.rapl, self.clock = monitor, rapl, clock
         self.cpu_power_w: float | None = None
-
-    @property
-    def max_sm_clock_mhz(self) -> float | None:
-        return getattr(self.monitor, "max_sm_clock_mhz", None)
-
-    @contextlib.contextmanager
-    def fast(self) -> Iterator[None]:
-        with getattr(self.monitor, "fast", contextlib.nullcontext)():
-            yield
-
-    def window(self, t0: float, t1: float) -> dict[str, Any]:
-        assert self.monitor is not None
-        return self.monitor.window(t0, t1)
-
-    @property
-    def last_busy(self) -> list[dict[str, Any]] | None:
-        return getattr(self.monitor, "last_busy", None)
 
     def around(self, timed: Callable[[], T]) -> T:
         """`timed()` with RAPL read before and after it, where readable."""

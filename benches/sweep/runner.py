@@ -202,7 +202,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         if monitor is None:
             timing, note = meter.around(timed)
         else:
-            timing, note, clocks = time_unthrottled(timed, meter, cfg.throttle)
+            timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
         recompiled = recompile_note(compiles, before)
         if cfg.target.kind == "cuda":  # kernel-only time and library: torch.profiler
             with split.phase("timing"):
