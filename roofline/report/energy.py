@@ -125,9 +125,10 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
     parts: list[str] = []
     energy = as_dict(meta.get("energy"))
     rows = energy_table(df)
+    d = energy_rows(df)
+    limited = at_power_limit(d)
     if rows:
-        d = energy_rows(df)
-        n_limit = int(at_power_limit(d).sum())
+        n_limit = int(limited.sum())
         parts += ["## Energy per call", (
             "Per kernel and dtype, the row with the most TFLOP per joule (GEMMs) or GB per "
             "joule (the rest): energy per call = the mean power over the timed samples x "
@@ -139,7 +140,7 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
     elif energy:
         parts += ["## Energy per call",
                   f"No energy per call in this run: {energy.get('reason') or 'no source'}."]
-    capped = in_canonical_order(energy_rows(df)[at_power_limit(energy_rows(df))])
+    capped = in_canonical_order(d[limited])
     if len(capped):
         parts += [f"## Rows at the power limit ({len(capped)})", (
             "Mean power over the timed samples at "
