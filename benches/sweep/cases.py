@@ -97,11 +97,11 @@ def build_cases(cfg: RunConfig) -> list[Case]:
     modes = cfg.cache[:1] if cfg.check_only else cfg.cache
     for name in cfg.kernels:
         spec = REGISTRY[name]
+        layers = {format_shape(s.shape): s.layer for s in model_layers(cfg.sizes, name)} \
+            if is_model_sizes(cfg.sizes) else {}
         for dtype in cfg.dtypes:
             if dtype not in spec.dtypes:
                 continue  # e.g. tf32 exists for matmul only
-            layers = {format_shape(s.shape): s.layer for s in model_layers(cfg.sizes, name)} \
-                if is_model_sizes(cfg.sizes) else {}
             for shape in shapes_for(spec, cfg.sizes, on_gpu, cfg.explicit_shapes):
                 layer = layers.get(format_shape(shape))
                 for prov in cfg.providers:
