@@ -305,6 +305,23 @@ def test_slow_samples_are_left_out_and_the_row_is_not_throttled():
     assert "4 of 20 samples left out: SM clock below 75% of 1980 MHz" in note
 
 
+def test_a_samples_clock_is_a_reading_within_50_ms_and_half_the_samples_must_stay():
+    one = [1.0]  # one sample over 10.0..10.001 s: its midpoint at 10.0005
+    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0405, 1900.0)])) == [1900.0]
+    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0705, 1900.0)])) == [None]
+
+    def kept_of(slow: int):  # 30 samples of 1 ms over 30 ms, the first `slow` ones slow
+        t = timing.Timing(**{**timing.summarize([1.0] * 30, timing_plan.TIMER_FLUSHED)
+                             .__dict__, "span": (10.0, 10.03)})
+        reads = _readings([(10.0004 + i * 0.001, 1000.0 if i < slow else 1900.0)
+                           for i in range(30)])
+        return keep_unthrottled(t, reads, threshold_mhz=1485.0)
+
+    got = kept_of(12)  # 18 of 30 left: at least half, and at least 10
+    assert got is not None and got[1] == 12 and got[0].n_samples == 18
+    assert kept_of(17) is None  # 13 of 30 left: under half, timed again whole
+
+
 def test_mostly_slow_samples_are_timed_again_whole():
     t = timing.Timing(**{**timing.summarize([2.0] * 20, timing_plan.TIMER_FLUSHED).__dict__,
                          "span": (10.0, 10.2)})
