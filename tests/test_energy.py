@@ -100,6 +100,18 @@ def test_without_the_counter_the_power_readings_give_the_mean():
     assert got["tflop_per_j"] == pytest.approx(1 / 1.3) and got["gb_per_j"] == 0.0
 
 
+def test_the_counter_gives_the_power_over_10_ms_or_more_else_the_power_readings_do():
+    from benches.sweep.energy import window_power_w
+
+    def reads(span_s: float) -> list[dict]:  # the counter: 7 W; the power readings: 650 W
+        return [{"t": 10.0, "energy_mj": 1000.0, "power_w": 650.0},
+                {"t": 10.0 + span_s, "energy_mj": 1000.0 + 7.0 * span_s * 1e3,
+                 "power_w": 650.0}]
+
+    assert window_power_w(reads(0.015)) == pytest.approx(7.0)
+    assert window_power_w(reads(0.007)) == 650.0
+
+
 def test_a_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch):
     nv = EnergyNVML(step_mj=50_000)
     mon = GpuMonitor(nv, nv.devs[1], clock=Ticks())
