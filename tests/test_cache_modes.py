@@ -27,7 +27,7 @@ from benches.sweep.runner import run_case, time_case
 from benches.timing import clock as timing
 from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
-from benches.timing.clock import Rotation
+from benches.timing.clock import Dispatch, Rotation
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
@@ -465,7 +465,7 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     monkeypatch.setattr(timers, "time_cudagraph", graph)
     monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
     monkeypatch.setattr(timers, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
     cfg = gpu_cfg()
@@ -486,9 +486,9 @@ def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.
                                                             ) -> None:
     got: list[float | None] = []
     monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us: (
+    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us, once_ms=None: (
         got.append(host_us), timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))[1])
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 7.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(7.0, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
     assert timers.timing_method(c, cfg) == timing_plan.TIMER_FLUSHED
@@ -502,8 +502,8 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(timers, "probe_call", broken)
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
-    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us:
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
+    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us, once_ms=None:
                         timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pandas as pd
@@ -25,7 +26,12 @@ from benches.test_bench_kernels import bench_metrics
 from benches.timing import clock as timing
 from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
-from benches.timing.clock import flush_padding_us, host_dispatch_us
+from benches.timing.clock import (
+    Dispatch,
+    flush_padding_us,
+    host_dispatch_us,
+    measure_dispatch,
+)
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig, graph_plan
 from benches.timing.stopping import STOP_CAP
@@ -83,9 +89,23 @@ def test_host_dispatch_of_a_slow_call_costs_few_calls_and_no_device_time():
         time.sleep(0.01 * len(pending))
         pending.clear()
 
-    us = host_dispatch_us(call, sync, reps=20, repeats=5, budget_s=0.05)
-    assert "".join(log) == "scscs" + "ccs" * 3  # 3 bursts of 2: 8 calls, not 102
+    # 3 bursts of 2 fit 0.2 s of 10 ms calls: 8 calls in all, not 102
+    us = host_dispatch_us(call, sync, reps=20, repeats=5, budget_s=0.2)
+    assert "".join(log).startswith("scscs")
+    bursts = "".join(log)[5:].split("s")[:-1]
+    assert len(bursts) == 3 and len(set(bursts)) == 1 and 2 <= len(bursts[0]) <= 6
     assert 50 <= us < 1000  # the dispatch, not the 10 ms of device time
+    # 0.05 s has no room for 6 such calls: the two calls' own return times, no burst
+    log.clear()
+    got = measure_dispatch(call, sync, reps=20, repeats=5, budget_s=0.05)
+    assert "".join(log) == "scscs"
+    assert 50 <= got.host_us < 1000 and got.once_ms >= 10.0
+    # returned before the device ran: the smaller of the two calls' dispatch
+    log.clear()
+    slow_first = iter([3000.0, 60.0])
+    got = measure_dispatch(lambda: (log.append("c"), pending.append(1),
+                                    _busy(next(slow_first))), sync, budget_s=0.05)
+    assert "".join(log) == "scscs" and 60 <= got.host_us < 1000
 
 
 def test_flush_padding_covers_the_dispatch():
@@ -161,10 +181,44 @@ def test_time_flushed_pads_by_the_dispatch_it_is_given(monkeypatch):
     assert t.n_samples == int(100.0 / ((55.0 + 610.0 + 5.0) / 1e3))  # rep over a sample
 
 
+@pytest.mark.parametrize("timer", ["time_flushed", "time_warm"])
+def test_a_slow_call_is_its_own_estimate_of_a_sample(monkeypatch, timer):
+    """A call whose one synchronized call took at least a fifth of the warm-up (5 ms)
+    skips do_bench's call and 5-sample estimate: a warm-up call (25 ms by time) and the
+    gate's 10 samples, 11 calls instead of 17, the same samples.  A faster one, or one
+    whose caller did not time it, is estimated as before."""
+    gpu = FakeGpu()
+    gpu.install(monkeypatch, flush_us=55.0)
+    calls: list[int] = []
+
+    def call(dev_us: float) -> Callable[[], None]:
+        return lambda: (calls.append(1), gpu.op(50.0, dev_us))[0]
+
+    run = getattr(timing, timer)
+    cfg = TimingConfig()
+    assert not timing.estimate_needed(5.0, cfg) and timing.estimate_needed(4.9, cfg)
+    assert timing.estimate_needed(None, cfg)
+    skipped = run(call(30_000.0), cfg, 50.0, once_ms=30.05)
+    assert len(calls) == 1 + 10
+    calls.clear()
+    estimated = run(call(30_000.0), cfg, 50.0)
+    assert len(calls) == 1 + 5 + 1 + 10
+    assert skipped.samples_ms == estimated.samples_ms == (pytest.approx(30.0),) * 10
+    calls.clear()
+    run(call(1_000.0), cfg, 50.0, once_ms=1.05)  # 1 ms: 5 samples are under the warm-up
+    assert calls[:7] == [1] * 7 and len(calls) > 1 + 5 + int(25 / 1.2)
+    # 8 ms: the warm-up from once_ms + padding (3 calls), no estimate
+    calls.clear()
+    t = run(call(8_000.0), cfg, 50.0, once_ms=8.05)
+    assert len(calls) == int(25 / (8.05 + 0.11)) + t.n_samples
+    assert t.n_samples == timing_plan.sample_count(8.05 + 0.11, cfg) or \
+        t.n_samples == cfg.gate_min_samples
+
+
 def test_time_gpu_measures_the_dispatch_and_pads_by_it(monkeypatch):
     got = {}
 
-    def flushed(fn, cfg, host_us=None):
+    def flushed(fn, cfg, host_us=None, once_ms=None):
         got["host_us"] = host_us
         return timing.summarize([0.01] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
@@ -177,12 +231,12 @@ def test_time_gpu_measures_the_dispatch_and_pads_by_it(monkeypatch):
 def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
     got = {}
 
-    def flushed(fn, cfg, host_us=None):
+    def flushed(fn, cfg, host_us=None, once_ms=None):
         got["host_us"] = host_us
         return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
     monkeypatch.setattr(timers, "time_flushed", flushed)
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 123.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(123.0, 0.01))
     spec = REGISTRY["add"]
     shape = {"n": 1 << 24}  # long enough for the flushed timer on an H100
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
@@ -214,7 +268,7 @@ def test_graph_plan_bounds_nodes_and_capture_time(copies, launches, host_us, cal
 
 
 def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(launches, 0.01))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     spec = REGISTRY[kernel]
@@ -223,7 +277,7 @@ def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
 
 
 def _fake_flushed(seen):
-    def flushed(fn, cfg, host_us=None):
+    def flushed(fn, cfg, host_us=None, once_ms=None):
         seen.append("flushed")
         return timing.summarize([1.0] * 25, timing_plan.TIMER_FLUSHED)
     return flushed

@@ -25,6 +25,7 @@ from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
+from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings, datasheet_of
@@ -241,14 +242,14 @@ def _record_timers(monkeypatch) -> list[tuple[str, int]]:
         seen.append((timing_plan.TIMER_GRAPH, len(calls)))
         return timing.summarize([1e-3] * cfg.min_samples, timing_plan.TIMER_GRAPH)
 
-    def flushed(fn, cfg, host_us=None):
+    def flushed(fn, cfg, host_us=None, once_ms=None):
         seen.append((timing_plan.TIMER_FLUSHED, 1))
         return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
 
     monkeypatch.setattr(timers, "time_cudagraph", graph)
     monkeypatch.setattr(timers, "time_flushed", flushed)
     # No GPU to dispatch to or profile: one launch a call, 5 us to dispatch it.
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     return seen
 

@@ -21,6 +21,7 @@ from benches.sweep import phases, runner, timers
 from benches.sweep.phases import PHASES, TimeSplit
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
+from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
 from kernels import REGISTRY
 from roofline.report.summary import render_summary, time_split_line
@@ -177,7 +178,7 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
         return timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH)
 
     monkeypatch.setattr(timers, "time_cudagraph", graph)
-    monkeypatch.setattr(timers, "host_dispatch_us", lambda call, sync: 5.0)
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)

@@ -30,7 +30,7 @@ from benches.sweep.cases import Case, RunConfig
 from benches.sweep.phases import PHASES
 from benches.sweep.row_setup import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
-from benches.timing.clock import DISPATCH_BUDGET_S
+from benches.timing.clock import DISPATCH_BUDGET_S, estimate_needed
 from benches.timing.plan import (
     TIMER_FLUSHED,
     OverBudget,
@@ -253,8 +253,12 @@ class Pricer:
         call, host_ms = rs.call_ms, rs.host_us * 1e-3
         eager = max(call, host_ms)  # back-to-back calls: the slower of host and device
         once = call + host_ms
-        # host_dispatch_us: 100 calls, or what its budget allows (3 bursts of 2 at least)
-        w.add("timing", (2 * once + min(100 * eager, self.dispatch_ms + 6 * once)) * 1e-3)
+        # measure_dispatch: 100 calls, or what its budget allows in 3 bursts of 2 at
+        # least; now, none where those 6 do not fit (the two single calls say)
+        bursts = min(100 * eager, self.dispatch_ms + 6 * once)
+        if self.method == "now" and self.dispatch_ms < 6 * once:
+            bursts = 0.0
+        w.add("timing", (2 * once + bursts) * 1e-3)
         copies = rotation_of(case, self.cfg) if case.cache == DEFAULT_CACHE else 1
         if timing_method(case, self.cfg) == TIMER_FLUSHED or rs.fallback or copies is None:
             if rs.fallback:  # its graph was tried first
@@ -302,9 +306,15 @@ class Pricer:
         flush = self.sp.flush_ms if case.cache == DEFAULT_CACHE else 0.0
         per = call + flush + (2 * rs.host_us + 10) * 1e-3
         n = self.stopped(sample_count(per, self.timing), rs)
-        warm_up = int(self.timing.warmup_ms / per) * call
+        warm_up = max(1, int(self.timing.warmup_ms / per)) * call
+        # the estimate: a call and 5 samples; now, none for a call long enough to be its
+        # own (benches/timing/clock.py, estimate_needed)
+        once = call + rs.host_us * 1e-3
+        estimate = call + 5 * per
+        if self.method == "now" and not estimate_needed(once, self.timing):
+            estimate = 0.0
         self.walk.count("do_bench rows")
-        self.walk.add("timing", (5 * per + warm_up + n * per) * 1e-3)
+        self.walk.add("timing", (estimate + warm_up + n * per) * 1e-3)
 
     # ---- timing on a CPU --------------------------------------------------------------
 

@@ -40,9 +40,10 @@ from benches.sweep.cases import (
 from benches.sweep.failures import error_message, is_sticky_cuda_error
 from benches.sweep.phases import TimeSplit
 from benches.timing.clock import (
+    Dispatch,
     Rotation,
     Timing,
-    host_dispatch_us,
+    measure_dispatch,
     time_cpu_rounds,
     time_flushed,
     time_warm,
@@ -154,26 +155,26 @@ class GpuTimer(RowTimer):
     the GPU by it, and the row records it), then `measure`."""
 
     def time(self, row: RowCall) -> tuple[Timing, str]:
-        host_us = host_dispatch_us(row.call, torch.cuda.synchronize)
-        timing, note = self.measure(row, host_us)
-        return replace(timing, host_us=host_us), note
+        dispatch = measure_dispatch(row.call, torch.cuda.synchronize)
+        timing, note = self.measure(row, dispatch)
+        return replace(timing, host_us=dispatch.host_us), note
 
-    def measure(self, row: RowCall, host_us: float) -> tuple[Timing, str]:
+    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
         raise NotImplementedError
 
 
 class FlushedEvents(GpuTimer):
     name = TIMER_FLUSHED
 
-    def measure(self, row: RowCall, host_us: float) -> tuple[Timing, str]:
-        return time_flushed(row.call, row.cfg.timing, host_us), ""
+    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
+        return time_flushed(row.call, row.cfg.timing, dispatch.host_us, dispatch.once_ms), ""
 
 
 class WarmEvents(GpuTimer):
     name = TIMER_WARM
 
-    def measure(self, row: RowCall, host_us: float) -> tuple[Timing, str]:
-        return time_warm(row.call, row.cfg.timing, host_us), ""
+    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
+        return time_warm(row.call, row.cfg.timing, dispatch.host_us, dispatch.once_ms), ""
 
 
 def _graph_timing(row: RowCall, host_us: float, calls: list[Callable[[], object]]
@@ -215,21 +216,21 @@ class ColdGraph(GpuTimer):
             return None
         return _cached_copies(cache, row, count)
 
-    def measure(self, row: RowCall, host_us: float) -> tuple[Timing, str]:
+    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
         count = rotation_of(row.case, row.cfg)
         if count is None:
-            return self._fallback(row, host_us,
+            return self._fallback(row, dispatch,
                                   "L2 size unknown: no rotation can be shown to be cold")
         if row.copies is None and count > 1:
             row.copies = make_copies(row.inputs, row.out, count - 1)
         with row.split.phase("capture"):
             extra = row.calls_on_copies() if count > 1 else []
-        got = _graph_timing(row, host_us, [row.call, *extra])
-        return got if isinstance(got, tuple) else self._fallback(row, host_us, got)
+        got = _graph_timing(row, dispatch.host_us, [row.call, *extra])
+        return got if isinstance(got, tuple) else self._fallback(row, dispatch, got)
 
     @staticmethod
-    def _fallback(row: RowCall, host_us: float, why: str) -> tuple[Timing, str]:
-        timing, _ = FlushedEvents().measure(row, host_us)
+    def _fallback(row: RowCall, dispatch: Dispatch, why: str) -> tuple[Timing, str]:
+        timing, _ = FlushedEvents().measure(row, dispatch)
         return (replace(timing, timer=TIMER_GRAPH_FALLBACK),
                 f"timed with L2 flushes instead of CUDA graphs: {why}")
 
@@ -240,11 +241,11 @@ class WarmGraph(GpuTimer):
 
     name = TIMER_GRAPH
 
-    def measure(self, row: RowCall, host_us: float) -> tuple[Timing, str]:
-        got = _graph_timing(row, host_us, [row.call])
+    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
+        got = _graph_timing(row, dispatch.host_us, [row.call])
         if isinstance(got, tuple):
             return got
-        timing, _ = WarmEvents().measure(row, host_us)
+        timing, _ = WarmEvents().measure(row, dispatch)
         return (replace(timing, timer=TIMER_WARM_FALLBACK),
                 f"timed back to back without a CUDA graph: {got}")
 

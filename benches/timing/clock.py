@@ -193,28 +193,47 @@ def time_cpu_rounds(make_call: Callable[[int], Callable[[], object]],
 DISPATCH_BUDGET_S = 0.02
 
 
-def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
+@dataclass(frozen=True)
+class Dispatch:
+    """What measuring a call's host dispatch found: the dispatch per call (us) and the
+    wall time of one synchronized call, dispatch and device time together (ms), which
+    the event timers use as the time of a sample where it is long (see _padded_samples)."""
+
+    host_us: float
+    once_ms: float
+
+
+def measure_dispatch(call: Callable[[], object], sync: Callable[[], None],
                      reps: int = 20, repeats: int = 5,
-                     budget_s: float = DISPATCH_BUDGET_S) -> float:
-    """Host time to dispatch one call, in us: the wall time of `reps` back-to-back calls
-    with no synchronization between them, divided by `reps`; the median of `repeats`
-    such bursts, each after a sync.  On a GPU the calls only enqueue work, so this is the
-    Python and launch overhead a provider pays per call, apart from its device time.
-    (On a CPU the call runs synchronously: this would be its run time, so it is not
-    taken there.)
+                     budget_s: float = DISPATCH_BUDGET_S) -> Dispatch:
+    """Host time to dispatch one call: the wall time of `reps` back-to-back calls with no
+    synchronization between them, divided by `reps`; the median of `repeats` such bursts,
+    each after a sync.  On a GPU the calls only enqueue work, so this is the Python and
+    launch overhead a provider pays per call, apart from its device time.  (On a CPU the
+    call runs synchronously: this would be its run time, so it is not taken there.)
 
     Every burst's calls also run on the device before the next burst starts, so a slow
     call (one synchronous call, dispatch plus device, takes `once`) gets fewer: at most
-    budget_s / once calls in all, and never fewer than 3 bursts of 2 (a 1 ms matmul
-    costs 18 calls, a 100 ms one 6, not 100)."""
+    budget_s / once calls in all, in 3 bursts of 2 at least (a 1 ms matmul costs 18
+    calls, not 100).  A call too slow for those 6 (over budget_s / 6, 3.3 ms) takes no
+    burst: its dispatch is the time the first two calls, each after a sync, took to
+    return to the host (the smaller).  The H200's rows over 3 ms (attention, fp8 casts at
+    2^27) measured 18-110 us of dispatch by bursts against 3.4-4.6 ms of device time:
+    there the dispatch only sizes the flush padding, and 6 calls of a 230 ms backward
+    pass would cost 1.4 s."""
     sync()
+    t0 = time.perf_counter()
     call()  # warm: lazy init, JIT cache lookups
+    returned = [time.perf_counter() - t0]
     sync()
     t0 = time.perf_counter()
     call()
+    returned.append(time.perf_counter() - t0)
     sync()
     once = time.perf_counter() - t0
     fit = int(budget_s / max(once, 1e-9))
+    if fit < 2 * 3:
+        return Dispatch(min(returned) * 1e6, once * 1e3)
     if fit < reps * repeats:
         repeats = min(repeats, 3)
         reps = max(2, min(reps, fit // repeats))
@@ -225,7 +244,14 @@ def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
             call()
         per_call.append((time.perf_counter() - t0) / reps * 1e6)
         sync()
-    return float(np.median(per_call))
+    return Dispatch(float(np.median(per_call)), once * 1e3)
+
+
+def host_dispatch_us(call: Callable[[], object], sync: Callable[[], None],
+                     reps: int = 20, repeats: int = 5,
+                     budget_s: float = DISPATCH_BUDGET_S) -> float:
+    """measure_dispatch's dispatch per call, in us."""
+    return measure_dispatch(call, sync, reps, repeats, budget_s).host_us
 
 
 # SM cycles per microsecond the flush padding assumes: the top boost clock of the GPUs in
@@ -241,7 +267,7 @@ def flush_padding_us(host_us: float | None) -> float:
 
 
 def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
-                 host_us: float | None = None) -> Timing:
+                 host_us: float | None = None, once_ms: float | None = None) -> Timing:
     """CUDA-event timing after warm-up with L2 flushed between samples.
 
     triton.testing.do_bench records its start event right after the flush: a provider
@@ -256,13 +282,15 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
     event: the event pair spans the call's device time only.  The flush buffer is
     Triton's own; the sample count follows do_bench (`rep` over the time of one sample,
     flush and padding included), at least cfg.min_samples, and fewer once the median
-    has settled (the stopping rule, benches/timing/stopping.py)."""
+    has settled (the stopping rule, benches/timing/stopping.py).  `once_ms`: one
+    synchronized call's wall time where the caller measured it (Dispatch.once_ms), which
+    spares a slow call the 5-sample estimate (_padded_samples)."""
     import triton.testing as tt
 
     t_start = time.monotonic()
     pad_us = flush_padding_us(host_us)
     if pad_us:
-        sampled = padded_flushed_samples(fn, cfg, pad_us)
+        sampled = padded_flushed_samples(fn, cfg, pad_us, once_ms)
         return replace(summarize(sampled.samples, TIMER_FLUSHED), stopped=sampled.stopped,
                        span=(t_start, time.monotonic()))
     # A short first estimate (flush included, as do_bench's own) sizes the measurement.
@@ -295,18 +323,33 @@ def _flush_buffer() -> torch.Tensor:
 
 
 def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
-                           pad_us: float) -> Sampled:
+                           pad_us: float, once_ms: float | None = None) -> Sampled:
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
     samples in ms, until the stopping rule or the time cap (benches/timing/stopping.py),
     and why they stopped.  See time_flushed."""
-    return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_)
+    return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_, once_ms)
+
+
+def estimate_needed(once_ms: float | None, cfg: TimingConfig) -> bool:
+    """Whether the event timers estimate a sample's time from 5 samples (do_bench's way):
+    not for a call whose one synchronized call (Dispatch.once_ms) took at least a fifth
+    of the warm-up (5 ms of 25), where those 5 samples would last the warm-up or more."""
+    return once_ms is None or 5 * once_ms < cfg.warmup_ms
 
 
 def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
-                    flush: Callable[[], object] | None) -> Sampled:
+                    flush: Callable[[], object] | None,
+                    once_ms: float | None = None) -> Sampled:
     """The loop of padded_flushed_samples (flush: the L2 flush before each sample) and of
-    time_warm (flush None: nothing between the calls but the padding, skipped when 0)."""
+    time_warm (flush None: nothing between the calls but the padding, skipped when 0).
+
+    A sample's time sizes the warm-up (by time) and the sample cap.  As do_bench, it is
+    the mean of 5 samples, after a call to warm up; a call whose caller measured it long
+    (`once_ms`, see estimate_needed: the caller's own calls warmed it) takes once_ms plus
+    the padding instead.  That leaves out the flush's device time (55-85 us on Hopper,
+    under 2 % of such a sample), which can only add a warm-up call or a sample, never
+    take one away; a 230 ms call is spared 6 calls (1.4 s)."""
     cycles = int(pad_us * PAD_CYCLES_PER_US)
 
     def sample(start: torch.cuda.Event | None = None,
@@ -321,17 +364,20 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
         if end is not None:
             end.record()
 
-    fn()
-    torch.cuda.synchronize()
-    # As do_bench: the time of one sample, flush included (and here the padding), from 5.
-    t0 = torch.cuda.Event(enable_timing=True)
-    t1 = torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(5):
-        sample()
-    t1.record()
-    torch.cuda.synchronize()
-    per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
+    if estimate_needed(once_ms, cfg):
+        fn()
+        torch.cuda.synchronize()
+        # As do_bench: the time of one sample, flush included (and the padding), from 5.
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(5):
+            sample()
+        t1.record()
+        torch.cuda.synchronize()
+        per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
+    else:
+        per_sample_ms = float(once_ms) + pad_us * 1e-3  # type: ignore[arg-type]
     for _ in range(max(1, int(cfg.warmup_ms / per_sample_ms))):
         fn()
 
@@ -348,7 +394,7 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
 
 
 def time_warm(fn: Callable[[], object], cfg: TimingConfig,
-              host_us: float | None = None) -> Timing:
+              host_us: float | None = None, once_ms: float | None = None) -> Timing:
     """The warm twin of time_flushed: CUDA events around back-to-back calls on the same
     buffers with nothing flushed, so each call finds what the one before it left in the
     L2 (nvbench's batch measurement keeps the cache so too).  One event pair a call: the
@@ -362,7 +408,7 @@ def time_warm(fn: Callable[[], object], cfg: TimingConfig,
     each start event, as after each flush in time_flushed; the spin touches no memory,
     so the cache stays warm."""
     t_start = time.monotonic()
-    sampled = _padded_samples(fn, cfg, flush_padding_us(host_us), None)
+    sampled = _padded_samples(fn, cfg, flush_padding_us(host_us), None, once_ms)
     return replace(summarize(sampled.samples, TIMER_WARM), stopped=sampled.stopped,
                    span=(t_start, time.monotonic()))
 
