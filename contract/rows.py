@@ -104,6 +104,15 @@ def canonical_order(values: Iterable[Any], order: Iterable[str]) -> list[str]:
     return known + sorted(present - set(known))
 
 
+def is_throttled(v: Any) -> bool:
+    """A row's `throttled` cell as a bool: True (Python's or numpy's, as pandas gives a
+    bool column's cells) or the text "true" (a CSV round trip); anything else, None and
+    NaN included, is not throttled."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    return isinstance(v, str) and v.strip().lower() == "true"
+
+
 def positive_float(x: Any) -> float | None:
     """x as a positive finite float, else None (nulls, NaN, zero, junk); strings of
     numbers count, as a CSV or JSON reader may hand them over."""

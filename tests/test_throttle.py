@@ -412,3 +412,19 @@ def test_the_window_is_the_timers_own_span_when_it_reports_one():
     time_unthrottled(lambda: (timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""), mon,
                      ThrottleConfig())
     assert mon.calls[1][0] >= t0  # no span: the whole call
+
+
+def test_a_throttled_cell_reads_the_same_wherever_it_comes_from():
+    """One reading of the `throttled` column for the gate, promotion and the energy
+    figure: a bool column's cell from .loc is numpy's bool, a CSV's is text."""
+    import numpy as np
+
+    from contract.rows import is_throttled
+
+    df = pd.DataFrame({"throttled": [True, False]})
+    assert is_throttled(df.loc[0, "throttled"]) and not is_throttled(df.loc[1, "throttled"])
+    assert isinstance(df.loc[0, "throttled"], np.bool_)
+    for yes in (True, "true", " True "):
+        assert is_throttled(yes)
+    for no in (False, None, float("nan"), "false", "", 1, "1"):
+        assert not is_throttled(no)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from contract.devices import DeviceError, get_device_model
+from contract.rows import is_throttled
 from contract.schema import (
     SAMPLES,
     RunLoadError,
@@ -33,7 +34,6 @@ from roofline.gate.rules import (
     time_problem,
 )
 from roofline.gate.runs import incomplete_reasons, read_run, run_device_key
-from roofline.gate.verdicts import is_throttled
 
 
 def baseline_path(device_key: str, baselines_dir: str | Path = DEFAULT_BASELINES_DIR) -> Path:

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.rows import is_throttled
 from contract.schema import (
     CACHE,
     KEY,
@@ -298,10 +299,6 @@ def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
 # have moved the time, so the row gets verdict `throttled` instead, never a silent pass
 # and never a plain "slower".
 _TIMING_VERDICTS = frozenset({"slower", "faster", "same", "ambiguous"})
-
-
-def is_throttled(v: Any) -> bool:
-    return v is True or (isinstance(v, str) and v.strip().lower() == "true")
 
 
 def _throttle_verdict(row: Mapping[str, Any], verdict: str, note: str) -> tuple[str, str]:

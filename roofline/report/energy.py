@@ -44,10 +44,6 @@ def energy_rows(df: pd.DataFrame) -> pd.DataFrame:
     return d[d["energy_j"] > 0]
 
 
-def is_throttled(v: Any) -> bool:
-    return v is True or str(v).strip().lower() == "true"
-
-
 def at_power_limit(df: pd.DataFrame) -> pd.Series:
     """Which rows ran at the power limit (AT_LIMIT_SHARE, or the sw_power_cap reason)."""
     d = numeric(df)

@@ -16,8 +16,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from contract.rows import DTYPE_ORDER, PROVIDER_ORDER, canonical_order, kernel_order
-from roofline.report.energy import energy_roof, energy_rows, is_throttled
+from contract.rows import (
+    DTYPE_ORDER,
+    PROVIDER_ORDER,
+    canonical_order,
+    is_throttled,
+    kernel_order,
+)
+from roofline.report.energy import energy_roof, energy_rows
 from roofline.report.style import (
     POINT_SIZE,
     dtype_color,
