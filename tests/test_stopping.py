@@ -227,3 +227,18 @@ def test_a_ceilings_best_of_takes_every_sample(monkeypatch):
                               host_us=300.0)
     assert got.n_samples == timing_plan.sample_count(0.055 + 0.61 + 0.005,
                                                      ceilings.CEILING_TIMING) > 10
+
+
+def test_a_run_does_not_import_scipy_stats():
+    """scipy.stats costs a run 0.6 s of start-up on the CPU VM: the stopping rule takes
+    the binomial CDF from scipy.special, the gate imports its test only to compare."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, run_bench, benches.sweep.job, benches.sweep.runner, "
+            "roofline.gate.runs, roofline.gate.cli; print('scipy.stats' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False"

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
 from roofline.gate.rules import FAMILY_ALPHA, GROSS_RATIO_FLOOR, ROW_ALPHA_MAX, as_time
 
@@ -89,6 +88,10 @@ def shift_p_value(base: Iterable[float], new: Iterable[float], threshold_pct: fl
     than the threshold: the baseline samples are scaled by (1 + t) (the new ones, for
     faster) before the test, so H0 is "the change is within the threshold"."""
     b = np.asarray(list(base), dtype=np.float64)
+    # Imported here: scipy.stats takes 0.6 s to import on the CPU VM, and every run
+    # imports this module (its fast-end helpers) but only a comparison needs the test.
+    from scipy.stats import mannwhitneyu
+
     n = np.asarray(list(new), dtype=np.float64)
     s = 1.0 + threshold_pct / 100.0
     if slower:
