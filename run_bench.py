@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from benches.fleet.rank_io import say_line
 from benches.sweep.interrupt import Terminated, exit_code, exit_now, signals_raise
@@ -25,6 +26,9 @@ from contract.request import RunRequest
 # roofline.gate needs pandas and scipy only: safe to import before TRITON_INTERPRET is set.
 from roofline.gate.cli import threshold_help
 from roofline.gate.rules import CompareError, check_threshold
+
+if TYPE_CHECKING:  # the workers' module is imported where they are started
+    from benches.sweep.triton_cache import Spawned
 
 
 def _registry_lists() -> dict[str, str]:
@@ -198,11 +202,29 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         return exit_code(e)
 
 
+def _early_workers(args: argparse.Namespace) -> Spawned | None:
+    """The sweep's compile-ahead workers, started before this process imports torch
+    (benches/sweep/triton_cache.py, spawn_early): for a single-process sweep that may run
+    Triton kernels on a GPU; None otherwise."""
+    if (args.inspect or args.estimate or args.list or args.list_devices or args.acceptance
+            or args.check_only or (args.device or "").lower() == "cpu"):
+        return None
+    providers = {p.strip() for p in str(args.providers).split(",")}
+    if not providers & {"triton", "default", "all"}:
+        return None
+    from benches.fleet.dist import launched
+    from benches.sweep.triton_cache import spawn_early
+
+    return None if launched() else spawn_early()
+
+
 def _main(argv: list[str], started: float | None = None) -> int:
     switched_on = False
+    early: Spawned | None = None
     try:
         args = parse_args(argv)
         switched_on = _interpreter_for_check_only(args)
+        early = _early_workers(args)
         from benches.sweep import job
 
         # The one request every job below reads (the kernel registry loads here, after
@@ -252,8 +274,8 @@ def _main(argv: list[str], started: float | None = None) -> int:
 
             return run_fleet(req, argv, started)
         if req.history:
-            return _run_and_add(req, argv, started)
-        return job.run(req, argv, started=started)
+            return _run_and_add(req, argv, started, early)
+        return job.run(req, argv, started=started, early=early)
     except UsageError as e:
         say_line(f"error: {e}")  # one write: under torchrun every rank says it at once
         return 2
@@ -265,13 +287,16 @@ def _main(argv: list[str], started: float | None = None) -> int:
             return 2
         raise
     finally:
+        if early is not None:
+            early.stop()  # unless the sweep took them (its own stop ends them)
         if switched_on:
             # It did its work when the kernels were decorated; left set, it would leak
             # into every child process (re-timing rounds, a caller's later runs).
             os.environ.pop("TRITON_INTERPRET", None)
 
 
-def _run_and_add(req: RunRequest, argv: list[str], started: float | None) -> int:
+def _run_and_add(req: RunRequest, argv: list[str], started: float | None,
+                 early: Spawned | None = None) -> int:
     """--history STORE: the store is checked (and made) before anything is measured, the
     run made, then its folder added.  The folder is the one this run created under
     <out>/<device>/ (the --resume folder when resuming); a run that did not finish
@@ -290,7 +315,7 @@ def _run_and_add(req: RunRequest, argv: list[str], started: float | None) -> int
         raise UsageError(str(e)) from None
     out = Path(req.out)
     before = set(out.glob("*/*/results.json"))
-    code = job.run(req, argv, started=started)
+    code = job.run(req, argv, started=started, early=early)
     if req.resume:
         made = [Path(req.resume)]
     else:

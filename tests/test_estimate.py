@@ -67,9 +67,10 @@ def test_the_method_now_costs_less_where_it_changed(h200_quick):
     assert cold.counts["replays"] < 0.5 * before.counts["replays"]
     # the copies: one set per case, not one per provider
     assert cold.counts["copies made"] < 0.7 * before.counts["copies made"]
-    # a spawned compile worker takes longer to start than the H200's ceilings take to
-    # measure: nothing is compiled ahead; tuning kept on disk when warm
-    assert cold.phases["compile"] == pytest.approx(before.phases["compile"])
+    # the compile workers, started 2 s into the process and up 4 s later, compile for
+    # the last 2.8 s of the H200's 3.8 s of ceilings: 8 x 2.8 s ahead; tuning kept on
+    # disk when warm
+    assert cold.phases["compile"] == pytest.approx(before.phases["compile"] - 8 * 2.8, abs=0.1)
     assert warm.phases["tune"] == 0 < cold.phases["tune"]
     assert warm.total < cold.total < before.total
     assert warm.counts.get("tunings", 0) == 0 < cold.counts["tunings"]
@@ -208,18 +209,22 @@ def test_load_reference_reads_each_ceilings_measurement_once(tmp_path):
     assert load_reference(paths[3:]).ceilings_s is None
 
 
-@pytest.mark.parametrize("startup_s, hidden_s", [
-    (GPU.compile_worker_startup_s, 0.0),  # the measured start-up: longer than the ceilings
-    (10.0, 0.0),
-    (2.0, (3.795 - 2.0) * GPU.compile_workers),
-    (0.0, 3.795 * GPU.compile_workers),
+@pytest.mark.parametrize("spawn_s, startup_s, hidden_s", [
+    # started 2 s in, up 4 s later: the last 2.795 s of the H200's 3.795 s of ceilings
+    (2.0, GPU.compile_worker_startup_s, (5.0 + 3.795 - 6.0) * GPU.compile_workers),
+    (2.0, 10.0, 0.0),  # up only after the ceilings
+    (5.0, 4.0, 0.0),  # started with the ceilings (as before): up after them
+    (0.5, 1.0, 3.795 * GPU.compile_workers),  # up before the ceilings: all of them
 ])
-def test_compiles_not_done_by_the_workers_in_the_ceilings_time_are_paid(h200_quick,
+def test_compiles_not_done_by_the_workers_in_the_ceilings_time_are_paid(h200_quick, spawn_s,
                                                                         startup_s, hidden_s):
-    """The workers compile only between their start-up and the ceilings' end: the cold
-    sweep pays every compile but (ceilings - start-up) x workers of them."""
+    """The workers compile only between their start-up (from their start, spawn_s into
+    the process) and the ceilings' end, never before the ceilings start (the jobs are
+    sent then): the cold sweep pays every compile but that window x workers of them."""
     cfg, cases, ref, _ = h200_quick
-    sp = dataclasses.replace(GPU, compile_worker_startup_s=startup_s)
+    assert GPU.startup_s == 5.0 and ref.ceilings_s == pytest.approx(3.795)
+    sp = dataclasses.replace(GPU, compile_worker_startup_s=startup_s,
+                             compile_worker_spawn_s=spawn_s)
     walks = estimate(cfg, cases, ref, sp, ceilings_cached=False,
                      plans=(("before", False), ("now", False)))
     before, cold = walks[("before", False)], walks[("now", False)]

@@ -86,7 +86,7 @@ def test_the_workers_share_the_jobs_and_say_what_they_did():
     claims = Path(ahead.claims)
     assert sorted(p.name for p in claims.iterdir()) == ["0", "1", "2"]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
-                            "kernels_compiled": 4}
+                            "kernels_compiled": 4, "started_early": 0}
     assert not claims.exists()
     assert ahead.stop()["cases_done"] == 2  # once stopped, stays stopped
 
@@ -407,14 +407,19 @@ def test_the_sweep_passes_the_gpu_present_to_its_workers(monkeypatch):
     got = {}
 
     class Ahead:
-        def __init__(self, jobs, workers, fp8_mode, compile_fn=None, device=None):
-            got["device"] = device
+        def __init__(self, jobs, workers, fp8_mode, compile_fn=None, device=None,
+                     spawned=None):
+            got["device"], got["spawned"] = device, spawned
 
     monkeypatch.setattr(triton_cache, "CompileAhead", Ahead)
     cfg = _quick_gpu_cfg()
     assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2) is not None
     p = cfg.present
-    assert got["device"] == (p.name, p.sms, p.memory_gb)
+    assert got["device"] == (p.name, p.sms, p.memory_gb) and got["spawned"] is None
+    # the workers the command started early get the jobs
+    assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2,
+                              spawned="early") is not None
+    assert got["spawned"] == "early"
 
 
 def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
@@ -429,3 +434,127 @@ def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
              "device": ["NVIDIA H200", 132, 150.1]}
     assert compile_worker.run(order, out) == 1
     assert json.loads(out.getvalue()) == {"job": 0, "compiled": 132}
+
+
+# ---- workers started at the sweep's start ------------------------------------------------
+
+def _wait_for(path: Path, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkeypatch):
+    """spawn_early's workers import their preload before any job exists (the marker
+    module is imported with no order sent), then compile the jobs a CompileAhead sends
+    them, with the environment the sweep set after they started (--retune)."""
+    marker = tmp_path / "preloaded"
+    monkeypatch.setenv("COMPILE_AHEAD_MARKER", str(marker))
+    monkeypatch.delenv("GPUBENCH_RETUNE", raising=False)
+    spawned = triton_cache.Spawned(2, preload=(f"{FAKES}_preload",))
+    try:
+        assert _wait_for(marker)  # preloaded while no job was known
+        assert all(p.poll() is None for p in spawned.procs)  # waiting for the jobs
+        monkeypatch.setenv("GPUBENCH_RETUNE", "1")
+        jobs = [("add", "fp32", {"n": 1}, 132, (9, 0)), ("mul", "fp32", {"n": 1}, 132, None),
+                ("dot", "fp32", {"n": 1}, 132, None)]
+        ahead = triton_cache.CompileAhead(jobs, 8, "fast", compile_fn=f"{FAKES}:retune_seen",
+                                          spawned=spawned)
+        for proc in ahead.procs:
+            assert proc.wait(60) == 0
+        got = ahead.stop()
+        # every job once, each seeing GPUBENCH_RETUNE=1 (2 kernels each)
+        assert got == {"workers": 2, "cases": 3, "cases_done": 3, "cases_failed": 0,
+                       "kernels_compiled": 6, "started_early": 1}
+        spawned.stop()  # taken: the CompileAhead stopped them
+        assert ahead.stop() == got
+    finally:
+        spawned.taken = False
+        spawned.stop()
+
+
+def test_early_workers_no_sweep_takes_are_stopped(tmp_path):
+    """Workers started early that get no jobs (nothing to compile, a resumed run with its
+    ceilings, an error before the sweep) are gone once stopped, and so when start()
+    finds nothing to compile."""
+    spawned = triton_cache.Spawned(2, preload=())
+    pids = [p.pid for p in spawned.procs]
+    spawned.stop()
+    assert _gone_within(pids, 10.0) and spawned.procs == []
+    spawned = triton_cache.Spawned(1, preload=())
+    pids = [p.pid for p in spawned.procs]
+    cfg = gpu_cfg(kernels=["add"], dtypes=["fp32"], providers=["torch"], sizes="quick")
+    assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2,
+                              spawned=spawned) is None
+    assert _gone_within(pids, 10.0)
+
+
+def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch):
+    import run_bench
+
+    started = []
+    monkeypatch.setattr(triton_cache, "Spawned", lambda n: started.append(n) or "pool")
+    monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: True)
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def early(*argv: str) -> object:
+        return run_bench._early_workers(run_bench.parse_args(list(argv)))
+
+    assert early() == "pool" and started == [3]
+    assert early("--providers", "torch,triton", "--sizes", "quick") == "pool"
+    for argv in (["--estimate"], ["--check-only"], ["--device", "cpu"], ["--list"],
+                 ["--inspect"], ["--providers", "torch"], ["--providers", "torch,compile"]):
+        assert early(*argv) is None, argv
+    assert started == [3, 3]
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, "0")
+    assert early() is None
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
+    monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: False)
+    assert early() is None and started == [3, 3]
+
+
+def test_early_workers_are_stopped_when_the_command_ends_before_the_sweep(monkeypatch):
+    """A bad request after the workers started: the one-line error, and the workers
+    stopped (the sweep never took them)."""
+    import run_bench
+
+    stops = []
+
+    class Early:
+        def stop(self) -> None:
+            stops.append(1)
+
+    monkeypatch.setattr(run_bench, "_early_workers", lambda args: Early())
+    assert run_bench.main(["--kernels", "no-such-kernel"]) == 2
+    assert stops == [1]
+
+
+def test_the_command_hands_its_early_workers_to_the_sweep(monkeypatch, tmp_path):
+    """run_bench's early workers reach triton_cache.start with the sweep's cases (which
+    sends them the jobs, or stops them where there are none), and are stopped at the
+    end either way."""
+    import run_bench
+
+    got, stops = [], []
+
+    class Early:
+        def stop(self) -> None:
+            stops.append(1)
+
+    def start(cases, cfg, fp8_mode, workers=None, spawned=None):
+        got.append((len(cases), spawned))
+        return None
+
+    early = Early()
+    monkeypatch.setattr(run_bench, "_early_workers", lambda args: early)
+    monkeypatch.setattr(triton_cache, "start", start)
+    monkeypatch.setenv("GPUBENCH_CEILINGS_DIR", str(tmp_path / "ceilings"))
+    code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
+                           "--sizes", "4096", "--out", str(tmp_path), "--no-plots"])
+    assert code == 0
+    assert got == [(1, early)] and stops == [1]

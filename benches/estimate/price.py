@@ -152,10 +152,12 @@ class Pricer:
 
     def compiled_ahead_s(self) -> float:
         """Compile seconds the workers can do while the ceilings are measured: each
-        starts compiling only once it is up (compile_worker_startup_s), and is stopped
-        when the ceilings are done."""
+        compiles only once it is up (started compile_worker_spawn_s into the process,
+        compile_worker_startup_s to import) and is stopped when the ceilings are done."""
         sp = self.sp
-        return max(0.0, self.ceilings_s - sp.compile_worker_startup_s) * sp.compile_workers
+        up = sp.compile_worker_spawn_s + sp.compile_worker_startup_s
+        window = min(self.ceilings_s, sp.startup_s + self.ceilings_s - up)
+        return max(0.0, window) * sp.compile_workers
 
     # ---- one row -------------------------------------------------------------------
 

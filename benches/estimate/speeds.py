@@ -47,11 +47,15 @@ class DeviceSpeed:
     # first compile: the interpreter, torch, Triton, the kernels, the case's launches.
     # Measured on the 2-core CPU VM (triton 3.6, 2026-11-26, load average 10): 3.9-4.2 s
     # for one worker, 4.2 s for two (1.9 s of it CPU time); a GPU host's torch loads its
-    # CUDA libraries on top.  The workers compile only while the ceilings are measured,
-    # so they hide (ceilings - start-up) x workers of compiles, nothing where the
-    # ceilings take less.
+    # CUDA libraries on top.  The command starts them once it has parsed its arguments
+    # (run_bench._early_workers, compile_worker_spawn_s after the process started: 1.8-2.0
+    # s on the CPU VM, 2026-11-27, its own imports, torch's included), and they import
+    # torch, Triton and the kernels then; they get the jobs when the ceilings' measuring
+    # starts and are stopped when it ends, so they hide (start-up + ceilings - spawn -
+    # worker start-up, at most the ceilings) x workers of compiles.
     compile_workers: int = 8
     compile_worker_startup_s: float = 4.0
+    compile_worker_spawn_s: float = 2.0
     # A CUDA-graph capture per captured call, in units of the call's host dispatch (the
     # same Python and launch path, recorded instead of run).
     capture_per_host: float = 0.5

@@ -2,7 +2,10 @@
 benches/sweep/triton_cache.CompileAhead in a session of its own.
 
 It reads one JSON line on stdin: the jobs (triton_cache.compile_jobs), the fp8 mode,
-the claims folder and the compile function ("module:name").  Each job is claimed by
+the claims folder, the compile function ("module:name") and the environment variables
+the sweep set after it started the worker.  Started with `--preload M1,M2`, it first
+imports those modules (torch, Triton, the kernels: about 4 s), so a worker started at
+the sweep's start is ready when the sweep sends its jobs.  Each job is claimed by
 creating claims/<index> exclusively, so the workers share the jobs in run order without
 a queue or a lock; a claimed job is compiled and its result written as one JSON line on
 the worker's stdout ({"job": i, "compiled": n} or {"job": i, "error": "..."}).  Anything
@@ -44,6 +47,7 @@ def _die_with_parent(fd: int) -> None:
 
 def run(order: dict[str, Any], results: IO[str]) -> int:
     """Claim and compile the jobs of `order`, one result line each; how many were done."""
+    os.environ.update(order.get("env") or {})
     compile_fn = _compile_fn(order["compile"])
     claims = Path(order["claims"])
     # The GPU present, when the sweep passed it: compile_case then compiles a launch's
@@ -72,6 +76,13 @@ def main() -> int:
     # PTX there when ptxas fails) goes to stderr instead.
     results = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    args = sys.argv[1:]
+    if args[:1] == ["--preload"] and len(args) > 1:
+        for module in filter(None, args[1].split(",")):
+            try:
+                importlib.import_module(module)
+            except Exception as e:  # the job that needs it fails and is counted
+                print(f"preload {module}: {type(e).__name__}: {e}", file=sys.stderr)
     line = b""
     while not line.endswith(b"\n"):  # the order: one line, read unbuffered (see above)
         chunk = os.read(0, 65536)

@@ -192,10 +192,14 @@ class Measured:
 
 def run(req: RunRequest, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None,
-        started: float | None = None) -> int:
+        started: float | None = None,
+        early: triton_cache.Spawned | None = None) -> int:
     """One run of the request; `on_cases` sees the selected cases before any folder is
     made or anything measured (a fleet's ranks agree on them there: benches/fleet/run.py);
-    `started`: the perf_counter reading at which the process started."""
+    `started`: the perf_counter reading at which the process started; `early`: the
+    compile-ahead workers the command started at its start (triton_cache.spawn_early),
+    given the sweep's jobs when the ceilings are measured; the caller stops them where
+    the run never gets there."""
     # From the process's start when run as the command (start-up and imports count),
     # else from here (a caller's process: tests, a notebook).
     split = TimeSplit(start=started)
@@ -203,7 +207,7 @@ def run(req: RunRequest, argv: list[str],
     chk = _check(req, on_cases)
     opened = _open(chk, argv)
     _gpu_setup(chk, opened.meta)
-    measured = _measure(chk, opened, split)
+    measured = _measure(chk, opened, split, early)
     return _finish(chk, opened, split, measured)
 
 
@@ -311,7 +315,8 @@ def _gpu_setup(chk: Checked, meta: dict[str, Any]) -> None:
             os.environ[RETUNE_ENV] = "1"
 
 
-def _measure(chk: Checked, opened: Opened, split: TimeSplit) -> Measured:
+def _measure(chk: Checked, opened: Opened, split: TimeSplit,
+             early: triton_cache.Spawned | None = None) -> Measured:
     """The ceilings (the sweep's kernels compiling ahead meanwhile), then the sweep; an
     abort or an interrupt ends it with its exit code, at the stage it reached."""
     req, present, model, cfg, cases = chk.req, chk.present, chk.model, chk.cfg, chk.cases
@@ -326,7 +331,7 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit) -> Measured:
             cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
         else:
             # The sweep's Triton kernels compile in worker processes meanwhile (GPU).
-            ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum())
+            ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum(), spawned=early)
             try:
                 with split.phase("ceilings"):
                     cfg.ceilings = get_ceilings(model, present, _ceilings_dir(req, out_root),

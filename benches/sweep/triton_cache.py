@@ -19,7 +19,11 @@ which a CI runner can keep between jobs:
   on the GPU and not the host's cores the workers use; whatever is not compiled by then
   is stopped (Triton writes a cache entry whole or not at all), and the sweep compiles
   it in turn as before.  A worker's failure is only counted: the sweep's own compile
-  says what is wrong.
+  says what is wrong.  The command starts the workers as soon as it has parsed its
+  arguments (`spawn_early`, a `Spawned`): they import torch, Triton and the kernels
+  (about 4 s) while the sweep imports its own and sets up the GPU, and get their jobs
+  when the ceilings' measuring starts; started there instead, they were still starting
+  when the H200's 3.8 s of ceilings ended.
 
   The workers create no CUDA context: warmup asks Triton's driver for the current
   device, stream and target only (torch.cuda.current_device, the current stream's
@@ -159,6 +163,78 @@ def default_workers() -> int:
     return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
 
 
+# What a worker started before its jobs are known imports meanwhile: the compile
+# function's module, and the kernels (torch, Triton, every family).
+PRELOAD = ("benches.sweep.triton_cache", "kernels")
+
+
+def _worker_env() -> dict[str, str]:
+    """The environment of a worker: this process's, with its import path (the tests'
+    fakes included)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its session's group: ptxas too
+
+
+class Spawned:
+    """Compile-ahead workers started before the sweep knows its jobs (spawn_early),
+    importing PRELOAD while this process imports its own and sets up the GPU; a
+    CompileAhead then sends them the jobs.  stop() kills those no CompileAhead took."""
+
+    def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.taken = False
+        env = _worker_env()
+        try:
+            for _ in range(workers):
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "benches.sweep.compile_worker",
+                     "--preload", ",".join(preload)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.taken:
+            return  # the CompileAhead that took them stops them
+        for proc in self.procs:
+            _kill_group(proc)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(STOP_GRACE_S)
+            for f in (proc.stdin, proc.stdout):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+        self.procs = []
+
+
+def gpu_present_cheaply() -> bool:
+    """Whether this machine has an NVIDIA GPU, asked before torch is imported (the
+    driver's control device)."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def spawn_early(workers: int | None = None) -> Spawned | None:
+    """The compile-ahead workers, started at the process's start on a machine with a
+    GPU (the sweep's compile-ahead window then runs from the start, not from the
+    ceilings' start: a worker's own start-up, about 4 s, is over by then); None where
+    there is no GPU, the workers are off, or they could not be started."""
+    workers = default_workers() if workers is None else workers
+    if workers < 1 or not gpu_present_cheaply():
+        return None
+    try:
+        return Spawned(workers)
+    except OSError:
+        return None
+
+
 class CompileAhead:
     """Worker processes compiling `jobs` (compile_jobs) until stop().
 
@@ -170,32 +246,41 @@ class CompileAhead:
     worker whose parent dies kills its own group (its stdin ends)."""
 
     def __init__(self, jobs: list[Job], workers: int, fp8_mode: str,
-                 compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None
-                 ) -> None:
+                 compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None,
+                 spawned: Spawned | None = None) -> None:
         self.jobs = len(jobs)
-        self.workers = min(workers, len(jobs))
         self.procs: list[subprocess.Popen] = []
         self.stopped: dict[str, int] | None = None
+        self.early = spawned is not None
         self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
         # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
-        # compiles a shipped config alone; absent, every candidate.
+        # compiles a shipped config alone; absent, every candidate.  `env`: what this
+        # process set after an early worker started (--retune).
+        from kernels.shipped import RETUNE_ENV
+
         order = json.dumps({"jobs": jobs, "fp8_mode": fp8_mode, "claims": self.claims,
                             "compile": compile_fn,
-                            "device": list(device) if device is not None else None}) + "\n"
-        # The worker imports what this process can (the tests' fakes included).
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+                            "device": list(device) if device is not None else None,
+                            "env": {k: os.environ[k] for k in (RETUNE_ENV,)
+                                    if k in os.environ}}) + "\n"
         try:
-            for _ in range(self.workers):
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "benches.sweep.compile_worker"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-                self.procs.append(proc)
+            if spawned is not None:  # started early: every one of them gets the jobs
+                spawned.taken = True
+                self.procs = list(spawned.procs)
+            else:
+                env = _worker_env()
+                for _ in range(min(workers, len(jobs))):
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "benches.sweep.compile_worker"],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+            self.workers = len(self.procs)
+            for proc in self.procs:
                 assert proc.stdin is not None
                 proc.stdin.write(order.encode())
                 proc.stdin.flush()  # stdin stays open: its end tells the worker to die
         except BaseException:
+            self.workers = len(self.procs)
             self.stop()
             raise
 
@@ -205,8 +290,7 @@ class CompileAhead:
         if self.stopped is not None:
             return self.stopped
         for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its session's group: ptxas too
+            _kill_group(proc)
         lines: list[dict[str, Any]] = []
         deadline = time.monotonic() + grace_s
         for proc in self.procs:
@@ -220,7 +304,8 @@ class CompileAhead:
         ok = [ln for ln in lines if "compiled" in ln]
         self.stopped = {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
                         "cases_failed": len(lines) - len(ok),
-                        "kernels_compiled": sum(int(ln["compiled"]) for ln in ok)}
+                        "kernels_compiled": sum(int(ln["compiled"]) for ln in ok),
+                        "started_early": int(self.early)}
         return self.stopped
 
 
@@ -252,16 +337,21 @@ def _result_lines(proc: subprocess.Popen, deadline: float) -> list[dict[str, Any
 
 
 def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,
-          workers: int | None = None) -> CompileAhead | None:
+          workers: int | None = None, spawned: Spawned | None = None
+          ) -> CompileAhead | None:
     """Compile the sweep's Triton kernels ahead (None: nothing to compile, off, or the
-    workers could not be started)."""
+    workers could not be started), in `spawned` (spawn_early's workers) where given:
+    those are stopped where nothing is to be compiled."""
     jobs = compile_jobs(cases, cfg)
     workers = default_workers() if workers is None else workers
     if not jobs or workers < 1:
+        if spawned is not None:
+            spawned.stop()
         return None
     try:
         present = cfg.present
         return CompileAhead(jobs, workers, fp8_mode,
-                            device=(present.name, present.sms, present.memory_gb))
+                            device=(present.name, present.sms, present.memory_gb),
+                            spawned=spawned)
     except OSError:
         return None
