@@ -9,3 +9,10 @@ _path = os.environ.get("COMPILE_AHEAD_MARKER")
 if _path:
     with open(_path, "a") as f:
         f.write(f"{os.getpid()}\n")
+
+
+def mark() -> None:
+    """A preload function: called after the import, it writes "called"."""
+    if _path:
+        with open(_path, "a") as f:
+            f.write("called\n")

@@ -84,7 +84,7 @@ def test_the_workers_share_the_jobs_and_say_what_they_did():
     for proc in ahead.procs:
         assert proc.wait(60) == 0  # exits when no job is left
     claims = Path(ahead.claims)
-    assert sorted(p.name for p in claims.iterdir()) == ["0", "1", "2"]
+    assert sorted(p.name for p in claims.iterdir()) == ["0", "1", "2", "jobs.json"]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
                             "kernels_compiled": 4, "started_early": 0}
     assert not claims.exists()
@@ -454,9 +454,13 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
     marker = tmp_path / "preloaded"
     monkeypatch.setenv("COMPILE_AHEAD_MARKER", str(marker))
     monkeypatch.delenv("GPUBENCH_RETUNE", raising=False)
-    spawned = triton_cache.Spawned(2, preload=(f"{FAKES}_preload",))
+    spawned = triton_cache.Spawned(2, preload=(f"{FAKES}_preload:mark",))
     try:
         assert _wait_for(marker)  # preloaded while no job was known
+        deadline = time.monotonic() + 60
+        while marker.read_text().count("called") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.read_text().count("called") == 2  # each imported, then called it
         assert all(p.poll() is None for p in spawned.procs)  # waiting for the jobs
         monkeypatch.setenv("GPUBENCH_RETUNE", "1")
         jobs = [("add", "fp32", {"n": 1}, 132, (9, 0)), ("mul", "fp32", {"n": 1}, 132, None),
@@ -558,3 +562,49 @@ def test_the_command_hands_its_early_workers_to_the_sweep(monkeypatch, tmp_path)
                            "--sizes", "4096", "--out", str(tmp_path), "--no-plots"])
     assert code == 0
     assert got == [(1, early)] and stops == [1]
+
+
+def test_an_early_worker_that_died_leaves_the_others_the_jobs(tmp_path):
+    """One early worker gone before the jobs are sent (its import failed): the others
+    get every job, and the order holds the jobs' file, not the jobs (past the pipe's
+    64 KiB, a write to a worker still importing would block)."""
+    spawned = triton_cache.Spawned(3, preload=())
+    dead = spawned.procs[0]
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait(10)
+    jobs = [("add", "fp32", {"n": i}, 132, (9, 0)) for i in range(3000)]  # ~130 KB
+    assert len(json.dumps(jobs)) > 65536
+    ahead = triton_cache.CompileAhead(jobs, 8, "fast", compile_fn=f"{FAKES}:counted",
+                                      spawned=spawned)
+    assert dead not in ahead.procs and ahead.workers == 2
+    for proc in ahead.procs:
+        assert proc.wait(60) == 0
+    got = ahead.stop()
+    assert got["cases_done"] == 3000 and got["workers"] == 2 and got["started_early"] == 1
+
+
+def test_the_preload_loads_triton_and_every_family_without_asking_the_driver():
+    """triton_cache.preload, what an early worker runs before the GPU is set up by the
+    sweep: Triton and every kernel family imported, nothing asked of CUDA or of
+    Triton's driver (which would initialise CUDA in the worker)."""
+    code = """
+import json, sys, torch
+asked = []
+for name in ("is_available", "current_device", "device_count", "init", "_lazy_init",
+             "get_device_capability", "get_device_properties"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: (asked.append(_n), _r(*a, **k))[1])
+from benches.sweep import triton_cache
+triton_cache.preload()
+import triton.runtime
+drv = triton.runtime.driver
+print(json.dumps([asked, "triton" in sys.modules, "kernels.matmul" in sys.modules,
+                  "kernels.attention" in sys.modules, getattr(drv, "_active", None) is None]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    asked, has_triton, has_matmul, has_attention, no_driver = json.loads(
+        out.stdout.splitlines()[-1])
+    assert asked == [] and has_triton and has_matmul and has_attention and no_driver

@@ -1,15 +1,17 @@
 """One compile-ahead worker (`python -m benches.sweep.compile_worker`), started by
 benches/sweep/triton_cache.CompileAhead in a session of its own.
 
-It reads one JSON line on stdin: the jobs (triton_cache.compile_jobs), the fp8 mode,
-the claims folder, the compile function ("module:name") and the environment variables
-the sweep set after it started the worker.  Started with `--preload M1,M2`, it first
-imports those modules (torch, Triton, the kernels: about 4 s), so a worker started at
-the sweep's start is ready when the sweep sends its jobs.  Each job is claimed by
-creating claims/<index> exclusively, so the workers share the jobs in run order without
-a queue or a lock; a claimed job is compiled and its result written as one JSON line on
-the worker's stdout ({"job": i, "compiled": n} or {"job": i, "error": "..."}).  Anything
-else the compile prints goes to stderr.  The worker exits when no job is left.
+It reads one JSON line on stdin: the file holding the jobs (triton_cache.compile_jobs),
+the fp8 mode, the claims folder, the compile function ("module:name") and the
+environment variables the sweep set after it started the worker.  Started with
+`--preload A,B`, it first imports each module A (and calls A's function where A is
+"module:function"; triton_cache.preload loads torch, Triton and the kernels, about 4 s),
+so a worker started at the sweep's start is ready when the sweep sends its jobs.
+Each job is claimed by creating claims/<index> exclusively, so the workers share the
+jobs in run order without a queue or a lock; a claimed job is compiled and its result
+written as one JSON line on the worker's stdout ({"job": i, "compiled": n} or
+{"job": i, "error": "..."}).  Anything else the compile prints goes to stderr.  The
+worker exits when no job is left.
 
 Stdin stays open while the parent lives: at its end (the parent exited or was killed,
 even by SIGKILL) the worker kills its own process group, itself and the ptxas children
@@ -54,7 +56,8 @@ def run(order: dict[str, Any], results: IO[str]) -> int:
     # shipped config alone (other compile functions are called as before).
     extra = {"device": order["device"]} if order.get("device") else {}
     done = 0
-    for i, (kernel, dtype, shape, sms, capability) in enumerate(order["jobs"]):
+    jobs = order["jobs"] if "jobs" in order else json.loads(Path(order["jobs_file"]).read_text())
+    for i, (kernel, dtype, shape, sms, capability) in enumerate(jobs):
         try:
             os.close(os.open(claims / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
@@ -78,11 +81,14 @@ def main() -> int:
     os.dup2(2, 1)
     args = sys.argv[1:]
     if args[:1] == ["--preload"] and len(args) > 1:
-        for module in filter(None, args[1].split(",")):
+        for name in filter(None, args[1].split(",")):
             try:
-                importlib.import_module(module)
+                if ":" in name:
+                    _compile_fn(name)()
+                else:
+                    importlib.import_module(name)
             except Exception as e:  # the job that needs it fails and is counted
-                print(f"preload {module}: {type(e).__name__}: {e}", file=sys.stderr)
+                print(f"preload {name}: {type(e).__name__}: {e}", file=sys.stderr)
     line = b""
     while not line.endswith(b"\n"):  # the order: one line, read unbuffered (see above)
         chunk = os.read(0, 65536)

@@ -329,6 +329,8 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit,
         if meta.get("ceilings_ready"):  # a resumed run keeps the ceilings of its rows
             c = meta.get("ceilings") or {}
             cfg.ceilings = Ceilings(c.get("datasheet"), c.get("measured"))
+            if early is not None:
+                early.stop()  # no ceilings to compile beside: not idle for the sweep
         else:
             # The sweep's Triton kernels compile in worker processes meanwhile (GPU).
             ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum(), spawned=early)

@@ -163,9 +163,21 @@ def default_workers() -> int:
     return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
 
 
-# What a worker started before its jobs are known imports meanwhile: the compile
-# function's module, and the kernels (torch, Triton, every family).
-PRELOAD = ("benches.sweep.triton_cache", "kernels")
+def preload() -> None:
+    """What a worker started before its jobs are known loads meanwhile: torch, Triton,
+    Triton's helpers and every kernel family (the registry loads them on first use).
+    Nothing here asks Triton's driver anything: that would initialise CUDA."""
+    import triton  # noqa: F401
+
+    import kernels.shipped  # noqa: F401
+    import kernels.triton_utils  # noqa: F401
+    from kernels import REGISTRY
+
+    len(REGISTRY)
+
+
+# The worker's --preload: this module, then preload() run.
+PRELOAD = ("benches.sweep.triton_cache:preload",)
 
 
 def _worker_env() -> dict[str, str]:
@@ -258,8 +270,13 @@ class CompileAhead:
         # process set after an early worker started (--retune).
         from kernels.shipped import RETUNE_ENV
 
-        order = json.dumps({"jobs": jobs, "fp8_mode": fp8_mode, "claims": self.claims,
-                            "compile": compile_fn,
+        # The jobs go in a file: an order line past the pipe's 64 KiB would block the
+        # write until a worker still importing reads it.
+        jobs_file = os.path.join(self.claims, "jobs.json")
+        with open(jobs_file, "w") as f:
+            json.dump(jobs, f)
+        order = json.dumps({"jobs_file": jobs_file, "fp8_mode": fp8_mode,
+                            "claims": self.claims, "compile": compile_fn,
                             "device": list(device) if device is not None else None,
                             "env": {k: os.environ[k] for k in (RETUNE_ENV,)
                                     if k in os.environ}}) + "\n"
@@ -274,11 +291,27 @@ class CompileAhead:
                         [sys.executable, "-m", "benches.sweep.compile_worker"],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL, env=env, start_new_session=True))
-            self.workers = len(self.procs)
+            sent = []
             for proc in self.procs:
                 assert proc.stdin is not None
-                proc.stdin.write(order.encode())
-                proc.stdin.flush()  # stdin stays open: its end tells the worker to die
+                if proc.poll() is not None:
+                    continue  # an early worker that died (its import failed): the rest work
+                try:
+                    proc.stdin.write(order.encode())
+                    proc.stdin.flush()  # stdin stays open: its end tells the worker to die
+                except BrokenPipeError:
+                    continue
+                sent.append(proc)
+            for proc in set(self.procs) - set(sent):
+                _kill_group(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STOP_GRACE_S)
+                for f in (proc.stdin, proc.stdout):
+                    if f is not None:
+                        with contextlib.suppress(OSError):
+                            f.close()
+            self.procs = sent
+            self.workers = len(self.procs)
         except BaseException:
             self.workers = len(self.procs)
             self.stop()
