@@ -192,6 +192,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # its session's group: ptxas too
 
 
+def _end(procs: list[subprocess.Popen]) -> None:
+    """Kill workers that have no result to give, reap them and close their pipes."""
+    for proc in procs:
+        _kill_group(proc)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(STOP_GRACE_S)
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+
 class Spawned:
     """Compile-ahead workers started before the sweep knows its jobs (spawn_early),
     importing PRELOAD while this process imports its own and sets up the GPU; a
@@ -215,15 +228,7 @@ class Spawned:
     def stop(self) -> None:
         if self.taken:
             return  # the CompileAhead that took them stops them
-        for proc in self.procs:
-            _kill_group(proc)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(STOP_GRACE_S)
-            for f in (proc.stdin, proc.stdout):
-                if f is not None:
-                    with contextlib.suppress(OSError):
-                        f.close()
+        _end(self.procs)
         self.procs = []
 
 
@@ -302,14 +307,7 @@ class CompileAhead:
                 except BrokenPipeError:
                     continue
                 sent.append(proc)
-            for proc in set(self.procs) - set(sent):
-                _kill_group(proc)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(STOP_GRACE_S)
-                for f in (proc.stdin, proc.stdout):
-                    if f is not None:
-                        with contextlib.suppress(OSError):
-                            f.close()
+            _end([proc for proc in self.procs if proc not in sent])
             self.procs = sent
             self.workers = len(self.procs)
         except BaseException:
