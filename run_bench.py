@@ -212,9 +212,16 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
     providers = {p.strip() for p in str(args.providers).split(",")}
     if not providers & {"triton", "default", "all"}:
         return None
+    from pathlib import Path
+
+    from benches.ceilings import any_cached
     from benches.fleet.dist import launched
     from benches.sweep.triton_cache import spawn_early
 
+    # They compile while the ceilings are measured: with none to measure (a cache entry,
+    # very likely this GPU's, or --no-measure-ceilings) there is no time for them.
+    if args.no_measure_ceilings or (not args.remeasure_ceilings and any_cached(Path(args.out))):
+        return None
     return None if launched() else spawn_early()
 
 

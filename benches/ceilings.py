@@ -295,6 +295,17 @@ def _measure_class(out: dict[str, Any], rc: str, sizes: tuple[int, ...], device:
         log(f"  {rc} matmul {best:.3f} TFLOP/s")
 
 
+def cache_dir_of(out_root: Path) -> Path:
+    """The ceiling cache a run under `out_root` reads ($GPUBENCH_CEILINGS_DIR where set)."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or out_root / ".ceilings")
+
+
+def any_cached(out_root: Path) -> bool:
+    """Whether that cache holds any entry: asked before the device is known (which entry
+    is this device's needs torch and the GPU), where a run may skip measuring."""
+    return any(cache_dir_of(out_root).glob("ceilings-*.json"))
+
+
 def cache_key(present: Present, threads: int | None = None,
               fp8_mode: str | None = None) -> str:
     """The cache entry of `present` under this process's software, for a process running

@@ -124,9 +124,10 @@ ahead = triton_cache.CompileAhead(jobs, 2, "fast",
 # ready: both jobs started, the short one done (its worker has no more work)
 while len(Path(pids_file).read_text().split() if Path(pids_file).exists() else []) < 3:
     time.sleep(0.05)
-print(json.dumps([p.pid for p in ahead.procs]), flush=True)
 try:
     with signals_raise():
+        # said inside the handling: a signal sent once the test reads it is caught
+        print(json.dumps([p.pid for p in ahead.procs]), flush=True)
         time.sleep(120)
 except (Terminated, KeyboardInterrupt) as e:
     print("signalled", type(e).__name__, flush=True)
@@ -496,8 +497,9 @@ def test_early_workers_no_sweep_takes_are_stopped(tmp_path):
     assert _gone_within(pids, 10.0)
 
 
-def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch):
+def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
     import run_bench
+    from benches.ceilings import CACHE_DIR_ENV
 
     started = []
     monkeypatch.setattr(triton_cache, "Spawned", lambda n: started.append(n) or "pool")
@@ -506,8 +508,11 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+
     def early(*argv: str) -> object:
-        return run_bench._early_workers(run_bench.parse_args(list(argv)))
+        return run_bench._early_workers(run_bench.parse_args([*argv, "--out",
+                                                              str(tmp_path)]))
 
     assert early() == "pool" and started == [3]
     assert early("--providers", "torch,triton", "--sizes", "quick") == "pool"
@@ -515,11 +520,20 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch):
                  ["--inspect"], ["--providers", "torch"], ["--providers", "torch,compile"]):
         assert early(*argv) is None, argv
     assert started == [3, 3]
+    # no ceilings to measure, so no time to compile in: --no-measure-ceilings, or a
+    # cache entry (unless --remeasure-ceilings)
+    assert early("--no-measure-ceilings") is None
+    (tmp_path / ".ceilings").mkdir()
+    (tmp_path / ".ceilings" / "ceilings-0123.json").write_text("{}")
+    assert early() is None and started == [3, 3]
+    assert early("--remeasure-ceilings") == "pool" and started == [3, 3, 3]
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "elsewhere"))  # not there
+    assert early() == "pool" and started == [3, 3, 3, 3]
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "0")
     assert early() is None
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
     monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: False)
-    assert early() is None and started == [3, 3]
+    assert early() is None and started == [3, 3, 3, 3]
 
 
 def test_early_workers_are_stopped_when_the_command_ends_before_the_sweep(monkeypatch):
@@ -572,7 +586,8 @@ def test_an_early_worker_that_died_leaves_the_others_the_jobs(tmp_path):
     dead = spawned.procs[0]
     os.killpg(dead.pid, signal.SIGKILL)
     dead.wait(10)
-    jobs = [("add", "fp32", {"n": i}, 132, (9, 0)) for i in range(3000)]  # ~130 KB
+    big = {f"dim{j}": j for j in range(300)}  # ~4 KB a job, 100 result lines in all
+    jobs = [("add", "fp32", big, 132, (9, 0)) for _ in range(100)]
     assert len(json.dumps(jobs)) > 65536
     ahead = triton_cache.CompileAhead(jobs, 8, "fast", compile_fn=f"{FAKES}:counted",
                                       spawned=spawned)
@@ -580,7 +595,8 @@ def test_an_early_worker_that_died_leaves_the_others_the_jobs(tmp_path):
     for proc in ahead.procs:
         assert proc.wait(60) == 0
     got = ahead.stop()
-    assert got["cases_done"] == 3000 and got["workers"] == 2 and got["started_early"] == 1
+    assert got["cases_done"] == 100 and got["kernels_compiled"] == 100 * 300
+    assert got["workers"] == 2 and got["started_early"] == 1
 
 
 def test_the_preload_loads_triton_and_every_family_without_asking_the_driver():

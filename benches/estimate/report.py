@@ -5,12 +5,11 @@ Triton cache (benches/estimate/price.py), printed; nothing is measured or writte
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rich.table import Table
 
-from benches.ceilings import CACHE_DIR_ENV, cache_key, cache_problem
+from benches.ceilings import cache_dir_of, cache_key, cache_problem
 from benches.estimate.price import PLANS, Walk, calibrate, calibration, estimate
 from benches.estimate.rows import Reference, find_reference, selection
 from benches.estimate.speeds import capability_of, speed_of
@@ -46,8 +45,7 @@ def _cached_ceilings(model: DeviceModel, present: Present, out: Path
                      ) -> tuple[Ceilings, bool]:
     """(ceilings, whether they would come from the cache) as job.run would find them,
     read only: a GPU model's datasheet beside its cached measurement."""
-    path = Path(os.environ.get(CACHE_DIR_ENV) or out / ".ceilings") / \
-        f"ceilings-{cache_key(present)}.json"
+    path = cache_dir_of(out) / f"ceilings-{cache_key(present)}.json"
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
