@@ -388,7 +388,11 @@ AHEAD = textwrap.dedent("""
 
     cfg = run_config(GPU_MODELS["h100"], ["add", "softmax"], ["fp32"], "quick")
     jobs = triton_cache.compile_jobs(build_cases(cfg), cfg)
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1])
+    # "early": started before the jobs, loading torch, Triton and the kernels
+    # (triton_cache.preload) as the command starts them
+    spawned = triton_cache.Spawned(2) if sys.argv[2:] == ["early"] else None
+    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1],
+                                      spawned=spawned)
     for proc in ahead.procs:  # a worker exits when no job is left
         proc.wait(600)
     print(json.dumps({"jobs": len(jobs), **ahead.stop()}))
@@ -400,19 +404,21 @@ def test_compile_ahead_workers_compile_under_the_standin(tmp_path):
     """CompileAhead's workers, given the stand-in's compile function, compile every job
     for sm_90 into Triton's cache; with the sweep's own (Triton's CUDA driver, no GPU
     here) every job fails: the control."""
-    def run(fn: str, where: Path) -> dict:
+    def run(fn: str, where: Path, *extra: str) -> dict:
         where.mkdir()
-        p = _child(AHEAD, where, fn)
+        p = _child(AHEAD, where, fn, *extra)
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout.strip().splitlines()[-1])
 
-    got = run("benches.rehearse.sweep:compile_case_on_standin", tmp_path / "standin")
-    # add's 4 shapes and softmax's 3, one launch each: one config, two at N=16384
-    assert got["jobs"] == got["cases_done"] == 7 and got["cases_failed"] == 0
-    assert got["kernels_compiled"] == 8
-    archs = {json.loads(f.read_text())["target"]["arch"]
-             for f in (tmp_path / "standin" / "triton").rglob("*.json")
-             if '"target"' in f.read_text()}
-    assert archs == {90}
+    for how in ("standin", "early"):  # started with the jobs, and before them
+        got = run("benches.rehearse.sweep:compile_case_on_standin", tmp_path / how,
+                  *(["early"] if how == "early" else []))
+        # add's 4 shapes and softmax's 3, one launch each: one config, two at N=16384
+        assert got["jobs"] == got["cases_done"] == 7 and got["cases_failed"] == 0, how
+        assert got["kernels_compiled"] == 8 and got["started_early"] == (how == "early")
+        archs = {json.loads(f.read_text())["target"]["arch"]
+                 for f in (tmp_path / how / "triton").rglob("*.json")
+                 if '"target"' in f.read_text()}
+        assert archs == {90}
     control = run("benches.sweep.triton_cache:compile_case", tmp_path / "cuda")
     assert control["cases_failed"] == control["jobs"] == 7
