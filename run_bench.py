@@ -203,9 +203,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
 
 
 def _early_workers(args: argparse.Namespace) -> Spawned | None:
-    """The sweep's compile-ahead workers, started before this process imports torch
-    (benches/sweep/triton_cache.py, spawn_early): for a single-process sweep that may run
-    Triton kernels on a GPU; None otherwise."""
+    """The sweep's compile-ahead workers, started as soon as the arguments are parsed,
+    before this process loads its kernels and sets up the GPU (benches/sweep/
+    triton_cache.py, spawn_early): for a single-process sweep that may run Triton kernels
+    on a GPU and will measure its ceilings; None otherwise."""
     if (args.inspect or args.estimate or args.list or args.list_devices or args.acceptance
             or args.check_only or (args.device or "").lower() == "cpu"):
         return None
