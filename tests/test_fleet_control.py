@@ -190,6 +190,9 @@ def test_after_its_own_interrupt_a_rank_is_not_interrupted_again_by_the_fleet():
     store = dist.HashStore()
     live = Liveness(store, 1, 2, 1000.0)
     live.start()
+    # Python's own Ctrl-C handler, also where this process was started with SIGINT
+    # ignored (a background job of a shell without job control: its sleep ran out)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt), live.armed():
             try:
@@ -202,6 +205,7 @@ def test_after_its_own_interrupt_a_rank_is_not_interrupted_again_by_the_fleet():
                     time.sleep(0.01)  # where a second interruption would land
                 raise
     finally:
+        signal.signal(signal.SIGINT, before)
         live.close()
 
 
