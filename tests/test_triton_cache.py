@@ -430,7 +430,8 @@ def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
 
     out = io.StringIO()
     (tmp_path / "c").mkdir()
-    order = {"jobs": [["k", "d", {}, 1, None]], "fp8_mode": "fast",
+    (tmp_path / "jobs.json").write_text(json.dumps([["k", "d", {}, 1, None]]))
+    order = {"jobs_file": str(tmp_path / "jobs.json"), "fp8_mode": "fast",
              "claims": str(tmp_path / "c"), "compile": "tests.compile_ahead_fakes:with_device",
              "device": ["NVIDIA H200", 132, 150.1]}
     assert compile_worker.run(order, out) == 1
@@ -475,9 +476,8 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
         assert got == {"workers": 2, "cases": 3, "cases_done": 3, "cases_failed": 0,
                        "kernels_compiled": 6, "started_early": 1}
         spawned.stop()  # taken: the CompileAhead stopped them
-        assert ahead.stop() == got
+        assert spawned.procs == [] and ahead.stop() == got
     finally:
-        spawned.taken = False
         spawned.stop()
 
 

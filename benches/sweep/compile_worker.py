@@ -56,7 +56,7 @@ def run(order: dict[str, Any], results: IO[str]) -> int:
     # shipped config alone (other compile functions are called as before).
     extra = {"device": order["device"]} if order.get("device") else {}
     done = 0
-    jobs = order["jobs"] if "jobs" in order else json.loads(Path(order["jobs_file"]).read_text())
+    jobs = json.loads(Path(order["jobs_file"]).read_text())
     for i, (kernel, dtype, shape, sms, capability) in enumerate(jobs):
         try:
             os.close(os.open(claims / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))

@@ -206,13 +206,13 @@ def _end(procs: list[subprocess.Popen]) -> None:
 
 
 class Spawned:
-    """Compile-ahead workers started before the sweep knows its jobs (spawn_early),
-    importing PRELOAD while this process imports its own and sets up the GPU; a
-    CompileAhead then sends them the jobs.  stop() kills those no CompileAhead took."""
+    """Compile-ahead workers waiting for their jobs, each importing `preload` meanwhile
+    (spawn_early's: PRELOAD, while this process imports its own and sets up the GPU;
+    none for those CompileAhead starts with the jobs at hand).  A CompileAhead takes the
+    workers (take()) and sends them the jobs; stop() kills those no CompileAhead took."""
 
     def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
         self.procs: list[subprocess.Popen] = []
-        self.taken = False
         env = _worker_env()
         try:
             for _ in range(workers):
@@ -225,16 +225,19 @@ class Spawned:
             self.stop()
             raise
 
+    def take(self) -> list[subprocess.Popen]:
+        """The workers, handed over: their taker stops them from now on."""
+        procs, self.procs = self.procs, []
+        return procs
+
     def stop(self) -> None:
-        if self.taken:
-            return  # the CompileAhead that took them stops them
         _end(self.procs)
         self.procs = []
 
 
 def gpu_present_cheaply() -> bool:
-    """Whether this machine has an NVIDIA GPU, asked before torch is imported (the
-    driver's control device)."""
+    """Whether this machine has an NVIDIA GPU, without asking CUDA (torch.cuda's answer
+    initialises the driver): the driver's control device."""
     return os.path.exists("/dev/nvidiactl")
 
 
@@ -286,16 +289,9 @@ class CompileAhead:
                             "env": {k: os.environ[k] for k in (RETUNE_ENV,)
                                     if k in os.environ}}) + "\n"
         try:
-            if spawned is not None:  # started early: every one of them gets the jobs
-                spawned.taken = True
-                self.procs = list(spawned.procs)
-            else:
-                env = _worker_env()
-                for _ in range(min(workers, len(jobs))):
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "benches.sweep.compile_worker"],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+            # started early, every one of them gets the jobs; else as many as there are
+            # jobs, up to `workers`, started now
+            self.procs = (spawned or Spawned(min(workers, len(jobs)), preload=())).take()
             sent = []
             for proc in self.procs:
                 assert proc.stdin is not None
