@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from benches.estimate.price import PLANS, calibrate, calibration, estimate
+from benches.estimate.calibrate import (
+    calibrate,
+    calibration,
+    calibration_runs,
+    was_cold,
+)
+from benches.estimate.price import PLANS, estimate
 from benches.estimate.report import target_device
 from benches.estimate.rows import Reference, find_reference, load_reference, row_speed
 from benches.estimate.speeds import CPU, GPU
@@ -125,7 +131,7 @@ def test_the_command_prints_every_phase_and_writes_nothing(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing made, not even a ceiling cache
 
 
-def _cpu_run(tmp: Path, split: dict[str, float]) -> Path:
+def _cpu_run(tmp: Path, split: dict[str, float], name: str = "r1", **meta_extra) -> Path:
     """A CPU run's results.json: its rows (add fp32 at two sizes) and its time split."""
     rows = [{"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": f"n={n}",
              "cache": "warm", "flops": n, "bytes": 12 * n, "ms_median": ms,
@@ -135,8 +141,9 @@ def _cpu_run(tmp: Path, split: dict[str, float]) -> Path:
             "dtypes": ["fp32"], "providers": ["torch"], "sizes": "explicit",
             "explicit_shapes": ["n=2048", "n=4194304"], "cache": ["warm"],
             "run_budget_s": 90.0, "created": "2026-11-26T00:00:00+00:00",
-            "complete": True, "time_split_s": split, "wall_s": sum(split.values())}
-    path = tmp / "cpu" / "r1" / "results.json"
+            "complete": True, "time_split_s": split, "wall_s": sum(split.values()),
+            "run_id": name, **meta_extra}
+    path = tmp / "cpu" / name / "results.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"metadata": meta, "rows": rows}))
     return path
@@ -156,8 +163,10 @@ def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path
     walk = estimate(cfg, cases, ref, CPU, True, (("now", True),))[("now", True)]
     # unscaled: the plan's arithmetic; the 4 ms calls take a round of 5 samples each
     assert walk.counts["rows"] == 2 and walk.phases["timing"] > 5 * 5 * 0.004
-    factors = calibration(cfg, ref, CPU)
+    scaled = calibration(cfg, ref, CPU)
+    factors = scaled.factors
     assert set(factors) == {"inputs", "check", "timing", "write", "other"}
+    assert scaled.runs == ["r1 (warm)"]
     calibrate(walk, factors)
     for phase, want in split.items():
         assert walk.phases[phase] == pytest.approx(want, rel=1e-6), phase
@@ -167,6 +176,70 @@ def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path
     bigger = calibrate(estimate(more, build_cases(more), ref, CPU, True,
                                 (("now", True),))[("now", True)], factors)
     assert bigger.phases["timing"] > walk.phases["timing"] > 0
+
+
+def test_the_runs_scaled_to_are_the_newest_sessions_whole_runs(tmp_path):
+    """Runs within a day of the newest, complete, in one process (not resumed, not
+    --check-only), of the estimated kind; their seconds are summed phase by phase."""
+    split = {"inputs": 3.0, "check": 1.5, "timing": 0.3, "write": 0.8, "other": 6.0}
+    twice = {k: 2 * v for k, v in split.items()}
+    paths = [_cpu_run(tmp_path, split, "a", created="2026-11-27T10:00:00+00:00"),
+             _cpu_run(tmp_path, twice, "b", created="2026-11-27T02:00:00+00:00"),
+             # left out: a day and more before the newest, cut short, resumed, checks only
+             _cpu_run(tmp_path, split, "old", created="2026-11-26T09:59:00+00:00"),
+             _cpu_run(tmp_path, twice, "cut", complete=False),
+             _cpu_run(tmp_path, twice, "resumed", resumed=[{"rows_before": 1}]),
+             _cpu_run(tmp_path, twice, "checks", check_only=True)]
+    ref = load_reference(paths)
+    assert [m["run_id"] for m in calibration_runs(ref, "cpu")] == ["b", "a"]
+    assert calibration_runs(ref, "cuda") == []
+    args = run_bench.request_of(run_bench.parse_args(
+        ["--estimate", "--device", "cpu", "--kernels", "add", "--dtypes", "fp32",
+         "--providers", "torch", "--sizes", "n=2048;n=4194304"]))
+    model, present = target_device(args)
+    cfg = job.run_config(args, model, present, interpret=False)
+    both = calibration(cfg, ref, CPU)
+    alone = calibration(cfg, load_reference(paths[:1]), CPU)
+    assert both.runs == ["b (warm)", "a (warm)"]
+    for phase, f in alone.factors.items():  # 3 runs' worth over 2 runs of the model
+        assert both.factors[phase] == pytest.approx(min(4.0, 1.5 * f)), phase
+
+
+def test_a_run_that_built_kernels_had_a_cold_cache():
+    assert not was_cold({})  # recorded nothing: a CPU run, or an older one
+    assert not was_cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
+                         "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}})
+    assert was_cold({"triton_compiles": {"compiled": 3, "from_cache": 0}})
+    # the workers built them all: the sweep itself only loaded them
+    assert was_cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
+                     "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 40}})
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled):
+    """A fresh runner's run (kernels built) is priced cold, compiles and tunings
+    included, so that its split scales the phases by what they cost, not by how much
+    more a cold run costs than a warm one."""
+    cfg, cases, ref = _gpu_plan("h200", "--kernels", "add,softmax", "--dtypes", "fp16",
+                                "--sizes", "quick")
+    walks = estimate(cfg, cases, ref, GPU, ceilings_cached=True,
+                     plans=(("now", False), ("now", True)))
+    ran = walks[("now", not compiled)]
+    meta = {"device_kind": "cuda", "complete": True, "run_id": "quick",
+            "created": "2026-11-28T00:00:00+00:00", "kernels": ["add", "softmax"],
+            "dtypes": ["fp16"], "providers": cfg.providers, "sizes": "quick",
+            "cache": cfg.cache, "run_budget_s": cfg.run_budget_s,
+            "triton_compiles": {"compiled": 5 if compiled else 0, "from_cache": 9},
+            "time_split_s": {p: 1.5 * v for p, v in ran.phases.items()} | {"ceilings": 0}}
+    scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
+    assert scaled.runs == [f"quick ({'cold' if compiled else 'warm'})"]
+    # a warm run's compiles (loads from Triton's cache) and tunings (none) are too
+    # small to scale by
+    assert {"compile", "tune"} <= set(scaled.factors) if compiled \
+        else not {"compile", "tune"} & set(scaled.factors)
+    assert {"capture", "timing", "write", "other"} <= set(scaled.factors)
+    for phase, f in scaled.factors.items():
+        assert f == pytest.approx(1.5), phase
 
 
 # ---- the ceilings' measured time and what the compile workers can hide -------------------

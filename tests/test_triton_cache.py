@@ -86,7 +86,8 @@ def test_the_workers_share_the_jobs_and_say_what_they_did():
     claims = Path(ahead.claims)
     assert sorted(p.name for p in claims.iterdir()) == ["0", "1", "2", "jobs.json"]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
-                            "kernels_compiled": 4, "started_early": 0}
+                            "kernels_compiled": 4, "kernels_built": 0,
+                            "started_early": 0}
     assert not claims.exists()
     assert ahead.stop()["cases_done"] == 2  # once stopped, stays stopped
 
@@ -435,7 +436,28 @@ def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
              "claims": str(tmp_path / "c"), "compile": "tests.compile_ahead_fakes:with_device",
              "device": ["NVIDIA H200", 132, 150.1]}
     assert compile_worker.run(order, out) == 1
-    assert json.loads(out.getvalue()) == {"job": 0, "compiled": 132}
+    assert json.loads(out.getvalue()) == {"job": 0, "compiled": 132, "built": 0}
+
+
+def test_a_worker_says_how_many_kernels_it_built_not_found_in_tritons_cache(tmp_path):
+    """Triton's compilation listener tells a build from a load out of its cache: the
+    run's record of a cold cache when the workers built what the sweep then loads."""
+    from triton import knobs
+
+    from benches.sweep import compile_worker
+
+    out = io.StringIO()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "jobs.json").write_text(json.dumps([["k", "d", {}, 1, None]] * 2))
+    order = {"jobs_file": str(tmp_path / "jobs.json"), "fp8_mode": "fast",
+             "claims": str(tmp_path / "c"), "compile": f"{FAKES}:two_built_one_loaded"}
+    prior = knobs.compilation.listener
+    try:
+        assert compile_worker.run(order, out) == 2
+    finally:
+        knobs.compilation.listener = prior
+    assert [json.loads(ln) for ln in out.getvalue().splitlines()] == [
+        {"job": 0, "compiled": 3, "built": 2}, {"job": 1, "compiled": 3, "built": 2}]
 
 
 # ---- workers started at the sweep's start ------------------------------------------------
@@ -474,7 +496,7 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
         got = ahead.stop()
         # every job once, each seeing GPUBENCH_RETUNE=1 (2 kernels each)
         assert got == {"workers": 2, "cases": 3, "cases_done": 3, "cases_failed": 0,
-                       "kernels_compiled": 6, "started_early": 1}
+                       "kernels_compiled": 6, "kernels_built": 0, "started_early": 1}
         spawned.stop()  # taken: the CompileAhead stopped them
         assert spawned.procs == [] and ahead.stop() == got
     finally:

@@ -10,7 +10,8 @@ from pathlib import Path
 from rich.table import Table
 
 from benches.ceilings import cache_dir_of, cache_key, cache_problem
-from benches.estimate.price import PLANS, Walk, calibrate, calibration, estimate
+from benches.estimate.calibrate import Calibration, calibrate, calibration
+from benches.estimate.price import PLANS, Walk, estimate
 from benches.estimate.rows import Reference, find_reference, selection
 from benches.estimate.speeds import capability_of, speed_of
 from benches.sweep.cases import Case, RunConfig, build_cases
@@ -81,10 +82,10 @@ def run_estimate(req: RunRequest) -> int:
     sp = speed_of(model.kind)
     plans = PLANS if model.kind == "cuda" else (("now", True),)
     walks = estimate(cfg, cases, ref, sp, cached, plans)
-    factors = calibration(cfg, ref, sp)
+    scaled = calibration(cfg, ref, sp)
     for w in walks.values():
-        calibrate(w, factors)
-    _print(cfg, cases, ref, walks, factors, cached)
+        calibrate(w, scaled.factors)
+    _print(cfg, cases, ref, walks, scaled, cached)
     return 0
 
 
@@ -93,7 +94,7 @@ def _label(method: str, warm: bool) -> str:
 
 
 def _print(cfg: RunConfig, cases: list[Case], ref: Reference,
-           walks: dict[tuple[str, bool], Walk], factors: dict[str, float],
+           walks: dict[tuple[str, bool], Walk], scaled: Calibration,
            ceilings_cached: bool) -> None:
     sizes = cfg.sizes if cfg.explicit_shapes is None else "explicit sizes"
     source = (f"rows of {len(ref.paths)} run(s) under {ref.paths[-1].parents[1]}"
@@ -102,9 +103,10 @@ def _print(cfg: RunConfig, cases: list[Case], ref: Reference,
                   f"'{cfg.model.key}', nothing measured; row speeds from {source}; device "
                   "assumptions: benches/estimate/speeds.py"
                   + ("" if ceilings_cached else "; ceilings measured (none cached)"))
-    if factors:
-        console.print("scaled to the newest run's own time split: " + ", ".join(
-            f"{k} x{v:.2f}" for k, v in factors.items()))
+    if scaled.factors:
+        console.print(f"scaled to the time split of {len(scaled.runs)} run(s) of the "
+                      f"reference's newest session ({', '.join(scaled.runs)}): " + ", ".join(
+                          f"{k} x{v:.2f}" for k, v in scaled.factors.items()))
     t = Table(title="seconds per phase (benches/sweep/phases.py)")
     t.add_column("phase")
     for m, warm in walks:

@@ -24,14 +24,14 @@ from kernels.spec import Target
 @dataclass
 class Reference:
     """Rows of earlier runs of a device (the newest row of each case wins), their device
-    model, and the newest run's time split where it recorded one."""
+    model, and the metadata of the runs that recorded their time split."""
 
     paths: list[Path] = field(default_factory=list)
     rows: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
     model: DeviceModel | None = None
     l2_mb: float | None = None
-    split: dict[str, float] | None = None
-    split_meta: dict[str, Any] | None = None
+    # metadata of each run with a time split (metadata.time_split_s), oldest first
+    splits: list[dict[str, Any]] = field(default_factory=list)
     # the newest incomplete run: (path, rows it holds, its selection), a check of the
     # estimate
     cut: tuple[Path, int, tuple[Any, ...]] | None = None
@@ -90,7 +90,7 @@ def load_reference(paths: Iterable[Path]) -> Reference:
         for r in rows:
             ref.rows[row_key(r)] = r
         if isinstance(meta.get("time_split_s"), dict):
-            ref.split, ref.split_meta = meta["time_split_s"], meta
+            ref.splits.append(meta)
         if meta.get("complete") is False and rows:
             ref.cut = (p, len(rows), selection(meta))
         measured = (meta.get("ceilings") or {}).get("measured") or {}

@@ -9,7 +9,8 @@ environment variables the sweep set after it started the worker.  Started with
 so a worker started at the sweep's start is ready when the sweep sends its jobs.
 Each job is claimed by creating claims/<index> exclusively, so the workers share the
 jobs in run order without a queue or a lock; a claimed job is compiled and its result
-written as one JSON line on the worker's stdout ({"job": i, "compiled": n} or
+written as one JSON line on the worker's stdout ({"job": i, "compiled": n, "built": b}:
+n kernels compiled into Triton's cache, b of them built rather than found there; or
 {"job": i, "error": "..."}).  Anything else the compile prints goes to stderr.  The
 worker exits when no job is left.
 
@@ -47,10 +48,35 @@ def _die_with_parent(fd: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def _count_builds() -> list[int]:
+    """A one-item counter of the kernels Triton builds in this process from now on (its
+    compilation listener's `cache_hit` False; one loaded from its cache is not counted),
+    which tells a run whether its cache was cold.  Stays 0 on a Triton without the
+    listener."""
+    built = [0]
+    try:
+        from triton import knobs
+
+        comp = knobs.compilation
+        prior = comp.listener
+    except (ImportError, AttributeError):
+        return built
+
+    def listener(**kwargs: Any) -> None:
+        if prior is not None:
+            prior(**kwargs)
+        if kwargs.get("cache_hit") is False:
+            built[0] += 1
+
+    comp.listener = listener
+    return built
+
+
 def run(order: dict[str, Any], results: IO[str]) -> int:
     """Claim and compile the jobs of `order`, one result line each; how many were done."""
     os.environ.update(order.get("env") or {})
     compile_fn = _compile_fn(order["compile"])
+    built = _count_builds()
     claims = Path(order["claims"])
     # The GPU present, when the sweep passed it: compile_case then compiles a launch's
     # shipped config alone (other compile functions are called as before).
@@ -63,9 +89,11 @@ def run(order: dict[str, Any], results: IO[str]) -> int:
         except FileExistsError:
             continue  # another worker has it
         cc = tuple(capability) if capability is not None else None
+        before = built[0]
         try:
             line = {"job": i, "compiled": int(compile_fn(kernel, dtype, shape, sms, cc,
-                                                         order["fp8_mode"], **extra))}
+                                                         order["fp8_mode"], **extra)),
+                    "built": built[0] - before}
         except Exception as e:  # counted: the sweep's own compile says what is wrong
             line = {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
         results.write(json.dumps(line) + "\n")

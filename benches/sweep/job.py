@@ -410,8 +410,10 @@ def _finish(chk: Checked, opened: Opened, split: TimeSplit, measured: Measured) 
 
 def _record_split(meta: dict[str, Any], split: TimeSplit) -> None:
     """The run's time split so far into its metadata (benches/sweep/phases.py): seconds per
-    phase and the wall time since the process started, which they add up to."""
-    meta.update(time_split_s=split.split(), wall_s=split.wall_s())
+    phase and the wall time since the process started, which they add up to, and the
+    Triton compiles the sweep asked for (built, or loaded from Triton's cache)."""
+    meta.update(time_split_s=split.split(), wall_s=split.wall_s(),
+                triton_compiles=dict(split.compiles))
 
 
 def drain_rows(rows: Iterator[tuple[Case, dict[str, Any]]], e: BaseException

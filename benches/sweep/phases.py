@@ -73,6 +73,10 @@ class TimeSplit:
         self.clock = clock
         self.start = clock() if start is None else start
         self.seconds = dict.fromkeys(BOOKED, 0.0)
+        # Triton's compiles this process asked for: built ("compiled") or loaded from
+        # Triton's on-disk cache ("from_cache"), as its compilation listener says; what
+        # tells an estimate whether the run had a cold or a warm cache.
+        self.compiles = {"compiled": 0, "from_cache": 0}
         self._open: list[_Open] = []  # innermost last
 
     @contextlib.contextmanager
@@ -124,8 +128,9 @@ class TimeSplit:
 @contextlib.contextmanager
 def compiles_booked(split: TimeSplit) -> Iterator[None]:
     """Triton's compilation listener books every compile's time (Triton's own timer of
-    it, in microseconds) to `compile`, out of the phase it happened in; a listener set
-    before is kept and called first, and put back at the end.  A Triton without the
+    it, in microseconds) to `compile`, out of the phase it happened in, and counts it in
+    `split.compiles` (built, or loaded from Triton's cache: its `cache_hit`); a listener
+    set before is kept and called first, and put back at the end.  A Triton without the
     listener (or none at all) leaves compiles where they happened."""
     try:
         from triton import knobs
@@ -139,6 +144,9 @@ def compiles_booked(split: TimeSplit) -> Iterator[None]:
     def listener(*, times: Any = None, **kwargs: Any) -> None:
         if prior is not None:
             prior(times=times, **kwargs)
+        hit = kwargs.get("cache_hit")
+        if isinstance(hit, bool):
+            split.compiles["from_cache" if hit else "compiled"] += 1
         total = getattr(times, "total", None)
         if isinstance(total, int | float):
             split.move(total * 1e-6, "compile")

@@ -332,6 +332,8 @@ class CompileAhead:
         self.stopped = {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
                         "cases_failed": len(lines) - len(ok),
                         "kernels_compiled": sum(int(ln["compiled"]) for ln in ok),
+                        # of those, built (not found in Triton's cache): a cold cache
+                        "kernels_built": sum(int(ln.get("built") or 0) for ln in ok),
                         "started_early": int(self.early)}
         return self.stopped
 
