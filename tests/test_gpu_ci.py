@@ -103,7 +103,10 @@ def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
     grace = _setting("KILL_GRACE_S")
     assert budget <= 540  # the job within 9 minutes
     assert 0 < grace <= 20 and "--kill-after=$KILL_GRACE_S" in text
-    total = sum(cap for name, cap, _ in steps if name != "pytest")
+    leftover = text.split('\nLEFTOVER_STEPS="', 1)[1].split('"', 1)[0].split()
+    assert leftover == ["sweep-warm", "pytest"]  # the last steps, in the table's order
+    assert [n for n, _, _ in steps[-len(leftover):]] == leftover
+    total = sum(cap for name, cap, _ in steps if name not in leftover)
     assert total + grace + reserve <= budget
     assert f"caps: {total} s + {grace} s of kill grace + {reserve} s for the summary = " \
            f"{total + grace + reserve} s of a {budget} s budget" in p.stdout
@@ -165,6 +168,17 @@ def test_a_step_is_given_the_budget_less_the_summarys_reserve_and_the_kill_grace
     assert p.returncode == 0, p.stdout + p.stderr
     tsv = (tmp_path / "b" / "steps.tsv").read_text()
     assert "ncu\tskipped\t0\t-\tnot started: it needs about 10 s, 5 s of the job's" in tsv
+
+
+def test_a_leftover_step_is_started_only_with_its_whole_cap_left(tmp_path) -> None:
+    """The warm sweep and the whole suite run on what the other steps leave, and only
+    when their whole cap is left: never cut short (a cut would fail the job)."""
+    reserve, grace = _setting("SUMMARY_RESERVE_S"), _setting("KILL_GRACE_S")
+    p = _rehearse(tmp_path / "a", "sweep-warm", budget=reserve + grace + 100)
+    assert p.returncode == 0, p.stdout + p.stderr
+    tsv = (tmp_path / "a" / "steps.tsv").read_text()
+    # the rehearsal's cap (300 s) is each step's there
+    assert "sweep-warm\tskipped\t0\t-\tnot started: it needs about 300 s, " in tsv
 
 
 def test_a_step_without_its_expected_time_left_is_skipped_with_the_reason() -> None:
