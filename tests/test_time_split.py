@@ -24,7 +24,7 @@ from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
 from kernels import REGISTRY
-from roofline.report.summary import render_summary, time_split_line
+from roofline.report.summary import compiles_line, render_summary, time_split_line
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +108,20 @@ def test_the_split_line_says_timing_of_wall():
     assert time_split_line({}) is None
     md = render_summary({**meta, "device_key": "cpu"}, pd_rows())
     assert "- **time**: timing 12 s of 30 s (ceilings 10, other 5, write 2)" in md
+
+
+def test_the_summary_says_how_many_kernels_were_built_or_loaded_from_the_cache():
+    assert compiles_line({}) is None  # a CPU run, an older run
+    assert compiles_line({"triton_compiles": {"compiled": 0, "from_cache": 0}}) is None
+    warm = {"triton_compiles": {"compiled": 0, "from_cache": 47},
+            "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}}
+    assert compiles_line(warm) == "0 built, 47 loaded from Triton's cache"
+    cold = {"triton_compiles": {"compiled": 93, "from_cache": 40},
+            "compiled_ahead": {"kernels_built": 40}}
+    assert compiles_line(cold) == ("93 built, 40 loaded from Triton's cache; 40 built "
+                                   "ahead by the compile workers")
+    md = render_summary({**cold, "device_key": "h200"}, pd_rows())
+    assert "- **Triton compiles**: 93 built, 40 loaded from Triton's cache; 40" in md
 
 
 def pd_rows():

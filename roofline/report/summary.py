@@ -147,6 +147,7 @@ def _run_facts(meta: dict[str, Any]) -> str:
         ("sizes", v("sizes")),
         ("timing", timing),
         ("time", time_split_line(meta)),
+        ("Triton compiles", compiles_line(meta)),
         ("fp8 accumulation", _FP8_ACCUM.get(str(meta.get("fp8_accum")), meta.get("fp8_accum"))),
     ]
     for key, label in (("capability", "compute capability"), ("sms", "SMs"),
@@ -180,6 +181,21 @@ def time_split_line(meta: dict[str, Any]) -> str | None:
     tail = ", ".join(f"{k} {v:.0f}" for v, k in rest)
     return (f"timing {finite_or_none(split.get('timing')) or 0.0:.0f} s of {wall:.0f} s"
             + (f" ({tail})" if tail else ""))
+
+
+def compiles_line(meta: dict[str, Any]) -> str | None:
+    """The Triton compiles a run asked for: built or loaded from Triton's cache
+    (metadata.triton_compiles), and those its compile-ahead workers built
+    (compiled_ahead.kernels_built): a cold cache or a warm one.  None when it recorded
+    none (a CPU run, an older run)."""
+    own = as_dict(meta.get("triton_compiles")) or {}
+    built, cached = (int(finite_or_none(own.get(k)) or 0) for k in ("compiled", "from_cache"))
+    ahead = int(finite_or_none((as_dict(meta.get("compiled_ahead")) or {})
+                               .get("kernels_built")) or 0)
+    if not (built or cached or ahead):
+        return None
+    return (f"{built} built, {cached} loaded from Triton's cache"
+            + (f"; {ahead} built ahead by the compile workers" if ahead else ""))
 
 
 def _timing_section(meta: dict[str, Any]) -> str | None:
