@@ -180,16 +180,19 @@ def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path
 
 def test_the_runs_scaled_to_are_the_newest_sessions_whole_runs(tmp_path):
     """Runs within a day of the newest, complete, in one process (not resumed, not
-    --check-only), of the estimated kind; their seconds are summed phase by phase."""
+    --check-only, not a fleet), of the estimated kind; their seconds are summed phase by
+    phase."""
     split = {"inputs": 3.0, "check": 1.5, "timing": 0.3, "write": 0.8, "other": 6.0}
     twice = {k: 2 * v for k, v in split.items()}
     paths = [_cpu_run(tmp_path, split, "a", created="2026-11-27T10:00:00+00:00"),
              _cpu_run(tmp_path, twice, "b", created="2026-11-27T02:00:00+00:00"),
-             # left out: a day and more before the newest, cut short, resumed, checks only
+             # left out: a day and more before the newest, cut short, resumed, checks
+             # only, a fleet's
              _cpu_run(tmp_path, split, "old", created="2026-11-26T09:59:00+00:00"),
              _cpu_run(tmp_path, twice, "cut", complete=False),
              _cpu_run(tmp_path, twice, "resumed", resumed=[{"rows_before": 1}]),
-             _cpu_run(tmp_path, twice, "checks", check_only=True)]
+             _cpu_run(tmp_path, twice, "checks", check_only=True),
+             _cpu_run(tmp_path, twice, "fleet", fleet={"world": 1, "ranks": []})]
     ref = load_reference(paths)
     assert [m["run_id"] for m in calibration_runs(ref, "cpu")] == ["b", "a"]
     assert calibration_runs(ref, "cuda") == []

@@ -4,7 +4,7 @@ runs' own cases, as they ran (Triton's cache cold or warm, ceilings measured or 
 
 Which runs: those of the estimated kind of device (a CPU's runs for a CPU estimate, any
 GPU's for a GPU's) that ran whole in one process (complete, not resumed, not
---check-only) within a day of the newest of them: one session of one machine, whose
+--check-only, not a fleet's) within a day of the newest of them: one session of one machine, whose
 load (a CPU shared with other jobs changes its speed by 2x) and host (a GPU runner's
 start-up, its CPU's capture and Python) the estimate should carry.  Their sums are
 compared phase by phase, so a large run weighs more than a short one.
@@ -63,10 +63,11 @@ def was_cold(meta: Mapping[str, Any]) -> bool:
 
 def calibration_runs(ref: Reference, kind: str) -> list[dict[str, Any]]:
     """The metadata of the runs an estimate for a device of `kind` is scaled to (see the
-    module's docstring), oldest first."""
+    module's docstring), oldest first.  A fleet's folder is left out: its split is rank
+    0's, beside collectives no sweep prices."""
     whole = [m for m in ref.splits
              if m.get("device_kind") == kind and m.get("complete") is True
-             and not m.get("resumed") and not m.get("check_only")
+             and not m.get("resumed") and not m.get("check_only") and not m.get("fleet")
              and _created(m) is not None]
     if not whole:
         return []
