@@ -185,6 +185,8 @@ class RunMetadata(TypedDict, total=False):
     resumed: list[dict[str, Any]]
     time_split_s: dict[str, float]
     wall_s: float
+    # Triton's compiles the sweep asked for: {"compiled": built, "from_cache": loaded}
+    triton_compiles: dict[str, int]
     fleet: dict[str, Any]
     promoted_at: str  # a baseline's: when and from which runs it was promoted
     promoted_from: list[str]

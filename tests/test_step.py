@@ -124,6 +124,28 @@ def test_a_slice_extrapolates_linearly_to_the_whole_model(tiny, monkeypatch):
     assert any("extrapolated as F(0) + 2 x (F(1) - F(0)) / 1" in n for n in part["notes"])
 
 
+def test_a_category_the_blocks_add_nothing_to_is_not_extrapolated_below_zero(monkeypatch):
+    """A category of the embedding and head (the loss, the head's GEMM) measured a little
+    faster in the slice than alone, as noise does on a busy host: the line through the
+    two would take it to base - 32 x the noise, a negative time, which crashed the step
+    figure (matplotlib's log axis and marker sizes).  The blocks add no less than
+    nothing."""
+    real = step_mod._measure
+
+    def noisy(shape, n_blocks, *args, **kwargs):
+        m = real(shape, n_blocks, *args, **kwargs)
+        m["time_ms"] = {**m["time_ms"], "median": 1.0 + n_blocks}
+        m["profile_ms"] = {**m["profile_ms"], "loss": 0.5 if n_blocks else 0.6,
+                           "attention": 0.3 * n_blocks}
+        return m
+
+    monkeypatch.setattr(step_mod, "_measure", noisy)
+    whole = measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
+    assert whole["profile_ms"]["loss"] == pytest.approx(0.6)  # the base's, not 0.4
+    assert whole["profile_ms"]["attention"] == pytest.approx(0.6)  # 0 + 2 x 0.3
+    assert whole["time_ms"]["median"] == pytest.approx(3.0)
+
+
 def test_gpt2_small_attention_term_is_nanogpts():
     """nanoGPT's estimate_mfu: flops_per_token = 6 N + 12 L H Q T."""
     s = PRESETS["gpt2-small"]

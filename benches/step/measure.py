@@ -245,14 +245,18 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
-    """base + blocks x (part - base) / k, through dicts of numbers."""
+    """base + blocks x (part - base) / k, through dicts of numbers, a block adding no
+    less than nothing: every figure is a time, a FLOP count or bytes, and a slice that
+    measured less than the embedding and head alone (a category of a tiny model on a
+    busy host: the loss's, the head's) is noise, which the line would multiply by
+    blocks / k into a negative time."""
     if isinstance(base, dict):
         keys = set(base) | set(part)
         return {key: _line(base.get(key, 0), part.get(key, 0), blocks, k) for key in keys
                 if key != "samples"}
     if base is None or part is None:
         return None
-    return base + blocks * (part - base) / k
+    return base + blocks * max(0, part - base) / k
 
 
 MEMINFO = "/proc/meminfo"
