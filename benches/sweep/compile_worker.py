@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from benches.sweep.phases import TimeSplit, compiles_booked
+
 
 def _compile_fn(name: str) -> Callable[..., int]:
     module, _, attr = name.partition(":")
@@ -48,57 +50,36 @@ def _die_with_parent(fd: int) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _count_builds() -> list[int]:
-    """A one-item counter of the kernels Triton builds in this process from now on (its
-    compilation listener's `cache_hit` False; one loaded from its cache is not counted),
-    which tells a run whether its cache was cold.  Stays 0 on a Triton without the
-    listener."""
-    built = [0]
-    try:
-        from triton import knobs
-
-        comp = knobs.compilation
-        prior = comp.listener
-    except (ImportError, AttributeError):
-        return built
-
-    def listener(**kwargs: Any) -> None:
-        if prior is not None:
-            prior(**kwargs)
-        if kwargs.get("cache_hit") is False:
-            built[0] += 1
-
-    comp.listener = listener
-    return built
-
-
 def run(order: dict[str, Any], results: IO[str]) -> int:
     """Claim and compile the jobs of `order`, one result line each; how many were done."""
     os.environ.update(order.get("env") or {})
     compile_fn = _compile_fn(order["compile"])
-    built = _count_builds()
     claims = Path(order["claims"])
     # The GPU present, when the sweep passed it: compile_case then compiles a launch's
     # shipped config alone (other compile functions are called as before).
     extra = {"device": order["device"]} if order.get("device") else {}
     done = 0
     jobs = json.loads(Path(order["jobs_file"]).read_text())
-    for i, (kernel, dtype, shape, sms, capability) in enumerate(jobs):
-        try:
-            os.close(os.open(claims / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            continue  # another worker has it
-        cc = tuple(capability) if capability is not None else None
-        before = built[0]
-        try:
-            line = {"job": i, "compiled": int(compile_fn(kernel, dtype, shape, sms, cc,
-                                                         order["fp8_mode"], **extra)),
-                    "built": built[0] - before}
-        except Exception as e:  # counted: the sweep's own compile says what is wrong
-            line = {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
-        results.write(json.dumps(line) + "\n")
-        results.flush()
-        done += 1
+    # Triton's compilation listener counts what is built, not found in its cache, as
+    # the sweep's own process counts it: how a run tells a cold cache from a warm one.
+    split = TimeSplit()
+    with compiles_booked(split):
+        for i, (kernel, dtype, shape, sms, capability) in enumerate(jobs):
+            try:
+                os.close(os.open(claims / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue  # another worker has it
+            cc = tuple(capability) if capability is not None else None
+            before = split.compiles["compiled"]
+            try:
+                n = int(compile_fn(kernel, dtype, shape, sms, cc, order["fp8_mode"], **extra))
+                line = {"job": i, "compiled": n,
+                        "built": split.compiles["compiled"] - before}
+            except Exception as e:  # counted: the sweep's own compile says what is wrong
+                line = {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
+            results.write(json.dumps(line) + "\n")
+            results.flush()
+            done += 1
     return done
 
 
