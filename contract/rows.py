@@ -124,6 +124,32 @@ def positive_float(x: Any) -> float | None:
 
 
 @dataclass(frozen=True)
+class TritonBuilds:
+    """The Triton kernels a run built or loaded: by its own process (metadata.
+    triton_compiles: `compiled`, built; `from_cache`, loaded from Triton's cache) and by
+    its compile-ahead workers (compiled_ahead.kernels_built); 0 where not recorded."""
+
+    built: int
+    from_cache: int
+    built_ahead: int
+
+    @property
+    def cold(self) -> bool:
+        """Triton's cache was cold: the run or its workers built a kernel (loading one
+        from the cache is not building it)."""
+        return bool(self.built or self.built_ahead)
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> TritonBuilds:
+        def count(doc: Any, key: str) -> int:
+            return int(positive_float(doc.get(key)) or 0) if isinstance(doc, dict) else 0
+
+        own, ahead = meta.get("triton_compiles"), meta.get("compiled_ahead")
+        return cls(count(own, "compiled"), count(own, "from_cache"),
+                   count(ahead, "kernels_built"))
+
+
+@dataclass(frozen=True)
 class Ceiling:
     """One set of ceilings (datasheet or measured) of a run."""
 

@@ -19,7 +19,6 @@ from benches.estimate.calibrate import (
     calibrate,
     calibration,
     calibration_runs,
-    was_cold,
 )
 from benches.estimate.price import PLANS, estimate
 from benches.estimate.report import target_device
@@ -30,6 +29,7 @@ from benches.sweep.cases import Case, build_cases
 from benches.sweep.phases import PHASES
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES
+from contract.rows import TritonBuilds
 from kernels import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,7 +185,8 @@ def test_the_runs_scaled_to_are_the_newest_sessions_whole_runs(tmp_path):
     split = {"inputs": 3.0, "check": 1.5, "timing": 0.3, "write": 0.8, "other": 6.0}
     twice = {k: 2 * v for k, v in split.items()}
     paths = [_cpu_run(tmp_path, split, "a", created="2026-11-27T10:00:00+00:00"),
-             _cpu_run(tmp_path, twice, "b", created="2026-11-27T02:00:00+00:00"),
+             # a time without its zone is UTC's
+             _cpu_run(tmp_path, twice, "b", created="2026-11-27T02:00:00"),
              # left out: a day and more before the newest, cut short, resumed, checks
              # only, a fleet's
              _cpu_run(tmp_path, split, "old", created="2026-11-26T09:59:00+00:00"),
@@ -208,13 +209,17 @@ def test_the_runs_scaled_to_are_the_newest_sessions_whole_runs(tmp_path):
         assert both.factors[phase] == pytest.approx(min(4.0, 1.5 * f)), phase
 
 
+def _cold(meta: dict) -> bool:
+    return TritonBuilds.of(meta).cold
+
+
 def test_a_run_that_built_kernels_had_a_cold_cache():
-    assert not was_cold({})  # recorded nothing: a CPU run, or an older one
-    assert not was_cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
+    assert not _cold({})  # recorded nothing: a CPU run, or an older one
+    assert not _cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
                          "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}})
-    assert was_cold({"triton_compiles": {"compiled": 3, "from_cache": 0}})
+    assert _cold({"triton_compiles": {"compiled": 3, "from_cache": 0}})
     # the workers built them all: the sweep itself only loaded them
-    assert was_cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
+    assert _cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
                      "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 40}})
 
 

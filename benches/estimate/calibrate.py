@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from benches.estimate.price import Pricer, Walk
@@ -24,6 +24,7 @@ from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.cases import RunConfig, build_cases
 from benches.sweep.phases import PHASES
 from benches.sweep.shapes import parse_sizes
+from contract.rows import TritonBuilds
 
 # Runs within this of the newest one calibrate together (see the module's docstring).
 SESSION = timedelta(days=1)
@@ -45,34 +46,27 @@ class Calibration:
 
 
 def _created(meta: Mapping[str, Any]) -> datetime | None:
+    """When a run was made (metadata.created; a time without its zone read as UTC, so
+    that any two compare), None where unreadable."""
     try:
-        return datetime.fromisoformat(str(meta.get("created")))
+        made = datetime.fromisoformat(str(meta.get("created")))
     except ValueError:
         return None
-
-
-def was_cold(meta: Mapping[str, Any]) -> bool:
-    """Whether a run found Triton's cache cold: it or its compile-ahead workers built a
-    kernel (metadata.triton_compiles.compiled, compiled_ahead.kernels_built; loading one
-    from Triton's cache is not building it).  A run that recorded neither (a CPU run, or
-    one made before they were recorded) is taken as warm."""
-    own = (meta.get("triton_compiles") or {}).get("compiled") or 0
-    ahead = (meta.get("compiled_ahead") or {}).get("kernels_built") or 0
-    return bool(own or ahead)
+    return made if made.tzinfo else made.replace(tzinfo=timezone.utc)
 
 
 def calibration_runs(ref: Reference, kind: str) -> list[dict[str, Any]]:
     """The metadata of the runs an estimate for a device of `kind` is scaled to (see the
     module's docstring), oldest first.  A fleet's folder is left out: its split is rank
     0's, beside collectives no sweep prices."""
-    whole = [m for m in ref.splits
+    whole = [(made, m) for m in ref.splits
              if m.get("device_kind") == kind and m.get("complete") is True
              and not m.get("resumed") and not m.get("check_only") and not m.get("fleet")
-             and _created(m) is not None]
+             and (made := _created(m)) is not None]
     if not whole:
         return []
-    newest = max(_created(m) for m in whole)  # type: ignore[type-var]
-    return [m for m in whole if newest - _created(m) <= SESSION]  # type: ignore[operator]
+    newest = max(made for made, _ in whole)
+    return [m for made, m in whole if newest - made <= SESSION]
 
 
 def _config_of(cfg: RunConfig, meta: Mapping[str, Any]) -> RunConfig:
@@ -104,7 +98,7 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
             continue
         split = meta["time_split_s"]
         cached = float(split.get("ceilings") or 0.0) < 1.0
-        cold = was_cold(meta)
+        cold = TritonBuilds.of(meta).cold  # an older or a CPU run: warm
         model: Walk = Pricer(rcfg, ref, sp, "now", not cold, cached).run(cases)
         for phase in PHASES:
             got[phase] += model.phases[phase]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
-from contract.rows import Ceiling, clean_rows, run_ceilings
+from contract.rows import Ceiling, TritonBuilds, clean_rows, run_ceilings
 from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
@@ -188,14 +188,12 @@ def compiles_line(meta: dict[str, Any]) -> str | None:
     (metadata.triton_compiles), and those its compile-ahead workers built
     (compiled_ahead.kernels_built): a cold cache or a warm one.  None when it recorded
     none (a CPU run, an older run)."""
-    own = as_dict(meta.get("triton_compiles")) or {}
-    built, cached = (int(finite_or_none(own.get(k)) or 0) for k in ("compiled", "from_cache"))
-    ahead = int(finite_or_none((as_dict(meta.get("compiled_ahead")) or {})
-                               .get("kernels_built")) or 0)
-    if not (built or cached or ahead):
+    b = TritonBuilds.of(meta)
+    if not (b.built or b.from_cache or b.built_ahead):
         return None
-    return (f"{built} built, {cached} loaded from Triton's cache"
-            + (f"; {ahead} built ahead by the compile workers" if ahead else ""))
+    return (f"{b.built} built, {b.from_cache} loaded from Triton's cache"
+            + (f"; {b.built_ahead} built ahead by the compile workers" if b.built_ahead
+               else ""))
 
 
 def _timing_section(meta: dict[str, Any]) -> str | None:
