@@ -1019,3 +1019,24 @@ def test_too_few_rounds_leave_an_ambiguous_row_ambiguous(base: Path, tmp_path: P
         k: [spread_samples(0.26)] * 2 for k in keys})
     assert code == 0  # 2 rounds 1.3x slower: not enough to turn ambiguous into slower
     assert "| M=4096,N=4096,K=4096 | **ambiguous** |" in (run / "compare.md").read_text()
+
+
+def test_the_retime_child_runs_from_the_checkouts_root(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """A GPU runner runs the project from a checkout, not installed: `python -m
+    benches.sweep.retime` finds the package only from the repository's root (the H200
+    run of 2026-11-27 ran it from benches/: 'No module named benches', every round)."""
+    import benches.sweep.retime as retime
+
+    seen: list[Path] = []
+
+    def fake_run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
+        seen.append(Path(kw["cwd"]))
+        return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+
+    monkeypatch.setattr(retime.subprocess, "run", fake_run)
+    monkeypatch.setattr(retime, "RETIME_SPACING_S", 0.0)
+    retime.Retimer("h200", {}, [], say=lambda _: None)(
+        [("add", "triton", "bf16", "n=4096")])
+    assert seen and all((cwd / "benches" / "sweep" / "retime.py").is_file()
+                        and (cwd / "run_bench.py").is_file() for cwd in seen)

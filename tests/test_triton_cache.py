@@ -292,13 +292,21 @@ def test_a_workers_compile_asks_the_driver_nothing_that_needs_a_context(tmp_path
                             "get_current_target"]
 
 
+# A worker is given the capability by the sweep (it asks torch nothing itself), so the
+# child takes it from the test's process too; whether a primary context exists is asked
+# after each stage, so a failure says which stage made it (the 2026-11-27 H200 run found
+# one after the whole child, capability query included).
 NO_CONTEXT = """
-import json
+import json, sys
 import torch
+has = lambda: torch._C._cuda_hasPrimaryContext(0)
+stages = {"import": has()}
 from benches.sweep.triton_cache import compile_case
-cc = torch.cuda.get_device_capability(0)
+stages["kernels imported"] = has()
+cc = tuple(json.loads(sys.argv[1]))
 n = compile_case("add", "fp32", {"n": 4096}, 132, cc, "fast")
-print(json.dumps({"compiled": n, "context": torch._C._cuda_hasPrimaryContext(0)}))
+stages["compiled"] = has()
+print(json.dumps({"compiled": n, "context": stages}))
 """
 
 # The sweep's first call of the same case, in another process: Triton's compile listener
@@ -329,13 +337,17 @@ def test_a_workers_compile_creates_no_context_and_is_what_the_sweep_loads(tmp_pa
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
 
-    def child(code: str) -> dict:
-        p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=300,
-                           capture_output=True, text=True)
+    def child(code: str, *argv: str) -> dict:
+        p = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, env=env,
+                           timeout=300, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout.splitlines()[-1])
 
-    assert child(NO_CONTEXT) == {"compiled": 1, "context": False}
+    import torch
+
+    cc = json.dumps(list(torch.cuda.get_device_capability(0)))
+    assert child(NO_CONTEXT, cc) == {"compiled": 1, "context": {
+        "import": False, "kernels imported": False, "compiled": False}}
     launched = child(LAUNCH)
     assert launched["hits"] == [True] and launched["rel_err"] < 1e-5
 

@@ -30,6 +30,10 @@ from typing import Any
 
 from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key, row_key
 
+# The repository's root, the child's working directory: `python -m benches...` finds the
+# project there where it is not installed (a GPU runner runs it from a checkout).
+ROOT = Path(__file__).resolve().parents[2]
+
 SEP = "|"
 
 # Rounds of re-timing for rows that look slower than the baseline, interleaved across
@@ -83,7 +87,7 @@ class Retimer:
             started = time.monotonic()
             proc = subprocess.run([sys.executable, "-m", "benches.sweep.retime"], input=spec,
                                   capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent)
+                                  cwd=ROOT)
             lines = proc.stdout.strip().splitlines()
             if proc.returncode != 0 or not lines:
                 why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
