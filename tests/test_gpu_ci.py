@@ -101,7 +101,7 @@ def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
     text = SCRIPT.read_text()
     budget, reserve = _setting("DEFAULT_BUDGET_S"), _setting("SUMMARY_RESERVE_S")
     grace = _setting("KILL_GRACE_S")
-    assert budget <= 540  # the job within 9 minutes
+    assert budget <= 570  # within the device's 600 s a command, 30 s left to pack the output
     assert 0 < grace <= 20 and "--kill-after=$KILL_GRACE_S" in text
     leftover = text.split('\nLEFTOVER_STEPS="', 1)[1].split('"', 1)[0].split()
     assert leftover == ["sweep-warm", "pytest"]  # the last steps, in the table's order

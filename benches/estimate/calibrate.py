@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from benches.estimate.price import Pricer, Walk
-from benches.estimate.rows import Reference
+from benches.estimate.rows import Reference, run_identity
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.cases import RunConfig, build_cases
 from benches.sweep.phases import PHASES
@@ -99,7 +99,8 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
         split = meta["time_split_s"]
         cached = float(split.get("ceilings") or 0.0) < 1.0
         cold = TritonBuilds.of(meta).cold  # an older or a CPU run: warm
-        model: Walk = Pricer(rcfg, ref, sp, "now", not cold, cached).run(cases)
+        model: Walk = Pricer(rcfg, ref, sp, "now", not cold, cached,
+                             sources=ref.sources.get(run_identity(meta), {})).run(cases)
         for phase in PHASES:
             got[phase] += model.phases[phase]
             want[phase] += float(split.get(phase) or 0.0)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from benches.estimate.rows import Reference, RowSpeed, row_speed
+from benches.estimate.rows import Reference, RowSpeed, case_key, row_speed
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
@@ -114,8 +114,12 @@ class Pricer:
     """Walks one method's plan over the cases, pricing each row (see the module)."""
 
     def __init__(self, cfg: RunConfig, ref: Reference, sp: DeviceSpeed, method: str,
-                 warm: bool, ceilings_cached: bool) -> None:
+                 warm: bool, ceilings_cached: bool,
+                 sources: Mapping[tuple[str, ...], str] | None = None) -> None:
         self.cfg, self.ref, self.sp, self.method, self.warm = cfg, ref, sp, method, warm
+        # A past run priced as it ran: its rows' config_source says which launches ran a
+        # shipped config (the file it had, not today's) and which were tuned.
+        self.sources = sources
         self.walk = Walk(method, warm)
         self.cases_seen: set[tuple[str, ...]] = set()
         self.compiled: set[tuple[Any, ...]] = set()
@@ -208,14 +212,22 @@ class Pricer:
         one = rs.call_ms * 1e-3 + rs.host_us * 1e-6
         tuned = False
         shipped: list[Any] = [None] * len(launches)
-        if self.method == "now" and launches and not retune_requested():
+        # as a past run ran (its rows' config_source): "cached", a tuning Triton found
+        # on disk
+        ran = (self.sources or {}).get(case_key(case), "").split("; ")
+        on_disk = [False] * len(launches)
+        if self.sources is not None and launches and len(ran) == len(launches):
+            shipped = [ln.configs[0] if src == "shipped" else None
+                       for ln, src in zip(launches, ran, strict=True)]
+            on_disk = [src == "cached" for src in ran]
+        elif self.method == "now" and launches and not retune_requested():
             shipped = shipped_configs_of(case, self.cfg, launches, None)[0]
-        for ln, ship in zip(launches, shipped, strict=True):
+        for ln, ship, found in zip(launches, shipped, on_disk, strict=True):
             if ship is not None:
                 self.compile_one(ln, ship)
                 continue
             tunes = len(ln.configs) > 1 and self.cfg.target.kind == "cuda"
-            kept = tunes and self.method == "now" and self.warm
+            kept = tunes and self.method == "now" and (self.warm or found)
             key = _tune_key(ln)
             if tunes and key not in self.tuned:
                 self.tuned.add(key)

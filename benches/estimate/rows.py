@@ -32,6 +32,9 @@ class Reference:
     l2_mb: float | None = None
     # metadata of each run with a time split (metadata.time_split_s), oldest first
     splits: list[dict[str, Any]] = field(default_factory=list)
+    # each such run's rows' config_source, by run_identity(meta) then row key: which
+    # launches ran a shipped config, were tuned or fixed, as that run found its file
+    sources: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
     # the newest incomplete run: (path, rows it holds, its selection), a check of the
     # estimate
     cut: tuple[Path, int, tuple[Any, ...]] | None = None
@@ -64,6 +67,16 @@ class Reference:
                 and k[4] == case.cache]
 
 
+def run_identity(meta: dict[str, Any]) -> str:
+    """A run among the reference's: when it was made and its id."""
+    return f"{meta.get('created')}|{meta.get('run_id')}"
+
+
+def case_key(case: Case) -> tuple[str, ...]:
+    """The row key (contract.schema.row_key) a case's row has."""
+    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
+
+
 def selection(meta: dict[str, Any]) -> tuple[Any, ...]:
     """What a run selected (a RunConfig or a run's metadata): kernels, dtypes,
     providers, sizes, cache modes."""
@@ -91,6 +104,8 @@ def load_reference(paths: Iterable[Path]) -> Reference:
             ref.rows[row_key(r)] = r
         if isinstance(meta.get("time_split_s"), dict):
             ref.splits.append(meta)
+            ref.sources[run_identity(meta)] = {
+                row_key(r): str(r["config_source"]) for r in rows if r.get("config_source")}
         if meta.get("complete") is False and rows:
             ref.cut = (p, len(rows), selection(meta))
         measured = (meta.get("ceilings") or {}).get("measured") or {}
@@ -100,13 +115,23 @@ def load_reference(paths: Iterable[Path]) -> Reference:
     return ref
 
 
+def _runs_under(out_root: Path, pattern: str) -> list[Path]:
+    """The results.json files under out_root matching `pattern`, sorted, but a fleet
+    rank's own run (<fleet>/ranks/rank-<r>/...): its rows are in the fleet's
+    results.json, and its time split holds the fleet's waits and collectives, which no
+    sweep's phases price."""
+    return sorted(p for p in out_root.glob(pattern)
+                  if "ranks" not in p.relative_to(out_root).parts[:-1])
+
+
 def find_reference(out_root: Path, model: DeviceModel) -> Reference:
-    """The runs of `model` under out_root (any depth), else, for a GPU, of any GPU."""
-    own = sorted(out_root.glob(f"{model.key}/**/results.json"))
+    """The runs of `model` under out_root (any depth), else, for a GPU, of any GPU;
+    fleet ranks' own runs left out."""
+    own = _runs_under(out_root, f"{model.key}/**/results.json")
     if own or model.kind != "cuda":
         return load_reference(own)
     gpus = []
-    for p in sorted(out_root.glob("*/**/results.json")):
+    for p in _runs_under(out_root, "*/**/results.json"):
         try:
             kind = json.loads(p.read_text()).get("metadata", {}).get("device_kind")
         except (OSError, ValueError):
