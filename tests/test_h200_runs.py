@@ -152,12 +152,17 @@ def test_a_finalized_cpu_run_can_still_be_resumed(tmp_path: Path) -> None:
     assert len(df) == 2 and meta["complete"] is True
 
 
-def test_the_committed_baseline_is_the_h200_quick_run() -> None:
+def test_the_committed_baseline_is_the_h200s_complete_quick_run() -> None:
+    """The 2026-11-27 warm quick sweep, complete (the first baseline, cut short at 219
+    rows, is kept in results/baselines/history/)."""
     base = json.loads((ROOT / "results" / "baselines" / "h200.json").read_text())
-    quick = json.loads((H200 / "quick" / RESULTS_JSON).read_text())
-    assert base["metadata"]["device_key"] == "h200"
-    assert len(base["rows"]) == len(quick["rows"]) == 219
-    assert base["metadata"]["promoted_from"].endswith("h200/2026-11-26/quick/results.json")
+    run = "h200/2026-11-27/quick-warm2"
+    quick = json.loads((ROOT / "results" / run / RESULTS_JSON).read_text())
+    assert base["metadata"]["device_key"] == "h200" and base["metadata"]["complete"]
+    assert len(base["rows"]) == len(quick["rows"]) == 406
+    assert base["metadata"]["promoted_from"].endswith(f"{run}/results.json")
+    first = list((ROOT / "results" / "baselines" / "history").glob("h200.*.json"))
+    assert [len(json.loads(f.read_text())["rows"]) for f in first] == [219]
 
 
 def test_copying_the_committed_runs_keeps_them_readable(tmp_path: Path) -> None:

@@ -44,6 +44,12 @@ from roofline.report import configs as configs_cmd
 ROOT = Path(__file__).resolve().parents[1]
 H200_RUNS = [f"results/h200/2026-11-26/{r}" for r in
              ("quick", "matmul-8192", "fp8-precise", "vectors-fp8", "step-kernels")]
+# The runs kernels/configs/h200.json was written from, in that command's order.
+CONFIG_RUNS = [f"results/h200/2026-11-27/{r}" for r in
+               ("quick-warm2", "quick-warm", "quick", "matmul-8192", "fp8-precise",
+                "vectors-fp8", "cache-modes")] + \
+    [f"results/h200/2026-11-26/{r}" for r in
+     ("fp8-precise", "matmul-8192", "quick", "step-kernels", "vectors-fp8")]
 H200 = ("NVIDIA H200", 132, 150.10988032)
 H100 = ("NVIDIA H100 80GB HBM3", 132, 85.02)
 _ids = itertools.count()
@@ -53,7 +59,7 @@ def test_configs_command_writes_the_committed_h200_file(tmp_path: Path) -> None:
     # Compiled launches (no interpreter): their constexprs are a GPU run's.
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = tmp_path / "h200.json"
-    p = subprocess.run([sys.executable, "-m", "roofline", "configs", *H200_RUNS,
+    p = subprocess.run([sys.executable, "-m", "roofline", "configs", *CONFIG_RUNS,
                         "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -62,10 +68,13 @@ def test_configs_command_writes_the_committed_h200_file(tmp_path: Path) -> None:
     # config today: dropped and counted, never written.
     assert "config no longer a candidate" in p.stdout and "launch no longer made" in p.stdout
     doc = json.loads(out.read_text())
-    assert doc["device"] == {"device_name": "NVIDIA H200", "sms": 132,
-                             "gpu_memory_gb": 150.10988032, "tuning_identity": None}
+    assert doc["device"] == {
+        "device_name": "NVIDIA H200", "sms": 132, "gpu_memory_gb": 150.10988032,
+        "tuning_identity": "NVIDIA H200, 132 SMs, 150.1 GB, L2 60 MiB, max SM clock 1980 MHz"}
     kernels = {e["kernel"] for e in doc["configs"]}
-    assert kernels == {"matmul", "attention", "softmax", "rmsnorm"}
+    assert kernels == {"matmul", "matvec", "attention", "attention_bwd", "softmax",
+                       "layernorm", "rmsnorm"}
+    assert len(doc["configs"]) == 92
     bf16 = [e for e in doc["configs"] if e["kernel"] == "matmul" and e["dtype"] == "bf16"
             and e["bucket"].startswith("M=8192,N=8192,K=8192,")]
     assert [e["config"] for e in bf16] == \
