@@ -217,11 +217,20 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
 
     from benches.ceilings import any_cached
     from benches.fleet.dist import launched
+    from benches.sweep.compile_wait import wait_s
     from benches.sweep.triton_cache import spawn_early
 
-    # They compile while the ceilings are measured: with none to measure (a cache entry,
-    # very likely this GPU's, or --no-measure-ceilings) there is no time for them.
-    if args.no_measure_ceilings or (not args.remeasure_ceilings and any_cached(Path(args.out))):
+    # They compile while the ceilings are measured and the sweep waits for them after
+    # (benches/sweep/compile_wait.py).  Without that wait (GPUBENCH_COMPILE_WAIT_S=0) and
+    # no ceilings to measure (a cache entry, very likely this GPU's, or
+    # --no-measure-ceilings) there is no time for them.
+    try:
+        waits = wait_s() > 0
+    except ValueError:  # refused by the request's own check, in one line
+        return None
+    no_ceilings = args.no_measure_ceilings or (not args.remeasure_ceilings
+                                               and any_cached(Path(args.out)))
+    if no_ceilings and not waits:
         return None
     return None if launched() else spawn_early()
 

@@ -166,7 +166,10 @@ class RunMetadata(TypedDict, total=False):
     autotune_on_disk: bool
     tuning_identity: str  # the GPU's identity its tunings are keyed by on disk
     shipped_configs: dict[str, Any]  # the shipped configs file used, or why none
-    compiled_ahead: dict[str, int]
+    # benches/sweep/triton_cache.CompileAhead.record: counts (workers, cases, cases_done,
+    # cases_failed, kernels_compiled, kernels_built, started_early), waited_s (float) and
+    # worker_errors (list of str)
+    compiled_ahead: dict[str, Any]
     nvml_start: dict[str, Any] | None
     nvml_end: dict[str, Any] | None
     clocks: dict[str, Any]

@@ -552,20 +552,26 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
                  ["--inspect"], ["--providers", "torch"], ["--providers", "torch,compile"]):
         assert early(*argv) is None, argv
     assert started == [3, 3]
-    # no ceilings to measure, so no time to compile in: --no-measure-ceilings, or a
-    # cache entry (unless --remeasure-ceilings)
-    assert early("--no-measure-ceilings") is None
+    # no ceilings to measure (--no-measure-ceilings, or a cache entry unless
+    # --remeasure-ceilings): the sweep still waits for them after (compile_wait), unless
+    # told not to wait, when there is no time to compile in
     (tmp_path / ".ceilings").mkdir()
     (tmp_path / ".ceilings" / "ceilings-0123.json").write_text("{}")
-    assert early() is None and started == [3, 3]
-    assert early("--remeasure-ceilings") == "pool" and started == [3, 3, 3]
+    assert early("--no-measure-ceilings") == "pool" and early() == "pool"
+    assert started == [3, 3, 3, 3]
+    monkeypatch.setenv("GPUBENCH_COMPILE_WAIT_S", "0")
+    assert early("--no-measure-ceilings") is None and early() is None
+    assert early("--remeasure-ceilings") == "pool" and started == [3, 3, 3, 3, 3]
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "elsewhere"))  # not there
-    assert early() == "pool" and started == [3, 3, 3, 3]
+    assert early() == "pool" and started == [3, 3, 3, 3, 3, 3]
+    monkeypatch.setenv("GPUBENCH_COMPILE_WAIT_S", "soon")  # refused later, in one line
+    assert early() is None
+    monkeypatch.delenv("GPUBENCH_COMPILE_WAIT_S")
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "0")
     assert early() is None
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
     monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: False)
-    assert early() is None and started == [3, 3, 3, 3]
+    assert early() is None and started == [3, 3, 3, 3, 3, 3]
 
 
 def test_early_workers_are_stopped_when_the_command_ends_before_the_sweep(monkeypatch):

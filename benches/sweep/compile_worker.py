@@ -11,8 +11,11 @@ Each job is claimed by creating claims/<index> exclusively, so the workers share
 jobs in run order without a queue or a lock; a claimed job is compiled and its result
 written as one JSON line on the worker's stdout ({"job": i, "compiled": n, "built": b}:
 n kernels compiled into Triton's cache, b of them built rather than found there; or
-{"job": i, "error": "..."}).  Anything else the compile prints goes to stderr.  The
-worker exits when no job is left.
+{"job": i, "error": "..."}).  Anything else the compile prints goes to stderr, a log
+file the sweep reads when it stops the workers (triton_cache.CompileAhead.stop: the
+run's `compiled_ahead.worker_errors`); so do a failed preload (`preload NAME: ...`) and
+a compile function that cannot be imported (`compile function NAME: ...`, exit code 1).
+The worker exits when no job is left.
 
 Stdin stays open while the parent lives: at its end (the parent exited or was killed,
 even by SIGKILL) the worker kills its own process group, itself and the ptxas children
@@ -53,7 +56,12 @@ def _die_with_parent(fd: int) -> None:
 def run(order: dict[str, Any], results: IO[str]) -> int:
     """Claim and compile the jobs of `order`, one result line each; how many were done."""
     os.environ.update(order.get("env") or {})
-    compile_fn = _compile_fn(order["compile"])
+    try:
+        compile_fn = _compile_fn(order["compile"])
+    except Exception as e:  # every job would fail alike: one line says why, then exit 1
+        print(f"compile function {order['compile']}: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     claims = Path(order["claims"])
     # The GPU present, when the sweep passed it: compile_case then compiles a launch's
     # shipped config alone (other compile functions are called as before).

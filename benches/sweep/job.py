@@ -22,7 +22,7 @@ from rich.progress import (
 )
 
 from benches.ceilings import get_ceilings
-from benches.sweep import gpu_monitor, runner, triton_cache
+from benches.sweep import compile_wait, gpu_monitor, runner, triton_cache
 from benches.sweep.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console, print_devices, print_kernels, print_summary
@@ -225,6 +225,7 @@ def _check(req: RunRequest, on_cases: Callable[[list[Case]], None] | None) -> Ch
         check_run_id(req.run_id)
     if req.fp8_accum:
         kernel_spec.set_fp8_accum(req.fp8_accum)
+    compile_wait.wait_s()  # a bad GPUBENCH_COMPILE_WAIT_S: refused before the ceilings
     dev = resolve_device(req.device)
     present, model = dev.present, dev.model
     for w in dev.warnings:
@@ -317,8 +318,9 @@ def _gpu_setup(chk: Checked, meta: dict[str, Any]) -> None:
 
 def _measure(chk: Checked, opened: Opened, split: TimeSplit,
              early: triton_cache.Spawned | None = None) -> Measured:
-    """The ceilings (the sweep's kernels compiling ahead meanwhile), then the sweep; an
-    abort or an interrupt ends it with its exit code, at the stage it reached."""
+    """The ceilings (the sweep's kernels compiling ahead meanwhile, and waited for after:
+    compile_wait.after_ceilings), then the sweep; an abort or an interrupt ends it with
+    its exit code, at the stage it reached."""
     req, present, model, cfg, cases = chk.req, chk.present, chk.model, chk.cfg, chk.cases
     run_dir, out_root, meta = opened.run_dir, opened.out_root, opened.meta
     writer, todo = opened.writer, opened.todo
@@ -334,15 +336,21 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit,
         else:
             # The sweep's Triton kernels compile in worker processes meanwhile (GPU).
             ahead = triton_cache.start(todo, cfg, kernel_spec.fp8_accum(), spawned=early)
+            measured = False
             try:
                 with split.phase("ceilings"):
                     cfg.ceilings = get_ceilings(model, present, _ceilings_dir(req, out_root),
                                                 measure_ceilings=req.measure_ceilings,
                                                 force=req.remeasure_ceilings,
                                                 log=lambda m: console.print(m))
+                measured = True
             finally:
                 if ahead is not None:
-                    meta["compiled_ahead"] = ahead.stop()
+                    try:  # then the sweep waits for them (not after an interrupt or error)
+                        if measured:
+                            compile_wait.after_ceilings(ahead, split, say=console.print)
+                    finally:
+                        meta["compiled_ahead"] = ahead.record()
             meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
             with split.phase("write"):
                 writer.flush()  # results.json holds the ceilings before the first row

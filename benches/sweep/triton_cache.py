@@ -16,14 +16,16 @@ which a CI runner can keep between jobs:
   the sweep's first calls look up) on meta tensors, in GPUBENCH_COMPILE_WORKERS worker
   processes (benches/sweep/compile_worker.py; default: half the cores, shared by a
   node's ranks; 0: off).  It runs only while the main process measures the ceilings,
-  on the GPU and not the host's cores the workers use; whatever is not compiled by then
-  is stopped (Triton writes a cache entry whole or not at all), and the sweep compiles
-  it in turn as before.  A worker's failure is only counted: the sweep's own compile
-  says what is wrong.  The command starts the workers as soon as it has parsed its
-  arguments (`spawn_early`, a `Spawned`): they import torch, Triton and the kernels
-  (about 4 s) while the sweep imports its own and sets up the GPU, and get their jobs
-  when the ceilings' measuring starts; started there instead, they were still starting
-  when the H200's 3.8 s of ceilings ended.
+  on the GPU and not the host's cores the workers use; then the sweep waits for them,
+  up to GPUBENCH_COMPILE_WAIT_S (benches/sweep/compile_wait.py: why waiting costs
+  nothing, and what a worker's failure leaves in the run's metadata).  Whatever is not
+  compiled by then is stopped (Triton writes a cache entry whole or not at all), and
+  the sweep compiles it in turn as before.  A worker's failure costs no row: the sweep's
+  own compile fails it; its stderr goes to a file, which says why.  The command starts
+  the workers as soon as it has parsed its arguments (`spawn_early`, a `Spawned`): they
+  import torch, Triton and the kernels (about 4 s) while the sweep imports its own and
+  sets up the GPU, and get their jobs when the ceilings' measuring starts; started
+  there instead, they were still starting when the H200's 3.8 s of ceilings ended.
 
   The workers create no CUDA context: warmup asks Triton's driver for the current
   device, stream and target only (torch.cuda.current_device, the current stream's
@@ -39,15 +41,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Any
+
+from benches.sweep.compile_wait import read_output, result_lines, wait_for_exit, worker_errors
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
     from benches.sweep.cases import Case, RunConfig
@@ -205,34 +208,57 @@ def _end(procs: list[subprocess.Popen]) -> None:
                     f.close()
 
 
+def _close(files: Iterable[IO[bytes]]) -> None:
+    for f in files:
+        with contextlib.suppress(OSError):
+            f.close()
+
+
 class Spawned:
     """Compile-ahead workers waiting for their jobs, each importing `preload` meanwhile
     (spawn_early's: PRELOAD, while this process imports its own and sets up the GPU;
     none for those CompileAhead starts with the jobs at hand).  A CompileAhead takes the
-    workers (take()) and sends them the jobs; stop() kills those no CompileAhead took."""
+    workers (take()) and sends them the jobs; stop() kills those no CompileAhead took.
+
+    Each worker's stderr goes to a log file of its own from its start (`logs`, by pid):
+    a worker whose import fails dies before any job is known, and its log says why.  The
+    files have no name (removed at once, read through this process's descriptor), so a
+    sweep killed outright leaves none behind."""
 
     def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
         self.procs: list[subprocess.Popen] = []
+        self.logs: dict[int, IO[bytes]] = {}
         env = _worker_env()
         try:
             for _ in range(workers):
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "benches.sweep.compile_worker",
-                     "--preload", ",".join(preload)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+                # open while its worker may write: closed by stop(), or by the taker's
+                log = tempfile.TemporaryFile(prefix="gpubench-compile-worker-")  # noqa: SIM115
+                try:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "benches.sweep.compile_worker",
+                         "--preload", ",".join(preload)],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=log, env=env, start_new_session=True)
+                except BaseException:
+                    log.close()
+                    raise
+                self.procs.append(proc)
+                self.logs[proc.pid] = log
         except BaseException:
             self.stop()
             raise
 
-    def take(self) -> list[subprocess.Popen]:
-        """The workers, handed over: their taker stops them from now on."""
-        procs, self.procs = self.procs, []
-        return procs
+    def take(self) -> tuple[list[subprocess.Popen], dict[int, IO[bytes]]]:
+        """The workers and their logs, handed over: their taker stops them and closes
+        the logs from now on."""
+        procs, logs = self.procs, self.logs
+        self.procs, self.logs = [], {}
+        return procs, logs
 
     def stop(self) -> None:
         _end(self.procs)
-        self.procs = []
+        _close(self.logs.values())
+        self.procs, self.logs = [], {}
 
 
 def gpu_present_cheaply() -> bool:
@@ -256,7 +282,8 @@ def spawn_early(workers: int | None = None) -> Spawned | None:
 
 
 class CompileAhead:
-    """Worker processes compiling `jobs` (compile_jobs) until stop().
+    """Worker processes compiling `jobs` (compile_jobs) until they are done or stop();
+    wait() waits for them (benches/sweep/compile_wait.py), record() is the run's record.
 
     Each worker (benches/sweep/compile_worker.py) runs in a session of its own, so a
     signal to the sweep's process group (Ctrl-C, `timeout`, a CI runner's cancel) never
@@ -269,9 +296,17 @@ class CompileAhead:
                  compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None,
                  spawned: Spawned | None = None) -> None:
         self.jobs = len(jobs)
+        self.names = [f"{kernel} {dtype}" for kernel, dtype, *_ in jobs]
         self.procs: list[subprocess.Popen] = []
         self.stopped: dict[str, int] | None = None
         self.early = spawned is not None
+        # What tells why a worker compiled nothing: its stderr log, and its exit code
+        # where it exited on its own (by pid); result lines read so far (wait()).
+        self.logs: dict[int, IO[bytes]] = {}
+        self.exits: dict[int, int] = {}
+        self.out: dict[int, bytearray] = {}
+        self.waited_s = 0.0
+        self.worker_errors: list[str] = []
         self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
         # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
         # compiles a shipped config alone; absent, every candidate.  `env`: what this
@@ -291,16 +326,21 @@ class CompileAhead:
         try:
             # started early, every one of them gets the jobs; else as many as there are
             # jobs, up to `workers`, started now
-            self.procs = (spawned or Spawned(min(workers, len(jobs)), preload=())).take()
+            self.procs, self.logs = (
+                spawned or Spawned(min(workers, len(jobs)), preload=())).take()
             sent = []
             for proc in self.procs:
                 assert proc.stdin is not None
                 if proc.poll() is not None:
-                    continue  # an early worker that died (its import failed): the rest work
+                    # an early worker that died (its import failed): the rest work
+                    self.exits[proc.pid] = proc.returncode
+                    continue
                 try:
                     proc.stdin.write(order.encode())
                     proc.stdin.flush()  # stdin stays open: its end tells the worker to die
-                except BrokenPipeError:
+                except BrokenPipeError:  # dying: its exit code says why
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.exits[proc.pid] = proc.wait(STOP_GRACE_S)
                     continue
                 sent.append(proc)
             _end([proc for proc in self.procs if proc not in sent])
@@ -311,22 +351,40 @@ class CompileAhead:
             self.stop()
             raise
 
+    def wait(self, seconds: float) -> float:
+        """Wait until every worker has exited (each does when no job is left) or
+        `seconds` have passed; the seconds waited (also added to `waited_s`)."""
+        if self.stopped is not None:
+            return 0.0
+        start = time.monotonic()
+        try:
+            wait_for_exit(self.procs, self.out, seconds)
+        finally:  # an interrupt ends the wait: what was waited is still recorded
+            waited = time.monotonic() - start
+            self.waited_s += waited
+        return waited
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int]:
         """Stop the workers (what they have not compiled is left to the sweep); what was
-        done, for the run's metadata.  Returns within about `grace_s`."""
+        done, for the run's metadata (record() adds why workers failed and the wait).
+        Returns within about `grace_s`."""
         if self.stopped is not None:
             return self.stopped
         for proc in self.procs:
+            if proc.poll() is not None:  # exited on its own, not by the kill below
+                self.exits[proc.pid] = proc.returncode
             _kill_group(proc)
         lines: list[dict[str, Any]] = []
         deadline = time.monotonic() + grace_s
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.0, deadline - time.monotonic()))
-            lines += _result_lines(proc, deadline)
+            lines += _result_lines(proc, deadline, self.out.get(proc.pid, b""))
             if proc.stdin is not None:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
+        self.worker_errors = worker_errors(self.logs, self.exits, self._job_errors(lines))
+        _close(self.logs.values())
         shutil.rmtree(self.claims, ignore_errors=True)
         ok = [ln for ln in lines if "compiled" in ln]
         self.stopped = {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
@@ -337,32 +395,39 @@ class CompileAhead:
                         "started_early": int(self.early)}
         return self.stopped
 
+    def record(self) -> dict[str, Any]:
+        """The run's `metadata.compiled_ahead` (the workers stopped first): stop()'s
+        counts, the seconds the sweep waited for them after its ceilings (`waited_s`) and
+        why workers failed (`worker_errors`: compile_wait.worker_errors)."""
+        return {**self.stop(), "waited_s": round(self.waited_s, 1),
+                "worker_errors": list(self.worker_errors)}
 
-def _result_lines(proc: subprocess.Popen, deadline: float) -> list[dict[str, Any]]:
-    """The whole result lines a stopped worker wrote (a line cut by the kill is not
-    one), read without waiting past `deadline`."""
+    def _job_errors(self, lines: list[dict[str, Any]]) -> list[str]:
+        """The jobs' errors, each once, with the first case it failed and how many more."""
+        cases: dict[str, list[str]] = {}
+        for ln in lines:
+            if "error" in ln:
+                i = ln["job"]
+                name = self.names[i] if isinstance(i, int) and 0 <= i < self.jobs else "?"
+                cases.setdefault(str(ln["error"]), []).append(name)
+        return [f"{names[0]}: {err}" + (f" (and {len(names) - 1} more cases)"
+                                        if len(names) > 1 else "")
+                for err, names in cases.items()]
+
+
+def _result_lines(proc: subprocess.Popen, deadline: float, before: bytes = b""
+                  ) -> list[dict[str, Any]]:
+    """The whole result lines a stopped worker wrote (`before`: what was read of them
+    while waiting), the rest read without waiting past `deadline`."""
     if proc.stdout is None:
-        return []
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    data = b""
-    while True:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            continue
-        if not chunk:
-            break
-        data += chunk
-    proc.stdout.close()
-    out = []
-    for line in data.split(b"\n")[:-1]:
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return [ln for ln in out if isinstance(ln, dict) and "job" in ln]
+        return result_lines(bytes(before))
+    data = bytearray(before)
+    while not proc.stdout.closed:
+        size = len(data)
+        read_output([proc], {proc.pid: data}, deadline - time.monotonic())
+        if len(data) == size:  # its end, or the deadline
+            proc.stdout.close()
+    return result_lines(bytes(data))
 
 
 def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,

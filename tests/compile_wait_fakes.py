@@ -1,0 +1,26 @@
+"""Compile functions a compile-ahead worker runs in tests/test_compile_ahead_wait.py
+(benches/sweep/compile_worker.py imports them by name): standard library only, so a
+worker starts in a blink."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def slept(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+          capability: tuple[int, int] | None, fp8_mode: str) -> int:
+    """Compiles one kernel in shape["ms"] milliseconds."""
+    time.sleep(shape["ms"] / 1000)
+    return 1
+
+
+def broken_preload() -> None:
+    """A preload that fails, as a worker's import of torch or Triton may."""
+    raise ImportError("libcuda.so.1: cannot open shared object file")
+
+
+def dies() -> None:
+    """A preload that ends the worker's process, as a crash in an import would."""
+    print("Fatal Python error: the fake's import aborted", file=sys.stderr, flush=True)
+    raise SystemExit(3)
