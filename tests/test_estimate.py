@@ -39,7 +39,10 @@ RESULTS = ROOT / "results"
 def _gpu_plan(device: str, *flags: str):
     args = run_bench.request_of(run_bench.parse_args(["--estimate", "--device", device,
                                                       *flags]))
-    ref = find_reference(RESULTS, DEVICES[device])
+    # The H200's first session (2026-11-26; an H100's estimate scales its rows, as
+    # find_reference does where a GPU has no runs of its own): the figures below are
+    # that session's, which later sessions' runs committed beside it would move.
+    ref = load_reference(sorted(RESULTS.glob("h200/2026-11-26/**/results.json")))
     meta = json.loads(ref.paths[-1].read_text())["metadata"]
     model, present = target_device(args, meta)
     cfg = job.run_config(args, model, present, interpret=False)
@@ -73,10 +76,15 @@ def test_the_method_now_costs_less_where_it_changed(h200_quick):
     assert cold.counts["replays"] < 0.5 * before.counts["replays"]
     # the copies: one set per case, not one per provider
     assert cold.counts["copies made"] < 0.7 * before.counts["copies made"]
-    # the compile workers, started 2 s into the process and up 4 s later, compile for
-    # the last 2.8 s of the H200's 3.8 s of ceilings: 8 x 2.8 s ahead; tuning kept on
-    # disk when warm
-    assert cold.phases["compile"] == pytest.approx(before.phases["compile"] - 8 * 2.8, abs=0.1)
+    # the compile workers, started 2 s into the process and up 4 s later, compile 8 at
+    # a time from the last 2.8 s of the H200's 3.8 s of ceilings on, and the sweep waits
+    # for what they have left, then loads each kernel from Triton's cache; tuning kept
+    # on disk when warm
+    n = cold.counts["compiles"]
+    assert cold.phases["compile"] == pytest.approx(
+        n * GPU.compile_s / GPU.compile_workers - (5.0 + 3.795 - 6.0)
+        + n * GPU.cached_compile_s)
+    assert cold.phases["compile"] < 0.1 * before.phases["compile"]
     assert warm.phases["tune"] == 0 < cold.phases["tune"]
     assert warm.total < cold.total < before.total
     assert warm.counts.get("tunings", 0) == 0 < cold.counts["tunings"]
@@ -224,10 +232,12 @@ def test_a_run_that_built_kernels_had_a_cold_cache():
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled):
+def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled, monkeypatch):
     """A fresh runner's run (kernels built) is priced cold, compiles and tunings
     included, so that its split scales the phases by what they cost, not by how much
-    more a cold run costs than a warm one."""
+    more a cold run costs than a warm one.  (Retuned: the H200's shipped file covers
+    these buckets, and a run that tunes nothing has no tuning to scale.)"""
+    monkeypatch.setenv("GPUBENCH_RETUNE", "1")
     cfg, cases, ref = _gpu_plan("h200", "--kernels", "add,softmax", "--dtypes", "fp16",
                                 "--sizes", "quick")
     walks = estimate(cfg, cases, ref, GPU, ceilings_cached=True,
@@ -237,8 +247,12 @@ def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled):
             "created": "2026-11-28T00:00:00+00:00", "kernels": ["add", "softmax"],
             "dtypes": ["fp16"], "providers": cfg.providers, "sizes": "quick",
             "cache": cfg.cache, "run_budget_s": cfg.run_budget_s,
-            "triton_compiles": {"compiled": 5 if compiled else 0, "from_cache": 9},
+            "triton_compiles": {"compiled": 5 if compiled else 0, "from_cache": 4},
             "time_split_s": {p: 1.5 * v for p, v in ran.phases.items()} | {"ceilings": 0}}
+    # its compiles are priced as its own process counted them (5 built, 4 loaded), not
+    # as the model would have compiled its cases
+    own = (5 if compiled else 0) * GPU.compile_s + 4 * GPU.cached_compile_s
+    meta["time_split_s"]["compile"] = 1.5 * own
     scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
     assert scaled.runs == [f"quick ({'cold' if compiled else 'warm'})"]
     # a warm run's compiles (loads from Triton's cache) and tunings (none) are too
@@ -268,10 +282,13 @@ def test_the_ceilings_are_priced_at_the_reference_runs_measured_time(h200_quick)
     none = dataclasses.replace(ref, ceilings_measured_s={})
     assert estimate(cfg, cases, none, GPU, ceilings_cached=False)[
         ("now", True)].phases["ceilings"] == GPU.ceilings_s
-    # cached ceilings cost nothing, and hide no compile
+    # cached ceilings cost nothing: the sweep waits for its workers from its start-up's
+    # end (5 s; the workers are up at 6 s) until they are done, then loads every kernel
     cached = estimate(cfg, cases, ref, GPU, ceilings_cached=True)[("now", False)]
     assert cached.phases["ceilings"] == 0.0
-    assert cached.phases["compile"] == pytest.approx(cached.counts["compiles"] * GPU.compile_s)
+    n = cached.counts["compiles"]
+    assert cached.phases["compile"] == pytest.approx(
+        1.0 + n * GPU.compile_s / GPU.compile_workers + n * GPU.cached_compile_s)
 
 
 def test_load_reference_reads_each_ceilings_measurement_once(tmp_path):
@@ -290,28 +307,40 @@ def test_load_reference_reads_each_ceilings_measurement_once(tmp_path):
     assert load_reference(paths[3:]).ceilings_s is None
 
 
-@pytest.mark.parametrize("spawn_s, startup_s, hidden_s", [
+@pytest.mark.parametrize("spawn_s, startup_s, window_s", [
     # started 2 s in, up 4 s later: the last 2.795 s of the H200's 3.795 s of ceilings
-    (2.0, GPU.compile_worker_startup_s, (5.0 + 3.795 - 6.0) * GPU.compile_workers),
-    (2.0, 10.0, 0.0),  # up only after the ceilings
-    (5.0, 4.0, 0.0),  # started with the ceilings (as before): up after them
-    (0.5, 1.0, 3.795 * GPU.compile_workers),  # up before the ceilings: all of them
+    (2.0, GPU.compile_worker_startup_s, 5.0 + 3.795 - 6.0),
+    (2.0, 10.0, 5.0 + 3.795 - 12.0),  # up 3.2 s after the ceilings: a wait holds that
+    (0.5, 1.0, 3.795),  # up before the ceilings: all of them (the jobs come with them)
 ])
-def test_compiles_not_done_by_the_workers_in_the_ceilings_time_are_paid(h200_quick, spawn_s,
-                                                                        startup_s, hidden_s):
-    """The workers compile only between their start-up (from their start, spawn_s into
-    the process) and the ceilings' end, never before the ceilings start (the jobs are
-    sent then): the cold sweep pays every compile but that window x workers of them."""
+@pytest.mark.parametrize("wait", ["0", ""])
+def test_the_sweep_pays_the_compiles_its_workers_have_not_done(
+        h200_quick, monkeypatch, spawn_s, startup_s, window_s, wait):
+    """The workers compile from their start-up (spawn_s into the process) and the
+    ceilings' start (the jobs are sent then) on, 8 at a time.  Without the wait
+    (GPUBENCH_COMPILE_WAIT_S=0) they are stopped when the ceilings end and the sweep
+    compiles the rest itself; with it (the default) the sweep waits until they are done,
+    what of their parallel time outlasts the ceilings.  Either way it loads from Triton's
+    cache what they compiled."""
+    monkeypatch.setenv("GPUBENCH_COMPILE_WAIT_S", wait)
     cfg, cases, ref, _ = h200_quick
     assert GPU.startup_s == 5.0 and ref.ceilings_s == pytest.approx(3.795)
     sp = dataclasses.replace(GPU, compile_worker_startup_s=startup_s,
-                             compile_worker_spawn_s=spawn_s)
+                             compile_worker_spawn_s=spawn_s, compile_s=2.0)
     walks = estimate(cfg, cases, ref, sp, ceilings_cached=False,
                      plans=(("before", False), ("now", False)))
     before, cold = walks[("before", False)], walks[("now", False)]
+    # never compiled ahead before
+    assert before.phases["compile"] == pytest.approx(before.counts["compiles"] * sp.compile_s)
     serial = cold.counts["compiles"] * sp.compile_s
-    assert before.phases["compile"] == pytest.approx(serial)  # never compiled ahead
-    assert cold.phases["compile"] == pytest.approx(serial - min(serial, hidden_s))
+    if wait == "0":
+        ahead = min(serial, max(0.0, window_s) * sp.compile_workers)
+        waited = 0.0
+    else:
+        ahead = serial
+        waited = max(0.0, serial / sp.compile_workers - window_s)
+    loads = ahead / sp.compile_s * sp.cached_compile_s
+    assert cold.phases["compile"] == pytest.approx(serial - ahead + waited + loads)
     assert cold.per_case[-1] + sp.write_end_s == pytest.approx(cold.total)
 
 
@@ -360,3 +389,42 @@ def test_a_shipped_config_is_priced_untuned_as_the_sweep_runs_it():
     assert shipped["tunings"] < retuned["tunings"]
     assert shipped["tune"] < retuned["tune"]
     assert shipped["compiles"] < retuned["compiles"]
+
+
+def test_a_fleet_ranks_own_run_is_not_a_reference(tmp_path: Path) -> None:
+    """A fleet rank's own folder (<fleet>/ranks/rank-<r>/...) holds a run whose split
+    has the fleet's waits and collectives (the H200 job of 2026-11-27 put one beside
+    the sweeps, and the calibration counted it as a warm quick sweep); the fleet's own
+    results.json and the plain runs stay."""
+    doc = {"metadata": {"device_key": "h200", "created": "2026-11-27T08:00:00+00:00"},
+           "rows": []}
+    wanted = [tmp_path / "h200" / "day" / "quick" / "results.json",
+              tmp_path / "h200" / "day" / "fleet-run" / "fleet" / "quick" / "results.json"]
+    rank = (tmp_path / "h200" / "day" / "fleet-run" / "fleet" / "quick" / "ranks" / "rank-0"
+            / "h200" / "quick" / "results.json")
+    for p in [*wanted, rank]:
+        p.parent.mkdir(parents=True)
+        p.write_text(json.dumps(doc))
+    assert sorted(find_reference(tmp_path, DEVICES["h200"]).paths) == sorted(wanted)
+
+
+def test_a_past_run_is_priced_with_the_configs_it_ran(h200_quick):
+    """A calibration run is priced as its rows say it ran (config_source), not with
+    today's shipped file: the H200's runs of 2026-11-27 tuned buckets its file of 92
+    configs now ships, and priced untuned their 9.7 s of tuning came out 4x the model."""
+    from benches.estimate.price import Pricer
+    from benches.estimate.rows import case_key
+
+    cfg, cases, ref = _gpu_plan("h200", "--kernels", "softmax", "--dtypes", "fp16",
+                                "--sizes", "quick")
+    triton = [c for c in cases if c.provider == "triton"]
+    today = Pricer(cfg, ref, GPU, "now", False, True).run(cases)
+    assert triton and today.counts.get("tunings", 0) == 0  # shipped today
+    tuned = {case_key(c): "tuned" for c in triton}
+    then = Pricer(cfg, ref, GPU, "now", False, True, sources=tuned).run(cases)
+    assert then.counts["tunings"] >= 1 and then.phases["tune"] > 0
+    assert then.counts["compiles"] > today.counts["compiles"]  # every candidate
+    # a tuning found on disk ("cached"): no candidate timed, the chosen one compiled
+    found = Pricer(cfg, ref, GPU, "now", False, True,
+                   sources=dict.fromkeys(tuned, "cached")).run(cases)
+    assert found.phases["tune"] == 0 and found.counts["compiles"] == today.counts["compiles"]

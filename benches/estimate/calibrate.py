@@ -96,11 +96,21 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
             cases = build_cases(rcfg)
         except (KeyError, ValueError):  # a kernel, dtype or size this code no longer has
             continue
-        split = meta["time_split_s"]
+        split = dict(meta["time_split_s"])
         cached = float(split.get("ceilings") or 0.0) < 1.0
-        cold = TritonBuilds.of(meta).cold  # an older or a CPU run: warm
+        builds = TritonBuilds.of(meta)
+        cold = builds.cold  # an older or a CPU run: warm
         model: Walk = Pricer(rcfg, ref, sp, "now", not cold, cached,
                              sources=ref.sources.get(run_identity(meta), {})).run(cases)
+        if isinstance(meta.get("triton_compiles"), dict):
+            # Its own process's compiles as it counted them (a cache partly warm, workers
+            # that compiled some or none), without the seconds it waited for the
+            # workers: the factor is then the machine's time per build and load.
+            ahead = meta.get("compiled_ahead")
+            waited = float(ahead.get("waited_s") or 0.0) if isinstance(ahead, dict) else 0.0
+            split["compile"] = max(0.0, float(split.get("compile") or 0.0) - waited)
+            model.phases["compile"] = (builds.built * sp.compile_s
+                                       + builds.from_cache * sp.cached_compile_s)
         for phase in PHASES:
             got[phase] += model.phases[phase]
             want[phase] += float(split.get(phase) or 0.0)

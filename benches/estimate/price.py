@@ -27,6 +27,7 @@ from benches.estimate.rows import Reference, RowSpeed, case_key, row_speed
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
+from benches.sweep.compile_wait import wait_s
 from benches.sweep.phases import PHASES
 from benches.sweep.row_setup import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
@@ -145,23 +146,30 @@ class Pricer:
             w.per_case.append(w.total)
             w.compile_by_case.append(w.phases["compile"])
         if self.method == "now" and not self.warm and w.compile_serial_s:
-            # compiled ahead by the workers while the ceilings are measured: the sweep
-            # pays for what they could not do by then
-            ahead = min(w.compile_serial_s, self.compiled_ahead_s())
-            w.phases["compile"] -= ahead
-            w.per_case = [t - min(ahead, c) for t, c in zip(w.per_case, w.compile_by_case,
-                                                             strict=True)]
+            # compiled ahead by the workers, while the ceilings are measured and while the
+            # sweep waits for them after (benches/sweep/compile_wait.py); the sweep loads
+            # those from Triton's cache and compiles what they did not finish
+            waited, ahead = self.compiled_ahead(w.compile_serial_s)
+            loads = ahead / self.sp.compile_s * self.sp.cached_compile_s
+            w.phases["compile"] += waited + loads - ahead
+            w.per_case = [t + waited + loads - min(ahead, c)
+                          for t, c in zip(w.per_case, w.compile_by_case, strict=True)]
         w.add("write", self.sp.write_end_s)
         return w
 
-    def compiled_ahead_s(self) -> float:
-        """Compile seconds the workers can do while the ceilings are measured: each
-        compiles only once it is up (started compile_worker_spawn_s into the process,
-        compile_worker_startup_s to import) and is stopped when the ceilings are done."""
+    def compiled_ahead(self, serial_s: float) -> tuple[float, float]:
+        """(seconds the sweep waits after its ceilings, compile seconds done ahead) for
+        `serial_s` seconds of compiles: the workers get their jobs when the ceilings'
+        measuring starts and compile from when they are up (started
+        compile_worker_spawn_s into the process, compile_worker_startup_s to import; a
+        wait may include what is left of that), compile_workers at a time, until every
+        job is done or the wait's deadline (GPUBENCH_COMPILE_WAIT_S; 0: stopped when the
+        ceilings end)."""
         sp = self.sp
         up = sp.compile_worker_spawn_s + sp.compile_worker_startup_s
         window = min(self.ceilings_s, sp.startup_s + self.ceilings_s - up)
-        return max(0.0, window) * sp.compile_workers
+        waited = min(max(0.0, serial_s / sp.compile_workers - window), wait_s())
+        return waited, min(serial_s, max(0.0, window + waited) * sp.compile_workers)
 
     # ---- one row -------------------------------------------------------------------
 
