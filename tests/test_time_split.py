@@ -24,7 +24,12 @@ from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
 from kernels import REGISTRY
-from roofline.report.summary import compiles_line, render_summary, time_split_line
+from roofline.report.summary import (
+    compiled_ahead_line,
+    compiles_line,
+    render_summary,
+    time_split_line,
+)
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +221,21 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
     assert cache.copies is not None and set(cache.copies.calls) == {"torch", "twin"}
     assert seen[0][1:] == cache.copies.calls["torch"]
     assert seen[1][1:] == cache.copies.calls["twin"]
+
+
+def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
+    """The H200's runs of 2026-11-27 recorded 0 of 183 cases done and nothing on why;
+    a run now says what it waited and what the workers said."""
+    assert compiled_ahead_line({}) is None
+    assert compiled_ahead_line({"compiled_ahead": {"workers": 0, "cases": 5}}) is None
+    h200 = {"workers": 8, "cases": 183, "cases_done": 0, "cases_failed": 0,
+            "kernels_compiled": 0, "kernels_built": 0, "started_early": 1}
+    assert compiled_ahead_line({"compiled_ahead": h200}) == \
+        "0 of 183 cases by 8 workers (0 kernels, 0 built)"
+    now = {**h200, "cases_done": 183, "kernels_compiled": 178, "kernels_built": 170,
+           "waited_s": 9.44, "worker_errors": ["preload torch: ImportError: x", "y"]}
+    assert compiled_ahead_line({"compiled_ahead": now}) == (
+        "183 of 183 cases by 8 workers (178 kernels, 170 built), 9.4 s waited for after "
+        "the ceilings; errors: preload torch: ImportError: x; y")
+    md = render_summary({"compiled_ahead": now, "device_key": "h200"}, pd_rows())
+    assert "- **compiled ahead**: 183 of 183 cases by 8 workers" in md

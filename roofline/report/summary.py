@@ -148,6 +148,7 @@ def _run_facts(meta: dict[str, Any]) -> str:
         ("timing", timing),
         ("time", time_split_line(meta)),
         ("Triton compiles", compiles_line(meta)),
+        ("compiled ahead", compiled_ahead_line(meta)),
         ("fp8 accumulation", _FP8_ACCUM.get(str(meta.get("fp8_accum")), meta.get("fp8_accum"))),
     ]
     for key, label in (("capability", "compute capability"), ("sms", "SMs"),
@@ -194,6 +195,23 @@ def compiles_line(meta: dict[str, Any]) -> str | None:
     return (f"{b.built} built, {b.from_cache} loaded from Triton's cache"
             + (f"; {b.built_ahead} built ahead by the compile workers" if b.built_ahead
                else ""))
+
+
+def compiled_ahead_line(meta: dict[str, Any]) -> str | None:
+    """What the compile-ahead workers did (metadata.compiled_ahead): cases done of
+    those given, kernels built, the seconds the sweep waited for them after its
+    ceilings, and their errors, which say why they compiled less (the H200's runs of
+    2026-11-27 recorded 0 of 183 and nothing else).  None where no worker ran."""
+    ahead = meta.get("compiled_ahead")
+    if not isinstance(ahead, dict) or not ahead.get("workers"):
+        return None
+    line = (f"{ahead.get('cases_done', 0)} of {ahead.get('cases', 0)} cases by "
+            f"{ahead['workers']} workers ({ahead.get('kernels_compiled', 0)} kernels, "
+            f"{ahead.get('kernels_built', 0)} built)")
+    if isinstance(ahead.get("waited_s"), int | float):
+        line += f", {ahead['waited_s']:.1f} s waited for after the ceilings"
+    errors = [str(e) for e in ahead.get("worker_errors") or []]
+    return line + (f"; errors: {'; '.join(errors)}" if errors else "")
 
 
 def _timing_section(meta: dict[str, Any]) -> str | None:
