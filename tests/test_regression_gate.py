@@ -1040,3 +1040,34 @@ def test_the_retime_child_runs_from_the_checkouts_root(monkeypatch: pytest.Monke
         [("add", "triton", "bf16", "n=4096")])
     assert seen and all((cwd / "benches" / "sweep" / "retime.py").is_file()
                         and (cwd / "run_bench.py").is_file() for cwd in seen)
+
+
+@pytest.mark.checkout
+def test_compare_retimes_in_real_children_from_the_checkout(tmp_path: Path) -> None:
+    """`python -m roofline compare --retime` run as the GPU job runs it, from the
+    repository's root, its re-timing rounds real child processes: a GPU machine runs the
+    project from its checkout, not installed (CI's oldest leg does too), and the H200's
+    children of 2026-11-27 could not import it from where they were started.  A baseline
+    ten times as fast as the run makes its row a suspect, re-timed and confirmed (a busy
+    CPU's re-timing can come out twice as fast as the run itself)."""
+    out = tmp_path / "runs"
+    p = subprocess.run([sys.executable, "run_bench.py", "--device", "cpu", "--kernels", "add",
+                        "--dtypes", "fp32", "--providers", "torch", "--sizes", "n=65536",
+                        "--no-measure-ceilings", "--run-budget", "2", "--row-budget", "0.3",
+                        "--no-plots", "--out", str(out), "--run-id", "run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run = out / "cpu" / "run"
+    doc = json.loads((run / "results.json").read_text())
+    for row in doc["rows"]:
+        row["samples_ms"] = [t / 10 for t in row["samples_ms"]]
+        for k in ("ms_median", "ms_p20", "ms_p80"):
+            row[k] /= 10
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    p = subprocess.run([sys.executable, "-m", "roofline", "compare", str(base), str(run),
+                        "--retime", "--md", str(tmp_path / "compare.md")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "re-timing round" not in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "fast end slower in 5 of 5 re-timed rounds" in p.stdout
