@@ -29,11 +29,19 @@ import select
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:  # annotations only: no cycle with triton_cache, which imports this
+if TYPE_CHECKING:  # annotations only
     from benches.sweep.phases import TimeSplit
-    from benches.sweep.triton_cache import CompileAhead
+
+
+class Waitable(Protocol):
+    """What the sweep waits on (triton_cache.CompileAhead, which imports this module:
+    named by its methods, not imported back)."""
+
+    def wait(self, seconds: float) -> float: ...
+
+    def record(self) -> dict[str, Any]: ...
 
 WAIT_ENV = "GPUBENCH_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 90.0
@@ -148,7 +156,7 @@ def worker_errors(logs: dict[int, IO[bytes]], exits: dict[int, int],
     return distinct[:MAX_ERRORS]
 
 
-def after_ceilings(ahead: CompileAhead, split: TimeSplit,
+def after_ceilings(ahead: Waitable, split: TimeSplit,
                    say: Callable[[str], None]) -> dict[str, Any]:
     """The sweep's wait for its compile-ahead after the ceilings (module docstring):
     booked as compile time, then the workers stopped and one line said to `say` (a rich
