@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from benches.fleet import collectives
+from contract.schema import row_problems
 from roofline.report.fleet import plot_fleet, render_fleet_md
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +92,11 @@ def test_one_rank_runs_every_collective_with_algbw_and_no_busbw(one_rank) -> Non
         assert r["busbw_gbps"] is None  # no link crossed: not 0, not algbw
         assert r["algbw_gbps"] == pytest.approx(4096 / (r["ms_median"] / 1e3) / 1e9)
         assert r["gbps"] == r["algbw_gbps"] > 0
+        # a Row's numbers (the H200's fleet run of 2026-11-27 wrote intensity None; the
+        # device columns are the fleet runner's to fill): no arithmetic, 0 FLOP/byte,
+        # never plotted on the roofline
+        assert r["intensity"] == 0.0
+        assert not [p for p in row_problems(r) if not p.startswith(("device", "gpu_name"))]
 
 
 @pytest.mark.parametrize("op", collectives.OPS)

@@ -198,8 +198,8 @@ def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
     size = n * itemsize
     row: dict[str, Any] = dict.fromkeys(ALL_COLUMNS)
     row.update(kernel=op, provider=backend, dtype=dtype, shape=f"bytes={size},ranks={world}",
-               flops=0, bytes=size, n_samples=0, timer=TIMER.get(backend, backend),
-               roof_class="link")
+               flops=0, bytes=size, intensity=0.0, n_samples=0,
+               timer=TIMER.get(backend, backend), roof_class="link")
     reset, call, check = collective_buffers(op, n, t, device, rank, world, group)
     reset()
     call()
