@@ -127,11 +127,13 @@ def positive_float(x: Any) -> float | None:
 class TritonBuilds:
     """The Triton kernels a run built or loaded: by its own process (metadata.
     triton_compiles: `compiled`, built; `from_cache`, loaded from Triton's cache) and by
-    its compile-ahead workers (compiled_ahead.kernels_built); 0 where not recorded."""
+    its compile-ahead workers (compiled_ahead.kernels_built), and the seconds its sweep
+    waited for those workers (compiled_ahead.waited_s); 0 where not recorded."""
 
     built: int
     from_cache: int
     built_ahead: int
+    waited_s: float = 0.0
 
     @property
     def cold(self) -> bool:
@@ -145,8 +147,9 @@ class TritonBuilds:
             return int(positive_float(doc.get(key)) or 0) if isinstance(doc, dict) else 0
 
         own, ahead = meta.get("triton_compiles"), meta.get("compiled_ahead")
+        waited = positive_float(ahead.get("waited_s")) if isinstance(ahead, dict) else None
         return cls(count(own, "compiled"), count(own, "from_cache"),
-                   count(ahead, "kernels_built"))
+                   count(ahead, "kernels_built"), waited or 0.0)
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,9 @@ def test_a_run_that_built_kernels_had_a_cold_cache():
     # the workers built them all: the sweep itself only loaded them
     assert _cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
                      "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 40}})
+    # the sweep's wait for its workers, where recorded
+    assert TritonBuilds.of({"compiled_ahead": {"waited_s": 9.4}}).waited_s == 9.4
+    assert TritonBuilds.of({"compiled_ahead": {"kernels_built": 3}}).waited_s == 0.0
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -253,6 +256,9 @@ def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled, monkeypatch):
     # as the model would have compiled its cases
     own = (5 if compiled else 0) * GPU.compile_s + 4 * GPU.cached_compile_s
     meta["time_split_s"]["compile"] = 1.5 * own
+    if compiled:  # the seconds it waited for its workers are no build of its own
+        meta["compiled_ahead"] = {"workers": 8, "kernels_built": 40, "waited_s": 7.0}
+        meta["time_split_s"]["compile"] += 7.0
     scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
     assert scaled.runs == [f"quick ({'cold' if compiled else 'warm'})"]
     # a warm run's compiles (loads from Triton's cache) and tunings (none) are too
@@ -413,14 +419,13 @@ def test_a_past_run_is_priced_with_the_configs_it_ran(h200_quick):
     today's shipped file: the H200's runs of 2026-11-27 tuned buckets its file of 92
     configs now ships, and priced untuned their 9.7 s of tuning came out 4x the model."""
     from benches.estimate.price import Pricer
-    from benches.estimate.rows import case_key
 
     cfg, cases, ref = _gpu_plan("h200", "--kernels", "softmax", "--dtypes", "fp16",
                                 "--sizes", "quick")
     triton = [c for c in cases if c.provider == "triton"]
     today = Pricer(cfg, ref, GPU, "now", False, True).run(cases)
     assert triton and today.counts.get("tunings", 0) == 0  # shipped today
-    tuned = {case_key(c): "tuned" for c in triton}
+    tuned = {c.key: "tuned" for c in triton}
     then = Pricer(cfg, ref, GPU, "now", False, True, sources=tuned).run(cases)
     assert then.counts["tunings"] >= 1 and then.phases["tune"] > 0
     assert then.counts["compiles"] > today.counts["compiles"]  # every candidate

@@ -106,9 +106,8 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
             # Its own process's compiles as it counted them (a cache partly warm, workers
             # that compiled some or none), without the seconds it waited for the
             # workers: the factor is then the machine's time per build and load.
-            ahead = meta.get("compiled_ahead")
-            waited = float(ahead.get("waited_s") or 0.0) if isinstance(ahead, dict) else 0.0
-            split["compile"] = max(0.0, float(split.get("compile") or 0.0) - waited)
+            split["compile"] = max(0.0, float(split.get("compile") or 0.0)
+                                   - builds.waited_s)
             model.phases["compile"] = (builds.built * sp.compile_s
                                        + builds.from_cache * sp.cached_compile_s)
         for phase in PHASES:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from benches.estimate.rows import Reference, RowSpeed, case_key, row_speed
+from benches.estimate.rows import Reference, RowSpeed, row_speed
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
@@ -222,7 +222,7 @@ class Pricer:
         shipped: list[Any] = [None] * len(launches)
         # as a past run ran (its rows' config_source): "cached", a tuning Triton found
         # on disk
-        ran = (self.sources or {}).get(case_key(case), "").split("; ")
+        ran = (self.sources or {}).get(case.key, "").split("; ")
         on_disk = [False] * len(launches)
         if self.sources is not None and launches and len(ran) == len(launches):
             shipped = [ln.configs[0] if src == "shipped" else None

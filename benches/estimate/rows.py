@@ -72,11 +72,6 @@ def run_identity(meta: dict[str, Any]) -> str:
     return f"{meta.get('created')}|{meta.get('run_id')}"
 
 
-def case_key(case: Case) -> tuple[str, ...]:
-    """The row key (contract.schema.row_key) a case's row has."""
-    return (case.spec.name, case.provider, case.dtype, case.shape_str, case.cache)
-
-
 def selection(meta: dict[str, Any]) -> tuple[Any, ...]:
     """What a run selected (a RunConfig or a run's metadata): kernels, dtypes,
     providers, sizes, cache modes."""
