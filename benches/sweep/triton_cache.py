@@ -202,16 +202,14 @@ def _end(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_GRACE_S)
-        for f in (proc.stdin, proc.stdout):
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
+        _close((proc.stdin, proc.stdout))
 
 
-def _close(files: Iterable[IO[bytes]]) -> None:
+def _close(files: Iterable[IO[bytes] | None]) -> None:
     for f in files:
-        with contextlib.suppress(OSError):
-            f.close()
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 class Spawned:
@@ -380,9 +378,7 @@ class CompileAhead:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.0, deadline - time.monotonic()))
             lines += _result_lines(proc, deadline, self.out.get(proc.pid, b""))
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
+            _close((proc.stdin,))
         self.worker_errors = worker_errors(self.logs, self.exits, self._job_errors(lines))
         _close(self.logs.values())
         shutil.rmtree(self.claims, ignore_errors=True)
