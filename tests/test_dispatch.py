@@ -190,9 +190,10 @@ def test_time_flushed_pads_by_the_dispatch_it_is_given(monkeypatch):
 @pytest.mark.parametrize("timer", ["time_flushed", "time_warm"])
 def test_a_slow_call_is_its_own_estimate_of_a_sample(monkeypatch, timer):
     """A call whose one synchronized call took at least a fifth of the warm-up (5 ms)
-    skips do_bench's call and 5-sample estimate: a warm-up call (25 ms by time) and the
-    gate's 10 samples, 11 calls instead of 17, the same samples.  A faster one, or one
-    whose caller did not time it, is estimated as before."""
+    skips do_bench's call and 5-sample estimate, and its warm-up by time (25 ms) counts
+    that call: a 30 ms call takes the gate's 10 samples only, 10 calls instead of 17, the
+    same samples.  A faster one, or one whose caller did not time it, is estimated and
+    warmed up as before."""
     gpu = FakeGpu()
     gpu.install(monkeypatch, flush_us=55.0)
     calls: list[int] = []
@@ -205,7 +206,8 @@ def test_a_slow_call_is_its_own_estimate_of_a_sample(monkeypatch, timer):
     assert not timing.estimate_needed(5.0, cfg) and timing.estimate_needed(4.9, cfg)
     assert timing.estimate_needed(None, cfg)
     skipped = run(call(30_000.0), cfg, 50.0, once_ms=30.05)
-    assert len(calls) == 1 + 10
+    assert len(calls) == 10
+    assert timing.warmup_calls(30.16, cfg, 30.05) == 0
     calls.clear()
     estimated = run(call(30_000.0), cfg, 50.0)
     assert len(calls) == 1 + 5 + 1 + 10
@@ -213,10 +215,15 @@ def test_a_slow_call_is_its_own_estimate_of_a_sample(monkeypatch, timer):
     calls.clear()
     run(call(1_000.0), cfg, 50.0, once_ms=1.05)  # 1 ms: 5 samples are under the warm-up
     assert calls[:7] == [1] * 7 and len(calls) > 1 + 5 + int(25 / 1.2)
-    # 8 ms: the warm-up from once_ms + padding (3 calls), no estimate
+    # 8 ms: no estimate; the warm-up's 25 ms less the caller's 8 ms call: 2 calls of
+    # 8.16 ms (once_ms + padding), not 3
     calls.clear()
     t = run(call(8_000.0), cfg, 50.0, once_ms=8.05)
-    assert len(calls) == int(25 / (8.05 + 0.11)) + t.n_samples
+    assert len(calls) == 2 + t.n_samples
+    assert timing.warmup_calls(8.16, cfg, 8.05) == 2
+    assert timing.warmup_calls(8.16, cfg, None) == 3  # the caller timed nothing
+    assert timing.warmup_calls(1.16, cfg, 1.05) == 21  # short: do_bench's warm-up
+    assert timing.warmup_calls(100.0, cfg, None) == 1  # at least one call
     assert t.n_samples == timing_plan.sample_count(8.05 + 0.11, cfg) or \
         t.n_samples == cfg.gate_min_samples
 

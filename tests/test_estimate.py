@@ -20,7 +20,7 @@ from benches.estimate.calibrate import (
     calibration,
     calibration_runs,
 )
-from benches.estimate.price import PLANS, estimate
+from benches.estimate.price import PLANS, Pricer, estimate
 from benches.estimate.report import target_device
 from benches.estimate.rows import Reference, find_reference, load_reference, row_speed
 from benches.estimate.speeds import CPU, GPU
@@ -129,7 +129,7 @@ def test_the_command_prints_every_phase_and_writes_nothing(capsys, tmp_path):
                            "--kernels", "add,matvec"])
     out = capsys.readouterr().out
     assert code == 0
-    for phase in ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing",
+    for phase in ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
                   "write", "other", "total"):
         assert f"│ {phase}" in out, phase
     for m, warm in PLANS:
@@ -265,9 +265,36 @@ def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled, monkeypatch):
     # small to scale by
     assert {"compile", "tune"} <= set(scaled.factors) if compiled \
         else not {"compile", "tune"} & set(scaled.factors)
-    assert {"capture", "timing", "write", "other"} <= set(scaled.factors)
+    assert {"capture", "timing", "profile", "write", "other"} <= set(scaled.factors)
     for phase, f in scaled.factors.items():
         assert f == pytest.approx(1.5), phase
+
+
+def test_a_run_made_before_the_profile_phase_is_priced_as_it_ran(monkeypatch):
+    """The H200's runs of 2026-11-27 booked the profiler pass in timing, and ran a
+    warm-up call after a long timed call and an unprofiled call before each pass: the
+    model prices them so, folds its profile into their timing, and scales the profile
+    by the timing's factor, so that those calls are not counted as time the code now
+    spends elsewhere."""
+    monkeypatch.setenv("GPUBENCH_RETUNE", "1")
+    cfg, cases, ref = _gpu_plan("h200", "--kernels", "add,attention_bwd", "--dtypes",
+                                "fp32", "--sizes", "quick")
+    old = Pricer(cfg, ref, GPU, "now", True, True, calls_before_profile_phase=True).run(cases)
+    new = Pricer(cfg, ref, GPU, "now", True, True).run(cases)
+    # the unprofiled call, each row's (backward passes of 12-200 ms among them)
+    assert old.phases["profile"] - new.phases["profile"] > 0.3
+    assert old.phases["timing"] > new.phases["timing"]  # the warm-up calls after them
+    split = {p: 1.5 * v for p, v in old.phases.items() if p != "profile"}
+    split["timing"] = 1.5 * (old.phases["timing"] + old.phases["profile"])
+    meta = {"device_kind": "cuda", "complete": True, "run_id": "older",
+            "created": "2026-11-27T08:00:00+00:00", "kernels": ["add", "attention_bwd"],
+            "dtypes": ["fp32"], "providers": cfg.providers, "sizes": "quick",
+            "cache": cfg.cache, "run_budget_s": cfg.run_budget_s,
+            "triton_compiles": {"compiled": 0, "from_cache": 0},
+            "time_split_s": split | {"ceilings": 0}}
+    scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
+    assert scaled.factors["timing"] == pytest.approx(1.5)
+    assert scaled.factors["profile"] == pytest.approx(1.5)
 
 
 # ---- the ceilings' measured time and what the compile workers can hide -------------------
@@ -347,7 +374,8 @@ def test_the_sweep_pays_the_compiles_its_workers_have_not_done(
         waited = max(0.0, serial / sp.compile_workers - window_s)
     loads = ahead / sp.compile_s * sp.cached_compile_s
     assert cold.phases["compile"] == pytest.approx(serial - ahead + waited + loads)
-    assert cold.per_case[-1] + sp.write_end_s == pytest.approx(cold.total)
+    assert cold.per_case[-1] + sp.write_end_s + sp.figure_row_s * len(cases) \
+        == pytest.approx(cold.total)
 
 
 def test_the_total_is_the_sum_of_every_phase_other_included(h200_quick):
@@ -358,11 +386,18 @@ def test_the_total_is_the_sum_of_every_phase_other_included(h200_quick):
         assert list(w.phases) == list(PHASES), (method, warm)
         assert w.total == pytest.approx(sum(w.phases[p] for p in PHASES))
         assert w.phases["other"] == pytest.approx(GPU.startup_s + len(cases) * GPU.row_s)
-        assert w.phases["write"] == pytest.approx(len(cases) * GPU.write_row_s
-                                                  + GPU.write_end_s)
+        # the figures and summary grow with the rows: 406 rows 0.8 + 406 x (0.002 +
+        # 0.021) = 10.1 s, as the H200's 9.7-9.9 s
+        end = GPU.write_end_s + GPU.figure_row_s * len(cases)
+        assert w.phases["write"] == pytest.approx(len(cases) * GPU.write_row_s + end)
         assert all(v >= 0 for v in w.phases.values())
         assert w.per_case == sorted(w.per_case)  # cumulative
-        assert w.per_case[-1] + GPU.write_end_s == pytest.approx(w.total)
+        assert w.per_case[-1] + end == pytest.approx(w.total)
+    # every GPU row has its profiler pass, CUPTI's start on the first
+    now = walks[("now", True)]
+    rows = now.counts["rows"]
+    assert now.counts["profiled"] == rows
+    assert now.phases["profile"] >= GPU.profile_first_s + rows * GPU.profile_s
 
 
 def _estimate_line(*env: str) -> dict[str, float]:

@@ -223,6 +223,44 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
     assert seen[1][1:] == cache.copies.calls["twin"]
 
 
+def test_a_gpu_rows_profiler_pass_is_booked_to_profile_with_no_call_before_it(monkeypatch):
+    """kernel_time's pass after the timing is its own phase (the runs before booked it in
+    timing), and runs only the profiled calls: the check and the timing ran the call."""
+    from benches.sweep import kernel_time
+
+    events: list[str] = []
+    monkeypatch.setattr(timers, "time_cudagraph", lambda calls, cfg, total=None,
+                        call_ms=None: timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH))
+    monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
+    monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
+    monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+
+    def profiled(run, on_gpu):
+        time.sleep(0.05)  # the profiler's own cost, booked with it
+        events.append("profiled")
+        run()
+        return []
+
+    monkeypatch.setattr(kernel_time, "profile_events", profiled)
+    base = _counting(REGISTRY["add"], [])
+    real = base.providers["torch"].fn
+    calls: list[str] = []
+    counted = dataclasses.replace(
+        base.providers["torch"], fn=lambda ins, o: (calls.append("call"), real(ins, o))[1])
+    spec = dataclasses.replace(base, providers={**base.providers, "torch": counted})
+    split = TimeSplit()
+    row = runner.run_case(runner.Case(spec, "torch", "fp32", {"n": 4096}), gpu_cfg(),
+                          runner.InputCache(), split=split)
+    assert row["status"] == "ok", row["reason"]
+    got = split.split()
+    assert got["profile"] >= 0.05 > got["timing"]
+    # the pass: a sync, then the profiled calls only (5 at most, kernel_time); the
+    # row's other calls are its first call and its checked call (the timers faked)
+    assert events[events.index("profiled") - 1] == "sync"
+    assert len(calls) == 2 + kernel_time.PROFILED_CALLS
+
+
 def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
     """The H200's runs of 2026-11-27 recorded 0 of 183 cases done and nothing on why;
     a run now says what it waited and what the workers said."""

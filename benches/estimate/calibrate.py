@@ -90,6 +90,7 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
     got = dict.fromkeys(PHASES, 0.0)
     want = dict.fromkeys(PHASES, 0.0)
     used = []
+    folded = 0.0  # the profiler passes priced into the older runs' timing
     for meta in calibration_runs(ref, cfg.target.kind):
         try:
             rcfg = _config_of(cfg, meta)
@@ -100,8 +101,12 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
         cached = float(split.get("ceilings") or 0.0) < 1.0
         builds = TritonBuilds.of(meta)
         cold = builds.cold  # an older or a CPU run: warm
+        # made before the profiler pass had a phase of its own: booked in timing, and
+        # it ran the calls that change removed (Pricer's calls_before_profile_phase)
+        older = "profile" not in split
         model: Walk = Pricer(rcfg, ref, sp, "now", not cold, cached,
-                             sources=ref.sources.get(run_identity(meta), {})).run(cases)
+                             sources=ref.sources.get(run_identity(meta), {}),
+                             calls_before_profile_phase=older).run(cases)
         if isinstance(meta.get("triton_compiles"), dict):
             # Its own process's compiles as it counted them (a cache partly warm, workers
             # that compiled some or none), without the seconds it waited for the
@@ -110,6 +115,10 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
                                    - builds.waited_s)
             model.phases["compile"] = (builds.built * sp.compile_s
                                        + builds.from_cache * sp.cached_compile_s)
+        if older:
+            folded += model.phases["profile"]
+            model.phases["timing"] += model.phases["profile"]
+            model.phases["profile"] = 0.0
         for phase in PHASES:
             got[phase] += model.phases[phase]
             want[phase] += float(split.get(phase) or 0.0)
@@ -117,6 +126,9 @@ def calibration(cfg: RunConfig, ref: Reference, sp: DeviceSpeed) -> Calibration:
     lo, hi = FACTOR_RANGE
     factors = {phase: min(hi, max(lo, want[phase] / got[phase])) for phase in PHASES
                if phase != "ceilings" and got[phase] > MIN_MODELLED_S and want[phase] > 0}
+    if folded > MIN_MODELLED_S and "timing" in factors and not want["profile"]:
+        # no run measured the profiler pass apart: the timing's factor was fit to both
+        factors["profile"] = factors["timing"]
     return Calibration(factors, used)
 
 

@@ -28,10 +28,11 @@ from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
 from benches.sweep.compile_wait import wait_s
+from benches.sweep.kernel_time import calls_to_profile
 from benches.sweep.phases import PHASES
 from benches.sweep.row_setup import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
-from benches.timing.clock import DISPATCH_BUDGET_S, estimate_needed
+from benches.timing.clock import DISPATCH_BUDGET_S, estimate_needed, warmup_calls
 from benches.timing.plan import (
     TIMER_FLUSHED,
     OverBudget,
@@ -116,11 +117,16 @@ class Pricer:
 
     def __init__(self, cfg: RunConfig, ref: Reference, sp: DeviceSpeed, method: str,
                  warm: bool, ceilings_cached: bool,
-                 sources: Mapping[tuple[str, ...], str] | None = None) -> None:
+                 sources: Mapping[tuple[str, ...], str] | None = None,
+                 calls_before_profile_phase: bool = False) -> None:
         self.cfg, self.ref, self.sp, self.method, self.warm = cfg, ref, sp, method, warm
         # A past run priced as it ran: its rows' config_source says which launches ran a
         # shipped config (the file it had, not today's) and which were tuned.
         self.sources = sources
+        # A past run made before the profiler pass had its phase (2026-11-28) also ran
+        # the calls that change removed: a warm-up call after a long timed call, and an
+        # unprofiled call before the profiler; priced as it ran.
+        self.extra_calls = calls_before_profile_phase or method == "before"
         self.walk = Walk(method, warm)
         self.cases_seen: set[tuple[str, ...]] = set()
         self.compiled: set[tuple[Any, ...]] = set()
@@ -154,8 +160,12 @@ class Pricer:
             w.phases["compile"] += waited + loads - ahead
             w.per_case = [t + waited + loads - min(ahead, c)
                           for t, c in zip(w.per_case, w.compile_by_case, strict=True)]
-        w.add("write", self.sp.write_end_s)
+        w.add("write", self.end_write_s(len(cases)))
         return w
+
+    def end_write_s(self, rows: int) -> float:
+        """The run's files after its last row: results, summary and figures."""
+        return self.sp.write_end_s + self.sp.figure_row_s * rows
 
     def compiled_ahead(self, serial_s: float) -> tuple[float, float]:
         """(seconds the sweep waits after its ceilings, compile seconds done ahead) for
@@ -196,6 +206,7 @@ class Pricer:
             return
         if cfg.target.kind == "cuda":
             self.gpu_timing(case, rs)
+            self.profile(rs)
         else:
             self.cpu_timing(case, call_s, granted)
         w.count("rows")
@@ -312,6 +323,16 @@ class Pricer:
         w.count("replays", reps)
         w.add("timing", (reps + 1) * replay * 1e-3)
 
+    def profile(self, rs: RowSpeed) -> None:
+        """The row's torch.profiler pass after its timing (kernel_time.row_columns): its
+        calls (calls_to_profile; before, one unprofiled call more), the profiler's own
+        cost, and CUPTI's start on the run's first."""
+        once = rs.call_ms * 1e-3 + rs.host_us * 1e-6
+        calls = calls_to_profile(once) + (1 if self.extra_calls else 0)
+        first = self.sp.profile_first_s if not self.walk.counts.get("profiled") else 0.0
+        self.walk.count("profiled")
+        self.walk.add("profile", first + self.sp.profile_s + calls * once)
+
     def stopped(self, cap: int, rs: RowSpeed) -> int:
         """A GPU row's samples: now, as many as the stopping rule took on the reference
         row's recorded samples (RowSpeed.settles), within the time cap `cap`; before,
@@ -327,14 +348,16 @@ class Pricer:
         the warm twin without the flush."""
         flush = self.sp.flush_ms if case.cache == DEFAULT_CACHE else 0.0
         per = call + flush + (2 * rs.host_us + 10) * 1e-3
-        n = self.stopped(sample_count(per, self.timing), rs)
-        warm_up = max(1, int(self.timing.warmup_ms / per)) * call
         # the estimate: a call and 5 samples; now, none for a call long enough to be its
-        # own (benches/timing/clock.py, estimate_needed)
+        # own (benches/timing/clock.py, estimate_needed), whose warm-up counts it
         once = call + rs.host_us * 1e-3
         estimate = call + 5 * per
+        timed_once = None
         if self.method == "now" and not estimate_needed(once, self.timing):
             estimate = 0.0
+            timed_once = None if self.extra_calls else once
+        n = self.stopped(sample_count(per, self.timing), rs)
+        warm_up = warmup_calls(per, self.timing, timed_once) * call
         self.walk.count("do_bench rows")
         self.walk.add("timing", (estimate + warm_up + n * per) * 1e-3)
 

@@ -73,9 +73,21 @@ class DeviceSpeed:
     # the synchronizations and small copies of a row's check.
     row_s: float = 0.004
     sync_s: float = 0.001
-    # Writing a row to the journal and the CSV; the results, summary and figures.
+    # A GPU row's torch.profiler pass (benches/sweep/kernel_time.py) beside its calls:
+    # the profiler's start and stop and its events read (2.6 ms median on the 2-core VM
+    # without CUPTI, 2026-11-26; a few ms more with it), and CUPTI's one-time start in a
+    # run (about 1 s).  Not yet measured apart on a GPU: the runs before 2026-11-28
+    # booked it in timing (benches/estimate/calibrate.py adds it to their timing).
+    profile_s: float = 0.006
+    profile_first_s: float = 1.0
+    # Writing a row to the journal and the CSV; the results, summary and figures: a
+    # fixed part and one growing with the rows (the figures' points, panels and labels,
+    # the summary's tables).  Fit to the H200's runs of 2026-11-27 (write phase: 2 to 24
+    # rows 0.6-2.0 s, 406 rows 9.7 and 9.9 s); the 3.0 s it was, flat, priced the quick
+    # sweep's 9.8 s at 5.4 s even scaled.
     write_row_s: float = 0.002
-    write_end_s: float = 3.0
+    write_end_s: float = 0.8
+    figure_row_s: float = 0.021
 
 
 # GPU models: the H200 figures, fit as the module says; an H100 runs the same host code
@@ -91,7 +103,7 @@ GPU = DeviceSpeed(startup_s=5.0, ceilings_s=3.8)
 # to compare (0.25 GB/s); CPU rows have no graph, copies or compiles.
 CPU = DeviceSpeed(startup_s=5.0, ceilings_s=10.0, host_us={"torch": 0.0, "triton": 0.0},
                   fill_gbps=0.25, fp64_tflops=0.02, row_s=0.005, write_row_s=0.003,
-                  write_end_s=3.0)
+                  write_end_s=0.8, figure_row_s=0.014)
 
 
 # Compute capability of the GPU models, by key prefix, for the launches an estimate

@@ -100,11 +100,12 @@ def calls_to_profile(call_s: float | None) -> int:
 
 
 def profile_calls(call: Callable[[], object], calls: int) -> KernelTime | None:
-    """torch.profiler (CPU and CUDA activity) over `calls` back-to-back calls, after one
-    unprofiled call (a lazy first launch stays out)."""
+    """torch.profiler (CPU and CUDA activity) over `calls` back-to-back calls, the GPU
+    idle before them.  The row's call ran in its check and its timing just before, so no
+    lazy first launch is left to keep out (an unprofiled call before them cost the H200's
+    quick sweep 0.7 s of device time, the backward passes' most)."""
     import torch
 
-    call()
     torch.cuda.synchronize()
 
     def run() -> None:

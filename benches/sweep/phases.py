@@ -13,6 +13,9 @@ The phases, in the order a row meets them:
 - capture: what a CUDA-graph row spends outside its samples (its launches counted, the
   warm-up round, the captures and the graphs' first replays);
 - timing: the timers themselves (samples, their warm-up and estimates, host dispatch);
+- profile: a GPU row's torch.profiler pass after its timing (kernel_ms, kernels): the
+  profiler's start and stop, its few calls and the events read (booked in timing by the
+  runs made before 2026-11-28);
 - write: the run's files (rows journal, results, figures, summary);
 - other: everything else (start-up and imports, case building, the console).
 
@@ -30,8 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "write",
-          "other")
+PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
+          "write", "other")
 # The phases a run books explicitly; `other` is what is left of the wall time.
 BOOKED = PHASES[:-1]
 

@@ -205,7 +205,7 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
             timing, note, clocks = time_unthrottled(timed, monitor, cfg.throttle)
         recompiled = recompile_note(compiles, before)
         if cfg.target.kind == "cuda":  # kernel-only time and library: torch.profiler
-            with split.phase("timing"):
+            with split.phase("profile"):
                 kcols, knote = kernel_time.row_columns(call, budget.call_s, case.provider)
             clocks.update(kcols)
             note = "; ".join(x for x in (note, knote) if x)

@@ -338,6 +338,18 @@ def estimate_needed(once_ms: float | None, cfg: TimingConfig) -> bool:
     return once_ms is None or 5 * once_ms < cfg.warmup_ms
 
 
+def warmup_calls(per_sample_ms: float, cfg: TimingConfig, once_ms: float | None) -> int:
+    """Calls of the warm-up by time (cfg.warmup_ms of samples, at least one call), less
+    what the caller's own synchronized call ran just before where it timed one long
+    enough to stand for a sample (`once_ms`, see estimate_needed): the GPU ran the same
+    kernel then, so a 200 ms backward pass needs no warm-up call after it, and an 8 ms
+    one 2 calls instead of 3.  A caller that timed nothing (once_ms None) or a short call
+    gets do_bench's warm-up."""
+    if once_ms is None or estimate_needed(once_ms, cfg):
+        return max(1, int(cfg.warmup_ms / per_sample_ms))
+    return max(0, int((cfg.warmup_ms - once_ms) / per_sample_ms))
+
+
 def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
                     flush: Callable[[], object] | None,
                     once_ms: float | None = None) -> Sampled:
@@ -347,9 +359,10 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
     A sample's time sizes the warm-up (by time) and the sample cap.  As do_bench, it is
     the mean of 5 samples, after a call to warm up; a call whose caller measured it long
     (`once_ms`, see estimate_needed: the caller's own calls warmed it) takes once_ms plus
-    the padding instead.  That leaves out the flush's device time (55-85 us on Hopper,
-    under 2 % of such a sample), which can only add a warm-up call or a sample, never
-    take one away; a 230 ms call is spared 6 calls (1.4 s)."""
+    the padding instead, and its warm-up counts that call (warmup_calls).  That leaves
+    out the flush's device time (55-85 us on Hopper, under 2 % of such a sample), which
+    can only add a warm-up call or a sample, never take one away; a 230 ms call is
+    spared 7 calls (1.6 s)."""
     cycles = int(pad_us * PAD_CYCLES_PER_US)
 
     def sample(start: torch.cuda.Event | None = None,
@@ -378,7 +391,7 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
         per_sample_ms = max(t0.elapsed_time(t1) / 5, 1e-4)
     else:
         per_sample_ms = float(once_ms) + pad_us * 1e-3  # type: ignore[arg-type]
-    for _ in range(max(1, int(cfg.warmup_ms / per_sample_ms))):
+    for _ in range(warmup_calls(per_sample_ms, cfg, once_ms)):
         fn()
 
     def take(k: int) -> list[float]:
