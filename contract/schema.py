@@ -188,6 +188,10 @@ class RunMetadata(TypedDict, total=False):
     resumed: list[dict[str, Any]]
     time_split_s: dict[str, float]
     wall_s: float
+    # A serial sweep's (GPU, checks only, one CPU round) own split of each row:
+    # [{"row": [kernel, provider, dtype, shape, cache], "s": {phase: seconds}}], the
+    # phases that took none left out (benches/sweep/phases.py TimeSplit.since)
+    row_split_s: list[dict[str, Any]]
     # Triton's compiles the sweep asked for: {"compiled": built, "from_cache": loaded}
     triton_compiles: dict[str, int]
     fleet: dict[str, Any]
@@ -198,6 +202,11 @@ class RunMetadata(TypedDict, total=False):
     replaced_baseline_kept_at: str
 
 CUT_SHORT = "cut_short"
+# The phases a run's time splits into (metadata.time_split_s, row_split_s), in the order
+# a row meets them; what each books: benches/sweep/phases.py.
+PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
+          "write", "other")
+ROW_SPLIT = "row_split_s"
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache
 # mode (ROW_ID): a cold and a warm time of one case are different numbers, never compared.

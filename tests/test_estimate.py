@@ -26,10 +26,10 @@ from benches.estimate.rows import Reference, find_reference, load_reference, row
 from benches.estimate.speeds import CPU, GPU
 from benches.sweep import job
 from benches.sweep.cases import Case, build_cases
-from benches.sweep.phases import PHASES
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES
 from contract.rows import TritonBuilds
+from contract.schema import PHASES
 from kernels import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent

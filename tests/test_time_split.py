@@ -18,18 +18,20 @@ import torch
 
 from benches.sweep import cases as cases_mod
 from benches.sweep import phases, runner, timers
-from benches.sweep.phases import PHASES, TimeSplit
+from benches.sweep.phases import TimeSplit
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
+from contract.schema import PHASES, ROW_SPLIT, row_key
 from kernels import REGISTRY
-from roofline.report.summary import (
+from roofline.report.run_time import (
     compiled_ahead_line,
     compiles_line,
-    render_summary,
+    row_time_sections,
     time_split_line,
 )
+from roofline.report.summary import md_table, render_summary
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +70,88 @@ def test_a_move_never_takes_more_than_the_open_phase_ran():
         clock.now += 1.0
         split.move(5.0, "compile")  # a listener's figure larger than the phase itself
     assert split.split()["tune"] == 0.0 and split.split()["compile"] == 1.0
+
+
+def test_a_rows_own_split_is_what_the_phases_booked_since_its_mark():
+    """TimeSplit.since: each phase's seconds since the mark (an open phase up to now),
+    `other` the rest of the wall time between, zeros left out, 0.1 ms rounding."""
+    clock = Clock()
+    split = TimeSplit(clock=clock)
+    with split.phase("check"):
+        clock.now += 7.0  # before the mark: not the row's
+        mark = split.mark()
+        clock.now += 0.25
+    with split.phase("capture"):
+        clock.now += 0.5
+        split.move(0.125, "compile")
+    clock.now += 0.00004  # under 0.1 ms: rounds to nothing, left out
+    with split.phase("timing"):
+        clock.now += 1.0
+        assert split.since(mark) == {"compile": 0.125, "check": 0.25, "capture": 0.375,
+                                     "timing": 1.0}
+    clock.now += 2.0
+    got = split.since(mark)
+    assert got == {"compile": 0.125, "check": 0.25, "capture": 0.375, "timing": 1.0,
+                   "other": 2.0}
+    assert list(got) == [p for p in PHASES if p in got]  # in the phases' order
+    assert split.since(split.mark()) == {}
+
+
+def test_a_serial_sweep_records_each_rows_own_split(tmp_path):
+    """A sweep whose rows run one by one (here checks only) writes every row's own
+    split in its metadata, in the rows' order, adding up to the run's phases; a CPU
+    sweep whose rounds interleave over chunks records none (the time between two rows
+    is then a chunk's)."""
+    import run_bench
+
+    code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
+                           "--sizes", "n=4096;n=65536", "--check-only",
+                           "--out", str(tmp_path / "a")])
+    assert code == 0
+    doc = json.loads(next((tmp_path / "a").glob("*/*/results.json")).read_text())
+    own, meta = doc["metadata"][ROW_SPLIT], doc["metadata"]
+    assert [e["row"] for e in own] == [list(row_key(r)) for r in doc["rows"]]
+    for phase in ("inputs", "check"):
+        assert sum(e["s"].get(phase, 0.0) for e in own) == pytest.approx(
+            meta["time_split_s"][phase], abs=2e-3)
+    assert all(e["s"]["check"] > 0 for e in own)
+    code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
+                           "--sizes", "n=4096", "--row-budget", "0.5",
+                           "--out", str(tmp_path / "b")])
+    assert code == 0
+    doc = json.loads(next((tmp_path / "b").glob("*/*/results.json")).read_text())
+    assert ROW_SPLIT not in doc["metadata"]
+
+
+def test_the_summary_says_where_the_rows_time_went():
+    """summary.md's table of the rows' own split, by kernel and provider, the largest
+    first; ROW_TIME_TOP pairs, the rest in one line, all rows last; none for a run that
+    recorded no row split."""
+    from roofline.report import run_time
+
+    def entry(kernel, provider, **s):
+        return {"row": [kernel, provider, "fp32", "n=1", "cold"], "s": s}
+
+    own = [entry("add", "torch", check=0.5, timing=1.0),
+           entry("add", "torch", check=0.5, capture=2.0),
+           entry("attention_bwd", "torch", timing=9.0, profile=0.5),
+           entry("dot", "triton", check=0.25)]
+    title, text = row_time_sections({ROW_SPLIT: own}, md_table)
+    assert title == "## Where the rows' time went"
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    assert lines[0] == "| kernel provider | rows | check | capture | timing | profile | total |"
+    assert lines[2:] == [
+        "| attention_bwd torch | 1 | 0.00 | 0.00 | 9.00 | 0.50 | 9.50 |",
+        "| add torch | 2 | 1.00 | 2.00 | 1.00 | 0.00 | 4.00 |",
+        "| dot triton | 1 | 0.25 | 0.00 | 0.00 | 0.00 | 0.25 |",
+        "| all rows | 4 | 1.25 | 2.00 | 10.00 | 0.50 | 13.75 |"]
+    many = [entry(f"k{i}", "torch", timing=float(i + 1)) for i in range(run_time.ROW_TIME_TOP + 2)]
+    _, text = row_time_sections({ROW_SPLIT: many}, md_table)
+    assert "| 2 more | 2 | 3.00 | 3.00 |" in text  # k0 and k1, the smallest
+    assert row_time_sections({}, md_table) == []
+    assert row_time_sections({ROW_SPLIT: []}, md_table) == []
+    md = render_summary({ROW_SPLIT: own, "device_key": "h200"}, pd_rows())
+    assert "## Where the rows' time went" in md
 
 
 def test_an_open_phase_counts_up_to_now():

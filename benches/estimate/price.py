@@ -29,7 +29,6 @@ from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import Case, RunConfig
 from benches.sweep.compile_wait import wait_s
 from benches.sweep.kernel_time import calls_to_profile
-from benches.sweep.phases import PHASES
 from benches.sweep.row_setup import footprint_reason, shipped_configs_of
 from benches.sweep.timers import rotation_of, timing_method
 from benches.timing.clock import DISPATCH_BUDGET_S, estimate_needed, warmup_calls
@@ -44,7 +43,7 @@ from benches.timing.plan import (
     plan_cpu,
     sample_count,
 )
-from contract.schema import DEFAULT_CACHE
+from contract.schema import DEFAULT_CACHE, PHASES
 from kernels.shipped import retune_requested
 from kernels.triton_utils import config_str
 

@@ -16,10 +16,10 @@ from benches.estimate.rows import Reference, find_reference, selection
 from benches.estimate.speeds import capability_of, speed_of
 from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console
-from benches.sweep.phases import PHASES
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device
 from contract.request import RunRequest
+from contract.schema import PHASES
 
 
 def target_device(req: RunRequest, ref_meta: dict | None = None

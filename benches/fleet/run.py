@@ -57,7 +57,7 @@ from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
 from contract.request import RunRequest
-from roofline.report.summary import time_split_line
+from roofline.report.run_time import time_split_line
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
 TEST_EXIT = "GPUBENCH_TEST_EXIT_RANK"

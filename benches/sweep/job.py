@@ -46,6 +46,7 @@ from contract.request import RequestError as BadRequest
 from contract.request import RunRequest, resumed_request
 from contract.schema import (
     DEFAULT_CACHE,
+    ROW_SPLIT,
     RowKey,
     RunLoadError,
     format_shape,
@@ -59,7 +60,7 @@ from kernels.spec import Target, interpreter_enabled
 from kernels.tuning import identity_text, set_device_identity
 from roofline.gate.rules import CompareError, parse_allow
 from roofline.gate.runs import check_baseline
-from roofline.report.summary import time_split_line
+from roofline.report.run_time import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
                                              CompareError, RequestError, BadRequest)
@@ -456,8 +457,15 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
         task = progress.add_task("benchmarking", total=total, completed=done0)
         series = None
         rows = runner.iterate(todo, cfg, split)
+        # Each row's own split, where rows run one by one: where a sweep's time goes by
+        # kernel, provider and shape (the time split's phases), for the next estimate.
+        own: list[dict[str, Any]] | None = writer.metadata.setdefault(
+            ROW_SPLIT, []) if runner.one_by_one(cfg) else None
+        mark = split.mark()
         try:
             for case, row in rows:
+                if own is not None:
+                    own.append({"row": list(row_key(row)), "s": split.since(mark)})
                 with split.phase("write"):
                     writer.add(row)
                 progress.update(task, advance=1, description=f"{case.label:<48.48}")
@@ -469,6 +477,7 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
                 if row["status"] == "failed":
                     progress.console.print(f"[red]FAILED[/red] {case.label}: "
                                            f"{row['reason']}")
+                mark = split.mark()
         except (KeyboardInterrupt, Terminated) as e:
             with split.phase("write"):
                 for _, row in drain_rows(rows, e):

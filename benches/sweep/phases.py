@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
-          "write", "other")
+from contract.schema import PHASES
+
 # The phases a run books explicitly; `other` is what is left of the wall time.
 BOOKED = PHASES[:-1]
 
@@ -61,6 +61,15 @@ class _Open:
 
     name: str
     since: float
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A TimeSplit's state at one moment (TimeSplit.mark): its clock's reading and the
+    seconds booked per phase by then."""
+
+    at: float
+    booked: dict[str, float]
 
 
 class TimeSplit:
@@ -113,15 +122,30 @@ class TimeSplit:
             top.since += seconds
         self.seconds[to] += seconds
 
-    def split(self) -> dict[str, float]:
-        """Seconds per phase so far (open phases up to now), `other` the rest of the wall
-        time, rounded to milliseconds."""
+    def mark(self) -> Mark:
+        """Where the split stands now: the clock and the seconds booked per phase (open
+        phases up to now), for `since`."""
         now = self.clock()
         got = dict(self.seconds)
         for entry in self._open:
             got[entry.name] += now - entry.since
-        wall = now - self.start
-        got["other"] = max(0.0, wall - sum(got.values()))
+        return Mark(now, got)
+
+    def since(self, mark: Mark) -> dict[str, float]:
+        """Seconds per phase since `mark`, `other` the rest of the wall time between
+        them, rounded to 0.1 ms; the phases that took none left out (a row's own split:
+        benches/sweep/job.py records one per row of a serial sweep)."""
+        now = self.mark()
+        got = {k: now.booked[k] - mark.booked.get(k, 0.0) for k in BOOKED}
+        got["other"] = max(0.0, now.at - mark.at - sum(got.values()))
+        return {k: round(got[k], 4) for k in PHASES if round(got[k], 4) > 0}
+
+    def split(self) -> dict[str, float]:
+        """Seconds per phase so far (open phases up to now), `other` the rest of the wall
+        time, rounded to milliseconds."""
+        now = self.mark()
+        got = dict(now.booked)
+        got["other"] = max(0.0, now.at - self.start - sum(got.values()))
         return {k: round(got[k], 3) for k in PHASES}
 
     def wall_s(self) -> float:

@@ -287,6 +287,13 @@ def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
     return (timer or timer_for(case, cfg)).time(row)
 
 
+def one_by_one(cfg: RunConfig) -> bool:
+    """Whether `iterate` runs each case whole before the next (a GPU sweep, checks only,
+    one CPU round), so that the time between two rows is the later row's own; else the
+    CPU rounds interleave over chunks of cases."""
+    return cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1
+
+
 def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
             ) -> Iterator[tuple[Case, Row]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
@@ -302,7 +309,7 @@ def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None
     budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
     split = split if split is not None else TimeSplit()
     restore_handlers_after_compiles()
-    if cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1:
+    if one_by_one(cfg):
         yield from _iterate_serial(cases, cfg, budget, split)
         return
     with copies_frozen():

@@ -18,7 +18,7 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
-from contract.rows import Ceiling, TritonBuilds, clean_rows, run_ceilings
+from contract.rows import Ceiling, clean_rows, run_ceilings
 from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
@@ -44,6 +44,12 @@ from roofline.report.findings import (
     warm_rows,
 )
 from roofline.report.providers import Table, provider_tables, step_table
+from roofline.report.run_time import (
+    compiled_ahead_line,
+    compiles_line,
+    row_time_sections,
+    time_split_line,
+)
 from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops
 from roofline.report.timing_settings import timing_settings
 
@@ -167,51 +173,6 @@ def _run_facts(meta: dict[str, Any]) -> str:
                                         else val)))
     return "\n".join(f"- **{k}**: {val if k == 'status' else _cell(val)}"
                      for k, val in facts if val is not None)
-
-
-def time_split_line(meta: dict[str, Any]) -> str | None:
-    """"timing N s of M s", then the run's other phases of half a second or more,
-    largest first (metadata.time_split_s, benches/sweep/phases.py); None for a run that did
-    not record its split.  The console's last line and summary.md's `time` fact."""
-    split, wall = as_dict(meta.get("time_split_s")), finite_or_none(meta.get("wall_s"))
-    if not split or wall is None:
-        return None
-    rest = sorted(((f, k) for k, v in split.items()
-                   if k != "timing" and (f := finite_or_none(v)) is not None and f >= 0.5),
-                  reverse=True)
-    tail = ", ".join(f"{k} {v:.0f}" for v, k in rest)
-    return (f"timing {finite_or_none(split.get('timing')) or 0.0:.0f} s of {wall:.0f} s"
-            + (f" ({tail})" if tail else ""))
-
-
-def compiles_line(meta: dict[str, Any]) -> str | None:
-    """The Triton compiles a run asked for: built or loaded from Triton's cache
-    (metadata.triton_compiles), and those its compile-ahead workers built
-    (compiled_ahead.kernels_built): a cold cache or a warm one.  None when it recorded
-    none (a CPU run, an older run)."""
-    b = TritonBuilds.of(meta)
-    if not (b.built or b.from_cache or b.built_ahead):
-        return None
-    return (f"{b.built} built, {b.from_cache} loaded from Triton's cache"
-            + (f"; {b.built_ahead} built ahead by the compile workers" if b.built_ahead
-               else ""))
-
-
-def compiled_ahead_line(meta: dict[str, Any]) -> str | None:
-    """What the compile-ahead workers did (metadata.compiled_ahead): cases done of
-    those given, kernels built, the seconds the sweep waited for them after its
-    ceilings, and their errors, which say why they compiled less (the H200's runs of
-    2026-11-27 recorded 0 of 183 and nothing else).  None where no worker ran."""
-    ahead = meta.get("compiled_ahead")
-    if not isinstance(ahead, dict) or not ahead.get("workers"):
-        return None
-    line = (f"{ahead.get('cases_done', 0)} of {ahead.get('cases', 0)} cases by "
-            f"{ahead['workers']} workers ({ahead.get('kernels_compiled', 0)} kernels, "
-            f"{ahead.get('kernels_built', 0)} built)")
-    if isinstance(ahead.get("waited_s"), int | float):
-        line += f", {ahead['waited_s']:.1f} s waited for after the ceilings"
-    errors = [str(e) for e in ahead.get("worker_errors") or []]
-    return line + (f"; errors: {'; '.join(errors)}" if errors else "")
 
 
 def _timing_section(meta: dict[str, Any]) -> str | None:
@@ -486,6 +447,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]
           if len(launch_bound_rows(d)) else []),
         *energy_sections(meta, d, md_table),  # roofline/report/energy.py
+        *row_time_sections(meta, md_table),  # roofline/report/run_time.py
         f"## Failed rows ({n['failed']})",
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",
