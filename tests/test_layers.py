@@ -23,8 +23,9 @@ UPWARD = {
     ("benches.sweep.job", "roofline.report.plot"),
     ("benches.sweep.job", "roofline.report.plot_scaling"),
     ("benches.sweep.job", "roofline.report.summary"),
-    # a fleet run's end: its report, the finalize of killed ranks
-    ("benches.fleet.run", "roofline.report.summary"),
+    ("benches.sweep.job", "roofline.report.run_time"),
+    # a fleet run's end: its report, the time split lines, the finalize of killed ranks
+    ("benches.fleet.run", "roofline.report.run_time"),
     ("benches.fleet.folder", "roofline.report.fleet"),
     ("benches.fleet.acceptance_report", "roofline.report.style"),
     ("benches.fleet.finalize", "roofline.report.finalize"),

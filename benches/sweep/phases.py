@@ -21,7 +21,8 @@ The phases, in the order a row meets them:
 
 Phases are exclusive: one opened inside another pauses it, so the phases and `other`
 add up to the wall time since the process started (on Linux; since the split was made
-elsewhere).
+elsewhere).  The phase names are contract.schema.PHASES (the readers of saved runs use
+them too); `TimeSplit.mark` and `since` give one row's own split (metadata.row_split_s).
 """
 
 from __future__ import annotations
