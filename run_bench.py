@@ -218,7 +218,7 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
     from benches.ceilings import any_cached
     from benches.fleet.dist import launched
     from benches.sweep.compile_wait import wait_s
-    from benches.sweep.triton_cache import spawn_early
+    from benches.sweep.triton_cache import default_workers, spawn_early
 
     # They compile while the ceilings are measured and the sweep waits for them after
     # (benches/sweep/compile_wait.py).  Without that wait (GPUBENCH_COMPILE_WAIT_S=0) and
@@ -226,6 +226,7 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
     # --no-measure-ceilings) there is no time for them.
     try:
         waits = wait_s() > 0
+        default_workers()
     except ValueError:  # refused by the request's own check, in one line
         return None
     no_ceilings = args.no_measure_ceilings or (not args.remeasure_ceilings

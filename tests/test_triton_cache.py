@@ -569,6 +569,8 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUBENCH_COMPILE_WAIT_S")
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "0")
     assert early() is None
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, "many")  # refused later, in one line
+    assert early() is None
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
     monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: False)
     assert early() is None and started == [3, 3, 3, 3, 3, 3]

@@ -227,6 +227,7 @@ def _check(req: RunRequest, on_cases: Callable[[list[Case]], None] | None) -> Ch
     if req.fp8_accum:
         kernel_spec.set_fp8_accum(req.fp8_accum)
     compile_wait.wait_s()  # a bad GPUBENCH_COMPILE_WAIT_S: refused before the ceilings
+    triton_cache.default_workers()  # and a bad GPUBENCH_COMPILE_WORKERS
     dev = resolve_device(req.device)
     present, model = dev.present, dev.model
     for w in dev.warnings:

@@ -154,14 +154,23 @@ def _shipped_pick(kernel: str, dtype: str, device: Sequence[Any]
 
 
 def default_workers() -> int:
-    """GPUBENCH_COMPILE_WORKERS, else half this node's cores shared among its ranks
-    (LOCAL_WORLD_SIZE under torchrun), at most 8."""
+    """GPUBENCH_COMPILE_WORKERS (0: none), else half this node's cores shared among its
+    ranks (LOCAL_WORLD_SIZE under torchrun), at most 8.  A value that is not a whole
+    number of workers, 0 or more, is a one-line error (the command's exit 2, before
+    anything is measured), not silently none."""
     env = os.environ.get(WORKERS_ENV)
-    if env is not None:
+    if env is not None and env.strip():
         try:
-            return max(0, int(env))
+            count = int(env)
         except ValueError:
-            return 0
+            count = -1
+        if count < 0:
+            from benches.sweep.run_folder import RequestError  # pandas: only to refuse
+
+            raise RequestError(f"{WORKERS_ENV}={env!r}: give the number of compile-ahead "
+                               "worker processes, 0 or more (0: none; unset: half the "
+                               "cores, at most 8)")
+        return count
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
 
