@@ -113,37 +113,32 @@ def test_the_wait_s_default_and_values(monkeypatch, value, seconds):
     assert compile_wait.wait_s() == seconds
 
 
-def test_the_command_refuses_a_bad_wait_before_anything_runs(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("env, value", [
+    (compile_wait.WAIT_ENV, "soon"),
+    # a count that is not one used to mean no worker, silently
+    (triton_cache.WORKERS_ENV, "many"), (triton_cache.WORKERS_ENV, "-1"),
+    (triton_cache.WORKERS_ENV, "2.5")])
+def test_the_command_refuses_a_bad_setting_before_anything_runs(
+        monkeypatch, tmp_path, capsys, env, value):
     import run_bench
 
-    monkeypatch.setenv(compile_wait.WAIT_ENV, "soon")
+    for name in (compile_wait.WAIT_ENV, triton_cache.WORKERS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(env, value)
     code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
                            "--sizes", "4096", "--out", str(tmp_path), "--no-plots"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert err[0].startswith(f"error: {compile_wait.WAIT_ENV}='soon': ")
+    assert err[0].startswith(f"error: {env}={value!r}: ")
     assert not list(tmp_path.iterdir())  # no run folder: refused before the run
 
 
-@pytest.mark.parametrize("value", ["many", "-1", "2.5"])
-def test_the_command_refuses_a_bad_worker_count_before_anything_runs(
-        monkeypatch, tmp_path, capsys, value):
-    """GPUBENCH_COMPILE_WORKERS that is no count of workers is a one-line error, where it
-    used to mean no worker, silently."""
-    import run_bench
-
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
-    monkeypatch.setenv(triton_cache.WORKERS_ENV, value)
+def test_a_blank_worker_count_is_the_default_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, " ")
+    assert triton_cache.default_workers() >= 0
+    monkeypatch.setenv(triton_cache.WORKERS_ENV, "-3")
     with pytest.raises(ValueError, match="give the number of compile-ahead worker"):
         triton_cache.default_workers()
-    code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
-                           "--sizes", "4096", "--out", str(tmp_path), "--no-plots"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert err[0].startswith(f"error: {triton_cache.WORKERS_ENV}={value!r}: ")
-    assert not list(tmp_path.iterdir())  # no run folder: refused before the run
-    monkeypatch.setenv(triton_cache.WORKERS_ENV, " ")  # blank: the default
-    assert triton_cache.default_workers() >= 0
 
 
 def test_a_compile_function_that_cannot_be_imported_is_named(monkeypatch):
