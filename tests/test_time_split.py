@@ -140,6 +140,7 @@ def test_the_summary_says_where_the_rows_time_went():
     assert title == "## Where the rows' time went"
     lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
     assert lines[0] == "| kernel provider | rows | check | capture | timing | profile | total |"
+    assert lines[1] == "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"  # numbers right
     assert lines[2:] == [
         "| attention_bwd torch | 1 | 0.00 | 0.00 | 9.00 | 0.50 | 9.50 |",
         "| add torch | 2 | 1.00 | 2.00 | 1.00 | 0.00 | 4.00 |",

@@ -63,7 +63,8 @@ def compiled_ahead_line(meta: dict[str, Any]) -> str | None:
 
 
 def row_time_sections(meta: dict[str, Any],
-                      md_table: Callable[[list[str], list[list[Any]]], str]) -> list[str]:
+                      md_table: Callable[[list[str], list[list[Any]], str], str]
+                      ) -> list[str]:
     """summary.md's "Where the rows' time went": each (kernel, provider)'s rows' own
     seconds per phase (metadata.row_split_s: a serial sweep's), the largest totals
     first, ROW_TIME_TOP of them and the rest in one line, then all rows; [] for a run
@@ -105,5 +106,6 @@ def row_time_sections(meta: dict[str, Any],
     return ["## Where the rows' time went",
             "Each row's own seconds by phase (benches/sweep/phases.py), summed by kernel and "
             "provider: what the sweep spends beside the samples (`timing`), and on which "
-            "rows.\n\n" + md_table(["kernel provider", "rows", *phases, "total"], body)]
+            "rows.\n\n" + md_table(["kernel provider", "rows", *phases, "total"], body,
+                      "l" + "r" * (len(phases) + 2))]
 
