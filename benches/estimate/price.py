@@ -159,11 +159,12 @@ class Pricer:
             w.phases["compile"] += waited + loads - ahead
             w.per_case = [t + waited + loads - min(ahead, c)
                           for t, c in zip(w.per_case, w.compile_by_case, strict=True)]
-        w.add("write", self.end_write_s(len(cases)))
+        w.add("write", self.end_write_s(w.counts.get("rows", 0)))
         return w
 
     def end_write_s(self, rows: int) -> float:
-        """The run's files after its last row: results, summary and figures."""
+        """The run's files after its last row: results, summary and figures, whose
+        points and labels are the rows that ran (`rows`, skipped ones left out)."""
         return self.sp.write_end_s + self.sp.figure_row_s * rows
 
     def compiled_ahead(self, serial_s: float) -> tuple[float, float]:

@@ -81,13 +81,13 @@ class DeviceSpeed:
     profile_s: float = 0.006
     profile_first_s: float = 1.0
     # Writing a row to the journal and the CSV; the results, summary and figures: a
-    # fixed part and one growing with the rows (the figures' points, panels and labels,
-    # the summary's tables).  Fit to the H200's runs of 2026-11-27 (write phase: 2 to 24
-    # rows 0.6-2.0 s, 406 rows 9.7 and 9.9 s); the 3.0 s it was, flat, priced the quick
-    # sweep's 9.8 s at 5.4 s even scaled.
+    # fixed part and one growing with the rows that ran (the figures' points, panels and
+    # labels, the summary's tables).  Fit to the H200's runs of 2026-11-27 (write phase:
+    # 2 to 24 rows 0.6-2.0 s; the quick sweep, 406 cases of which 368 ran, 9.7 and 9.9
+    # s); the 3.0 s it was, flat, priced that 9.8 s at 5.4 s even scaled.
     write_row_s: float = 0.002
     write_end_s: float = 0.8
-    figure_row_s: float = 0.021
+    figure_row_s: float = 0.022
 
 
 # GPU models: the H200 figures, fit as the module says; an H100 runs the same host code
@@ -97,13 +97,14 @@ class DeviceSpeed:
 # where the reference runs recorded none (an H100 does the same copies and matmuls).
 GPU = DeviceSpeed(startup_s=5.0, ceilings_s=3.8)
 
-# The 2-core CPU VM (the default run quiet: about 42 s): start-up with torch and the
+# The 2-core CPU VM (the default run quiet: about 42 s, 4 s of it writing for its 398
+# cases, 175 of which ran, 2026-11-27): start-up with torch and the
 # Triton interpreter imported 4-6 s, ceilings measured 9-11 s; an elementwise case of
 # 2^22 fp32 elements (48 MB) takes 0.4 s to make, 0.2 s for its reference and 0.2-0.3 s
 # to compare (0.25 GB/s); CPU rows have no graph, copies or compiles.
 CPU = DeviceSpeed(startup_s=5.0, ceilings_s=10.0, host_us={"torch": 0.0, "triton": 0.0},
                   fill_gbps=0.25, fp64_tflops=0.02, row_s=0.005, write_row_s=0.003,
-                  write_end_s=0.8, figure_row_s=0.014)
+                  write_end_s=0.8, figure_row_s=0.012)
 
 
 # Compute capability of the GPU models, by key prefix, for the launches an estimate
