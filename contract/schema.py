@@ -202,10 +202,6 @@ class RunMetadata(TypedDict, total=False):
     replaced_baseline_kept_at: str
 
 CUT_SHORT = "cut_short"
-# The phases a run's time splits into (metadata.time_split_s, row_split_s), in the order
-# a row meets them; what each books: benches/sweep/phases.py.
-PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
-          "write", "other")
 ROW_SPLIT = "row_split_s"
 ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache

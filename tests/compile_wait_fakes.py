@@ -10,7 +10,20 @@ import time
 
 def slept(kernel: str, dtype: str, shape: dict[str, int], sms: int,
           capability: tuple[int, int] | None, fp8_mode: str) -> int:
-    """Compiles one kernel in shape["ms"] milliseconds."""
+    """Builds one kernel in shape["ms"] milliseconds: Triton's compilation listener (the
+    worker's, benches/sweep/phases.compiles_booked) hears of a build, as of a cold cache."""
+    time.sleep(shape["ms"] / 1000)
+    from triton import knobs
+
+    if knobs.compilation.listener is not None:
+        knobs.compilation.listener(src=None, metadata=None, metadata_group=None,
+                                   times=None, cache_hit=False)
+    return 1
+
+
+def loaded(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+           capability: tuple[int, int] | None, fp8_mode: str) -> int:
+    """Finds one kernel in Triton's cache after shape["ms"] milliseconds (no build)."""
     time.sleep(shape["ms"] / 1000)
     return 1
 

@@ -63,8 +63,9 @@ def test_the_wait_ends_once_the_workers_have_done_every_job(monkeypatch):
     assert 0.5 <= record["waited_s"] < 10 and took < 15
     assert all(p.poll() == 0 for p in ahead.procs)  # exited on their own: no job left
     assert split.seconds["compile"] == pytest.approx(ahead.waited_s, abs=0.05)
-    assert said == [f"compiled ahead: 6 of 6 cases (6 kernels, 0 built) by 2 workers, "
+    assert said == [f"compiled ahead: 6 of 6 cases (6 kernels, 6 built) by 2 workers, "
                     f"{record['waited_s']:.1f} s after the ceilings"]
+    assert record["wait_ended"] == "done"
 
 
 def test_the_deadline_holds_and_what_was_done_counts(tmp_path, monkeypatch):
@@ -79,8 +80,36 @@ def test_the_deadline_holds_and_what_was_done_counts(tmp_path, monkeypatch):
     assert record["cases_done"] == 2 and record["kernels_compiled"] == 2
     assert record["worker_errors"] == []  # stopped by the sweep: no failure
     assert 0.45 <= split.seconds["compile"] < 1.0
-    assert said[0].startswith("compiled ahead: 2 of 6 cases (2 kernels, 0 built) by 2 "
+    assert said[0].startswith("compiled ahead: 2 of 6 cases (2 kernels, 2 built) by 2 "
                               "workers, ")
+    assert said[0].endswith(" s after the ceilings (ended: deadline)")
+    assert record["wait_ended"] == "deadline"
+
+
+def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monkeypatch):
+    """Workers whose first results (one a worker) all found their kernels in Triton's
+    cache end the wait there: the sweep loads the rest as fast itself, so a warm run
+    waits for the workers' start-up at most, not for their 10 jobs of 0.5 s.  One build
+    among them keeps it waiting."""
+    spawned = _ready_workers(tmp_path, monkeypatch, 2)
+    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    ahead = triton_cache.CompileAhead(_jobs(20, 20, *[500] * 10), 2, "fast",
+                                      compile_fn=f"{FAKES}:loaded", spawned=spawned)
+    record, _, said, took = _after_ceilings(ahead)
+    # not the 2.5 s the ten jobs take on two workers (a busy machine delays the first
+    # results, never the rule)
+    assert record["wait_ended"] == "cache warm" and record["cases_done"] < 12
+    assert record["waited_s"] < 2.0 and took < 3.0 and record["kernels_built"] == 0
+    assert said[0].endswith(" s after the ceilings (ended: cache warm)")
+    out = {1: bytearray(b'{"job": 0, "compiled": 1, "built": 0}\n'),
+           2: bytearray(b'{"job": 1, "compiled": 1, "built": 0}\n{"job": 2, "comp')}
+    assert compile_wait.cache_was_warm(out, 2) and not compile_wait.cache_was_warm(out, 3)
+    out[2] += b'iled": 1, "built": 1}\n'  # a build among them: cold
+    assert not compile_wait.cache_was_warm(out, 2)
+    out = {1: bytearray(b'{"job": 0, "error": "RuntimeError: x"}\n'),
+           2: bytearray(b'{"job": 1, "compiled": 1, "built": 0}\n')}
+    assert not compile_wait.cache_was_warm(out, 2)  # an error is no cache hit
+    assert not compile_wait.cache_was_warm({}, 0)
 
 
 def test_no_wait_stops_the_workers_when_the_ceilings_end(tmp_path, monkeypatch):
@@ -247,7 +276,7 @@ def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_pat
     assert ahead["cases_done"] == 6 and ahead["worker_errors"] == []
     assert 0.5 <= ahead["waited_s"] < 10
     assert meta["time_split_s"]["compile"] >= ahead["waited_s"] - 0.1
-    assert (f"compiled ahead: 6 of 6 cases (6 kernels, 0 built) by 2 workers, "
+    assert (f"compiled ahead: 6 of 6 cases (6 kernels, 6 built) by 2 workers, "
             f"{ahead['waited_s']:.1f} s after the ceilings") in out
 
 

@@ -28,8 +28,8 @@ from benches.sweep import job
 from benches.sweep.cases import Case, build_cases
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES
+from contract.phases import PHASES
 from contract.rows import TritonBuilds
-from contract.schema import PHASES
 from kernels import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,8 @@ from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe
-from contract.schema import PHASES, ROW_SPLIT, row_key
+from contract.phases import PHASES
+from contract.schema import ROW_SPLIT, row_key
 from kernels import REGISTRY
 from roofline.report.run_time import (
     compiled_ahead_line,
@@ -360,5 +361,8 @@ def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
     assert compiled_ahead_line({"compiled_ahead": now}) == (
         "183 of 183 cases by 8 workers (178 kernels, 170 built), 9.4 s waited for after "
         "the ceilings; errors: preload torch: ImportError: x; y")
+    warm = {**now, "waited_s": 2.04, "wait_ended": "cache warm", "worker_errors": []}
+    assert compiled_ahead_line({"compiled_ahead": warm}).endswith(
+        "2.0 s waited for after the ceilings (ended: cache warm)")
     md = render_summary({"compiled_ahead": now, "device_key": "h200"}, pd_rows())
     assert "- **compiled ahead**: 183 of 183 cases by 8 workers" in md

@@ -302,6 +302,9 @@ import torch
 has = lambda: torch._C._cuda_hasPrimaryContext(0)
 stages = {"import": has()}
 from benches.sweep.triton_cache import compile_case
+stages["triton_cache imported"] = has()
+from kernels import REGISTRY
+REGISTRY["add"]  # its family's module: Triton, triton.language, the kernels' helpers
 stages["kernels imported"] = has()
 cc = tuple(json.loads(sys.argv[1]))
 n = compile_case("add", "fp32", {"n": 4096}, 132, cc, "fast")
@@ -347,7 +350,8 @@ def test_a_workers_compile_creates_no_context_and_is_what_the_sweep_loads(tmp_pa
 
     cc = json.dumps(list(torch.cuda.get_device_capability(0)))
     assert child(NO_CONTEXT, cc) == {"compiled": 1, "context": {
-        "import": False, "kernels imported": False, "compiled": False}}
+        "import": False, "triton_cache imported": False, "kernels imported": False,
+        "compiled": False}}
     launched = child(LAUNCH)
     assert launched["hits"] == [True] and launched["rel_err"] < 1e-5
 

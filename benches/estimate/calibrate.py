@@ -23,8 +23,8 @@ from benches.estimate.rows import Reference, run_identity
 from benches.estimate.speeds import DeviceSpeed
 from benches.sweep.cases import RunConfig, build_cases
 from benches.sweep.shapes import parse_sizes
+from contract.phases import PHASES
 from contract.rows import TritonBuilds
-from contract.schema import PHASES
 
 # Runs within this of the newest one calibrate together (see the module's docstring).
 SESSION = timedelta(days=1)

@@ -43,7 +43,8 @@ from benches.timing.plan import (
     plan_cpu,
     sample_count,
 )
-from contract.schema import DEFAULT_CACHE, PHASES
+from contract.phases import PHASES
+from contract.schema import DEFAULT_CACHE
 from kernels.shipped import retune_requested
 from kernels.triton_utils import config_str
 

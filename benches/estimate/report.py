@@ -18,8 +18,8 @@ from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device
+from contract.phases import PHASES
 from contract.request import RunRequest
-from contract.schema import PHASES
 
 
 def target_device(req: RunRequest, ref_meta: dict | None = None

@@ -7,9 +7,11 @@ compile, the sweep compiles serially, one kernel at a time, at its rows' first c
 waiting for workers compiling in parallel is never slower while they work (a worker
 that hangs costs at most the deadline); and the main process measures nothing while it
 waits, so their compiling on the host's cores cannot disturb a timing.  The wait ends
-when every worker has exited (each exits when no job is left), or at the deadline:
-GPUBENCH_COMPILE_WAIT_S seconds after the ceilings (default 90; 0 stops the workers
-when the ceilings end, as before).  The seconds waited are booked as the run's compile
+when every worker has exited (each exits when no job is left), when their first
+results (one a worker) all found their kernels in Triton's cache (a warm cache: the
+sweep loads the rest as fast itself, and waiting would only cost their start-up), or at
+the deadline: GPUBENCH_COMPILE_WAIT_S seconds after the ceilings (default 90; 0 stops
+the workers when the ceilings end, as before).  The seconds waited are booked as the run's compile
 time (benches/sweep/phases.py) and recorded as `compiled_ahead.waited_s`.
 
 Why a worker compiled nothing (an H200 run recorded 0 of 183 cases and nobody could say
@@ -39,7 +41,7 @@ class Waitable(Protocol):
     """What the sweep waits on (triton_cache.CompileAhead, which imports this module:
     named by its methods, not imported back)."""
 
-    def wait(self, seconds: float) -> float: ...
+    def wait(self, seconds: float) -> tuple[float, str]: ...
 
     def record(self) -> dict[str, Any]: ...
 
@@ -52,6 +54,9 @@ ERROR_CHARS = 300
 LOG_EDGE_BYTES = 65536
 # How often the wait looks whether a worker exited (its output wakes it at once).
 POLL_S = 0.1
+# Why a wait ended (metadata.compiled_ahead.wait_ended): every worker exited (no job
+# left), the first results found a warm cache (cache_was_warm), or the deadline.
+WAIT_ENDS = ("done", "cache warm", "deadline")
 
 
 def wait_s() -> float:
@@ -91,19 +96,36 @@ def read_output(procs: Iterable[subprocess.Popen], out: dict[int, bytearray],
 
 
 def wait_for_exit(procs: list[subprocess.Popen], out: dict[int, bytearray],
-                  seconds: float, clock: Callable[[], float] = time.monotonic) -> float:
-    """Wait until every worker of `procs` has exited or `seconds` have passed, reading
-    their result lines into `out` meanwhile; the seconds waited."""
+                  seconds: float, clock: Callable[[], float] = time.monotonic,
+                  enough: Callable[[dict[int, bytearray]], bool] | None = None
+                  ) -> tuple[float, str]:
+    """Wait until every worker of `procs` has exited, `seconds` have passed or `enough`
+    says what they wrote so far is (cache_was_warm), reading their result lines into
+    `out` meanwhile; (the seconds waited, why the wait ended: WAIT_ENDS)."""
     start = clock()
     deadline = start + seconds
     while any(p.poll() is None for p in procs):
         left = deadline - clock()
         if left <= 0:
-            break
+            return clock() - start, "deadline"
         # An exited worker's pipe stays readable (its end), so it is left out: the
         # select would not wait for the others.
         read_output([p for p in procs if p.poll() is None], out, min(left, POLL_S))
-    return clock() - start
+        if enough is not None and enough(out):
+            return clock() - start, "cache warm"
+    return clock() - start, "done"
+
+
+def cache_was_warm(out: dict[int, bytearray], needed: int) -> bool:
+    """Whether the workers' first `needed` results (one a worker, say) all found their
+    kernels in Triton's cache (`built` 0, no error): a warm cache, whose other kernels
+    the sweep loads in milliseconds each as well as the workers would, so waiting for
+    them is only their start-up.  A cache warm for the first cases and cold for later
+    ones (an interrupted run before) leaves the rest to the sweep's serial compiles,
+    as without the wait."""
+    lines = [ln for data in out.values() for ln in result_lines(bytes(data))]
+    return needed > 0 and len(lines) >= needed and all(
+        "compiled" in ln and not ln.get("built") for ln in lines)
 
 
 def result_lines(data: bytes) -> list[dict[str, Any]]:
@@ -189,4 +211,11 @@ def summary_line(record: dict[str, Any]) -> str:
             f"{record.get('kernels_built', 0)} built"
             + (f", {_n(failed, 'case')} failed" if failed else "")
             + f") by {_n(record.get('workers', 0), 'worker')}, "
-            f"{record.get('waited_s', 0.0):.1f} s after the ceilings")
+            f"{record.get('waited_s', 0.0):.1f} s after the ceilings"
+            + _ended(record))
+
+
+def _ended(record: dict[str, Any]) -> str:
+    """Why the wait ended, where it was not that every worker was done."""
+    why = record.get("wait_ended")
+    return "" if why in (None, "done") else f" (ended: {why})"

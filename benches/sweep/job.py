@@ -346,6 +346,9 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit,
                                                 force=req.remeasure_ceilings,
                                                 log=lambda m: console.print(m))
                 measured = True
+                # kept before the wait below: an interrupt there leaves a run whose
+                # --resume need not measure them again
+                meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
             finally:
                 if ahead is not None:
                     try:  # then the sweep waits for them (not after an interrupt or error)
@@ -353,7 +356,6 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit,
                             compile_wait.after_ceilings(ahead, split, say=console.print)
                     finally:
                         meta["compiled_ahead"] = ahead.record()
-            meta.update(ceilings=cfg.ceilings.to_json(), ceilings_ready=True)
             with split.phase("write"):
                 writer.flush()  # results.json holds the ceilings before the first row
         stage = "sweep"

@@ -21,7 +21,7 @@ The phases, in the order a row meets them:
 
 Phases are exclusive: one opened inside another pauses it, so the phases and `other`
 add up to the wall time since the process started (on Linux; since the split was made
-elsewhere).  The phase names are contract.schema.PHASES (the readers of saved runs use
+elsewhere).  The phase names are contract.phases.PHASES (the readers of saved runs use
 them too); `TimeSplit.mark` and `since` give one row's own split (metadata.row_split_s).
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from contract.schema import PHASES
+from contract.phases import PHASES
 
 # The phases a run books explicitly; `other` is what is left of the wall time.
 BOOKED = PHASES[:-1]

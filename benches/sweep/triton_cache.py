@@ -50,7 +50,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
-from benches.sweep.compile_wait import read_output, result_lines, wait_for_exit, worker_errors
+from benches.sweep.compile_wait import (
+    cache_was_warm,
+    read_output,
+    result_lines,
+    wait_for_exit,
+    worker_errors,
+)
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
     from benches.sweep.cases import Case, RunConfig
@@ -313,6 +319,7 @@ class CompileAhead:
         self.exits: dict[int, int] = {}
         self.out: dict[int, bytearray] = {}
         self.waited_s = 0.0
+        self.wait_ended: str | None = None  # compile_wait.WAIT_ENDS, or "interrupted"
         self.worker_errors: list[str] = []
         self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
         # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
@@ -358,18 +365,23 @@ class CompileAhead:
             self.stop()
             raise
 
-    def wait(self, seconds: float) -> float:
-        """Wait until every worker has exited (each does when no job is left) or
-        `seconds` have passed; the seconds waited (also added to `waited_s`)."""
+    def wait(self, seconds: float) -> tuple[float, str]:
+        """Wait until every worker has exited (each does when no job is left), their
+        first results found a warm cache (compile_wait.cache_was_warm: one result a
+        worker) or `seconds` have passed; (the seconds waited, also added to
+        `waited_s`; why it ended, also `wait_ended`)."""
         if self.stopped is not None:
-            return 0.0
+            return 0.0, self.wait_ended or "done"
         start = time.monotonic()
+        self.wait_ended = "interrupted"  # until the wait returns
         try:
-            wait_for_exit(self.procs, self.out, seconds)
+            _, self.wait_ended = wait_for_exit(
+                self.procs, self.out, seconds,
+                enough=lambda out: cache_was_warm(out, min(self.workers, self.jobs)))
         finally:  # an interrupt ends the wait: what was waited is still recorded
             waited = time.monotonic() - start
             self.waited_s += waited
-        return waited
+        return waited, self.wait_ended
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int]:
         """Stop the workers (what they have not compiled is left to the sweep); what was
@@ -405,6 +417,7 @@ class CompileAhead:
         counts, the seconds the sweep waited for them after its ceilings (`waited_s`) and
         why workers failed (`worker_errors`: compile_wait.worker_errors)."""
         return {**self.stop(), "waited_s": round(self.waited_s, 1),
+                **({"wait_ended": self.wait_ended} if self.wait_ended else {}),
                 "worker_errors": list(self.worker_errors)}
 
     def _job_errors(self, lines: list[dict[str, Any]]) -> list[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contract.phases import PHASES
 from contract.rows import TritonBuilds
-from contract.schema import PHASES, ROW_SPLIT
+from contract.schema import ROW_SPLIT
 from roofline.report.findings import as_dict, finite_or_none
 
 # The pairs listed by their rows' time, at most; the rest are summed in one line.
@@ -58,6 +59,8 @@ def compiled_ahead_line(meta: dict[str, Any]) -> str | None:
             f"{ahead.get('kernels_built', 0)} built)")
     if isinstance(ahead.get("waited_s"), int | float):
         line += f", {ahead['waited_s']:.1f} s waited for after the ceilings"
+        if ahead.get("wait_ended") not in (None, "done"):
+            line += f" (ended: {ahead['wait_ended']})"
     errors = [str(e) for e in ahead.get("worker_errors") or []]
     return line + (f"; errors: {'; '.join(errors)}" if errors else "")
 
