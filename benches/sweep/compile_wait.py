@@ -41,7 +41,7 @@ class Waitable(Protocol):
     """What the sweep waits on (triton_cache.CompileAhead, which imports this module:
     named by its methods, not imported back)."""
 
-    def wait(self, seconds: float) -> tuple[float, str]: ...
+    def wait(self, seconds: float) -> float: ...
 
     def record(self) -> dict[str, Any]: ...
 
@@ -54,9 +54,6 @@ ERROR_CHARS = 300
 LOG_EDGE_BYTES = 65536
 # How often the wait looks whether a worker exited (its output wakes it at once).
 POLL_S = 0.1
-# Why a wait ended (metadata.compiled_ahead.wait_ended): every worker exited (no job
-# left), the first results found a warm cache (cache_was_warm), or the deadline.
-WAIT_ENDS = ("done", "cache warm", "deadline")
 
 
 def wait_s() -> float:
@@ -97,23 +94,22 @@ def read_output(procs: Iterable[subprocess.Popen], out: dict[int, bytearray],
 
 def wait_for_exit(procs: list[subprocess.Popen], out: dict[int, bytearray],
                   seconds: float, clock: Callable[[], float] = time.monotonic,
-                  enough: Callable[[dict[int, bytearray]], bool] | None = None
-                  ) -> tuple[float, str]:
+                  enough: Callable[[dict[int, bytearray]], bool] | None = None) -> str:
     """Wait until every worker of `procs` has exited, `seconds` have passed or `enough`
     says what they wrote so far is (cache_was_warm), reading their result lines into
-    `out` meanwhile; (the seconds waited, why the wait ended: WAIT_ENDS)."""
-    start = clock()
-    deadline = start + seconds
+    `out` meanwhile; why the wait ended (metadata.compiled_ahead.wait_ended): "done"
+    (no job left), "cache warm" or "deadline"."""
+    deadline = clock() + seconds
     while any(p.poll() is None for p in procs):
         left = deadline - clock()
         if left <= 0:
-            return clock() - start, "deadline"
+            return "deadline"
         # An exited worker's pipe stays readable (its end), so it is left out: the
         # select would not wait for the others.
         read_output([p for p in procs if p.poll() is None], out, min(left, POLL_S))
         if enough is not None and enough(out):
-            return clock() - start, "cache warm"
-    return clock() - start, "done"
+            return "cache warm"
+    return "done"
 
 
 def cache_was_warm(out: dict[int, bytearray], needed: int) -> bool:

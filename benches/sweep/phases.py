@@ -139,7 +139,7 @@ class TimeSplit:
         now = self.mark()
         got = {k: now.booked[k] - mark.booked.get(k, 0.0) for k in BOOKED}
         got["other"] = max(0.0, now.at - mark.at - sum(got.values()))
-        return {k: round(got[k], 4) for k in PHASES if round(got[k], 4) > 0}
+        return {k: r for k in PHASES if (r := round(got[k], 4)) > 0}
 
     def split(self) -> dict[str, float]:
         """Seconds per phase so far (open phases up to now), `other` the rest of the wall

@@ -319,7 +319,8 @@ class CompileAhead:
         self.exits: dict[int, int] = {}
         self.out: dict[int, bytearray] = {}
         self.waited_s = 0.0
-        self.wait_ended: str | None = None  # compile_wait.WAIT_ENDS, or "interrupted"
+        # why the wait ended: compile_wait.wait_for_exit's reason, or "interrupted"
+        self.wait_ended: str | None = None
         self.worker_errors: list[str] = []
         self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
         # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
@@ -365,23 +366,23 @@ class CompileAhead:
             self.stop()
             raise
 
-    def wait(self, seconds: float) -> tuple[float, str]:
+    def wait(self, seconds: float) -> float:
         """Wait until every worker has exited (each does when no job is left), their
         first results found a warm cache (compile_wait.cache_was_warm: one result a
-        worker) or `seconds` have passed; (the seconds waited, also added to
-        `waited_s`; why it ended, also `wait_ended`)."""
+        worker) or `seconds` have passed; the seconds waited (also added to `waited_s`;
+        why it ended: `wait_ended`)."""
         if self.stopped is not None:
-            return 0.0, self.wait_ended or "done"
+            return 0.0
         start = time.monotonic()
         self.wait_ended = "interrupted"  # until the wait returns
         try:
-            _, self.wait_ended = wait_for_exit(
+            self.wait_ended = wait_for_exit(
                 self.procs, self.out, seconds,
                 enough=lambda out: cache_was_warm(out, min(self.workers, self.jobs)))
         finally:  # an interrupt ends the wait: what was waited is still recorded
             waited = time.monotonic() - start
             self.waited_s += waited
-        return waited, self.wait_ended
+        return waited
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int]:
         """Stop the workers (what they have not compiled is left to the sweep); what was
