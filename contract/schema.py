@@ -15,6 +15,19 @@ from typing import Any, BinaryIO, TypedDict
 
 import pandas as pd
 
+# The cache-mode names and the reading of a row's mode live below this module (physics.py,
+# which load_run applies, reads them too); re-exported here, where readers import them.
+from contract.modes import (  # noqa: F401
+    CACHE,
+    CACHE_MODES,
+    DEFAULT_CACHE,
+    WARM,
+    native_cache,
+    row_cache,
+)
+from contract.physics import apply as withhold
+from contract.physics import withheld_of
+
 
 class Row(TypedDict, total=False):
     """One row of a run: the columns, in order, with their types; the one place a column
@@ -102,6 +115,10 @@ class Row(TypedDict, total=False):
     # CPU: "timed/planned" rounds of a row an interrupt cut short (--resume times it
     # again); empty for a row timed in full
     cut_short: str | None
+    # Values the physics check withheld (contract/physics.py): a list of records
+    # {column, value, bound, kind, reason, derived_from}, each value emptied in its own
+    # column; JSON text in the CSV; None (absent in a run written before) when none
+    withheld: list[dict[str, Any]] | None
     # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where
     # the regression gate's rank test reads them; the CSV keeps one scalar per cell.
     samples_ms: list[float]
@@ -207,10 +224,6 @@ ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache
 # mode (ROW_ID): a cold and a warm time of one case are different numbers, never compared.
 KEY: list[str] = ["kernel", "provider", "dtype", "shape"]
-CACHE = "cache"
-CACHE_MODES: tuple[str, ...] = ("cold", "warm")
-DEFAULT_CACHE = "cold"
-WARM = "warm"
 ROW_ID: list[str] = [*KEY, CACHE]
 STATUSES = ("ok", "failed", "skipped")
 
@@ -268,32 +281,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """atomic_write of UTF-8 text."""
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-# Timers of CPU rows written before the `cache` column: every call on the same buffers.
-_CPU_SAME_BUFFER_TIMERS = ("timeit blocks", "torch.utils.benchmark")
-
-
-def native_cache(row: Any) -> str:
-    """The cache mode a row's device times in by default, and the mode of a row written
-    before the `cache` column: warm on a CPU (its timer has always run blocks of calls on
-    the same buffers; device "cpu", or a CPU timer), cold on a GPU (L2 flushed or
-    rotated past)."""
-    timer = row.get("timer")
-    if str(row.get("device")) == "cpu" or timer in _CPU_SAME_BUFFER_TIMERS:
-        return WARM
-    return DEFAULT_CACHE
-
-
-def row_cache(row: Any) -> str:
-    """A row's cache mode (a dict or pandas row): its `cache` cell, else native_cache
-    (so that rows and baselines written before the column keep matching today's rows
-    timed the same way)."""
-    value = row.get(CACHE)
-    if value is None or (isinstance(value, float) and value != value) \
-            or not str(value).strip():
-        return native_cache(row)
-    return str(value).strip().lower()
 
 
 # A row's identity across runs (ROW_ID's values): a cold and a warm time of one case are
@@ -402,7 +389,9 @@ def read_doc(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Load a run (folder or results.json) as (metadata, rows DataFrame)."""
+    """Load a run (folder or results.json) as (metadata, rows DataFrame), the physics
+    check applied to its rows (values no device can produce withheld, each recorded in
+    the row's `withheld` column; the files are not touched)."""
     p = resolve_results_json(path)
     doc = read_doc(p)
     meta = doc.get("metadata", {})
@@ -414,6 +403,9 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
     if bad is not None:
         raise RunLoadError(f"{p}: row {bad} is a {type(doc['rows'][bad]).__name__}, "
                            "not an object")
+    # The physics check (contract/physics.py): a value no device can produce is withheld
+    # wherever a saved run is shown, whatever version of the suite wrote it.
+    withhold(doc["rows"], meta)
     df = pd.DataFrame(doc["rows"])
     missing = [c for c in COLUMNS if c not in df.columns] if len(df) else []
     if missing:
@@ -448,9 +440,11 @@ def check_metrics(df: pd.DataFrame, where: str | os.PathLike) -> None:
     for i, row in enumerate(df.to_dict("records")):
         if row.get("status") != "ok":
             continue
+        withheld = {w.column for w in withheld_of(row)}
         for col in (*OK_ROW_NUMBERS, *OPTIONAL_NUMBERS):
             v = row.get(col)
-            required = col in OK_ROW_NUMBERS
+            # A value the physics check withheld is empty on purpose, with its record.
+            required = col in OK_ROW_NUMBERS and col not in withheld
             if (required and not _is_number(v)) or \
                     (not required and not _is_empty(v) and not _is_number(v)):
                 name = row_name(row, " ")

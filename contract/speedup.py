@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-from contract.schema import row_cache
+from contract.modes import row_cache
 
 DEFAULT_BASELINE = "torch"
 
@@ -33,22 +33,24 @@ def speedup_against(row: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
     ok and timed, or the baseline row is not there yet): a row as it is appended."""
     if row.get("provider") == baseline:
         return 1.0 if _ms(row) is not None else None
-    key = _case(row)
-    ref = next((ms for r in rows if r.get("provider") == baseline and _case(r) == key
+    key = case_of(row)
+    ref = next((ms for r in rows if r.get("provider") == baseline and case_of(r) == key
                 and (ms := _ms(r)) is not None), None)
     ms = _ms(row)
     return ref / ms if ms is not None and ref is not None else None
 
 
-def _case(r: Mapping[str, Any]) -> tuple[Any, ...]:
+def case_of(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The case a row's speedup is taken within: kernel, dtype, shape and cache mode (its
+    providers' rows share it)."""
     return (r.get("kernel"), r.get("dtype"), r.get("shape"), row_cache(r))
 
 
 def set_speedups(rows: Sequence[MutableMapping[str, Any]], baseline: str) -> None:
     """Each row's speedup = the baseline row's ms_median / its own (the baseline's own
     rows: 1.0); None where the row or its baseline row is not ok and timed."""
-    base = {_case(r): ms for r in rows
+    base = {case_of(r): ms for r in rows
             if r.get("provider") == baseline and (ms := _ms(r)) is not None}
     for r in rows:
-        ms, ref = _ms(r), base.get(_case(r))
+        ms, ref = _ms(r), base.get(case_of(r))
         r["speedup"] = ref / ms if ms is not None and ref is not None else None

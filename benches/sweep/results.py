@@ -26,6 +26,8 @@ from benches.sweep.kernel_time import kernel_time_metadata
 from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import cpu_cache_bytes, read_llc
 from contract.models import parse_model_sizes, step_shapes
+from contract.physics import WITHHELD, apply_row, withheld_text
+from contract.physics import apply as withhold
 from contract.request import RunRequest
 from contract.schema import (
     ALL_COLUMNS,
@@ -226,6 +228,7 @@ class ResultWriter:
         self.run_dir = run_dir
         self.metadata = metadata
         self.rows: list[dict[str, Any]] = list(rows or [])
+        withhold(self.rows, metadata)  # a resumed run's rows: checked as any (idempotent)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.journal = run_dir / ROWS_JOURNAL
         # The journal holds every row of the run, so it alone can stand for results.json:
@@ -234,8 +237,11 @@ class ResultWriter:
         self._csv_rows: int | None = None  # rows results.csv holds (None: unknown)
 
     def add(self, row: dict[str, Any]) -> None:
-        # Its speedup where its baseline row is already in (flush sets every row's).
+        # Its speedup where its baseline row is already in (flush sets every row's), then
+        # the physics check, so no written line carries a value no device can produce
+        # (contract/physics.py; flush checks every row again, against every baseline row).
         row["speedup"] = speedup_against(row, self.rows, baseline_of(self.metadata))
+        apply_row(row, self.metadata, self.rows)
         self.rows.append(row)
         # One write() per line and file: a kill mid-row leaves at most a partial last
         # line, which readers drop.  Files are reopened each time because flush()
@@ -246,7 +252,7 @@ class ResultWriter:
             self._write_csv()
             return
         with open(self.run_dir / RESULTS_CSV, "a", encoding="utf-8") as f:
-            f.write(pd.DataFrame([row], columns=ALL_COLUMNS).to_csv(index=False, header=False))
+            f.write(_csv_frame([row]).to_csv(index=False, header=False))
         self._csv_rows += 1
 
     def frame(self) -> pd.DataFrame:
@@ -254,20 +260,30 @@ class ResultWriter:
 
     def flush(self) -> None:
         """Rewrite results.csv and results.json whole (metadata included), atomically,
-        each row's speedup against the run's baseline provider set first."""
+        each row's speedup against the run's baseline provider set first, then the
+        physics check applied to every row (a speedup at unequal clocks withheld again)."""
         set_speedups(self.rows, baseline_of(self.metadata))
+        withhold(self.rows, self.metadata)
         self._write_csv()
         doc = {"metadata": self.metadata, "rows": [_jsonable(r) for r in self.rows]}
         atomic_write_text(self.run_dir / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")
 
     def _write_csv(self) -> None:
-        atomic_write_text(self.run_dir / RESULTS_CSV, self.frame().to_csv(index=False))
+        atomic_write_text(self.run_dir / RESULTS_CSV, _csv_frame(self.rows).to_csv(index=False))
         self._csv_rows = len(self.rows)
 
     def close(self) -> None:
         """Final flush; the journal goes once results.json holds every row."""
         self.flush()
         self.journal.unlink(missing_ok=True)
+
+
+def _csv_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The rows as results.csv holds them: one scalar per cell, the withheld records as
+    JSON text."""
+    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
+    df[WITHHELD] = [withheld_text(r.get(WITHHELD)) for r in rows]
+    return df
 
 
 def _journal_line(row: dict[str, Any]) -> str:
