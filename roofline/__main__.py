@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 PROG = "python -m roofline"
 
 
-def _retimer(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Retime:
-    """`compare --retime` and `history report --retime`: the harness's re-timing client
-    (benches/sweep/retime.py), wired here as plan's measurements are."""
+def _retimer(device: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+             budget_s: float | None = None) -> Retime:
+    """`compare --retime [--retime-budget S]` and `history report --retime`: the
+    harness's re-timing client (benches/sweep/retime.py), wired here as plan's
+    measurements are."""
     from benches.sweep.retime import retimer_of_run
 
-    return retimer_of_run(device, meta, rows)
+    return retimer_of_run(device, meta, rows, budget_s)
 
 
 # Each command imports its module when it runs: `plan` pulls in the harness and torch,

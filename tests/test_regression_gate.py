@@ -481,7 +481,7 @@ def test_unknown_creation_time_warns(tmp_path: Path,
 
 def test_allow_values_are_validated(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert ALLOWABLE == ("missing", "method-change", "incomplete", "newer-baseline",
-                         "throttled")
+                         "throttled", "slower")
     code, out, err = run_main(capsys, str(base), str(base), "--allow", "missing,bogus")
     _assert_one_line_error(code, out, err)
     assert "bogus" in err and "newer-baseline" in err

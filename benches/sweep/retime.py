@@ -13,22 +13,28 @@ shape, cache] (a case of four is cold), the Triton rows' configs by case id (run
 recorded, never tuned again) and the run's throttle settings (a GPU timing that stays
 throttled is no evidence of slower code, so it is left out).
 The answer (last line of stdout): {case id: [samples_ms]} for each case that ran ok,
-and "throttled": [case ids left out as throttled].  A case id is
-"kernel|provider|dtype|shape" for a cold case (as before cache modes existed) and
-"kernel|provider|dtype|shape|warm" for a warm one.
+and "throttled": [case ids left out as throttled]; before it, one line as the child is
+set up ({"ready_s": seconds since the spec's "sent_at"}) and one as each case ends
+({"case": id, "s": seconds, "samples": [...] | "throttled": true | "status": ...}), so
+that a client bounded in time (Retimer's budget_s) keeps what a child it stops timed.
+A case id is "kernel|provider|dtype|shape" for a cold case (as before cache modes
+existed) and "kernel|provider|dtype|shape|warm" for a warm one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key, row_key
+from contract.retimed import Retimed
+from contract.schema import DEFAULT_CACHE, ROW_SPLIT, RowKey, parse_row_key, row_key
 
 # The repository's root, the child's working directory: `python -m benches...` finds the
 # project there where it is not installed (a GPU runner runs it from a checkout).
@@ -39,9 +45,16 @@ SEP = "|"
 # Rounds of re-timing for rows that look slower than the baseline, interleaved across
 # those rows and at least RETIME_SPACING_S apart, so that one slow spell of a shared
 # machine (seconds long) cannot cover most of a row's rounds; the gate confirms a row
-# only when every round's fast end is past the threshold.
+# only when every round's fast end is past the threshold.  Under a time bound a row gets
+# RETIME_MIN_ROUNDS at least (the fewest that confirm or clear a row: the gate's
+# CONFIRM_MIN_ROUNDS) or none.
 RETIME_ROUNDS = 5
+RETIME_MIN_ROUNDS = 3
 RETIME_SPACING_S = 2.0
+
+# A row's phases in its run that a re-timing child does not repeat: its kernels load
+# from Triton's cache, its recorded configs run untuned.
+_NOT_REPEATED = ("compile", "tune")
 
 
 def case_id(key: Sequence[Any]) -> str:
@@ -58,55 +71,246 @@ def _warn(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr)
 
 
+def row_costs(meta: Mapping[str, Any]) -> dict[RowKey, float]:
+    """Seconds each row of a run would take in a re-timing child, from the run's own
+    split of each row (metadata.row_split_s, a serial sweep's): its phases but those a
+    child does not repeat.  {} for a run without it."""
+    out: dict[RowKey, float] = {}
+    for item in meta.get(ROW_SPLIT) or []:
+        try:
+            key = parse_row_key(item["row"])
+            out[key] = float(sum(v for k, v in item["s"].items() if k not in _NOT_REPEATED))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out
+
+
+@dataclass
+class Costs:
+    """What a re-timing round costs: a child's seconds before its first row (measured
+    by the first round that got that far) and each row's seconds in a child (measured,
+    else the run's own split: row_costs)."""
+
+    startup_s: float | None = None
+    row_s: dict[RowKey, float] = field(default_factory=dict)
+
+    def fit(self, keys: Sequence[RowKey], share_s: float
+            ) -> tuple[list[RowKey], dict[RowKey, str]]:
+        """The rows (worst first, as given) one round times within share_s: in order,
+        each whose cost still fits what the child's start-up and the rows before it
+        leave; a row of unknown cost is kept (the round's deadline stops it).  Returns
+        (kept, {left out: why})."""
+        used = self.startup_s or 0.0
+        kept: list[RowKey] = []
+        out: dict[RowKey, str] = {}
+        for k in keys:
+            c = self.row_s.get(k)
+            if c is None or used + c <= share_s:
+                kept.append(k)
+                used += c or 0.0
+            elif self.startup_s is not None and self.startup_s >= share_s:
+                out[k] = (f"a round's share of the budget ({share_s:.1f} s) is under a "
+                          f"re-timing child's start-up ({self.startup_s:.1f} s)")
+            else:
+                out[k] = (f"about {c:.1f} s a round, {max(0.0, share_s - used):.1f} s of "
+                          f"the round's {share_s:.1f} s were left after the child's "
+                          f"start-up and {len(kept)} worse rows")
+        return kept, out
+
+
+@dataclass
+class RoundAnswer:
+    """One child's answer: {case id: samples} for the cases that ran ok, the throttled
+    ones left out, the cases it reached (timed or not), its start-up seconds and each
+    case's seconds (where it said them), and whether its deadline stopped it."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    throttled: list[str] = field(default_factory=list)
+    reached: set[str] = field(default_factory=set)
+    ready_s: float | None = None
+    case_s: dict[str, float] = field(default_factory=dict)
+    cut: bool = False
+
+
+def parse_answer(stdout: str, cut: bool) -> RoundAnswer:
+    """A child's stdout: its streamed lines ({"ready_s"}, then {"case", "s", "samples" |
+    "throttled" | "status"} per case) and, from a child that ran to its end, the whole
+    answer as its last line ({case id: samples, "throttled": [...]})."""
+    a = RoundAnswer(cut=cut)
+    for line in stdout.splitlines():
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill, or not ours
+        if not isinstance(doc, dict):
+            continue
+        if "ready_s" in doc:
+            a.ready_s = float(doc["ready_s"])
+        elif "case" in doc:
+            cid = str(doc["case"])
+            a.reached.add(cid)
+            if isinstance(doc.get("s"), int | float):
+                a.case_s[cid] = float(doc["s"])
+            if doc.get("throttled"):
+                a.throttled.append(cid)
+            elif doc.get("samples"):
+                a.samples[cid] = list(doc["samples"])
+        elif not cut:  # the whole answer
+            a.throttled = list(doc.pop("throttled", None) or a.throttled)
+            a.samples.update({k: v for k, v in doc.items() if isinstance(v, list)})
+            a.reached.update(a.samples, a.throttled)
+    return a
+
+
 class Retimer:
-    """Fresh samples of a run's rows: RETIME_ROUNDS child processes at least
-    RETIME_SPACING_S apart, each timing every asked row in turn with the run's own
+    """Fresh samples of a run's rows: up to RETIME_ROUNDS child processes at least
+    RETIME_SPACING_S apart, each timing the asked rows in turn with the run's own
     `settings` (seed, fp8_accum, ceilings, throttle) and each Triton row's recorded
     configs (a child that autotuned again could pick another).  Calling it with row
-    keys gives {key: [samples of each round that timed it]}."""
+    keys, worst first, gives a Retimed: {key: [samples of each round that timed it]}.
+
+    `budget_s` bounds the whole re-timing (None: every row, RETIME_ROUNDS rounds): the
+    first round may take a RETIME_MIN_ROUNDS-th of it and times the rows in the order
+    given until its deadline (the child is stopped there, what it timed kept); the
+    rows it reached get the later rounds, as many as the rest of the budget fits (up to
+    RETIME_ROUNDS), each round the rows, worst first, that its share fits by their
+    measured cost.  The rows left out, and why, are in the answer's left_out.  A SIGINT
+    stops the re-timing with what it has (`interrupted`)."""
 
     def __init__(self, device: str, settings: dict[str, Any], rows: list[dict[str, Any]],
-                 say: Callable[[str], None] = _warn) -> None:
+                 say: Callable[[str], None] = _warn, budget_s: float | None = None,
+                 costs: Mapping[RowKey, float] | None = None) -> None:
         self.device = device
         self.settings = settings
         self.configs = {case_id(row_key(r)): r["config"] for r in rows if r.get("config")}
         self.say = say
+        self.budget_s = budget_s
+        self.costs = Costs(row_s=dict(costs or {}))
 
-    def __call__(self, keys: Sequence[RowKey]) -> dict[RowKey, list[list[float]]]:
+    def __call__(self, keys: Sequence[RowKey]) -> Retimed:
         todo = [parse_row_key(k) for k in keys]
-        got: dict[RowKey, list[list[float]]] = {k: [] for k in todo}
+        got = Retimed({k: [] for k in todo}, budget_s=self.budget_s)
         if not todo:
             return got
-        spec = json.dumps({**self.settings, "device": self.device,
-                           "cases": [list(k) for k in todo],
-                           "configs": {case_id(k): self.configs[case_id(k)] for k in todo
-                                       if case_id(k) in self.configs}})
-        started = 0.0
-        for r in range(RETIME_ROUNDS):
-            time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
-            started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "benches.sweep.retime"], input=spec,
-                                  capture_output=True, text=True,
-                                  cwd=ROOT)
-            lines = proc.stdout.strip().splitlines()
-            if proc.returncode != 0 or not lines:
-                why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                self.say(f"re-timing round {r + 1} failed: {why}")
-                continue
-            answer = json.loads(lines[-1])
-            if answer.get("throttled"):
-                self.say(f"re-timing round {r + 1}: the GPU throttled in "
-                         f"{len(answer['throttled'])} rows' timings (left out of the round)")
+        try:
+            self._rounds(todo, got)
+        except KeyboardInterrupt:  # the step's cap: keep what was timed, say what was not
+            got.interrupted = True
             for k in todo:
-                if case_id(k) in answer:
-                    got[k].append(answer[case_id(k)])
+                if not got.rounds[k]:
+                    got.left_out.setdefault(k, "the re-timing was interrupted (SIGINT) "
+                                               "before it")
         return got
 
+    def _rounds(self, todo: list[RowKey], got: Retimed) -> None:
+        end = None if self.budget_s is None else time.monotonic() + self.budget_s
+        active, rounds, started, r = todo, RETIME_ROUNDS, -math.inf, 0
+        while r < rounds and active:
+            time.sleep(max(0.0, started + RETIME_SPACING_S - time.monotonic()))
+            started = time.monotonic()
+            share = None
+            if end is not None:
+                share = (end - started) / (RETIME_MIN_ROUNDS if r == 0 else rounds - r)
+                active, dropped = self.costs.fit(active, share)
+                for k, why in dropped.items():
+                    got.left_out.setdefault(k, self._why(got, k, why))
+                if not active:
+                    break
+            answer = self._round(r, active, share)
+            if answer is None:
+                r += 1
+                continue
+            self._learn(answer, active)
+            for k in active:
+                if case_id(k) in answer.samples:
+                    got.rounds[k].append(answer.samples[case_id(k)])
+            if r == 0 and share is not None and end is not None:
+                active, again = self._first_reached(answer, active, share, got)
+                if again:  # the worst row alone outlasted the share: the others again
+                    continue
+                rounds = self._rounds_that_fit(active, end - time.monotonic())
+            r += 1
 
-def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]
-                   ) -> Retimer:
-    """The Retimer of a saved run's rows, with the run's own settings from its metadata;
-    refuses (ForeignRun) a run of another device than this machine's."""
+    def _why(self, got: Retimed, key: RowKey, why: str) -> str:
+        """Why a row was left out (of every round, or of the later ones)."""
+        n = len(got.rounds[key])
+        head = f"re-timed in {n} round{'s' if n > 1 else ''} only: " if n else ""
+        return f"{head}{why} (re-timing bound {self.budget_s:g} s)"
+
+    def _first_reached(self, answer: RoundAnswer, active: list[RowKey], share: float,
+                       got: Retimed) -> tuple[list[RowKey], bool]:
+        """The first round's rows that its child reached (it times them in order),
+        and whether to run the first round again: when its deadline stopped it inside
+        the first row, that row is left out and the others get the first round anew.
+        Otherwise the rows it did not reach are left out."""
+        if not answer.cut:
+            return active, False
+        reached = [k for k in active if case_id(k) in answer.reached]
+        if answer.ready_s is None:
+            self.costs.startup_s = max(self.costs.startup_s or 0.0, share)
+            why = f"the first round's {share:.1f} s share of the budget ended before its " \
+                  "child was ready"
+        elif not reached:
+            slow, over = active[0], share - answer.ready_s
+            self.costs.row_s[slow] = max(self.costs.row_s.get(slow, 0.0), over)
+            got.left_out.setdefault(slow, self._why(got, slow, (
+                f"one round of it takes over {over:.1f} s, more than the first round's "
+                f"{share:.1f} s share of the budget left after the child's start-up")))
+            return active[1:], len(active) > 1
+        else:
+            why = f"the first round's {share:.1f} s share of the budget ended before this row"
+        for k in active:
+            if k not in reached:
+                got.left_out.setdefault(k, self._why(got, k, why))
+        return reached, False
+
+    def _rounds_that_fit(self, active: list[RowKey], left_s: float) -> int:
+        """Rounds in all (the first included) that the rest of the budget gives the
+        first round's rows: RETIME_ROUNDS where they fit, else fewer, never under
+        RETIME_MIN_ROUNDS (each later round then times the rows its share fits)."""
+        one = (self.costs.startup_s or 0.0) + sum(self.costs.row_s.get(k, 0.0)
+                                                   for k in active)
+        more = RETIME_ROUNDS - 1 if one <= 0 else int(left_s // one)
+        return max(RETIME_MIN_ROUNDS, min(RETIME_ROUNDS, 1 + more))
+
+    def _learn(self, answer: RoundAnswer, active: list[RowKey]) -> None:
+        if answer.ready_s is not None:
+            self.costs.startup_s = max(self.costs.startup_s or 0.0, answer.ready_s)
+        for k in active:
+            if case_id(k) in answer.case_s:
+                self.costs.row_s[k] = answer.case_s[case_id(k)]
+
+    def _round(self, r: int, keys: list[RowKey], share: float | None) -> RoundAnswer | None:
+        """One child timing `keys` in turn, stopped at `share` seconds; None when it
+        failed (said)."""
+        spec = json.dumps({**self.settings, "device": self.device,
+                           "cases": [list(k) for k in keys], "sent_at": time.time(),
+                           "configs": {case_id(k): self.configs[case_id(k)] for k in keys
+                                       if case_id(k) in self.configs}})
+        try:
+            proc = subprocess.run([sys.executable, "-m", "benches.sweep.retime"], input=spec,
+                                  capture_output=True, text=True, cwd=ROOT,
+                                  timeout=share)
+        except subprocess.TimeoutExpired as e:  # killed at its deadline: what it said
+            out = e.stdout or b""
+            return parse_answer(out.decode(errors="replace") if isinstance(out, bytes)
+                                else out, cut=True)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            self.say(f"re-timing round {r + 1} failed: {why}")
+            return None
+        answer = parse_answer(proc.stdout, cut=False)
+        if answer.throttled:
+            self.say(f"re-timing round {r + 1}: the GPU throttled in "
+                     f"{len(answer.throttled)} rows' timings (left out of the round)")
+        return answer
+
+
+def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+                   budget_s: float | None = None) -> Retimer:
+    """The Retimer of a saved run's rows, with the run's own settings from its metadata
+    and its rows' costs (row_costs); refuses (ForeignRun) a run of another device than
+    this machine's."""
     from contract.devices import detect
 
     here = detect().key
@@ -116,13 +320,19 @@ def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]]
     return Retimer(device, {"seed": meta.get("seed", 0),
                             "fp8_accum": meta.get("fp8_accum") or "fast",
                             "ceilings": meta.get("ceilings") or {},
-                            "throttle": meta.get("throttle_settings") or {}}, rows)
+                            "throttle": meta.get("throttle_settings") or {}}, rows,
+                   budget_s=budget_s, costs=row_costs(meta))
 
 
-def retime(spec: dict[str, Any]) -> dict[str, Any]:
+def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None = None
+           ) -> dict[str, Any]:
+    """Time the spec's cases in turn; the answer {case id: samples, "throttled": [...]}.
+    `emit` is given {"ready_s"} once the child is set up (seconds since the spec's
+    "sent_at", where it has one) and {"case", "s", ...} as each case ends, so that a
+    client that stops the child at a deadline keeps what it timed and learns the costs."""
     from benches.sweep.cases import Case, RunConfig
-    from benches.sweep.gpu_monitor import ThrottleConfig
     from benches.sweep.runner import run_case
+    from benches.sweep.gpu_monitor import ThrottleConfig
     from benches.sweep.timers import sweep_cache
     from benches.timing.plan import TimingConfig
     from contract.ceilings import Ceilings
@@ -148,21 +358,35 @@ def retime(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     throttled: list[str] = []
     inputs = sweep_cache(cfg)  # inputs shared as in the sweep, copies' memory reused
+    say = emit or (lambda doc: None)
+    if isinstance(spec.get("sent_at"), int | float):
+        say({"ready_s": round(time.time() - spec["sent_at"], 3)})
     for key in spec["cases"]:
         kernel, provider, dtype, shape, cache = parse_row_key(key)
         case = Case(REGISTRY[kernel], provider, dtype, parse_shape(shape), cache)
+        t0 = time.perf_counter()
         row = run_case(case, cfg, inputs)
+        said: dict[str, Any] = {"case": case_id(key), "s": round(time.perf_counter() - t0, 3)}
         if row.get("throttled") is True:
             throttled.append(case_id(key))
+            said["throttled"] = True
         elif row["status"] == "ok" and row.get("samples_ms"):
-            out[case_id(key)] = list(row["samples_ms"])
+            out[case_id(key)] = said["samples"] = list(row["samples_ms"])
+        else:
+            said["status"] = row["status"]
+        say(said)
     if throttled:
         out["throttled"] = throttled
     return out
 
 
 def main() -> int:
-    print(json.dumps(retime(json.loads(sys.stdin.read()))))
+    """The child: the spec on stdin; each case's line as it ends (flushed: a client that
+    stops the child at its deadline reads them), then the whole answer as the last."""
+    def emit(doc: dict[str, Any]) -> None:
+        print(json.dumps(doc), flush=True)
+
+    print(json.dumps(retime(json.loads(sys.stdin.read()), emit)))
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from contract.cli import Parser, UsageError
+from contract.cli import Parser, UsageError, positive_problem
 from contract.devices import DeviceError
 from contract.schema import (
     RESULTS_JSON,
@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="re-time the rows that look slower on this machine (the run's "
                    "device) before calling them regressions, as run_bench.py --compare "
                    "does")
+    c.add_argument("--retime-budget", type=float, default=None, metavar="SECONDS",
+                   help="with --retime: bound the re-timing to about this many seconds; "
+                   "the rows that look slower go worst first, each in as many rounds as "
+                   "fit (3 to 5), and the report names the rows left out and why")
     pr = sub.add_parser("promote", help="make RUN the stored baseline of its device",
                         description="Copy RUN's results.json to <baselines>/<device>.json, "
                         "keeping the replaced one in <baselines>/history/.")
@@ -122,13 +126,19 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
     if args.retime and retimer is None:
         raise CompareError("--retime needs the benchmark harness: run it as "
                            "python -m roofline compare")
+    if args.retime_budget is not None and not args.retime:
+        raise CompareError("--retime-budget goes with --retime")
+    problem = positive_problem("--retime-budget", args.retime_budget, "seconds")
+    if problem:
+        raise CompareError(problem)
     result = compare_runs(args.baseline, args.run, threshold,
                           args.allow_device_mismatch, allow=args.allow)
     if args.retime:
         assert retimer is not None and result.run_df is not None
+        bound = {} if args.retime_budget is None else {"budget_s": args.retime_budget}
         try:
             retime = retimer(str(result.run_meta.get("device_key")), result.run_meta,
-                             result.run_df.to_dict("records"))
+                             result.run_df.to_dict("records"), **bound)
         except ValueError as e:  # a run of another device than this machine's
             raise CompareError(str(e)) from None
         confirm_slower(result, retime)

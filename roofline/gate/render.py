@@ -104,12 +104,24 @@ _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def retime_line(result: CompareResult) -> str | None:
-    """'re-timed 3 rows that looked slower (3 rounds): 1 confirmed, 2 not confirmed'."""
+    """'re-timed 3 rows that looked slower (3 rounds): 1 confirmed, 2 not confirmed',
+    with the re-timing's time bound where it had one."""
     if not result.retimed:
         return None
     rounds = f" ({result.rounds} rounds)" if result.rounds else ""
-    return (f"re-timed {rows_text(result.retimed)} that looked slower{rounds}: "
+    bound = "" if result.retime_budget_s is None else \
+        f" within a {result.retime_budget_s:g} s bound, worst first"
+    return (f"re-timed {rows_text(result.retimed)} that looked slower{rounds}{bound}: "
             f"{result.confirmed} confirmed, {result.retimed - result.confirmed} not")
+
+
+def not_retimed_line(result: CompareResult) -> str | None:
+    """The rows that looked slower and were not re-timed, each with why (a bounded
+    re-timing's last rows): their verdicts stand unconfirmed."""
+    if not result.not_retimed:
+        return None
+    return (f"not re-timed: {rows_text(len(result.not_retimed))} that looked slower, "
+            f"their verdicts unconfirmed: {'; '.join(result.not_retimed)}")
 
 
 def _gate_lines(result: CompareResult) -> list[str]:
@@ -120,6 +132,9 @@ def _gate_lines(result: CompareResult) -> list[str]:
         else:
             lines.append(f"gate failure: {p.detail} (--allow {p.kind} to accept)")
     counts = result.counts
+    if counts.get("slower") and "slower" in result.allow:
+        lines.append(f"allowed (slower): {rows_text(counts['slower'])} slower, reported "
+                     "without failing the gate")
     for verdict, name in ALLOWABLE_VERDICTS.items():
         if counts.get(verdict):
             state = "allowed" if name in result.allow else "gate failure"
@@ -145,9 +160,8 @@ def render_markdown(result: CompareResult) -> str:
         "compared); re-timed rows stay slower only when the fast end of every re-timed round "
         "is past the threshold; ratio = new / base median time (> 1 is slower)",
     ]
-    line = retime_line(result)
-    if line:
-        lines.append(f"- {line}")
+    lines += [f"- {line}" for line in (retime_line(result), not_retimed_line(result))
+              if line]
     lines += [f"- {g}" for g in _gate_lines(result)]
     lines += [f"- warning: {w}" for w in result.warnings]
     for title, verdicts in _SECTIONS:
@@ -236,9 +250,7 @@ def short_summary(result: CompareResult, limit: int = 20) -> str:
     """A few lines for a terminal: the headline, gate failures, re-timing, and each
     failing row."""
     lines = [f"compare (threshold {result.threshold:g}%): {result.headline()}"]
-    line = retime_line(result)
-    if line:
-        lines.append(line)
+    lines += [line for line in (retime_line(result), not_retimed_line(result)) if line]
     lines += _gate_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
     bad = result.failing_rows

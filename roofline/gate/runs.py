@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.retimed import Retimed
 from contract.schema import (
     RunLoadError,
     load_run,
@@ -247,28 +248,44 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
     can sit in a slow state).  Rows judged slower that are not confirmed become
     not-confirmed; ambiguous rows stay ambiguous.  A row judged slower that got no valid
     round stays slower (the gate does not pass a regression it could not check).
-    Updates result in place.
+    The rows go to `retime` worst first (worst_first); a re-timing bounded in time
+    (a Retimed answer) may leave the last out: each keeps its verdict, its note and
+    result.not_retimed say why.  Updates result in place.
     """
     rows = result.rows
-    t = result.threshold / 100.0
-    looks = (rows["verdict"] == "slower") | (
-        (rows["verdict"] == "ambiguous") & (pd.to_numeric(rows["ratio"]) > 1.0 + t))
-    todo = rows.index[looks]
+    todo = worst_first(rows, result.threshold)
     if not len(todo):
         return
     keys = [row_key(rows.loc[i]) for i in todo]
     try:
-        fresh = retime(keys) or {}
+        fresh = retime(keys)
+        fresh = {} if fresh is None else fresh
     except Exception as e:  # a re-timing failure must not hide the regressions found
         result.warnings.append(f"re-timing failed ({one_line(e)}): rows kept as they are")
         return
+    left_out = fresh.left_out if isinstance(fresh, Retimed) else {}
+    if isinstance(fresh, Retimed):
+        result.retime_budget_s = fresh.budget_s
+        if fresh.interrupted:
+            result.warnings.append("the re-timing was interrupted (SIGINT): the rows it "
+                                   "had not re-timed keep their verdicts")
     result.retimed = len(keys)
+    t = result.threshold / 100.0
     for i, key in zip(todo, keys, strict=True):
         was_slower = rows.loc[i, "verdict"] == "slower"
         base = result.base_timings.get(key)
         rounds = [s for s in (fresh.get(key) or []) if s and all(
             as_time(x) is not None for x in s)]
         result.rounds = max(result.rounds, len(rounds))
+        if key in left_out and not rounds:
+            # Never re-timed (the bound ran out first): its verdict stands, unconfirmed.
+            result.retimed -= 1
+            result.not_retimed.append(f"{row_name(rows.loc[i], ' ')} ({left_out[key]})")
+            rows.loc[i, "note"] = join_notes(rows.loc[i, "note"], f"not re-timed: "
+                                             f"{left_out[key]}")
+            continue
+        if key in left_out:
+            rows.loc[i, "note"] = join_notes(rows.loc[i, "note"], left_out[key])
         if base is None or not rounds:
             if was_slower:
                 result.confirmed += 1
@@ -289,6 +306,19 @@ def confirm_slower(result: CompareResult, retime: Retime) -> None:
             rows.loc[i, ["verdict", "note"]] = ["not-confirmed" if was_slower
                                                 else "ambiguous", note]
     result.rows = sort_by_verdict(rows)
+
+
+def worst_first(rows: pd.DataFrame, threshold: float) -> pd.Index:
+    """The rows that look slower (judged slower, or ambiguous with the median past the
+    threshold), worst first: the slower verdicts, then the ambiguous ones, each by
+    ratio, largest first; a bounded re-timing (compare --retime-budget) times them in
+    this order and leaves out the last."""
+    ratio = pd.to_numeric(rows["ratio"], errors="coerce")
+    looks = (rows["verdict"] == "slower") | (
+        (rows["verdict"] == "ambiguous") & (ratio > 1.0 + threshold / 100.0))
+    order = pd.DataFrame({"ambiguous": rows["verdict"] != "slower",
+                          "ratio": -ratio.fillna(0.0)})[looks]
+    return order.sort_values(["ambiguous", "ratio"], kind="stable").index
 
 
 # Fewer valid re-timed rounds than this (child processes failed) neither confirm nor

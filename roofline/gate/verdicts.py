@@ -6,7 +6,8 @@ cache mode: a warm row is never compared with a cold one; a row written before t
 `cache` column has its device's native mode, schema.native_cache) and each gets one
 verdict (`judge` has the exact rule):
 
-    slower, failed, now-skipped, invalid   regressions: exit code 1
+    slower, failed, now-skipped, invalid   regressions: exit code 1 (slower rows
+                                           reported only with --allow slower)
     missing, method-changed                changed rows: exit 1 unless --allow missing /
                                            --allow method-change
     throttled                              timed while the GPU throttled (either run):
@@ -359,6 +360,9 @@ class CompareResult:
     retimed: int = 0  # rows that looked slower and were re-timed
     confirmed: int = 0  # of those, still slower
     rounds: int = 0  # most re-timed rounds any row got
+    # rows that looked slower and were not re-timed: "row name (why)", worst first
+    not_retimed: list[str] = field(default_factory=list)
+    retime_budget_s: float | None = None  # the re-timing's time bound, if it had one
     base_timings: dict[RowKey, Timing] = field(default_factory=dict, repr=False)
 
     @property
@@ -368,10 +372,12 @@ class CompareResult:
         return {v: int(vc[v]) for v in VERDICT_ORDER if v in vc}
 
     def failing_verdicts(self) -> tuple[str, ...]:
-        """Verdicts that fail the gate: regressions, plus missing / method-changed /
-        throttled rows unless allowed."""
+        """Verdicts that fail the gate: regressions (slower ones unless --allow slower),
+        plus missing / method-changed / throttled rows unless allowed."""
+        regressions = tuple(v for v in REGRESSION_VERDICTS
+                            if not (v == "slower" and "slower" in self.allow))
         extra = tuple(v for v, name in ALLOWABLE_VERDICTS.items() if name not in self.allow)
-        return REGRESSION_VERDICTS + extra
+        return regressions + extra
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -391,12 +397,16 @@ class CompareResult:
 
     def headline(self) -> str:
         """'REGRESSION (1 slower; 10 same)', 'FAIL (run interrupted; 12 missing; 2 same)'
-        or 'OK (12 same)'."""
+        or 'OK (12 same)'.  REGRESSION while a regression fails the gate; then FAIL for
+        any other failure (the gate's own checks); else REGRESSION for slower rows it
+        was told to allow (reported, exit 0), else OK."""
         counts = self.counts
         failing = self.failing_verdicts()
         bad = [p.short for p in self.failing_problems]
         bad += [f"{counts[v]} {v}" for v in VERDICT_ORDER if v in counts and v in failing]
         rest = [f"{c} {v}" for v, c in counts.items() if v not in failing]
-        word = "REGRESSION" if len(self.regressions) else "FAIL" if bad else "OK"
+        regressions = self.regressions["verdict"]
+        word = "REGRESSION" if regressions.isin(failing).any() else "FAIL" if bad else \
+            "REGRESSION" if len(regressions) else "OK"
         parts = [", ".join(bad), ", ".join(rest)]
         return f"{word} ({'; '.join(p for p in parts if p) or 'no rows'})"
