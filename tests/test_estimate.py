@@ -1,472 +1,246 @@
-"""`run_bench.py --estimate` (benches/estimate*.py): the sweep's plan priced without
-running it.  Held against the one GPU run on record (the H200's quick sweep, cut after
-219 rows at about 150 s), and against a CPU run's own time split."""
+"""`run_bench.py --estimate` (benches/estimate/): a sweep priced from what a run of the
+device measured.  Held against the committed H200 runs (each priced from another), and
+against small runs made here whose every number is known."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import run_bench
-from benches.estimate.calibrate import (
-    calibrate,
-    calibration,
-    calibration_runs,
+from benches.estimate.price import (
+    COLD,
+    FALLBACK_COMPILE,
+    WARM,
+    Cache,
+    cache_of,
+    item_of,
+    nearest,
+    price,
+    price_run,
 )
-from benches.estimate.price import PLANS, Pricer, estimate
-from benches.estimate.report import target_device
-from benches.estimate.rows import Reference, find_reference, load_reference, row_speed
-from benches.estimate.speeds import CPU, GPU
-from benches.sweep import job
-from benches.sweep.cases import Case, build_cases
-from contract.ceilings import Ceilings, datasheet_of
-from contract.devices import DEVICES
-from contract.phases import PHASES
-from contract.rows import TritonBuilds
+from benches.estimate.runs import (
+    CompileTimes,
+    compile_times,
+    device_runs,
+    load_run,
+    source_run,
+)
+from benches.sweep.cases import Case
+from contract.devices import DEVICES, Present, resolve_device
 from kernels import REGISTRY
+from kernels.spec import Target
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "results"
+DAY = ROOT / "results" / "h200" / "2026-11-27"
+H200 = DEVICES["h200"]
+ZERO = CompileTimes(0.0, 0.0, 0.0, 0.0)
 
 
-def _gpu_plan(device: str, *flags: str):
-    args = run_bench.request_of(run_bench.parse_args(["--estimate", "--device", device,
-                                                      *flags]))
-    # The H200's first session (2026-11-26; an H100's estimate scales its rows, as
-    # find_reference does where a GPU has no runs of its own): the figures below are
-    # that session's, which later sessions' runs committed beside it would move.
-    ref = load_reference(sorted(RESULTS.glob("h200/2026-11-26/**/results.json")))
-    meta = json.loads(ref.paths[-1].read_text())["metadata"]
-    model, present = target_device(args, meta)
-    cfg = job.run_config(args, model, present, interpret=False)
-    cfg.ceilings = Ceilings(datasheet_of(model), None)
-    return cfg, build_cases(cfg), ref
+def _h200_runs():
+    return device_runs(ROOT / "results", H200, Present("h200", "NVIDIA H200", "cuda"))
 
 
-@pytest.fixture(scope="module")
-def h200_quick():
-    cfg, cases, ref = _gpu_plan("h200", "--sizes", "quick")
-    return cfg, cases, ref, estimate(cfg, cases, ref, GPU, ceilings_cached=False)
+@pytest.mark.parametrize("source, target, estimate", [
+    # a warm run from a partly warm one and the reverse (quick-warm tuned 30 launches the
+    # cut quick run had not reached), and the cut quick run, its cache cold, up to the
+    # 362nd row it reached, from each of them
+    ("quick-warm2", "quick-warm", 108.8), ("quick-warm", "quick-warm2", 93.3),
+    ("quick-warm2", "quick", 163.3), ("quick-warm", "quick", 179.1)])
+def test_the_h200_runs_price_one_another_within_15_percent(source, target, estimate):
+    """The figures docs/measurement.md lists: never a run from itself (its compile
+    times neither: the runs' record without it)."""
+    src, tgt = load_run(DAY / source / "results.json"), load_run(DAY / target / "results.json")
+    others = [r for r in _h200_runs() if r.path != tgt.path]
+    assert len(others) >= 10 and all(r.meta["device_key"] == "h200" for r in others)
+    walk = price_run(tgt, src, compile_times(others, FALLBACK_COMPILE))
+    wall = tgt.meta["wall_s"]
+    assert walk.total == pytest.approx(estimate, abs=0.5)
+    assert 0.85 <= walk.total / wall <= 1.15, walk.total / wall
+    assert walk.counts["priced from its own row"] == len(tgt.rows)  # the same cases
 
 
-def test_the_method_before_comes_out_near_what_the_h200_took(h200_quick):
-    """results/h200/2026-11-26/quick: 219 of the quick sweep's 406 rows in the 150 s
-    its step was given (ceilings measured, Triton's cache cold)."""
-    cfg, cases, ref, walks = h200_quick
-    assert len(cases) == 406 and ref.cut is not None and ref.cut[1] == 219
-    assert ref.cut[0].parent.name == "quick"
-    before = walks[("before", False)].per_case[218]
-    assert 130 <= before <= 170, before
+def test_what_the_h200_runs_measured_per_compile_and_tuning():
+    """Loads: the line through the runs that built nothing (a first compile's set-up,
+    then about a millisecond each); builds: the cut quick run's 178 in 60.8 s, the
+    others' few; tunings: the tune phase over the launches tuned."""
+    t = compile_times(_h200_runs(), FALLBACK_COMPILE)
+    assert t.first_s == pytest.approx(0.36, abs=0.01)
+    assert t.load_s == pytest.approx(0.001, abs=0.0002)
+    # quick 178 builds, quick-warm 11, fp8-precise 6: (60.8 + 11.3 + 1.9 s less the
+    # loads and set-ups) / 195
+    assert t.build_s == pytest.approx(0.37, abs=0.01)
+    assert t.tune_s == pytest.approx((25.652 + 9.676 + 1.266) / (35 + 30 + 1))
+    quick = load_run(DAY / "quick" / "results.json")
+    assert cache_of(quick) == Cache(1.0, 1.0)
+    partly = cache_of(load_run(DAY / "quick-warm" / "results.json"))
+    assert partly.built == pytest.approx(11 / 118) and partly.tuned == pytest.approx(30 / 71)
 
 
-def test_the_method_now_costs_less_where_it_changed(h200_quick):
-    *_, walks = h200_quick
-    before, cold, warm = walks[("before", False)], walks[("now", False)], walks[("now", True)]
-    for phase in ("timing", "capture", "inputs"):
-        assert cold.phases[phase] < before.phases[phase], phase
-    assert cold.phases["timing"] < 0.5 * before.phases["timing"]
-    # the graph rows' replays: time-sized, not 25 of each whole rotation
-    assert cold.counts["replays"] < 0.5 * before.counts["replays"]
-    # the copies: one set per case, not one per provider
-    assert cold.counts["copies made"] < 0.7 * before.counts["copies made"]
-    # the compile workers, started 2 s into the process and up 4 s later, compile 8 at
-    # a time from the last 2.8 s of the H200's 3.8 s of ceilings on, and the sweep waits
-    # for what they have left, then loads each kernel from Triton's cache; tuning kept
-    # on disk when warm
-    n = cold.counts["compiles"]
-    assert cold.phases["compile"] == pytest.approx(
-        n * GPU.compile_s / GPU.compile_workers - (5.0 + 3.795 - 6.0)
-        + n * GPU.cached_compile_s)
-    assert cold.phases["compile"] < 0.1 * before.phases["compile"]
-    assert warm.phases["tune"] == 0 < cold.phases["tune"]
-    assert warm.total < cold.total < before.total
-    assert warm.counts.get("tunings", 0) == 0 < cold.counts["tunings"]
+def test_the_source_is_the_newest_whole_run_else_the_committed_baseline(tmp_path):
+    runs = _h200_runs()
+    src = source_run(runs, H200)
+    assert src is not None and src.name == "quick-warm2"  # quick-warm2 is newer, whole
+    assert not any("ranks" in r.path.parts for r in runs)  # a fleet rank's own run
+    # a fresh runner: the run the committed baseline names
+    base = source_run([], H200)
+    assert base is not None and base.path.resolve() == DAY / "quick-warm2" / "results.json"
+    # a CPU's baseline would be another machine's: none
+    assert source_run([], DEVICES["cpu"]) is None
 
 
-def test_an_h100_estimate_scales_the_h200_rows_by_the_roofline():
-    cfg, cases, ref = _gpu_plan("h100", "--sizes", "quick", "--kernels", "add",
-                                "--dtypes", "bf16")
-    big = next(c for c in cases if c.shape == {"n": 1 << 26} and c.provider == "torch")
-    h200 = ref.rows[("add", "torch", "bf16", "n=67108864", "cold")]["ms_median"]
-    # bandwidth-bound: 4.8 / 3.35 TB/s slower on the H100's datasheet
-    assert row_speed(big, cfg, ref, GPU).call_ms == pytest.approx(h200 * 4.8 / 3.35)
-    # the rotation past twice the H100's 50 MB L2, not the H200's 60
-    assert ref.model is DEVICES["h200"] and cfg.present.l2_mb == 50
+def _run(tmp: Path, name: str, split: dict[str, float], rows: list[dict], **meta) -> Path:
+    """A run's results.json under tmp/<device>/<name>."""
+    doc = {"metadata": {"run_id": name, "device_key": "h200", "created": "2026-12-01T00:00:00",
+                        "complete": True, "time_split_s": split,
+                        "wall_s": sum(split.values()), **meta}, "rows": rows}
+    path = tmp / str(doc["metadata"]["device_key"]) / name / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(doc))
+    return path
 
 
-def test_a_rows_speed_is_interpolated_along_its_series():
-    spec = REGISTRY["add"]
+def _row(n: int, provider: str = "torch", status: str = "ok", **extra) -> dict:
+    return {"kernel": "add", "provider": provider, "dtype": "fp32", "shape": f"n={n}",
+            "cache": "cold", "flops": n, "bytes": 12 * n, "roof_class": "fp32",
+            "status": status, **extra}
 
-    def row(n: int, ms: float) -> dict:
-        return {"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": f"n={n}",
-                "cache": "cold", "flops": n, "bytes": 12 * n, "ms_median": ms,
-                "host_us": 7.0, "status": "ok"}
 
-    ref = Reference(rows={("add", "torch", "fp32", f"n={n}", "cold"): row(n, ms)
-                          for n, ms in ((1 << 12, 0.002), (1 << 24, 0.052))},
-                    model=DEVICES["h200"])
-    cfg, *_ = _gpu_plan("h200", "--kernels", "add", "--dtypes", "fp32", "--sizes", "quick")
+def test_each_row_priced_at_its_own_split_and_what_the_run_spent_once(tmp_path):
+    """A run that recorded its rows' own split: a case costs its row's seconds, the rest
+    of each phase (start-up, end) is paid once; a phase this code does not know (a newer
+    run's) is priced as recorded; compile and tune come from the counts."""
+    split = {"ceilings": 4.0, "compile": 2.0, "tune": 0.0, "timing": 3.0, "energy": 0.6,
+             "write": 2.0, "other": 5.0}
+    own = [{"row": ["add", "torch", "fp32", "n=4096", "cold"],
+            "s": {"timing": 1.0, "energy": 0.2, "write": 0.1, "other": 0.1}},
+           {"row": ["add", "torch", "fp32", "n=1048576", "cold"],
+            "s": {"timing": 2.0, "energy": 0.4, "write": 0.1, "other": 0.1, "compile": 9}}]
+    run = load_run(_run(tmp_path, "r", split, [_row(4096), _row(1 << 20)], row_split_s=own))
+    assert run.once == pytest.approx({"timing": 0.0, "energy": 0.0, "write": 1.8,
+                                      "other": 4.8})
+    first = [nearest(item, run)[0] for item in list(run.rows.values())[:1]]
+    walk = price(first, run, ZERO, WARM, ceilings=True)
+    assert walk.phases["timing"] == 1.0 and walk.phases["energy"] == pytest.approx(0.2)
+    assert walk.phases["write"] == pytest.approx(1.9)
+    assert walk.phases["other"] == pytest.approx(4.9)
+    assert walk.phases["ceilings"] == 4.0 and walk.phases["compile"] == 0.0
+    assert list(walk.phases)[-1] == "energy"  # after contract.phases' own
+    both = price(list(run.rows.values()), run, ZERO, WARM, ceilings=False)
+    assert both.total == pytest.approx(sum(split.values()) - 4.0 - 2.0)
 
-    def ms(n: int) -> float:
-        return row_speed(Case(spec, "torch", "fp32", {"n": n}), cfg, ref, GPU).call_ms
 
-    assert ms(1 << 10) == 0.002  # under the smallest row: its latency
-    assert ms(1 << 26) == pytest.approx(0.052 * 4)  # past the largest: its rate
-    mid = (1 << 12) + ((1 << 24) - (1 << 12)) // 2
-    assert ms(mid) == pytest.approx(0.027, rel=1e-3)  # the line between them
-    assert row_speed(Case(spec, "torch", "fp32", {"n": 4096}), cfg, ref, GPU).host_us == 7.0
+def test_a_run_without_its_rows_split_spreads_its_phases_over_the_rows_that_ran(tmp_path):
+    split = {"ceilings": 0.0, "compile": 0.0, "tune": 0.0, "timing": 4.0, "other": 2.0}
+    rows = [_row(4096), _row(1 << 20), _row(1 << 30, status="skipped")]
+    run = load_run(_run(tmp_path, "r", split, rows))
+    costs = [r.cost for r in run.rows.values()]
+    assert costs == [{"timing": 2.0, "other": 1.0}] * 2 + [{"timing": 0.0, "other": 0.0}]
+    assert run.once == {}
+
+
+def test_a_case_the_run_lacks_is_priced_from_its_nearest_scaled_by_the_roofline(tmp_path):
+    """Its nearest row of the kernel (provider, cache mode and dtype first, then the
+    roofline bound under the run's ceilings): that row's seconds, its samples' time
+    scaled by the ratio of the bounds, never under 1; a row skipped by design (no such
+    dtype) prices the case skipped."""
+    split = {"timing": 4.0, "other": 2.0}
+    meta = {"ceilings": {"measured": {"tflops": {"fp32": 50.0}, "hbm_gbps": 4000.0}},
+            "ceilings_ready": True}
+    rows = [_row(1 << 20, ms_median=0.004, n_samples=100),
+            _row(1 << 24, ms_median=0.05, n_samples=200),
+            _row(1 << 24, "triton", status="skipped") | {"dtype": "fp16"}]
+    run = load_run(_run(tmp_path, "r", split, rows, **meta))
+    spec, target = REGISTRY["add"], Target("cuda", (9, 0))
+
+    def priced(n: int, provider: str = "torch", dtype: str = "fp32") -> tuple[float, str]:
+        item = item_of(Case(spec, provider, dtype, {"n": n}), target)
+        row, scale = nearest(item, run)
+        walk = price([item], run, ZERO, WARM, ceilings=False)
+        assert walk.phases["timing"] == pytest.approx(row.cost["timing"] + row.timed * (scale - 1))
+        return scale, row.key[3]
+
+    assert priced(1 << 24) == (1.0, "n=16777216")  # its own
+    # 4x the bytes of the largest: its 10 ms of samples x4 (bandwidth-bound)
+    assert priced(1 << 26) == (pytest.approx(4.0), "n=16777216")
+    assert priced(1 << 21) == (pytest.approx(2.0), "n=1048576")
+    assert priced(1 << 10) == (1.0, "n=1048576")  # never cheaper than the smallest
+    assert priced(1 << 26, "triton", "fp16")[1] == "n=16777216"
+    skipped = price([item_of(Case(spec, "triton", "fp16", {"n": 1 << 26}), target)], run,
+                    ZERO, WARM, ceilings=False)
+    assert skipped.counts["skipped"] == 1 and skipped.total == 0.0
+
+
+def test_the_cache_prices_compiles_and_tunings_by_the_counts(tmp_path):
+    """Cold: every compile the source counted, built, and every launch that tuned or
+    found its tuning on disk, tuned; warm: loads, no tuning."""
+    split = {"compile": 1.0, "tune": 0.5, "timing": 1.0}
+    rows = [_row(4096, "triton", config="BLOCK=1024", config_source="cached; tuned"),
+            _row(1 << 20, "triton", config="BLOCK=1024", config_source="shipped"),
+            _row(4096)]
+    run = load_run(_run(tmp_path, "r", split, rows,
+                        triton_compiles={"compiled": 1, "from_cache": 3}))
+    assert [r.compiles for r in run.rows.values()] == [2.0, 2.0, 0.0]
+    assert (run.tuned, run.found) == (1, 1)
+    times = CompileTimes(first_s=0.3, load_s=0.01, build_s=0.5, tune_s=0.7)
+    items = list(run.rows.values())
+    cold, warm = (price(items, run, times, c, ceilings=False) for c in (COLD, WARM))
+    assert cold.phases["compile"] == pytest.approx(0.3 + 4 * 0.5)
+    assert cold.phases["tune"] == pytest.approx(2 * 0.7) and cold.counts["tunings"] == 2
+    assert warm.phases["compile"] == pytest.approx(0.3 + 4 * 0.01)
+    assert warm.phases["tune"] == 0.0
+    assert cache_of(run) == Cache(0.25, 0.5)
+
+
+def test_compile_times_from_the_runs(tmp_path):
+    def run(name: str, compile_s: float, built: int, loaded: int, **meta):
+        return load_run(_run(tmp_path, name, {"compile": compile_s, "tune": 0.0}, [],
+                             triton_compiles={"compiled": built, "from_cache": loaded},
+                             **meta))
+
+    warm = [run("a", 0.4, 0, 10), run("b", 0.5, 0, 110)]
+    cold = run("c", 0.4 + 0.1 * 2 + 10.0, 2, 100, compiled_ahead={"kernels_built": 98})
+    t = compile_times([*warm, cold], FALLBACK_COMPILE)
+    assert (t.first_s, t.load_s) == (pytest.approx(0.39), pytest.approx(0.001))
+    # the compile-ahead workers' 98 builds count, the wait for them in the phase
+    assert t.build_s == pytest.approx((10.6 - 0.39 - 100 * 0.001) / 100)
+    assert t.tune_s == FALLBACK_COMPILE.tune_s and t.runs == 3
+    assert compile_times([], FALLBACK_COMPILE) == FALLBACK_COMPILE
 
 
 def test_the_command_prints_every_phase_and_writes_nothing(capsys, tmp_path):
     code = run_bench.main(["--estimate", "--device", "h200", "--sizes", "quick",
                            "--kernels", "add,matvec"])
     out = capsys.readouterr().out
-    assert code == 0
-    for phase in ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
-                  "write", "other", "total"):
+    assert code == 0 and "priced from run quick-warm2" in out
+    for phase in ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing",
+                  "profile", "write", "other", "total"):
         assert f"│ {phase}" in out, phase
-    for m, warm in PLANS:
-        assert f"{m}, Triton cache {'warm' if warm else 'cold'}: timing " in out
+    for label in ("Triton cache cold", "Triton cache warm"):
+        assert f"{label}: timing " in out
     assert run_bench.main(["--estimate", "--out", str(tmp_path), "--kernels", "add",
                            "--sizes", "n=4096"]) == 0
+    assert "priced by the fallback" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []  # nothing made, not even a ceiling cache
 
 
-def _cpu_run(tmp: Path, split: dict[str, float], name: str = "r1", **meta_extra) -> Path:
-    """A CPU run's results.json: its rows (add fp32 at two sizes) and its time split."""
-    rows = [{"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": f"n={n}",
-             "cache": "warm", "flops": n, "bytes": 12 * n, "ms_median": ms,
-             "status": "ok", "timer": "timeit blocks"}
-            for n, ms in ((2048, 0.003), (1 << 22, 4.0))]
-    meta = {"device_key": "cpu", "device_kind": "cpu", "kernels": ["add"],
-            "dtypes": ["fp32"], "providers": ["torch"], "sizes": "explicit",
-            "explicit_shapes": ["n=2048", "n=4194304"], "cache": ["warm"],
-            "run_budget_s": 90.0, "created": "2026-11-26T00:00:00+00:00",
-            "complete": True, "time_split_s": split, "wall_s": sum(split.values()),
-            "run_id": name, **meta_extra}
-    path = tmp / "cpu" / name / "results.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"metadata": meta, "rows": rows}))
-    return path
-
-
-def test_a_cpu_estimate_reproduces_the_split_of_the_run_it_is_scaled_to(tmp_path):
-    split = {"ceilings": 0.0, "compile": 0.0, "tune": 0.0, "inputs": 3.0, "check": 1.5,
-             "capture": 0.0, "timing": 0.3, "write": 0.8, "other": 6.0}
-    ref = load_reference([_cpu_run(tmp_path, split)])
-    args = run_bench.parse_args(["--estimate", "--device", "cpu", "--kernels", "add",
-                                 "--dtypes", "fp32", "--providers", "torch",
-                                 "--sizes", "n=2048;n=4194304"])
-    args = run_bench.request_of(args)
-    model, present = target_device(args)
-    cfg = job.run_config(args, model, present, interpret=False)
-    cases = build_cases(cfg)
-    walk = estimate(cfg, cases, ref, CPU, True, (("now", True),))[("now", True)]
-    # unscaled: the plan's arithmetic; the 4 ms calls take a round of 5 samples each
-    assert walk.counts["rows"] == 2 and walk.phases["timing"] > 5 * 5 * 0.004
-    scaled = calibration(cfg, ref, CPU)
-    factors = scaled.factors
-    assert set(factors) == {"inputs", "check", "timing", "write", "other"}
-    assert scaled.runs == ["r1 (warm)"]
-    calibrate(walk, factors)
-    for phase, want in split.items():
-        assert walk.phases[phase] == pytest.approx(want, rel=1e-6), phase
-    # another selection is priced by the same factors, not copied from the run
-    more = dataclasses.replace(cfg, explicit_shapes=[{"n": 2048}, {"n": 1 << 22},
-                                                     {"n": 1 << 23}])
-    bigger = calibrate(estimate(more, build_cases(more), ref, CPU, True,
-                                (("now", True),))[("now", True)], factors)
-    assert bigger.phases["timing"] > walk.phases["timing"] > 0
-
-
-def test_the_runs_scaled_to_are_the_newest_sessions_whole_runs(tmp_path):
-    """Runs within a day of the newest, complete, in one process (not resumed, not
-    --check-only, not a fleet), of the estimated kind; their seconds are summed phase by
-    phase."""
-    split = {"inputs": 3.0, "check": 1.5, "timing": 0.3, "write": 0.8, "other": 6.0}
-    twice = {k: 2 * v for k, v in split.items()}
-    paths = [_cpu_run(tmp_path, split, "a", created="2026-11-27T10:00:00+00:00"),
-             # a time without its zone is UTC's
-             _cpu_run(tmp_path, twice, "b", created="2026-11-27T02:00:00"),
-             # left out: a day and more before the newest, cut short, resumed, checks
-             # only, a fleet's
-             _cpu_run(tmp_path, split, "old", created="2026-11-26T09:59:00+00:00"),
-             _cpu_run(tmp_path, twice, "cut", complete=False),
-             _cpu_run(tmp_path, twice, "resumed", resumed=[{"rows_before": 1}]),
-             _cpu_run(tmp_path, twice, "checks", check_only=True),
-             _cpu_run(tmp_path, twice, "fleet", fleet={"world": 1, "ranks": []})]
-    ref = load_reference(paths)
-    assert [m["run_id"] for m in calibration_runs(ref, "cpu")] == ["b", "a"]
-    assert calibration_runs(ref, "cuda") == []
-    args = run_bench.request_of(run_bench.parse_args(
-        ["--estimate", "--device", "cpu", "--kernels", "add", "--dtypes", "fp32",
-         "--providers", "torch", "--sizes", "n=2048;n=4194304"]))
-    model, present = target_device(args)
-    cfg = job.run_config(args, model, present, interpret=False)
-    both = calibration(cfg, ref, CPU)
-    alone = calibration(cfg, load_reference(paths[:1]), CPU)
-    assert both.runs == ["b (warm)", "a (warm)"]
-    for phase, f in alone.factors.items():  # 3 runs' worth over 2 runs of the model
-        assert both.factors[phase] == pytest.approx(min(4.0, 1.5 * f)), phase
-
-
-def _cold(meta: dict) -> bool:
-    return TritonBuilds.of(meta).cold
-
-
-def test_a_run_that_built_kernels_had_a_cold_cache():
-    assert not _cold({})  # recorded nothing: a CPU run, or an older one
-    assert not _cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
-                         "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}})
-    assert _cold({"triton_compiles": {"compiled": 3, "from_cache": 0}})
-    # the workers built them all: the sweep itself only loaded them
-    assert _cold({"triton_compiles": {"compiled": 0, "from_cache": 40},
-                     "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 40}})
-    # the sweep's wait for its workers, where recorded
-    assert TritonBuilds.of({"compiled_ahead": {"waited_s": 9.4}}).waited_s == 9.4
-    assert TritonBuilds.of({"compiled_ahead": {"kernels_built": 3}}).waited_s == 0.0
-
-
-@pytest.mark.parametrize("compiled", [True, False])
-def test_a_gpu_run_is_modelled_as_its_triton_cache_was(compiled, monkeypatch):
-    """A fresh runner's run (kernels built) is priced cold, compiles and tunings
-    included, so that its split scales the phases by what they cost, not by how much
-    more a cold run costs than a warm one.  (Retuned: the H200's shipped file covers
-    these buckets, and a run that tunes nothing has no tuning to scale.)"""
-    monkeypatch.setenv("GPUBENCH_RETUNE", "1")
-    cfg, cases, ref = _gpu_plan("h200", "--kernels", "add,softmax", "--dtypes", "fp16",
-                                "--sizes", "quick")
-    walks = estimate(cfg, cases, ref, GPU, ceilings_cached=True,
-                     plans=(("now", False), ("now", True)))
-    ran = walks[("now", not compiled)]
-    meta = {"device_kind": "cuda", "complete": True, "run_id": "quick",
-            "created": "2026-11-28T00:00:00+00:00", "kernels": ["add", "softmax"],
-            "dtypes": ["fp16"], "providers": cfg.providers, "sizes": "quick",
-            "cache": cfg.cache, "run_budget_s": cfg.run_budget_s,
-            "triton_compiles": {"compiled": 5 if compiled else 0, "from_cache": 4},
-            "time_split_s": {p: 1.5 * v for p, v in ran.phases.items()} | {"ceilings": 0}}
-    # its compiles are priced as its own process counted them (5 built, 4 loaded), not
-    # as the model would have compiled its cases
-    own = (5 if compiled else 0) * GPU.compile_s + 4 * GPU.cached_compile_s
-    meta["time_split_s"]["compile"] = 1.5 * own
-    if compiled:  # the seconds it waited for its workers are no build of its own
-        meta["compiled_ahead"] = {"workers": 8, "kernels_built": 40, "waited_s": 7.0}
-        meta["time_split_s"]["compile"] += 7.0
-    scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
-    assert scaled.runs == [f"quick ({'cold' if compiled else 'warm'})"]
-    # a warm run's compiles (loads from Triton's cache) and tunings (none) are too
-    # small to scale by
-    assert {"compile", "tune"} <= set(scaled.factors) if compiled \
-        else not {"compile", "tune"} & set(scaled.factors)
-    assert {"capture", "timing", "profile", "write", "other"} <= set(scaled.factors)
-    for phase, f in scaled.factors.items():
-        assert f == pytest.approx(1.5), phase
-
-
-def test_a_run_made_before_the_profile_phase_is_priced_as_it_ran(monkeypatch):
-    """The H200's runs of 2026-11-27 booked the profiler pass in timing, and ran a
-    warm-up call after a long timed call and an unprofiled call before each pass: the
-    model prices them so, folds its profile into their timing, and scales the profile
-    by the timing's factor, so that those calls are not counted as time the code now
-    spends elsewhere."""
-    monkeypatch.setenv("GPUBENCH_RETUNE", "1")
-    cfg, cases, ref = _gpu_plan("h200", "--kernels", "add,attention_bwd", "--dtypes",
-                                "fp32", "--sizes", "quick")
-    old = Pricer(cfg, ref, GPU, "now", True, True, calls_before_profile_phase=True).run(cases)
-    new = Pricer(cfg, ref, GPU, "now", True, True).run(cases)
-    # the unprofiled call, each row's (backward passes of 12-200 ms among them)
-    assert old.phases["profile"] - new.phases["profile"] > 0.3
-    assert old.phases["timing"] > new.phases["timing"]  # the warm-up calls after them
-    split = {p: 1.5 * v for p, v in old.phases.items() if p != "profile"}
-    split["timing"] = 1.5 * (old.phases["timing"] + old.phases["profile"])
-    meta = {"device_kind": "cuda", "complete": True, "run_id": "older",
-            "created": "2026-11-27T08:00:00+00:00", "kernels": ["add", "attention_bwd"],
-            "dtypes": ["fp32"], "providers": cfg.providers, "sizes": "quick",
-            "cache": cfg.cache, "run_budget_s": cfg.run_budget_s,
-            "triton_compiles": {"compiled": 0, "from_cache": 0},
-            "time_split_s": split | {"ceilings": 0}}
-    scaled = calibration(cfg, dataclasses.replace(ref, splits=[meta]), GPU)
-    assert scaled.factors["timing"] == pytest.approx(1.5)
-    assert scaled.factors["profile"] == pytest.approx(1.5)
-
-
-# ---- the ceilings' measured time and what the compile workers can hide -------------------
-
-def test_the_ceilings_are_priced_at_the_reference_runs_measured_time(h200_quick):
-    """The H200's runs record how long their ceilings took (3.88 s and 3.71 s in the
-    committed ones): the estimate prices that, not an assumption; another measured time
-    gives another estimate."""
-    cfg, cases, ref, walks = h200_quick
-    assert sorted(ref.ceilings_measured_s.values()) == [3.71, 3.88]
-    assert ref.ceilings_s == pytest.approx(3.795)
-    assert walks[("now", False)].phases["ceilings"] == pytest.approx(3.795)
-    slower = dataclasses.replace(ref, ceilings_measured_s={"a": 9.0, "b": 11.0, "c": 30.0})
-    again = estimate(cfg, cases, slower, GPU, ceilings_cached=False)
-    assert again[("now", True)].phases["ceilings"] == 11.0  # the median
-    assert again[("now", True)].total == pytest.approx(walks[("now", True)].total + 11.0 - 3.795)
-    # without any recorded time: the assumption (the H200's measurements)
-    none = dataclasses.replace(ref, ceilings_measured_s={})
-    assert estimate(cfg, cases, none, GPU, ceilings_cached=False)[
-        ("now", True)].phases["ceilings"] == GPU.ceilings_s
-    # cached ceilings cost nothing: the sweep waits for its workers from its start-up's
-    # end (5 s; the workers are up at 6 s) until they are done, then loads every kernel
-    cached = estimate(cfg, cases, ref, GPU, ceilings_cached=True)[("now", False)]
-    assert cached.phases["ceilings"] == 0.0
-    n = cached.counts["compiles"]
-    assert cached.phases["compile"] == pytest.approx(
-        1.0 + n * GPU.compile_s / GPU.compile_workers + n * GPU.cached_compile_s)
-
-
-def test_load_reference_reads_each_ceilings_measurement_once(tmp_path):
-    """Runs sharing one ceiling cache share one measurement (its measured_at)."""
-    paths = []
-    for i, (at, s) in enumerate([("t1", 3.5), ("t1", 3.5), ("t2", 4.5), (None, None)]):
-        measured = {"hbm_gbps": 1.0, "measured_at": at, "seconds": s} if at else None
-        p = tmp_path / f"r{i}" / "results.json"
-        p.parent.mkdir()
-        p.write_text(json.dumps({"metadata": {"device_key": "h200", "ceilings": {
-            "datasheet": None, "measured": measured}}, "rows": []}))
-        paths.append(p)
-    ref = load_reference(paths)
-    assert ref.ceilings_measured_s == {"t1": 3.5, "t2": 4.5}
-    assert ref.ceilings_s == 4.0
-    assert load_reference(paths[3:]).ceilings_s is None
-
-
-@pytest.mark.parametrize("spawn_s, startup_s, window_s", [
-    # started 2 s in, up 4 s later: the last 2.795 s of the H200's 3.795 s of ceilings
-    (2.0, GPU.compile_worker_startup_s, 5.0 + 3.795 - 6.0),
-    (2.0, 10.0, 5.0 + 3.795 - 12.0),  # up 3.2 s after the ceilings: a wait holds that
-    (0.5, 1.0, 3.795),  # up before the ceilings: all of them (the jobs come with them)
-])
-@pytest.mark.parametrize("wait", ["0", ""])
-def test_the_sweep_pays_the_compiles_its_workers_have_not_done(
-        h200_quick, monkeypatch, spawn_s, startup_s, window_s, wait):
-    """The workers compile from their start-up (spawn_s into the process) and the
-    ceilings' start (the jobs are sent then) on, 8 at a time.  Without the wait
-    (GPUBENCH_COMPILE_WAIT_S=0) they are stopped when the ceilings end and the sweep
-    compiles the rest itself; with it (the default) the sweep waits until they are done,
-    what of their parallel time outlasts the ceilings.  Either way it loads from Triton's
-    cache what they compiled."""
-    monkeypatch.setenv("GPUBENCH_COMPILE_WAIT_S", wait)
-    cfg, cases, ref, _ = h200_quick
-    assert GPU.startup_s == 5.0 and ref.ceilings_s == pytest.approx(3.795)
-    sp = dataclasses.replace(GPU, compile_worker_startup_s=startup_s,
-                             compile_worker_spawn_s=spawn_s, compile_s=2.0)
-    walks = estimate(cfg, cases, ref, sp, ceilings_cached=False,
-                     plans=(("before", False), ("now", False)))
-    before, cold = walks[("before", False)], walks[("now", False)]
-    # never compiled ahead before
-    assert before.phases["compile"] == pytest.approx(before.counts["compiles"] * sp.compile_s)
-    serial = cold.counts["compiles"] * sp.compile_s
-    if wait == "0":
-        ahead = min(serial, max(0.0, window_s) * sp.compile_workers)
-        waited = 0.0
-    else:
-        ahead = serial
-        waited = max(0.0, serial / sp.compile_workers - window_s)
-    loads = ahead / sp.compile_s * sp.cached_compile_s
-    assert cold.phases["compile"] == pytest.approx(serial - ahead + waited + loads)
-    assert cold.per_case[-1] + sp.write_end_s + sp.figure_row_s * cold.counts["rows"] \
-        == pytest.approx(cold.total)
-
-
-def test_the_total_is_the_sum_of_every_phase_other_included(h200_quick):
-    """What the table prints: each phase, and a total that is their sum (start-up and
-    the per-row Python booked to `other`, as the sweep books them)."""
-    cfg, cases, _, walks = h200_quick
-    for (method, warm), w in walks.items():
-        assert list(w.phases) == list(PHASES), (method, warm)
-        assert w.total == pytest.approx(sum(w.phases[p] for p in PHASES))
-        assert w.phases["other"] == pytest.approx(GPU.startup_s + len(cases) * GPU.row_s)
-        # the figures and summary grow with the rows that ran: 406 cases, 368 run, 0.8 +
-        # 406 x 0.002 + 368 x 0.022 = 9.7 s, as the H200's 9.7-9.9 s
-        end = GPU.write_end_s + GPU.figure_row_s * w.counts["rows"]
-        if (method, warm) == ("now", True):
-            assert w.phases["write"] == pytest.approx(9.7, abs=0.1)
-        assert w.phases["write"] == pytest.approx(len(cases) * GPU.write_row_s + end)
-        assert all(v >= 0 for v in w.phases.values())
-        assert w.per_case == sorted(w.per_case)  # cumulative
-        assert w.per_case[-1] + end == pytest.approx(w.total)
-    # every GPU row has its profiler pass, CUPTI's start on the first
-    now = walks[("now", True)]
-    rows = now.counts["rows"]
-    assert now.counts["profiled"] == rows
-    assert now.phases["profile"] >= GPU.profile_first_s + rows * GPU.profile_s
-
-
-def _estimate_line(*env: str) -> dict[str, float]:
-    """`run_bench.py --estimate --device h200 --sizes quick` in a process of its own
-    (compiled kernels' launches: no interpreter, whose bf16 rounding constexpr puts a
-    launch in another tuning bucket): the cold column's tune seconds and counts."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",
-                                                                 "GPUBENCH_RETUNE")}
-    environ.update(dict(e.split("=", 1) for e in env))
-    p = subprocess.run([sys.executable, "run_bench.py", "--estimate", "--device", "h200",
-                        "--sizes", "quick"], cwd=ROOT, env=environ,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    tune = re.search(r"│ tune\s+│\s+([\d.]+)\s+│\s+[\d.]+\s+│\s+([\d.]+)", p.stdout)
-    out = p.stdout.splitlines()  # the console wraps a long line: the next one with it
-    i = next(i for i, ln in enumerate(out) if ln.startswith("now, Triton cache cold"))
-    line = " ".join(out[i:i + 2])
-    counts = {k: int(v.replace(",", "")) for k, v in
-              re.findall(r"(compiles|tunings) ([\d,]+)", line)}
-    assert tune is not None, p.stdout
-    return {"before_tune": float(tune.group(1)), "tune": float(tune.group(2)), **counts}
-
-
-def test_a_shipped_config_is_priced_untuned_as_the_sweep_runs_it():
-    """On the H200, whose tuned configs ship (kernels/configs/h200.json), a launch with a
-    shipped config runs it untuned: the cold sweep pays one compile for it and no
-    tuning; GPUBENCH_RETUNE=1 tunes anyway, as the method before did."""
-    shipped, retuned = _estimate_line(), _estimate_line("GPUBENCH_RETUNE=1")
-    assert retuned["tune"] == retuned["before_tune"] == shipped["before_tune"]
-    assert shipped["tunings"] < retuned["tunings"]
-    assert shipped["tune"] < retuned["tune"]
-    assert shipped["compiles"] < retuned["compiles"]
-
-
-def test_a_fleet_ranks_own_run_is_not_a_reference(tmp_path: Path) -> None:
-    """A fleet rank's own folder (<fleet>/ranks/rank-<r>/...) holds a run whose split
-    has the fleet's waits and collectives (the H200 job of 2026-11-27 put one beside
-    the sweeps, and the calibration counted it as a warm quick sweep); the fleet's own
-    results.json and the plain runs stay."""
-    doc = {"metadata": {"device_key": "h200", "created": "2026-11-27T08:00:00+00:00"},
-           "rows": []}
-    wanted = [tmp_path / "h200" / "day" / "quick" / "results.json",
-              tmp_path / "h200" / "day" / "fleet-run" / "fleet" / "quick" / "results.json"]
-    rank = (tmp_path / "h200" / "day" / "fleet-run" / "fleet" / "quick" / "ranks" / "rank-0"
-            / "h200" / "quick" / "results.json")
-    for p in [*wanted, rank]:
-        p.parent.mkdir(parents=True)
-        p.write_text(json.dumps(doc))
-    assert sorted(find_reference(tmp_path, DEVICES["h200"]).paths) == sorted(wanted)
-
-
-def test_a_past_run_is_priced_with_the_configs_it_ran(h200_quick):
-    """A calibration run is priced as its rows say it ran (config_source), not with
-    today's shipped file: the H200's runs of 2026-11-27 tuned buckets its file of 92
-    configs now ships, and priced untuned their 9.7 s of tuning came out 4x the model."""
-    from benches.estimate.price import Pricer
-
-    cfg, cases, ref = _gpu_plan("h200", "--kernels", "softmax", "--dtypes", "fp16",
-                                "--sizes", "quick")
-    triton = [c for c in cases if c.provider == "triton"]
-    today = Pricer(cfg, ref, GPU, "now", False, True).run(cases)
-    assert triton and today.counts.get("tunings", 0) == 0  # shipped today
-    tuned = {c.key: "tuned" for c in triton}
-    then = Pricer(cfg, ref, GPU, "now", False, True, sources=tuned).run(cases)
-    assert then.counts["tunings"] >= 1 and then.phases["tune"] > 0
-    assert then.counts["compiles"] > today.counts["compiles"]  # every candidate
-    # a tuning found on disk ("cached"): no candidate timed, the chosen one compiled
-    found = Pricer(cfg, ref, GPU, "now", False, True,
-                   sources=dict.fromkeys(tuned, "cached")).run(cases)
-    assert found.phases["tune"] == 0 and found.counts["compiles"] == today.counts["compiles"]
+def test_a_cpu_estimate_uses_this_machines_newest_run(capsys, tmp_path):
+    """A CPU run of this machine under --out prices the sweep; one of another CPU is no
+    source (its speed is another's)."""
+    here = resolve_device("cpu").present
+    split = {"ceilings": 0.0, "timing": 3.0, "write": 1.0, "other": 2.0}
+    rows = [_row(4096, cache="warm"), _row(1 << 20, cache="warm")]
+    cpu = {"device_key": "cpu", "device_name": here.name, "cpu_cores": here.cores,
+           "ceilings": {"measured": {"seconds": 10.0}}}
+    _run(tmp_path, "other-cpu", split, rows, **cpu | {"device_name": "another CPU"})
+    _run(tmp_path, "mine", split, rows, **cpu, created="2026-11-30T00:00:00")
+    args = ["--estimate", "--device", "cpu", "--out", str(tmp_path), "--kernels", "add",
+            "--dtypes", "fp32", "--providers", "torch", "--sizes", "n=4096;n=1048576"]
+    assert run_bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert "priced from run mine" in out and "Triton cache cold" not in out
+    total = float(out.split("│ total")[1].split("│")[1])
+    # its rows, and the 10 s its ceilings took where none are cached here
+    assert total == pytest.approx(6.0 if "ceilings cached" in out else 16.0, abs=0.05)

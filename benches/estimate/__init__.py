@@ -1,3 +1,2 @@
-"""`run_bench.py --estimate`: what a sweep will cost on a device, phase by phase, from the
-plan the sweep itself follows (price), priced with speeds of earlier runs or a device
-model (rows, speeds), printed (report)."""
+"""`run_bench.py --estimate`: a sweep priced, phase by phase, from what the device's newest
+run measured (runs: the runs read back; price: the pricing; report: the command)."""
