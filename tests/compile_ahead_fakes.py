@@ -1,5 +1,5 @@
-"""Compile functions a compile-ahead worker runs in tests (benches/sweep/compile_worker.py
-imports them by name): standard library only, so a worker starts in a blink."""
+"""Compile functions a compile-ahead worker runs in tests (benches/sweep/triton_cache.py's
+workers import them by name): standard library only, so a worker starts in a blink."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Compile functions a compile-ahead worker runs in tests/test_compile_ahead_wait.py
-(benches/sweep/compile_worker.py imports them by name): standard library only, so a
+(benches/sweep/triton_cache.py's workers import them by name): standard library only, so a
 worker starts in a blink."""
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ def loaded(kernel: str, dtype: str, shape: dict[str, int], sms: int,
     """Finds one kernel in Triton's cache after shape["ms"] milliseconds (no build)."""
     time.sleep(shape["ms"] / 1000)
     return 1
+
+
+def boom(kernel: str, dtype: str, shape: dict[str, int], sms: int,
+         capability: tuple[int, int] | None, fp8_mode: str) -> int:
+    """Fails after shape["ms"] milliseconds, as a compile may."""
+    time.sleep(shape["ms"] / 1000)
+    raise RuntimeError("ptxas failed")
 
 
 def broken_preload() -> None:

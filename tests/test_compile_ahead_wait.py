@@ -61,7 +61,6 @@ def test_the_wait_ends_once_the_workers_have_done_every_job(monkeypatch):
     assert record["cases_done"] == 6 and record["kernels_compiled"] == 6
     assert record["worker_errors"] == [] and record["cases_failed"] == 0
     assert 0.5 <= record["waited_s"] < 10 and took < 15
-    assert all(p.poll() == 0 for p in ahead.procs)  # exited on their own: no job left
     assert split.seconds["compile"] == pytest.approx(ahead.waited_s, abs=0.05)
     assert said == [f"compiled ahead: 6 of 6 cases (6 kernels, 6 built) by 2 workers, "
                     f"{record['waited_s']:.1f} s after the ceilings"]
@@ -101,15 +100,14 @@ def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monke
     assert record["wait_ended"] == "cache warm" and record["cases_done"] < 12
     assert record["waited_s"] < 2.0 and took < 3.0 and record["kernels_built"] == 0
     assert said[0].endswith(" s after the ceilings (ended: cache warm)")
-    out = {1: bytearray(b'{"job": 0, "compiled": 1, "built": 0}\n'),
-           2: bytearray(b'{"job": 1, "compiled": 1, "built": 0}\n{"job": 2, "comp')}
-    assert compile_wait.cache_was_warm(out, 2) and not compile_wait.cache_was_warm(out, 3)
-    out[2] += b'iled": 1, "built": 1}\n'  # a build among them: cold
-    assert not compile_wait.cache_was_warm(out, 2)
-    out = {1: bytearray(b'{"job": 0, "error": "RuntimeError: x"}\n'),
-           2: bytearray(b'{"job": 1, "compiled": 1, "built": 0}\n')}
-    assert not compile_wait.cache_was_warm(out, 2)  # an error is no cache hit
-    assert not compile_wait.cache_was_warm({}, 0)
+
+    # a kernel or a launcher built among the first results, or an error: cold
+    for fake in ("slept", "boom"):
+        (tmp_path / fake).mkdir()
+        spawned = _ready_workers(tmp_path / fake, monkeypatch, 2)
+        ahead = triton_cache.CompileAhead(_jobs(20, 20, *[300] * 6), 2, "fast",
+                                          compile_fn=f"{FAKES}:{fake}", spawned=spawned)
+        assert _after_ceilings(ahead)[0]["wait_ended"] == "done"
 
 
 def test_no_wait_stops_the_workers_when_the_ceilings_end(tmp_path, monkeypatch):
@@ -171,42 +169,44 @@ def test_a_blank_worker_count_is_the_default_and_a_bad_one_is_refused(monkeypatc
 
 
 def test_a_compile_function_that_cannot_be_imported_is_named(monkeypatch):
-    """Workers that die at once (their compile function's module is missing) end the
-    wait at once, and say why, once for both."""
+    """A compile function whose module is missing fails every job at once, said once
+    for all; the workers' logs are gone after."""
     monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
     ahead = triton_cache.CompileAhead(_jobs(10, 10, 10), 2, "fast",
                                       compile_fn="tests.no_such_fakes:slept")
-    logs = list(ahead.logs.values())
     record, _, said, took = _after_ceilings(ahead)
-    assert took < 10 and record["cases_done"] == 0
+    assert took < 30 and record["cases_done"] == 0 and record["cases_failed"] == 3
     assert record["worker_errors"] == [
-        "worker exited with code 1: compile function tests.no_such_fakes:slept: "
-        "ModuleNotFoundError: No module named 'tests.no_such_fakes'"]
+        "add fp32: compile function tests.no_such_fakes:slept: ModuleNotFoundError: No "
+        "module named 'tests.no_such_fakes' (and 2 more cases)"]
     assert said[1] == ("[yellow]warning[/yellow]: a compile-ahead worker: "
                        + record["worker_errors"][0])
-    assert logs and all(f.closed for f in logs)  # read, then closed (no name: gone)
+    assert not os.path.exists(ahead.logs)  # read, then removed
 
 
 def test_a_failed_preload_and_an_early_worker_that_died_are_named(monkeypatch):
-    """An early worker whose preload failed still compiles (its jobs' own imports say
-    more), and its preload line is kept; one that died before its jobs were sent (its
-    import ended the process) leaves its exit code and last line."""
+    """Early workers whose preload failed still compile (their jobs' own imports say
+    more), and the preload line is kept; a worker that died before its jobs (its import
+    ended the process) leaves its exit code and last line, and the sweep compiles the
+    jobs itself (a pool whose worker died takes none)."""
     monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
     spawned = triton_cache.Spawned(2, preload=(f"{FAKES}:broken_preload",))
-    dying = triton_cache.Spawned(1, preload=(f"{FAKES}:dies",))
-    dying.procs[0].wait(30)
-    procs, logs = dying.take()
-    spawned.procs += procs
-    spawned.logs.update(logs)
     ahead = triton_cache.CompileAhead(_jobs(10, 10, 10, 10), 8, "fast",
                                       compile_fn=f"{FAKES}:slept", spawned=spawned)
     assert ahead.workers == 2
     record, _, _, _ = _after_ceilings(ahead)
     assert record["cases_done"] == 4
     assert record["worker_errors"] == [
-        "worker exited with code 3: Fatal Python error: the fake's import aborted",
         f"preload {FAKES}:broken_preload: ImportError: libcuda.so.1: cannot open shared "
         "object file"]
+    dying = triton_cache.Spawned(1, preload=(f"{FAKES}:dies",))
+    dying.procs[0].join(30)
+    ahead = triton_cache.CompileAhead(_jobs(10, 10), 8, "fast",
+                                      compile_fn=f"{FAKES}:slept", spawned=dying)
+    record, _, _, took = _after_ceilings(ahead)
+    assert record["cases_done"] == 0 and took < 10
+    assert record["worker_errors"] == [
+        "worker exited with code 3: Fatal Python error: the fake's import aborted"]
 
 
 def test_the_jobs_errors_are_named_once_each(monkeypatch):
@@ -226,15 +226,13 @@ def test_the_jobs_errors_are_named_once_each(monkeypatch):
 def test_worker_errors_are_few_short_and_distinct(tmp_path):
     """At most MAX_ERRORS distinct lines of ERROR_CHARS, the exits first; a log's preload
     lines found at its head and its last line at its tail, with PTX-sized output
-    between, read without moving the offset the worker writes at."""
-    with contextlib.ExitStack() as files:
-        logs = {}
+    between."""
+    with contextlib.ExitStack():
+        logs = str(tmp_path)
         for pid in range(8):
-            log = files.enter_context(open(tmp_path / f"{pid}.log", "w+b"))
-            log.write(("noise\n" * 3 + f"preload m{pid}: ImportError: {'x' * 400}\n"
-                       + "y" * 200_000 + f"\nlast words of {pid}\n\n").encode())
-            log.flush()
-            logs[pid] = log
+            (tmp_path / f"{pid}.log").write_bytes((
+                "noise\n" * 3 + f"preload m{pid}: ImportError: {'x' * 400}\n"
+                + "y" * 200_000 + f"\nlast words of {pid}\n\n").encode())
         got = compile_wait.worker_errors(logs, {0: 1, 1: -11, 2: 0}, ["e", "e"])
         assert got[:2] == ["worker exited with code 1: last words of 0",
                            "worker exited with code -11: last words of 1"]
@@ -245,7 +243,6 @@ def test_worker_errors_are_few_short_and_distinct(tmp_path):
         assert compile_wait.worker_errors(logs, {pid: 0 for pid in logs}, []) == [
             f"preload m{pid}: ImportError: {'x' * 400}"[:compile_wait.ERROR_CHARS]
             for pid in range(compile_wait.MAX_ERRORS)]
-        assert all(log.tell() == log.seek(0, os.SEEK_END) for log in logs.values())
 
 
 def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_path, capsys):

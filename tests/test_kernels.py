@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import inspect as pyinspect
-import subprocess
-import time
 
 import pytest
 import torch
@@ -257,10 +255,7 @@ def compiled_ahead():
     ahead = triton_cache.CompileAhead(jobs, max(1, triton_cache.default_workers()),
                                       fp8_accum(), compile_fn=f"{__name__}:compile_pinned",
                                       device=gpu_present())
-    deadline = time.monotonic() + 300  # a hang guard: stop() kills what is left
-    for proc in ahead.procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.0, deadline - time.monotonic()))
+    concurrent.futures.wait(ahead.futures, 300)  # a hang guard: stop() kills what is left
     return ahead.stop()
 
 

@@ -379,24 +379,25 @@ def test_a_compile_leaves_python_s_signal_handlers_in_place(tmp_path):
 
 
 AHEAD = textwrap.dedent("""
-    import json, sys, warnings
+    import concurrent.futures, json, sys, warnings
     warnings.filterwarnings("ignore")
     from benches.rehearse.driver import GPU_MODELS
     from benches.rehearse.sweep import run_config
     from benches.sweep import triton_cache
     from benches.sweep.cases import build_cases
 
-    cfg = run_config(GPU_MODELS["h100"], ["add", "softmax"], ["fp32"], "quick")
-    jobs = triton_cache.compile_jobs(build_cases(cfg), cfg)
-    # "early": started before the jobs, loading torch, Triton and the kernels
-    # (triton_cache.preload) as the command starts them
-    spawned = triton_cache.Spawned(2) if sys.argv[2:] == ["early"] else None
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1],
-                                      spawned=spawned)
-    for proc in ahead.procs:  # a worker exits when no job is left
-        proc.wait(600)
-    print(json.dumps({"jobs": len(jobs), **ahead.stop()}))
+    if __name__ == "__main__":  # the workers (spawned) import this file too
+        cfg = run_config(GPU_MODELS["h100"], ["add", "softmax"], ["fp32"], "quick")
+        jobs = triton_cache.compile_jobs(build_cases(cfg), cfg)
+        # "early": started before the jobs, loading torch, Triton and the kernels
+        # (triton_cache.preload) as the command starts them
+        spawned = triton_cache.Spawned(2) if sys.argv[2:] == ["early"] else None
+        ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1],
+                                          spawned=spawned)
+        concurrent.futures.wait(ahead.futures, 600)
+        print(json.dumps({"jobs": len(jobs), **ahead.stop()}))
 """)
+
 
 
 @pytest.mark.slow

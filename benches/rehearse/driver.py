@@ -19,7 +19,8 @@ What Triton asks, and where (3.6.0 and 3.9.0 read; the differences are marked):
 - the launch: launcher(gridX, gridY, gridZ, stream, function, packed_metadata,
   launch_metadata, enter_hook, exit_hook, *args), the same call in both versions (3.6's
   CudaLauncher passes all but the grid, stream and function to its C launcher, 3.9's
-  splits them itself).
+  splits them itself).  3.6's CudaLauncher builds a C launcher per kernel signature with
+  the host compiler; the stand-in's builds the same one (benches/rehearse/launcher.py).
 - `Autotuner`: get_benchmarker, get_current_target (its on-disk key);
   triton.testing.do_bench: get_device_interface, get_empty_cache_for_benchmark,
   clear_cache (the sweep's own flush buffer comes from the same call).
@@ -39,6 +40,7 @@ import torch
 from triton.backends.driver import DriverBase
 
 from benches.rehearse.cubin import CubinUsage, cubin_usage
+from benches.rehearse.launcher import build_launcher, per_kernel_launchers
 
 # ---- the devices ---------------------------------------------------------------------
 
@@ -211,6 +213,9 @@ class StandInLauncher:
         consts = getattr(src, "constants", {}) or {}
         self.constants = ",".join(f"{k}={_const_text(v)}" for k, v in consts.items())
         self.meta = metadata
+        # Triton 3.6's own C launcher for this signature, built (or loaded from Triton's
+        # cache) as CudaLauncher builds it: the host compiler's cost, paid as on a GPU.
+        self.module = build_launcher(src, metadata) if per_kernel_launchers() else None
 
     def __call__(self, grid_x: int, grid_y: int, grid_z: int, stream: Any, function: Any,
                  packed_metadata: Any, launch_metadata: Any, enter_hook: Callable | None,

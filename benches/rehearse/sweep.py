@@ -5,6 +5,8 @@ compile-ahead workers that compile under the stand-in (`compile_case_on_standin`
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS, GpuModel, StandInDriver
 from benches.sweep.cases import RunConfig
@@ -46,7 +48,8 @@ DEVICE_ENV = "GPUBENCH_REHEARSE_DEVICE"
 
 
 def compile_case_on_standin(kernel: str, dtype: str, shape: dict[str, int], sms: int,
-                            capability: tuple[int, int] | None, fp8_mode: str) -> int:
+                            capability: tuple[int, int] | None, fp8_mode: str,
+                            device: Sequence[Any] | None = None) -> int:
     """triton_cache.compile_case in a compile-ahead worker without a GPU: the worker's
     Triton driver is a stand-in from its first job on (for the worker's life), then the
     sweep's own compile_case runs.  Pass it as CompileAhead's compile function (a module
@@ -59,7 +62,7 @@ def compile_case_on_standin(kernel: str, dtype: str, shape: dict[str, int], sms:
         key = os.environ.get(DEVICE_ENV) or \
             ARCH_DEFAULT_MODEL[f"sm_{capability[0]}{capability[1]}" if capability else "sm_90"]
         driver.set_active(StandInDriver(GPU_MODELS[key]))
-    return compile_case(kernel, dtype, shape, sms, capability, fp8_mode)
+    return compile_case(kernel, dtype, shape, sms, capability, fp8_mode, device=device)
 
 
 def tuning_identity(model: GpuModel) -> str | None:

@@ -1,71 +1,57 @@
-"""Triton's on-disk caches in a GPU sweep: autotuning results kept between runs, and the
-sweep's kernels compiled ahead, in worker processes, while the ceilings are measured.
+"""Triton's on-disk caches in a GPU sweep: autotuning results kept between runs
+(`keep_tuning`), and the sweep's kernels compiled ahead in worker processes while the
+ceilings are measured (`CompileAhead`).  Both land in Triton's cache (TRITON_CACHE_DIR).
 
-Both land in Triton's cache directory (TRITON_CACHE_DIR, default ~/.triton/cache),
-which a CI runner can keep between jobs:
+Compile-ahead: every Triton launch of the sweep's distinct cases (the config shipped for
+the GPU present, else every candidate), compiled by `JITFunction.warmup` (Triton's own
+launch path short of the launch: the binder, specializations and options the sweep's
+first calls look up), then its C launcher built (Triton 3.6 builds one per kernel
+signature with the host compiler at a kernel's first launch; warmup returns before
+that).  GPUBENCH_COMPILE_WORKERS processes (default half the cores, at most 8, shared by
+a node's ranks; 0: off) in a spawn-context process pool, started by the command as soon
+as it has parsed its arguments (`spawn_early`), importing torch, Triton and the kernels
+meanwhile; the sweep waits for them after its ceilings (benches/sweep/compile_wait.py).
 
-- `keep_tuning`: Triton's autotuner writes each tuning (the candidates' times for a
-  kernel, its tuning key and candidates) there and reads it back instead of timing the
-  candidates again (its cache_results, switched on for every tuner through
-  knobs.autotuning.cache; TRITON_CACHE_AUTOTUNING in the environment decides instead
-  when set).  The key holds Triton's version, the GPU target, the kernel's source, the
-  tuning key's values and the candidates: a changed kernel or GPU tunes afresh.
-- `CompileAhead`: every Triton launch of the sweep's cases, with each of its candidate
-  configs, compiled by `JITFunction.warmup` (Triton's own launch path up to the
-  launch: the same binder, specializations and options, hence the same cache entries
-  the sweep's first calls look up) on meta tensors, in GPUBENCH_COMPILE_WORKERS worker
-  processes (benches/sweep/compile_worker.py; default: half the cores, shared by a
-  node's ranks; 0: off).  It runs only while the main process measures the ceilings,
-  on the GPU and not the host's cores the workers use; then the sweep waits for them,
-  up to GPUBENCH_COMPILE_WAIT_S (benches/sweep/compile_wait.py: why waiting costs
-  nothing, and what a worker's failure leaves in the run's metadata).  Whatever is not
-  compiled by then is stopped (Triton writes a cache entry whole or not at all), and
-  the sweep compiles it in turn as before.  A worker's failure costs no row: the sweep's
-  own compile fails it; its stderr goes to a file, which says why.  The command starts
-  the workers as soon as it has parsed its arguments (`spawn_early`, a `Spawned`): they
-  import torch, Triton and the kernels (about 4 s) while the sweep imports its own and
-  sets up the GPU, and get their jobs when the ceilings' measuring starts; started
-  there instead, they were still starting when the H200's 3.8 s of ceilings ended.
-
-  The workers create no CUDA context: warmup asks Triton's driver for the current
-  device, stream and target only (torch.cuda.current_device, the current stream's
-  handle, the device's capability), and loads a compiled kernel onto the GPU only at
-  its first launch, which warmup never makes (tests/test_triton_cache.py: the questions
-  recorded on a CPU, no primary context on a GPU).  Each worker runs in a session of
-  its own and is stopped by SIGKILL to its process group, ptxas included; one whose
-  parent dies kills its own group.
+No CUDA in a worker: Triton's own driver answers warmup's questions (current device,
+stream, target: runtime/jit.py run() and create_binder()) through torch.cuda, which
+initialises CUDA in the process (a context holding GPU memory beside the ceilings being
+measured).  A worker's driver is `offline_driver`: the target from the capability the
+sweep passes, no device, no stream, nothing else (tests/test_triton_cache.py records
+torch.cuda's calls).  Each worker runs in a session of its own (a signal to the sweep's
+group never reaches it or its ptxas), is stopped by SIGKILL to that session's group,
+and kills its group itself when its parent is gone.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
-import json
+import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-from benches.sweep.compile_wait import (
-    cache_was_warm,
-    read_output,
-    result_lines,
-    wait_for_exit,
-    worker_errors,
-)
+from benches.sweep.compile_wait import worker_errors
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
     from benches.sweep.cases import Case, RunConfig
 
 WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
-# What a worker runs for each job ("module:name", imported in the worker).
-COMPILE_FN = "benches.sweep.triton_cache:compile_case"
-# How long stop() waits for the killed workers and their last result lines.
-STOP_GRACE_S = 5.0
+COMPILE_FN = "benches.sweep.triton_cache:compile_case"  # "module:name", run per job
+STOP_GRACE_S = 5.0  # how long stop() waits for the killed workers
+PRELOAD = ("benches.sweep.triton_cache:preload",)  # what an early worker loads first
+PARENT_POLL_S = 0.2  # how often a worker looks whether its parent is gone
+# The device index of the offline driver: one no GPU has (torch holds 8 bits), so that
+# nothing compiled under it is found by a launch on a real device.
+OFFLINE_DEVICE = 127
+
+Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
 
 
 def keep_tuning() -> bool:
@@ -82,43 +68,91 @@ def keep_tuning() -> bool:
     return bool(tuning.cache)
 
 
-Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
-
-
 def compile_jobs(cases: list[Case], cfg: RunConfig) -> list[Job]:
     """(kernel, dtype, shape, SM count, capability) of every distinct Triton case the
-    sweep will run on this GPU, in run order (the first rows' kernels first)."""
+    sweep will run on this GPU, in run order."""
     if cfg.target.kind != "cuda" or cfg.target.interpret:
         return []
-    sms = cfg.present.sms or 0
     seen: dict[tuple[str, str, str], Job] = {}
     for c in cases:
         if c.provider != "triton" or c.spec.triton_launches is None \
                 or c.spec.skip_reason(c.provider, c.dtype, cfg.target):
             continue
-        seen.setdefault((c.spec.name, c.dtype, c.shape_str),
-                        (c.spec.name, c.dtype, dict(c.shape), sms, cfg.target.capability))
+        seen.setdefault((c.spec.name, c.dtype, c.shape_str), (
+            c.spec.name, c.dtype, dict(c.shape), cfg.present.sms or 0, cfg.target.capability))
     return list(seen.values())
 
 
-def _warmup(launch: Any, config: Any) -> None:
-    """Compile one launch with one config the way its sweep call will (run_launch's
-    kwargs), without launching it."""
-    launch.fn.warmup(*launch.args, grid=launch.grid(dict(config.kwargs)),
-                     **launch.constexprs, **config.all_kwargs())
+# ---- a worker's compile ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def offline_driver(capability: tuple[int, int] | None) -> Iterator[None]:
+    """Within the block Triton's active driver, where none is set yet (a stand-in set
+    before stays: the rehearsal), answers the target of `capability` and asks no GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.runtime import driver as config
+
+    if getattr(config, "_active", None) is not None:  # DriverConfig's (3.6 and 3.9)
+        yield
+        return
+    if capability is None:
+        raise RuntimeError("no GPU capability to compile for")
+    try:  # 3.6 builds a C launcher per kernel signature; 3.9 has one for all
+        from triton.backends.nvidia.driver import CudaLauncher, make_launcher  # noqa: F401
+    except ImportError:
+        CudaLauncher = None  # noqa: N806
+
+    class Offline(DriverBase):
+        launcher_cls = CudaLauncher
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return False
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            from triton.backends.nvidia.driver import ty_to_cpp
+
+            return ty_to_cpp(ty)
+
+        def get_current_target(self) -> Any:
+            return GPUTarget("cuda", capability[0] * 10 + capability[1], 32)
+
+        def get_current_device(self) -> int:
+            return OFFLINE_DEVICE
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self) -> Any:
+            raise RuntimeError("a compile-ahead worker has no GPU")
+
+        get_benchmarker = get_active_torch_device
+
+    config.set_active(Offline())
+    try:
+        yield
+    finally:
+        config.set_active(None)  # type: ignore[arg-type]  # as it was: none set
+
+
+def _warmup(launch: Any, config: Any) -> Any:
+    """Compile one launch with one config as its sweep call will (run_launch's kwargs),
+    without launching it; the compiled kernel."""
+    return launch.fn.warmup(*launch.args, grid=launch.grid(dict(config.kwargs)),
+                            **launch.constexprs, **config.all_kwargs())
 
 
 def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
                  capability: tuple[int, int] | None, fp8_mode: str,
                  pick: Callable[[Any], Sequence[Any]] | None = None,
                  device: Sequence[Any] | None = None) -> int:
-    """Compile every launch x config of one case into Triton's cache (in a worker);
-    the number compiled.  The launches are those of a GPU of `capability` (on meta
-    tensors a kernel would build the default candidates, not its architecture's).
-    `pick`: the configs of a launch to compile (default: every candidate).  `device`:
-    the GPU present (name, SM count, memory in GB): a launch with a config shipped for
-    it (kernels/shipped.py) compiles that config only, the one the sweep will run
-    without tuning (every candidate under GPUBENCH_RETUNE, which tunes)."""
+    """Compile every launch x config of one case for a GPU of `capability` into Triton's
+    cache, each kernel's C launcher too (3.6); the number compiled.  `pick`: the configs
+    of a launch (default: every candidate).  `device` (the GPU present: name, SMs,
+    memory in GB): a launch with a config shipped for it compiles that one alone."""
+    from triton.runtime import driver
+
     from kernels import REGISTRY
     from kernels.spec import Target, set_fp8_accum
 
@@ -129,18 +163,22 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
     if pick is None and device is not None:
         pick = _shipped_pick(kernel, dtype, device)
     done = 0
-    for launch in spec.launches(inputs, out, sms, Target("cuda", capability)):
-        for config in launch.configs if pick is None else pick(launch):
-            _warmup(launch, config)
-            done += 1
+    with offline_driver(capability):
+        launcher = getattr(driver.active, "launcher_cls", None)
+        for launch in spec.launches(inputs, out, sms, Target("cuda", capability)):
+            for config in launch.configs if pick is None else pick(launch):
+                compiled = _warmup(launch, config)
+                if launcher is not None and hasattr(compiled, "metadata"):
+                    launcher(compiled.src, compiled.metadata)
+                done += 1
     return done
 
 
 def _shipped_pick(kernel: str, dtype: str, device: Sequence[Any]
                   ) -> Callable[[Any], Sequence[Any]] | None:
-    """compile_case's pick for the device present: a launch's shipped config where one
-    applies (as the sweep's row_setup.shipped_configs_of finds it), else every candidate;
-    None (every candidate everywhere) under GPUBENCH_RETUNE or with no file for it."""
+    """A launch's shipped config for the device present where one applies (as
+    row_setup.shipped_configs_of finds it), else every candidate; None under
+    GPUBENCH_RETUNE or with no file for the device."""
     from kernels.shipped import retune_requested, shipped_for
 
     name, sms, memory_gb = device
@@ -150,26 +188,168 @@ def _shipped_pick(kernel: str, dtype: str, device: Sequence[Any]
     shipped = choice.configs
 
     def pick(launch: Any) -> Sequence[Any]:
-        if len(launch.configs) > 1:
-            config, _ = shipped.pick(kernel, dtype, launch)
-            if config is not None:
-                return [config]
-        return launch.configs
+        config = shipped.pick(kernel, dtype, launch)[0] if len(launch.configs) > 1 else None
+        return launch.configs if config is None else [config]
 
     return pick
 
 
+@contextlib.contextmanager
+def host_builds() -> Iterator[list[float]]:
+    """The seconds of each C module Triton builds with the host compiler in the block
+    (3.6's launchers): Triton's build hook (knobs.build.impl) around its own build."""
+    from triton import knobs
+    from triton.runtime import build
+
+    builds: list[float] = []
+    prior = knobs.build.impl
+
+    def timed(*args: Any) -> str:
+        t0 = time.perf_counter()
+        knobs.build.impl = prior
+        try:
+            so = prior(*args) if prior is not None else build._build(*args, [])
+        finally:
+            knobs.build.impl = timed
+        builds.append(time.perf_counter() - t0)
+        return so
+
+    knobs.build.impl = timed
+    try:
+        yield builds
+    finally:
+        knobs.build.impl = prior
+
+
+# ---- the worker processes ----------------------------------------------------------------
+
+def _named(name: str) -> Any:
+    import importlib
+
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr) if attr else \
+        importlib.import_module(module)
+
+
+def _worker_start(preload: Sequence[str], logs: str, parent: int) -> None:
+    """A worker's start (the pool's initializer): a session of its own, stdout and stderr
+    to logs/<pid>.log (Triton prints PTX there when ptxas fails), a thread that kills the
+    session's group once the parent is gone, then `preload` ("module[:function]")."""
+    os.setsid()
+    fd = os.open(os.path.join(logs, f"{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    threading.Thread(target=_die_with, args=(parent,), daemon=True).start()
+    for name in ("triton.knobs", *preload):  # knobs: what each job counts with
+        try:
+            loaded = _named(name)
+            if callable(loaded):
+                loaded()
+        except Exception as e:  # the job that needs it fails and is counted
+            print(f"preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        except SystemExit as e:  # the worker ends with its code: stop() reads its log
+            sys.stderr.flush()
+            os._exit(e.code if isinstance(e.code, int) else 1)
+
+
+def _die_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os.killpg(0, signal.SIGKILL)  # itself and the ptxas it runs
+
+
+def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
+    """One job in a worker: {"job", "compiled", "built" (not found in Triton's cache:
+    its compilation listener), "launchers" (built by the host compiler)} or {"job",
+    "error"}."""
+    from triton import knobs
+
+    kernel, dtype, shape, sms, cc = job
+    os.environ.update(order["env"])  # what the sweep set after the worker started
+    try:
+        fn = _named(order["compile"])
+    except Exception as e:  # every job fails alike
+        return {"job": i, "error": f"compile function {order['compile']}: "
+                                   f"{type(e).__name__}: {e}"[:200]}
+    built, prior = [0], knobs.compilation.listener
+
+    def heard(**kw: Any) -> None:
+        built[0] += kw.get("cache_hit") is False
+
+    knobs.compilation.listener = heard
+    try:
+        with host_builds() as launchers:
+            extra = {"device": order["device"]} if order["device"] else {}
+            n = int(fn(kernel, dtype, shape, sms, tuple(cc) if cc else None,
+                       order["fp8_mode"], **extra))
+        return {"job": i, "compiled": n, "built": built[0], "launchers": len(launchers)}
+    except Exception as e:  # counted: the sweep's own compile says what is wrong
+        return {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
+    finally:
+        knobs.compilation.listener = prior
+
+
+def _pool(workers: int, preload: Sequence[str]) -> tuple[cf.ProcessPoolExecutor, str]:
+    logs = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
+    return cf.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
+        initargs=(tuple(preload), logs, os.getpid())), logs
+
+
+def _processes(pool: cf.ProcessPoolExecutor) -> list[multiprocessing.Process]:
+    # The pool's own table (pid -> Process): its workers' pids, each its group's.
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
+def _shut(pool: cf.ProcessPoolExecutor, procs: list[Any], grace_s: float) -> None:
+    """SIGKILL to each worker's group, ptxas included, then the pool shut and the workers
+    reaped within `grace_s`: nothing a killed worker held (a queue's lock) is waited on."""
+    for p in procs:
+        for kill in (os.killpg, os.kill):  # the worker too: still starting, no group yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(p.pid, signal.SIGKILL)
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+class Spawned:
+    """Workers started before the jobs are known, each loading `preload` meanwhile (the
+    pool starts a worker for each task while none is idle: one no-op each starts them
+    all now).  A CompileAhead takes them (take()); stop() ends those none took."""
+
+    def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
+        self.workers = workers
+        self.pool, self.logs = _pool(workers, preload)
+        for _ in range(workers):
+            self.pool.submit(os.getpid)
+        self.procs = _processes(self.pool)
+
+    def take(self) -> tuple[cf.ProcessPoolExecutor, str]:
+        taken, self.procs = (self.pool, self.logs), []
+        return taken
+
+    def stop(self) -> None:
+        if self.procs:
+            _shut(self.pool, self.procs, STOP_GRACE_S)
+            shutil.rmtree(self.logs, ignore_errors=True)
+            self.procs = []
+
+
+def gpu_present_cheaply() -> bool:
+    """Whether this machine has an NVIDIA GPU, without asking CUDA: its control device."""
+    return os.path.exists("/dev/nvidiactl")
+
+
 def default_workers() -> int:
     """GPUBENCH_COMPILE_WORKERS (0: none), else half this node's cores shared among its
-    ranks (LOCAL_WORLD_SIZE under torchrun), at most 8.  A value that is not a whole
-    number of workers, 0 or more, is a one-line error (the command's exit 2, before
-    anything is measured), not silently none."""
+    ranks (LOCAL_WORLD_SIZE under torchrun), at most 8; a value that is no whole number
+    of workers is a one-line error (the command's exit 2)."""
     env = os.environ.get(WORKERS_ENV)
     if env is not None and env.strip():
-        try:
-            count = int(env)
-        except ValueError:
-            count = -1
+        count = int(env) if env.strip().isdigit() else -1
         if count < 0:
             from benches.sweep.run_folder import RequestError  # pandas: only to refuse
 
@@ -181,110 +361,9 @@ def default_workers() -> int:
     return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
 
 
-def preload() -> None:
-    """What a worker started before its jobs are known loads meanwhile: torch, Triton,
-    Triton's helpers and every kernel family (the registry loads them on first use).
-    Nothing here asks Triton's driver anything: that would initialise CUDA."""
-    import triton  # noqa: F401
-
-    import kernels.shipped  # noqa: F401
-    import kernels.triton_utils  # noqa: F401
-    from kernels import REGISTRY
-
-    len(REGISTRY)
-
-
-# The worker's --preload: this module, then preload() run.
-PRELOAD = ("benches.sweep.triton_cache:preload",)
-
-
-def _worker_env() -> dict[str, str]:
-    """The environment of a worker: this process's, with its import path (the tests'
-    fakes included)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # its session's group: ptxas too
-
-
-def _end(procs: list[subprocess.Popen]) -> None:
-    """Kill workers that have no result to give, reap them and close their pipes."""
-    for proc in procs:
-        _kill_group(proc)
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(STOP_GRACE_S)
-        _close((proc.stdin, proc.stdout))
-
-
-def _close(files: Iterable[IO[bytes] | None]) -> None:
-    for f in files:
-        if f is not None:
-            with contextlib.suppress(OSError):
-                f.close()
-
-
-class Spawned:
-    """Compile-ahead workers waiting for their jobs, each importing `preload` meanwhile
-    (spawn_early's: PRELOAD, while this process imports its own and sets up the GPU;
-    none for those CompileAhead starts with the jobs at hand).  A CompileAhead takes the
-    workers (take()) and sends them the jobs; stop() kills those no CompileAhead took.
-
-    Each worker's stderr goes to a log file of its own from its start (`logs`, by pid):
-    a worker whose import fails dies before any job is known, and its log says why.  The
-    files have no name (removed at once, read through this process's descriptor), so a
-    sweep killed outright leaves none behind."""
-
-    def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.logs: dict[int, IO[bytes]] = {}
-        env = _worker_env()
-        try:
-            for _ in range(workers):
-                # open while its worker may write: closed by stop(), or by the taker's
-                log = tempfile.TemporaryFile(prefix="gpubench-compile-worker-")  # noqa: SIM115
-                try:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "benches.sweep.compile_worker",
-                         "--preload", ",".join(preload)],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=log, env=env, start_new_session=True)
-                except BaseException:
-                    log.close()
-                    raise
-                self.procs.append(proc)
-                self.logs[proc.pid] = log
-        except BaseException:
-            self.stop()
-            raise
-
-    def take(self) -> tuple[list[subprocess.Popen], dict[int, IO[bytes]]]:
-        """The workers and their logs, handed over: their taker stops them and closes
-        the logs from now on."""
-        procs, logs = self.procs, self.logs
-        self.procs, self.logs = [], {}
-        return procs, logs
-
-    def stop(self) -> None:
-        _end(self.procs)
-        _close(self.logs.values())
-        self.procs, self.logs = [], {}
-
-
-def gpu_present_cheaply() -> bool:
-    """Whether this machine has an NVIDIA GPU, without asking CUDA (torch.cuda's answer
-    initialises the driver): the driver's control device."""
-    return os.path.exists("/dev/nvidiactl")
-
-
 def spawn_early(workers: int | None = None) -> Spawned | None:
-    """The compile-ahead workers, started at the process's start on a machine with a
-    GPU (the sweep's compile-ahead window then runs from the start, not from the
-    ceilings' start: a worker's own start-up, about 4 s, is over by then); None where
-    there is no GPU, the workers are off, or they could not be started."""
+    """The workers, started at the command's start on a machine with a GPU; None where
+    there is none, they are off, or they could not be started."""
     workers = default_workers() if workers is None else workers
     if workers < 1 or not gpu_present_cheaply():
         return None
@@ -294,167 +373,115 @@ def spawn_early(workers: int | None = None) -> Spawned | None:
         return None
 
 
-class CompileAhead:
-    """Worker processes compiling `jobs` (compile_jobs) until they are done or stop();
-    wait() waits for them (benches/sweep/compile_wait.py), record() is the run's record.
+def preload() -> None:
+    """What an early worker loads before its jobs: torch, Triton, every kernel family.
+    Nothing here asks Triton's driver anything."""
+    import triton  # noqa: F401
 
-    Each worker (benches/sweep/compile_worker.py) runs in a session of its own, so a
-    signal to the sweep's process group (Ctrl-C, `timeout`, a CI runner's cancel) never
-    reaches it or the ptxas it runs: the sweep alone stops them, by SIGKILL to each
-    worker's group, ptxas included, and nothing the workers hold (a pool's queue lock,
-    the death of which hung multiprocessing.Pool.terminate) can keep stop() waiting.  A
-    worker whose parent dies kills its own group (its stdin ends)."""
+    import kernels.shipped  # noqa: F401
+    import kernels.triton_utils  # noqa: F401
+    from kernels import REGISTRY
+
+    len(REGISTRY)
+
+
+class CompileAhead:
+    """`jobs` (compile_jobs) compiled by worker processes until done or stop(); wait()
+    waits for them (compile_wait.after_ceilings), record() is the run's record."""
 
     def __init__(self, jobs: list[Job], workers: int, fp8_mode: str,
                  compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None,
                  spawned: Spawned | None = None) -> None:
-        self.jobs = len(jobs)
-        self.names = [f"{kernel} {dtype}" for kernel, dtype, *_ in jobs]
-        self.procs: list[subprocess.Popen] = []
-        self.stopped: dict[str, int] | None = None
-        self.early = spawned is not None
-        # What tells why a worker compiled nothing: its stderr log, and its exit code
-        # where it exited on its own (by pid); result lines read so far (wait()).
-        self.logs: dict[int, IO[bytes]] = {}
-        self.exits: dict[int, int] = {}
-        self.out: dict[int, bytearray] = {}
-        self.waited_s = 0.0
-        # why the wait ended: compile_wait.wait_for_exit's reason, or "interrupted"
-        self.wait_ended: str | None = None
-        self.worker_errors: list[str] = []
-        self.claims = tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
-        # `device` (the GPU present: name, SMs, memory) reaches compile_case, which then
-        # compiles a shipped config alone; absent, every candidate.  `env`: what this
-        # process set after an early worker started (--retune).
         from kernels.shipped import RETUNE_ENV
 
-        # The jobs go in a file: an order line past the pipe's 64 KiB would block the
-        # write until a worker still importing reads it.
-        jobs_file = os.path.join(self.claims, "jobs.json")
-        with open(jobs_file, "w") as f:
-            json.dump(jobs, f)
-        order = json.dumps({"jobs_file": jobs_file, "fp8_mode": fp8_mode,
-                            "claims": self.claims, "compile": compile_fn,
-                            "device": list(device) if device is not None else None,
-                            "env": {k: os.environ[k] for k in (RETUNE_ENV,)
-                                    if k in os.environ}}) + "\n"
-        try:
-            # started early, every one of them gets the jobs; else as many as there are
-            # jobs, up to `workers`, started now
-            self.procs, self.logs = (
-                spawned or Spawned(min(workers, len(jobs)), preload=())).take()
-            sent = []
-            for proc in self.procs:
-                assert proc.stdin is not None
-                if proc.poll() is not None:
-                    # an early worker that died (its import failed): the rest work
-                    self.exits[proc.pid] = proc.returncode
-                    continue
-                try:
-                    proc.stdin.write(order.encode())
-                    proc.stdin.flush()  # stdin stays open: its end tells the worker to die
-                except BrokenPipeError:  # dying: its exit code says why
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        self.exits[proc.pid] = proc.wait(STOP_GRACE_S)
-                    continue
-                sent.append(proc)
-            _end([proc for proc in self.procs if proc not in sent])
-            self.procs = sent
-            self.workers = len(self.procs)
-        except BaseException:
-            self.workers = len(self.procs)
-            self.stop()
-            raise
+        self.jobs, self.early = len(jobs), int(spawned is not None)
+        self.names = [f"{kernel} {dtype}" for kernel, dtype, *_ in jobs]
+        self.workers = spawned.workers if spawned else min(workers, len(jobs))
+        self.pool, self.logs = spawned.take() if spawned else _pool(self.workers, ())
+        self.stopped: dict[str, int] | None = None
+        self.waited_s, self.wait_ended = 0.0, None
+        self.worker_errors: list[str] = []
+        order = {"compile": compile_fn, "fp8_mode": fp8_mode,
+                 "device": list(device) if device is not None else None,
+                 "env": {k: os.environ[k] for k in (RETUNE_ENV,) if k in os.environ}}
+        self.futures: list[cf.Future] = []
+        with contextlib.suppress(cf.BrokenExecutor):  # a worker died: stop() says why
+            for i, job in enumerate(jobs):
+                self.futures.append(self.pool.submit(_compile_job, i, job, order))
+        self.procs = _processes(self.pool)
+
+    def _results(self) -> list[dict[str, Any]]:
+        return [f.result() for f in self.futures
+                if f.done() and not f.cancelled() and f.exception() is None]
+
+    def _warm(self) -> bool:
+        """Whether the first results (one a worker) all found their kernels in Triton's
+        cache: the sweep loads the rest as fast itself."""
+        got = self._results()
+        return len(got) >= min(self.workers, self.jobs) > 0 and all(
+            "compiled" in r and not r["built"] and not r["launchers"] for r in got)
 
     def wait(self, seconds: float) -> float:
-        """Wait until every worker has exited (each does when no job is left), their
-        first results found a warm cache (compile_wait.cache_was_warm: one result a
-        worker) or `seconds` have passed; the seconds waited (also added to `waited_s`;
-        why it ended: `wait_ended`)."""
+        """Wait until every job is done, the cache proves warm (_warm) or `seconds` have
+        passed; the seconds waited (added to `waited_s`; why it ended: `wait_ended`)."""
         if self.stopped is not None:
             return 0.0
         start = time.monotonic()
-        self.wait_ended = "interrupted"  # until the wait returns
+        self.wait_ended = "interrupted"  # until the wait returns: a signal ends it
         try:
-            self.wait_ended = wait_for_exit(
-                self.procs, self.out, seconds,
-                enough=lambda out: cache_was_warm(out, min(self.workers, self.jobs)))
-        finally:  # an interrupt ends the wait: what was waited is still recorded
+            while True:
+                pending = [f for f in self.futures if not f.done()]
+                left = start + seconds - time.monotonic()
+                if not pending or self._warm() or left <= 0:
+                    self.wait_ended = ("done" if not pending else "cache warm"
+                                       if self._warm() else "deadline")
+                    break
+                cf.wait(pending, timeout=left, return_when=cf.FIRST_COMPLETED)
+        finally:
             waited = time.monotonic() - start
             self.waited_s += waited
         return waited
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, int]:
-        """Stop the workers (what they have not compiled is left to the sweep); what was
-        done, for the run's metadata (record() adds why workers failed and the wait).
-        Returns within about `grace_s`."""
+        """Stop the workers (what they have not compiled is left to the sweep) within
+        about `grace_s`; what was done, for the run's metadata."""
         if self.stopped is not None:
             return self.stopped
-        for proc in self.procs:
-            if proc.poll() is not None:  # exited on its own, not by the kill below
-                self.exits[proc.pid] = proc.returncode
-            _kill_group(proc)
-        lines: list[dict[str, Any]] = []
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            lines += _result_lines(proc, deadline, self.out.get(proc.pid, b""))
-            _close((proc.stdin,))
-        self.worker_errors = worker_errors(self.logs, self.exits, self._job_errors(lines))
-        _close(self.logs.values())
-        shutil.rmtree(self.claims, ignore_errors=True)
-        ok = [ln for ln in lines if "compiled" in ln]
+        exits = {p.pid: p.exitcode for p in self.procs if p.exitcode is not None}
+        _shut(self.pool, self.procs, grace_s)
+        results = self._results()
+        failed: dict[str, list[str]] = {}
+        for r in results:
+            if "error" in r:
+                failed.setdefault(r["error"], []).append(self.names[r["job"]])
+        self.worker_errors = worker_errors(self.logs, exits, [
+            f"{names[0]}: {err}" + (f" (and {len(names) - 1} more cases)" if names[1:]
+                                    else "") for err, names in failed.items()])
+        shutil.rmtree(self.logs, ignore_errors=True)
+        ok = [r for r in results if "compiled" in r]
         self.stopped = {"workers": self.workers, "cases": self.jobs, "cases_done": len(ok),
-                        "cases_failed": len(lines) - len(ok),
-                        "kernels_compiled": sum(int(ln["compiled"]) for ln in ok),
+                        "cases_failed": len(results) - len(ok),
+                        "kernels_compiled": sum(r["compiled"] for r in ok),
                         # of those, built (not found in Triton's cache): a cold cache
-                        "kernels_built": sum(int(ln.get("built") or 0) for ln in ok),
-                        "started_early": int(self.early)}
+                        "kernels_built": sum(r["built"] for r in ok),
+                        "launchers_built": sum(r["launchers"] for r in ok),
+                        "started_early": self.early}
         return self.stopped
 
     def record(self) -> dict[str, Any]:
-        """The run's `metadata.compiled_ahead` (the workers stopped first): stop()'s
-        counts, the seconds the sweep waited for them after its ceilings (`waited_s`) and
-        why workers failed (`worker_errors`: compile_wait.worker_errors)."""
+        """The run's `metadata.compiled_ahead`: stop()'s counts, the seconds waited after
+        the ceilings and why the wait ended, and why workers failed."""
         return {**self.stop(), "waited_s": round(self.waited_s, 1),
                 **({"wait_ended": self.wait_ended} if self.wait_ended else {}),
                 "worker_errors": list(self.worker_errors)}
-
-    def _job_errors(self, lines: list[dict[str, Any]]) -> list[str]:
-        """The jobs' errors, each once, with the first case it failed and how many more."""
-        cases: dict[str, list[str]] = {}
-        for ln in lines:
-            if "error" in ln:
-                i = ln["job"]
-                name = self.names[i] if isinstance(i, int) and 0 <= i < self.jobs else "?"
-                cases.setdefault(str(ln["error"]), []).append(name)
-        return [f"{names[0]}: {err}" + (f" (and {len(names) - 1} more cases)"
-                                        if len(names) > 1 else "")
-                for err, names in cases.items()]
-
-
-def _result_lines(proc: subprocess.Popen, deadline: float, before: bytes = b""
-                  ) -> list[dict[str, Any]]:
-    """The whole result lines a stopped worker wrote (`before`: what was read of them
-    while waiting), the rest read without waiting past `deadline`."""
-    if proc.stdout is None:
-        return result_lines(bytes(before))
-    data = bytearray(before)
-    while not proc.stdout.closed:
-        size = len(data)
-        read_output([proc], {proc.pid: data}, deadline - time.monotonic())
-        if len(data) == size:  # its end, or the deadline
-            proc.stdout.close()
-    return result_lines(bytes(data))
 
 
 def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,
           workers: int | None = None, spawned: Spawned | None = None
           ) -> CompileAhead | None:
     """Compile the sweep's Triton kernels ahead (None: nothing to compile, off, or the
-    workers could not be started), in `spawned` (spawn_early's workers) where given:
-    those are stopped where nothing is to be compiled."""
+    workers could not be started), in `spawned` where given (stopped where nothing is to
+    be compiled)."""
     jobs = compile_jobs(cases, cfg)
     workers = default_workers() if workers is None else workers
     if not jobs or workers < 1:
@@ -462,9 +489,8 @@ def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,
             spawned.stop()
         return None
     try:
-        present = cfg.present
-        return CompileAhead(jobs, workers, fp8_mode,
-                            device=(present.name, present.sms, present.memory_gb),
+        p = cfg.present
+        return CompileAhead(jobs, workers, fp8_mode, device=(p.name, p.sms, p.memory_gb),
                             spawned=spawned)
     except OSError:
         return None
