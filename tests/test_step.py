@@ -245,3 +245,21 @@ def test_a_slice_lost_in_the_noise_is_refused_not_extrapolated(monkeypatch):
     with pytest.raises(StepError, match="cannot be told from the noise") as e:
         measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
     assert "\n" not in str(e.value)
+
+
+def test_the_model_is_built_on_the_device_it_steps_on(monkeypatch):
+    """Built on the host, every weight is drawn there serially and copied over (most of
+    the GPU job's plan-step, docs/gpu-job.md): the model is built under the device."""
+    built_on = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(shape, n_blocks):
+        built_on.append(torch.get_default_device().type)
+        raise Stop
+
+    monkeypatch.setattr(step_mod, "Transformer", fake)
+    with pytest.raises(Stop):
+        step_mod.measure_model(PRESETS["gpt2-small"], 1, 1, "meta", "fp32")
+    assert built_on == ["meta"]

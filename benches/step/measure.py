@@ -148,7 +148,11 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     """Every measurement of one model (n_blocks of the shape's blocks)."""
     on_gpu = device == "cuda"
     torch.manual_seed(0)
-    model = Transformer(shape, n_blocks).to(device)
+    # Built on the device: built on the host, every weight is drawn there one value at a
+    # time (the CPU's random fill is serial) and then copied over, which was most of the
+    # GPU job's plan-step (docs/gpu-job.md); on the GPU the draws take milliseconds.
+    with torch.device(device):
+        model = Transformer(shape, n_blocks)
     fused = {"fused": True} if on_gpu else {"foreach": True}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
     idx = torch.randint(shape.vocab, (micro_batch, shape.seq_len), device=device)
