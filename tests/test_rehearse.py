@@ -430,3 +430,30 @@ def test_compile_ahead_workers_compile_under_the_standin(tmp_path):
     assert again["kernels_compiled"] == 8 and again["kernels_built"] == 0
     control = run("benches.sweep.triton_cache:compile_case", tmp_path / "cuda")
     assert control["cases_failed"] == control["jobs"] == 7
+
+
+def test_compile_ahead_leaves_the_sweep_no_launcher_to_build(tmp_path):
+    """Under a Triton that builds a C launcher per kernel signature with the host
+    compiler (3.6, at a kernel's first launch), a cold sweep of add fp32 on the stand-in
+    builds its launchers itself; after the compile-ahead (one worker) it builds nothing,
+    kernel or launcher: the worker built both (benches/rehearse/cold.py)."""
+    from benches.rehearse.launcher import per_kernel_launchers
+
+    if not per_kernel_launchers():
+        pytest.skip("this Triton builds no launcher per kernel")
+
+    def cold(ahead: int) -> dict:
+        p = subprocess.run([sys.executable, "-m", "benches.rehearse.cold", "--kernels",
+                            "add", "--dtypes", "fp32", "--ahead", str(ahead)], cwd=ROOT,
+                           env=_env(tmp_path), capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    alone = cold(0)
+    assert alone["sweep_built"] >= 1 and alone["sweep_launchers_built"] >= 1
+    ahead = cold(1)
+    assert ahead["sweep_built"] == ahead["sweep_launchers_built"] == 0
+    assert ahead["sweep_loaded"] == alone["sweep_built"] + alone["sweep_loaded"]
+    done = ahead["compiled_ahead"]
+    assert done["cases_done"] == done["cases"] == alone["cases"]
+    assert done["launchers_built"] == alone["sweep_launchers_built"]

@@ -296,8 +296,7 @@ def test_a_workers_compile_asks_torch_cuda_nothing(tmp_path):
 
 # A worker is given the capability by the sweep (it asks torch nothing itself), so the
 # child takes it from the test's process too; whether a primary context exists is asked
-# after each stage, so a failure says which stage made it (the 2026-11-27 H200 run found
-# one after the whole child, capability query included).
+# after each stage, so a failure says which stage made it.
 NO_CONTEXT = """
 import json, sys
 import torch
@@ -315,21 +314,25 @@ print(json.dumps({"compiled": n, "context": stages}))
 """
 
 # The sweep's first call of the same case, in another process: Triton's compile listener
-# says whether each compile was a hit in the on-disk cache.
+# says whether each compile was a hit in the on-disk cache, its build hook whether a C
+# launcher was built (none: the worker built it).
 LAUNCH = """
 import json
 import torch
 from triton import knobs
 hits = []
 knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+from benches.sweep.triton_cache import host_builds
 from kernels import REGISTRY, current_target
 from kernels.triton_utils import run_launch
 spec = REGISTRY["add"]
 inputs = spec.make_inputs({"n": 4096}, "fp32", 0, "cuda")
 out = spec.alloc_out(inputs, "fp32")
-for launch in spec.launches(inputs, out, 132, current_target()):
-    run_launch(launch)
-print(json.dumps({"hits": hits, "rel_err": spec.check(out, inputs, "fp32")}))
+with host_builds() as built:
+    for launch in spec.launches(inputs, out, 132, current_target()):
+        run_launch(launch)
+print(json.dumps({"hits": hits, "rel_err": spec.check(out, inputs, "fp32"),
+                  "launchers": len(built)}))
 """
 
 
@@ -337,8 +340,8 @@ print(json.dumps({"hits": hits, "rel_err": spec.check(out, inputs, "fp32")}))
 def test_a_workers_compile_creates_no_context_and_is_what_the_sweep_loads(tmp_path):
     """On the GPU itself: a fresh process that compiles as a worker does holds no CUDA
     context afterwards (no GPU memory, nothing beside the ceilings being measured), and
-    the sweep's own first call of that case, in another process, finds every kernel in
-    Triton's cache: the compiles ahead are the ones it looks up."""
+    the sweep's own first call of that case, in another process, finds every kernel and
+    its C launcher in Triton's cache: the compiles ahead are the ones it looks up."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
 
@@ -356,6 +359,7 @@ def test_a_workers_compile_creates_no_context_and_is_what_the_sweep_loads(tmp_pa
         "compiled": False}}
     launched = child(LAUNCH)
     assert launched["hits"] == [True] and launched["rel_err"] < 1e-5
+    assert launched["launchers"] == 0
 
 
 @pytest.mark.parametrize("interpret", ["1", None])
