@@ -41,6 +41,20 @@ TFLOPS_MARGIN = 1.10  # of the datasheet peak: quoted at a boost clock below the
 CLOCK_SPREAD = 0.02  # two rows' SM clocks further apart than this: unequal clocks
 ENERGY_TOLERANCE = 0.01  # energy_j against power_w x ms_median
 
+# Each kind's bound in words, as the readers print it.
+BOUNDS = {
+    POWER: f"mean power within (0, the enforced power limit x {POWER_MARGIN:g}]",
+    ENERGY: f"energy per call = mean power x median time, within {ENERGY_TOLERANCE:.0%}",
+    KERNEL_TIME: f"the kernel-only time's GB/s within the measured copy x "
+                 f"{BANDWIDTH_MARGIN:g} (a warm row's: the L2 copy)",
+    CLOCK: "SM clock within (0, the device's maximum]",
+    UNEQUAL_CLOCKS: f"a speedup's two rows timed at SM clocks within {CLOCK_SPREAD:.0%} of "
+                    "each other",
+    TFLOPS: f"TFLOP/s within the datasheet peak x {TFLOPS_MARGIN:g}",
+    GBPS: f"GB/s within the measured copy x {BANDWIDTH_MARGIN:g} (a warm row's: the L2 "
+          "copy)",
+}
+
 # The columns computed from a column, withheld with it.  A time-derived rate (TFLOP/s or
 # GB/s) beyond its bound means the time is not the kernel's: every rate of that time
 # goes (ms_median itself, the measurement, stays, with its samples).
@@ -127,6 +141,21 @@ def clocks_differ(mhz: Any, base_mhz: Any) -> bool:
     ratio of the two then measures the clocks as much as the code."""
     a, b = positive(mhz), positive(base_mhz)
     return a is not None and b is not None and max(a, b) / min(a, b) - 1 > CLOCK_SPREAD
+
+
+def ratio_text(ratio: Any, mhz: Any = None, base_mhz: Any = None, digits: int = 2) -> str:
+    """A provider ratio as the readers show it, with both rows' SM clocks where known:
+    '0.99x (1,980 vs 1,965 MHz)'; clocks more than CLOCK_SPREAD apart make it no code
+    ratio: 'unequal clocks: 0.86x (1,545 vs 1,770 MHz)'; '-' for none."""
+    r = number(ratio)
+    if r is None:
+        return "-"
+    text = f"{r:.{digits}f}x"
+    clocks = clocks_text(mhz, base_mhz)
+    if clocks is None:
+        return text
+    text += f" ({clocks})"
+    return f"unequal clocks: {text}" if clocks_differ(mhz, base_mhz) else text
 
 
 def positive(v: Any) -> float | None:

@@ -26,7 +26,7 @@ from contract.modes import (  # noqa: F401
     row_cache,
 )
 from contract.physics import apply as withhold
-from contract.physics import withheld_of
+from contract.physics import withheld_of, withheld_text
 
 
 class Row(TypedDict, total=False):
@@ -413,6 +413,14 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
     if not len(df):
         df = pd.DataFrame(columns=ALL_COLUMNS)
     return meta, df
+
+
+def csv_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Rows as results.csv holds them: ALL_COLUMNS, one scalar per cell (the withheld
+    records as JSON text)."""
+    df = pd.DataFrame(list(rows), columns=ALL_COLUMNS)
+    df["withheld"] = [withheld_text(r.get("withheld")) for r in rows]
+    return df
 
 
 # Metric columns an ok row must carry as numbers (the roofline places a point by them),

@@ -1,6 +1,6 @@
 """`python -m roofline COMMAND ...`: the command line of the readers of saved runs (plot,
-compare, promote, plan, targets, check, finalize, history), which wires in the harness where
-one measures (plan --measure, --retime).
+compare, promote, plan, targets, summary, check, finalize, history), which wires in the
+harness where one measures (plan --measure, --retime).
 
 argparse picks the command and writes the usage; each command's own parser, in its own
 module, reads the command's arguments, so its flags, help and refusals live in one
@@ -71,6 +71,12 @@ def _targets(argv: list[str]) -> int:
     return main(argv)
 
 
+def _summary(argv: list[str]) -> int:
+    from roofline.report.summary_cli import main
+
+    return main(argv)
+
+
 def _check(argv: list[str]) -> int:
     from roofline.report.check_cli import main
 
@@ -113,6 +119,7 @@ COMMAND_TABLE = (
             _promote),
     Command("plan", "model size, tokens, days, memory and MFU of a training run", _plan),
     Command("targets", "the performance targets: met, missed or not measured", _targets),
+    Command("summary", "write a saved run's summary.md again from its rows", _summary),
     Command("check", "the physics check: values no device can produce", _check),
     Command("finalize", "write a killed run whole from its row journal", _finalize),
     Command("configs", "a device model's tuned configs, shipped so its runs tune nothing",

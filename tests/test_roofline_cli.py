@@ -26,8 +26,8 @@ def test_help_lists_every_command_with_its_line(flag, capsys, monkeypatch):
         # The name and its whole description on one line of an 80-column terminal.
         assert any(re.fullmatch(rf"\s+{c.name}\s+{re.escape(c.summary)}", ln)
                    for ln in lines), c.name
-    assert COMMANDS == ("plot", "compare", "promote", "plan", "targets", "check", "finalize",
-                        "configs", "history")
+    assert COMMANDS == ("plot", "compare", "promote", "plan", "targets", "summary", "check",
+                        "finalize", "configs", "history")
 
 
 def test_no_command_prints_the_help_and_exits_2(capsys):
@@ -57,7 +57,7 @@ def test_an_unknown_command_in_a_fresh_process_has_no_traceback():
     (["plot", "--help"], "plot"), (["compare", "--help"], "compare"),
     (["promote", "--help"], "promote"), (["plan", "--help"], "plan"),
     (["targets", "--help"], "targets"), (["finalize", "--help"], "finalize"),
-    (["check", "--help"], "check"),
+    (["check", "--help"], "check"), (["summary", "--help"], "summary"),
     (["history", "--help"], "history"), (["history", "add", "--help"], "add"),
 ])
 def test_each_command_prints_its_own_help_exit_0(argv, word, capsys):

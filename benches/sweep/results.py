@@ -26,8 +26,8 @@ from benches.sweep.kernel_time import kernel_time_metadata
 from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import cpu_cache_bytes, read_llc
 from contract.models import parse_model_sizes, step_shapes
-from contract.physics import WITHHELD, apply_row, withheld_text
 from contract.physics import apply as withhold
+from contract.physics import apply_row
 from contract.request import RunRequest
 from contract.schema import (
     ALL_COLUMNS,
@@ -36,6 +36,7 @@ from contract.schema import (
     ROWS_JOURNAL,
     SAMPLES,
     atomic_write_text,
+    csv_frame,
     format_shape,
 )
 from contract.speedup import baseline_of, set_speedups, speedup_against
@@ -252,7 +253,7 @@ class ResultWriter:
             self._write_csv()
             return
         with open(self.run_dir / RESULTS_CSV, "a", encoding="utf-8") as f:
-            f.write(_csv_frame([row]).to_csv(index=False, header=False))
+            f.write(csv_frame([row]).to_csv(index=False, header=False))
         self._csv_rows += 1
 
     def frame(self) -> pd.DataFrame:
@@ -269,21 +270,13 @@ class ResultWriter:
         atomic_write_text(self.run_dir / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")
 
     def _write_csv(self) -> None:
-        atomic_write_text(self.run_dir / RESULTS_CSV, _csv_frame(self.rows).to_csv(index=False))
+        atomic_write_text(self.run_dir / RESULTS_CSV, csv_frame(self.rows).to_csv(index=False))
         self._csv_rows = len(self.rows)
 
     def close(self) -> None:
         """Final flush; the journal goes once results.json holds every row."""
         self.flush()
         self.journal.unlink(missing_ok=True)
-
-
-def _csv_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The rows as results.csv holds them: one scalar per cell, the withheld records as
-    JSON text."""
-    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
-    df[WITHHELD] = [withheld_text(r.get(WITHHELD)) for r in rows]
-    return df
 
 
 def _journal_line(row: dict[str, Any]) -> str:

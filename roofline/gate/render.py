@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.physics import ratio_text
 from contract.schema import (
     DEFAULT_CACHE,
     ROW_ID,
@@ -49,6 +50,16 @@ def _fmt_ratio(r: float) -> str:
     return f"{r:.3f}x" if math.isfinite(r) else "-"
 
 
+def _fmt_ratio_clocks(r: dict[str, Any]) -> str:
+    """The row's time ratio with the run's SM clock, then the baseline's, where known:
+    '1.150x (1,545 vs 1,770 MHz)'; clocks more than 2% apart: 'unequal clocks: ...' (a
+    ratio of the clocks as much as of the code; the verdict is the rule's, unchanged)."""
+    ratio = r["ratio"]
+    if not math.isfinite(ratio):
+        return "-"
+    return ratio_text(ratio, r.get("new_mhz"), r.get("base_mhz"), digits=3)
+
+
 def _fmt_n(a: float, b: float) -> str:
     return "/".join(str(int(x)) if math.isfinite(x) else "-" for x in (a, b))
 
@@ -73,7 +84,7 @@ def _shape(r: dict[str, Any], native: str = DEFAULT_CACHE) -> str:
 
 def _md_table(df: pd.DataFrame, native: str = DEFAULT_CACHE) -> list[str]:
     lines = [
-        "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio "
+        "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio (MHz) "
         "| base p20–p80 | new p20–p80 | n base/new | note |",
         "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
@@ -81,7 +92,7 @@ def _md_table(df: pd.DataFrame, native: str = DEFAULT_CACHE) -> list[str]:
         lines.append(
             f"| {_md_cell(r['kernel'])} | {_md_cell(r['provider'])} | {_md_cell(r['dtype'])} "
             f"| {_md_cell(_shape(r, native))} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
-            f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio(r['ratio'])} "
+            f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio_clocks(r)} "
             f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
             f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
             f"| {_md_cell(r['note'])} |")
@@ -158,7 +169,9 @@ def render_markdown(result: CompareResult) -> str:
         f"fastest sample) moved past ±{t:g}% and a one-sided Mann-Whitney U test on the raw "
         f"samples says it moved beyond ±{t:g}% at p < {result.alpha:.2g} (0.01 over the rows "
         "compared); re-timed rows stay slower only when the fast end of every re-timed round "
-        "is past the threshold; ratio = new / base median time (> 1 is slower)",
+        "is past the threshold; ratio = new / base median time (> 1 is slower), with the "
+        "run's SM clock, then the baseline's: `unequal clocks` where they differ by more "
+        "than 2% (the clocks moved the time as much as the code may have)",
     ]
     lines += [f"- {line}" for line in (retime_line(result), not_retimed_line(result))
               if line]
@@ -258,7 +271,7 @@ def short_summary(result: CompareResult, limit: int = 20) -> str:
         what = f"{r['kernel']} {r['provider']} {r['dtype']} {_shape(r, _native(result))}"
         if math.isfinite(r["ratio"]):
             detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
-                     f"({_fmt_ratio(r['ratio'])})"
+                     f"({_fmt_ratio_clocks(r)})"
         else:
             detail = r["note"] or r["new_status"] or r["base_status"]
         lines.append(f"  {r['verdict']:<14} {what}: {_md_cell(detail)}")

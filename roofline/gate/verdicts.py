@@ -228,7 +228,7 @@ def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | 
 
 _OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
                 "base_p80", "new_p20", "new_p80", "n_base", "n_new", "base_status",
-                "new_status"]
+                "new_status", "base_mhz", "new_mhz"]
 
 
 def sort_by_verdict(df: pd.DataFrame) -> pd.DataFrame:
@@ -292,6 +292,9 @@ def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
             "n_new": new.count if new else math.nan,
             "base_status": base.status if base else "",
             "new_status": new.status if new else "",
+            # Each side's SM clock, for the report (a ratio at unequal clocks is marked)
+            "base_mhz": row.get("sm_clock_mhz_b", math.nan),
+            "new_mhz": row.get("sm_clock_mhz_n", math.nan),
         })
     return sort_by_verdict(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
 

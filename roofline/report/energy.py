@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.modes import launches_from_host
 from contract.rows import compute_kernels
 from roofline.report.findings import as_dict, in_canonical_order
 
@@ -67,10 +68,15 @@ def best_energy(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def launch_gap_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok rows whose events' time (`ms_median`) exceeds their kernels' time (`kernel_ms`)
-    by more than LAUNCH_GAP_SHARE."""
+    """Ok rows timed with a launch from the host per call (not CUDA-graph replays, which
+    launch nothing between calls: contract.modes.launches_from_host) whose events' time
+    (`ms_median`) exceeds their kernels' time (`kernel_ms`) by more than
+    LAUNCH_GAP_SHARE."""
     d = _ok(numeric(df))
-    return d[(d["kernel_ms"] > 0) & (d["ms_median"] > (1 + LAUNCH_GAP_SHARE) * d["kernel_ms"])]
+    host = d["timer"].map(launches_from_host) if "timer" in d.columns \
+        else pd.Series(True, index=d.index)
+    return d[host.astype(bool) & (d["kernel_ms"] > 0)
+             & (d["ms_median"] > (1 + LAUNCH_GAP_SHARE) * d["kernel_ms"])]
 
 
 @dataclass(frozen=True)
@@ -152,8 +158,10 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
     if len(gaps):
         parts += [f"## Launch gaps ({len(gaps)})", (
             "Events' time (ms_median) above the kernels' own time under torch.profiler "
-            f"(kernel_ms) by more than {LAUNCH_GAP_SHARE:.0%}: the GPU waited between "
-            "kernels, for the host or for launches (host-bound or launch-bound).\n\n")
+            f"(kernel_ms) by more than {LAUNCH_GAP_SHARE:.0%}, in rows whose timer "
+            "launches each call from the host: the GPU waited between kernels, for the "
+            "host or for launches (host-bound or launch-bound). CUDA-graph rows (timer "
+            "`cudagraph`) launch nothing between calls and are not listed.\n\n")
             + table(["kernel", "provider", "dtype", "shape", "events ms", "kernel ms",
                      "events / kernel", "kernels"],
                     [[r["kernel"], r["provider"], r["dtype"], _shape(r),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from contract.cli import UsageError, one_path_and_plots
+from contract.physics import apply as withhold
 from contract.schema import (
     ALL_COLUMNS,
     RESULTS_CSV,
@@ -29,6 +30,7 @@ from contract.schema import (
     SCALING_PNG,
     RunLoadError,
     atomic_write_text,
+    csv_frame,
     journal_rows,
     read_doc,
     resolve_results_json,
@@ -68,10 +70,11 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
                          f"row journal ({len(rows)} rows) on "
                          f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
     set_speedups(rows, baseline_of(meta))
+    withhold(rows, meta)  # the physics check, as the sweep's writer applies it
     atomic_write_text(folder / RESULTS_JSON,
                       json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
+    atomic_write_text(folder / RESULTS_CSV, csv_frame(rows).to_csv(index=False))
     df = pd.DataFrame(rows, columns=ALL_COLUMNS)
-    atomic_write_text(folder / RESULTS_CSV, df.to_csv(index=False))
     journal.unlink()  # results.json holds every row it held
     from roofline.report.summary import write_summary
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.physics import clocks_differ
 from contract.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
 from contract.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
@@ -177,7 +178,8 @@ def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.Data
     d = effective_roofs(one_mode(df), meta)
     ok = d[d["status"] == "ok"] if not d.empty else d
     if not ok.empty:
-        ok = ok[~(ok["best_pct"] > 100.0)]
+        # A row whose time the physics check withheld has no rate to rank by.
+        ok = ok[~(ok["best_pct"] > 100.0) & ok["tflops"].notna()]
     if ok.empty:
         return pd.DataFrame(columns=BEST_COLUMNS)
     for col in BEST_COLUMNS:
@@ -192,18 +194,23 @@ def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.Data
 def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """Per (kernel, dtype, shape) where both providers have an ok row: torch and Triton
     median times and ratio = torch_ms / triton_ms (Triton's speed-up; > 1 means Triton is
-    faster).  Same FLOPs on both sides, so it is also the TFLOP/s ratio.  Rows of one
-    cache mode (one_mode), so a cold time is never divided by a warm one."""
-    cols = ["kernel", "dtype", "shape", "torch_ms", "triton_ms", "ratio"]
+    faster), and each row's SM clock (NaN where not known).  Same FLOPs on both sides, so
+    it is also the TFLOP/s ratio.  Rows of one cache mode (one_mode), so a cold time is
+    never divided by a warm one."""
+    cols = ["kernel", "dtype", "shape", "torch_ms", "triton_ms", "ratio", "torch_mhz",
+            "triton_mhz"]
     d = clean_rows(one_mode(df))
     if d.empty:
         return pd.DataFrame(columns=cols)
+    if "sm_clock_mhz" not in d.columns:
+        d = d.assign(sm_clock_mhz=float("nan"))
+    d = d.assign(sm_clock_mhz=pd.to_numeric(d["sm_clock_mhz"], errors="coerce"))
     ok = d[(d["status"] == "ok") & (d["ms_median"] > 0)]
     key = ["kernel", "dtype", "shape"]
-    torch_ = ok[ok["provider"] == "torch"][key + ["ms_median"]].rename(
-        columns={"ms_median": "torch_ms"})
-    triton_ = ok[ok["provider"] == "triton"][key + ["ms_median"]].rename(
-        columns={"ms_median": "triton_ms"})
+    torch_ = ok[ok["provider"] == "torch"][key + ["ms_median", "sm_clock_mhz"]].rename(
+        columns={"ms_median": "torch_ms", "sm_clock_mhz": "torch_mhz"})
+    triton_ = ok[ok["provider"] == "triton"][key + ["ms_median", "sm_clock_mhz"]].rename(
+        columns={"ms_median": "triton_ms", "sm_clock_mhz": "triton_mhz"})
     both = torch_.merge(triton_, on=key)
     if both.empty:
         return pd.DataFrame(columns=cols)
@@ -211,16 +218,32 @@ def provider_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return in_canonical_order(both)[cols].reset_index(drop=True)
 
 
+def unequal_clocks(ratios: pd.DataFrame) -> pd.Series:
+    """Which provider_ratios rows compare two rows timed at SM clocks more than 2% apart
+    (contract.physics.clocks_differ): their ratio is the clocks' as much as the code's."""
+    return pd.Series([clocks_differ(a, b) for a, b in
+                      zip(ratios["triton_mhz"], ratios["torch_mhz"], strict=True)],
+                     index=ratios.index, dtype=bool)
+
+
 def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
-    """Per (kernel, dtype): shapes compared, median/min/max ratio, and the ratio at the
-    largest shape (where launch overhead matters least, the number targets are set on)."""
-    cols = ["kernel", "dtype", "n_shapes", "median", "min", "max", "largest_shape",
-            "ratio_at_largest"]
+    """Per (kernel, dtype): shapes compared, how many of them at unequal clocks, the
+    median/min/max ratio over the others (NaN where none is left), and the ratio at the
+    largest shape (where launch overhead matters least, the number targets are set on)
+    with its two clocks."""
+    cols = ["kernel", "dtype", "n_shapes", "n_unequal", "median", "min", "max",
+            "largest_shape", "ratio_at_largest", "triton_mhz", "torch_mhz"]
     out = []
+    for col in ("triton_mhz", "torch_mhz"):  # a frame made without the clocks
+        if col not in ratios.columns:
+            ratios = ratios.assign(**{col: float("nan")})
     for (kernel, dtype), g in ratios.groupby(["kernel", "dtype"], sort=False):
         largest = g.loc[g["shape"].map(_size).idxmax()]
-        out.append([kernel, dtype, len(g), g["ratio"].median(), g["ratio"].min(),
-                    g["ratio"].max(), largest["shape"], largest["ratio"]])
+        unequal = unequal_clocks(g)
+        equal = g.loc[~unequal, "ratio"]
+        out.append([kernel, dtype, len(g), int(unequal.sum()), equal.median(), equal.min(),
+                    equal.max(), largest["shape"], largest["ratio"], largest["triton_mhz"],
+                    largest["torch_mhz"]])
     return pd.DataFrame(out, columns=cols)
 
 

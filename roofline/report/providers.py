@@ -13,9 +13,11 @@ from typing import Any
 
 import pandas as pd
 
+from contract.physics import clocks_differ
 from contract.schema import row_cache
 from kernels import PROVIDERS
 from roofline.report.findings import finite_or_none, in_canonical_order
+from roofline.report.withheld import speedup_text
 
 
 @dataclass(frozen=True)
@@ -55,15 +57,19 @@ def _ms(x: Any) -> str:
     return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
-def _x(x: Any) -> str:
-    v = finite_or_none(x)
-    return "-" if v is None else f"{v:.2f}x"
+def _unequal(rows: list[Any]) -> bool:
+    """Whether a shape's provider rows were timed at SM clocks more than 2% apart (the
+    fastest and slowest clock known): its winner is then the clocks' as much as the
+    code's."""
+    clocks = [c for r in rows if (c := finite_or_none(r.get("sm_clock_mhz")))]
+    return len(clocks) > 1 and clocks_differ(min(clocks), max(clocks))
 
 
 def provider_tables(df: pd.DataFrame, baseline: str) -> list[Table]:
     """One table per (kernel, dtype, cache mode) that has ok rows of two providers or
     more: a row per shape (its layer where the run sized a model), each provider's
-    ms_median with its speedup against `baseline`, and the fastest provider."""
+    ms_median with its speedup against `baseline` and both rows' SM clocks (marked
+    "unequal clocks" where they differ by more than 2%), and the fastest provider."""
     ok = _ok(df)
     if ok.empty:
         return []
@@ -82,12 +88,14 @@ def provider_tables(df: pd.DataFrame, baseline: str) -> list[Table]:
             cells = [f"`{shape}`"]
             if layered:
                 cells.append(g["layer"].dropna().iloc[0] if g["layer"].notna().any() else "-")
+            base = by.get(baseline)
             for p in provs:
                 r = by.get(p)
                 cells.append("-" if r is None else (
                     _ms(r["ms_median"]) if p == baseline
-                    else f"{_ms(r['ms_median'])} ({_x(r.get('speedup'))})"))
-            cells += [win, _x(by[win].get("speedup"))]
+                    else f"{_ms(r['ms_median'])}, {speedup_text(r, base)}"))
+            cells += [win + (" (unequal clocks)" if _unequal(list(by.values())) else ""),
+                      "1.00x" if win == baseline else speedup_text(by[win], base)]
             rows.append(cells)
         header = ["shape", *(["layer"] if layered else []), *[f"{p} ms" for p in provs],
                   "winner", f"winner vs {baseline}"]

@@ -18,6 +18,7 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
+from contract.physics import ratio_text
 from contract.rows import Ceiling, clean_rows, run_ceilings
 from contract.schema import (
     ROOFLINE_PNG,
@@ -52,6 +53,7 @@ from roofline.report.run_time import (
 )
 from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops
 from roofline.report.timing_settings import timing_settings
+from roofline.report.withheld import withheld_sections
 
 
 def _num(x: Any) -> str:
@@ -327,17 +329,22 @@ def _ratio_section(df: pd.DataFrame) -> str:
     if ratios.empty:
         return "No (kernel, dtype, shape) has ok rows from both providers."
     summary = ratio_summary(ratios)
-    rows = [[r.kernel, r.dtype, r.n_shapes, _ratio(r.median), _ratio(r.min), _ratio(r.max),
-             f"`{r.largest_shape}`", _ratio(r.ratio_at_largest)] for r in summary.itertuples()]
+    rows = [[r.kernel, r.dtype, r.n_shapes, r.n_unequal, _ratio(r.median), _ratio(r.min),
+             _ratio(r.max), f"`{r.largest_shape}`",
+             ratio_text(r.ratio_at_largest, r.triton_mhz, r.torch_mhz)]
+            for r in summary.itertuples()]
     head = ("Ratio = torch time / Triton time (> 1: Triton faster), over the shapes where "
-            "both providers have an ok row.\n\n")
+            "both providers have an ok row, with the Triton row's SM clock, then the torch "
+            "row's. A shape whose two rows were timed at clocks more than 2% apart is "
+            "marked `unequal clocks` and left out of the median, min and max (column "
+            "`unequal clocks`): its ratio is the clocks' as much as the code's.\n\n")
     detail = md_table(["kernel", "dtype", "shape", "torch ms", "Triton ms", "ratio"],
                     [[r.kernel, r.dtype, f"`{r.shape}`", f"{r.torch_ms:.4g}",
-                      f"{r.triton_ms:.4g}", _ratio(r.ratio)] for r in ratios.itertuples()],
-                    "lllrrr")
+                      f"{r.triton_ms:.4g}", ratio_text(r.ratio, r.triton_mhz, r.torch_mhz)]
+                     for r in ratios.itertuples()], "lllrrr")
     # The per-shape table can run to hundreds of rows: folded, so the summary stays short.
-    return (head + md_table(["kernel", "dtype", "shapes", "median", "min", "max",
-                           "largest shape", "at largest"], rows, "llrrrrlr")
+    return (head + md_table(["kernel", "dtype", "shapes", "unequal clocks", "median", "min",
+                           "max", "largest shape", "at largest"], rows, "llrrrrrlr")
             + f"\n\n<details><summary>Per shape ({len(ratios)})</summary>\n\n{detail}\n\n"
               "</details>")
 
@@ -409,7 +416,9 @@ def _tables(tables: list[Table]) -> str:
 
 
 def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
-    """The markdown text of summary.md."""
+    """The markdown text of summary.md.  `df`: the rows as the physics check left them
+    (schema.load_run and the sweep's writer apply it), each withheld value empty and
+    listed in the section "Numbers withheld"."""
     d = clean_rows(df)
     counts = d["status"].value_counts() if not d.empty else pd.Series(dtype=int)
     n = {s: int(counts.get(s, 0)) for s in ("ok", "failed", "skipped")}
@@ -427,6 +436,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         "## Rows",
         count_line + ". Failed rows (wrong results) are left out of every table and figure "
                      "except the failed list below.",
+        *withheld_sections(d, md_table),  # roofline/report/withheld.py
         "## Best point per kernel and dtype",
         "Highest % of roof (the roofline bound min(peak, intensity x bandwidth)); MFU is "
         "achieved / compute peak.\n\n" + _best_section(d, meta),
@@ -435,8 +445,10 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         "## Triton vs torch",
         _ratio_section(d),
         *([f"## Providers (against {baseline_of(meta)})",
-           "Each provider's ms_median (its speedup: the baseline's time / its own), the "
-           "fastest per shape.\n\n" + _tables(provs)]
+           "Each provider's ms_median, then its speedup (the baseline's time / its own) "
+           "with its SM clock and the baseline row's; `unequal clocks` where they differ "
+           "by more than 2%: that ratio is the clocks' as much as the code's. The fastest "
+           "per shape.\n\n" + _tables(provs)]
           if (provs := provider_tables(d, baseline_of(meta))) else []),
         *(["## The model's forward pass", _tables([step])]
           if (step := step_table(d, meta, baseline_of(meta))) else []),

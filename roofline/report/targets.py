@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.devices import ROOF_CLASS
+from contract.physics import clocks_differ, clocks_text, withheld_of
 from contract.rows import DTYPE_ORDER, clean_rows, positive_float, run_ceilings
 from contract.schema import (
     ROWS_JOURNAL,
@@ -59,6 +60,10 @@ ATTENTION_HEAD_DIM = 128
 VECTOR_DTYPES = tuple(d for d in DTYPE_ORDER if d != "tf32" and d in PLAIN_DTYPES)
 
 MET, MISSED, NOT_MEASURED = "met", "missed", "not measured"
+# A ratio of two rows timed at SM clocks more than 2% apart (contract.physics): the
+# clocks' as much as the code's, so neither met nor missed.
+UNEQUAL = "unequal clocks"
+VERDICTS = (MET, MISSED, UNEQUAL, NOT_MEASURED)
 # .ci/gpu's steps file: a header line, then one tab-separated line per step.
 STEP_FIELDS = ("step", "status", "seconds", "log", "note")
 STEP_STATUSES = ("pass", "fail", "timeout", "skipped")
@@ -120,7 +125,11 @@ def _size(b: float | None) -> str:
 
 
 def _reason(row: dict[str, Any]) -> str:
-    """'failed (first line of its reason)', for a row that is not ok."""
+    """'failed (first line of its reason)', for a row that is not ok; for an ok row whose
+    rates the physics check withheld, which and why."""
+    rates = [w for w in withheld_of(row) if w.column in ("tflops", "gbps", "ms_median")]
+    if row.get("status") == "ok" and rates:
+        return f"ok, its {rates[0].column} withheld ({rates[0].kind}: {rates[0].reason})"
     reason = row.get("reason")
     lines = reason.strip().splitlines() if isinstance(reason, str) else []
     text = lines[0] if lines else "no reason given"
@@ -171,11 +180,25 @@ class Part:
     unit: str
     value: float | None = None
     why: str = ""
+    # A ratio of two rows: the SM clocks of the Triton row and of the other (None: not
+    # a ratio of rows, or not known)
+    clocks: tuple[Any, Any] | None = None
+
+    def of_rows(self, value: float, triton: dict[str, Any], other: dict[str, Any]) -> None:
+        """The part measured as a ratio of two rows, their clocks kept beside it."""
+        self.value = value
+        self.clocks = (triton.get("sm_clock_mhz"), other.get("sm_clock_mhz"))
+
+    @property
+    def clocks_text(self) -> str | None:
+        return clocks_text(*self.clocks) if self.clocks else None
 
     @property
     def verdict(self) -> str:
         if self.value is None:
             return NOT_MEASURED
+        if self.clocks and clocks_differ(*self.clocks):
+            return UNEQUAL
         return MET if self.value >= self.need else MISSED
 
 
@@ -188,14 +211,16 @@ class Check:
     @property
     def verdict(self) -> str:
         verdicts = [p.verdict for p in self.parts]
-        return next((v for v in (MISSED, NOT_MEASURED) if v in verdicts), MET)
+        return next((v for v in (MISSED, UNEQUAL, NOT_MEASURED) if v in verdicts), MET)
 
     def cells(self) -> list[str]:
-        measured = "; ".join("-" if p.value is None else f"{_value_text(p)}{p.unit}"
-                             for p in self.parts)
+        measured = "; ".join(
+            "-" if p.value is None else f"{_value_text(p)}{p.unit}"
+            + (f" ({p.clocks_text})" if p.clocks_text else "") for p in self.parts)
         needs = "; ".join(f">= {p.need:.2f}{p.unit}" for p in self.parts)
-        notes = [f"{p.unit.strip()}: {_short_text(p)} short"
-                 if p.verdict == MISSED else p.why
+        notes = [f"{p.unit.strip()}: {_short_text(p)} short" if p.verdict == MISSED
+                 else f"{p.unit.strip()}: timed at {p.clocks_text}, a ratio of the clocks "
+                      "as much as of the code" if p.verdict == UNEQUAL else p.why
                  for p in self.parts if p.verdict != MET]
         notes = list(dict.fromkeys(notes))  # parts not measured for one reason: said once
         verdict = self.verdict + (f": {'; '.join(notes)}" if notes else "")
@@ -265,7 +290,8 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
         copy.value = float(row["gbps"]) / run.copy_gbps
         torch_rows = _find([run], kernel, "torch", dtype, _dims(row))
         if torch_rows and _ok(torch_rows[0][2], "ms_median"):
-            eager.value = float(torch_rows[0][2]["ms_median"]) / float(row["ms_median"])
+            eager.of_rows(float(torch_rows[0][2]["ms_median"]) / float(row["ms_median"]),
+                          row, torch_rows[0][2])
         else:
             eager.why = (f"torch row {_reason(torch_rows[0][2])}" if torch_rows
                          else "no torch row at that shape")
@@ -291,7 +317,7 @@ def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Chec
         t = [r for j, _, r in triton_rows if j == i and _ok(r, "tflops")]
         c = [r for j, _, r in torch_rows if j == i and _ok(r, "tflops")]
         if t and c:
-            part.value = float(t[0]["tflops"]) / float(c[0]["tflops"])
+            part.of_rows(float(t[0]["tflops"]) / float(c[0]["tflops"]), t[0], c[0])
             check.case = f"{t[0]['shape']} ({_tag(runs[i])}{_throttled(t[0], c[0])})"
             return check
     whys = []
@@ -331,7 +357,8 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
     peak.why = "" if top else "the row has no bf16 peak"
     torch_rows = [r for _, _, r in _find([run], "attention", "torch", "bf16", _dims(row))]
     if torch_rows and _ok(torch_rows[0], "ms_median"):
-        sdpa.value = float(torch_rows[0]["ms_median"]) / float(row["ms_median"])
+        sdpa.of_rows(float(torch_rows[0]["ms_median"]) / float(row["ms_median"]), row,
+                     torch_rows[0])
         backend = str(torch_rows[0].get("reason") or "").strip().splitlines()
         if backend:
             check.case += f"; torch: {backend[0][:60]}"
@@ -406,7 +433,9 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
                 by_mode[f"{mode} accumulation" if mode else ""] = f  # the last run wins
         for mode, (_, run, r) in by_mode.items():
             label = f"{what} {size}" + (f", {mode}" if mode else "")
-            out.append([label, f"{float(r['tflops']):.0f} TFLOP/s", run.name])
+            mhz = positive_float(r.get("sm_clock_mhz"))
+            out.append([label, f"{float(r['tflops']):.0f} TFLOP/s"
+                        + (f" at {mhz:,.0f} MHz" if mhz else ""), run.name])
         if not by_mode:
             why = _reason(rows[-1][2]) if rows else \
                 _no_row(runs, "matmul", "torch", dtype, _square(HEADLINE_SIZE))

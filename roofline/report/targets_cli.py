@@ -21,6 +21,8 @@ from roofline.report.targets import (
     NOT_MEASURED,
     STEP_FIELDS,
     STEP_STATUSES,
+    UNEQUAL,
+    VERDICTS,
     Run,
     TargetsError,
     checks,
@@ -98,7 +100,7 @@ def read_steps(path: str) -> list[list[str]]:
 def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
            fleet: tuple[bool, str] | None = None) -> str:
     found = checks(runs)
-    counts = {v: sum(c.verdict == v for c in found) for v in (MET, MISSED, NOT_MEASURED)}
+    counts = {v: sum(c.verdict == v for c in found) for v in VERDICTS}
     devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
     lines = ["# Performance targets (docs/targets.md)", ""]
     lines += [f"- `{r.path}`: {r.label}, {r.meta.get('device_name') or '?'}"
@@ -112,7 +114,8 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
     lines += ["", "## Headline figures", "",
               md_table(["figure", "value", "run"], headline(runs)), "",
               f"## Targets: {counts[MET]} met, {counts[MISSED]} missed, "
-              f"{counts[NOT_MEASURED]} not measured", "",
+              + (f"{counts[UNEQUAL]} at unequal clocks, " if counts[UNEQUAL] else "")
+              + f"{counts[NOT_MEASURED]} not measured", "",
               md_table(["Triton", "row", "measured", "needs", "verdict"],
                      [c.cells() for c in found])]
     if fleet is not None:
