@@ -110,6 +110,11 @@ def test_plan_prints_every_step_and_the_caps_fit_the_budget() -> None:
     assert total + grace + reserve <= budget
     assert f"caps: {total} s + {grace} s of kill grace + {reserve} s for the summary = " \
            f"{total + grace + reserve} s of a {budget} s budget" in p.stdout
+    # The job's own work between the steps (the CUDA check, a finalize after a stopped
+    # step, its SIGINT-to-exit) took 42 s of the 2026-11-27 job: 45 s are kept for it.
+    outside = budget - total - grace - reserve
+    assert _setting("MIN_OUTSIDE_S") >= 45 and outside >= _setting("MIN_OUTSIDE_S")
+    assert f"outside them: {outside} s for the job's own work between the steps" in p.stdout
     for name, cap, expect in steps:
         assert 0 < expect <= cap, name
         assert f"run_step {name} " in text or f"run_step --log-outside {name} " in text \
@@ -184,8 +189,140 @@ def test_a_leftover_step_is_started_only_with_its_whole_cap_left(tmp_path) -> No
 
 def test_a_step_without_its_expected_time_left_is_skipped_with_the_reason() -> None:
     text = SCRIPT.read_text()
-    assert 'record "$name" skipped 0 "not started: it needs about ${expect} s' in text
+    assert 'local why="not started: it needs about ${expect} s' in text
+    assert 'record "$name" skipped 0 "$why"' in text
     assert '"$SKIPPED_RC") record "$name" skipped' in text
+
+
+def test_the_gpu_tests_are_never_skipped_for_time(tmp_path: Path) -> None:
+    """A step not started for lack of time is a skip, which reads as a pass: pytest-gpu
+    is not skipped so.  The steps before it leave it its expected time (ncu is not
+    started, saying why), and when it still cannot start it fails, and the job too."""
+    reserve, grace = _setting("SUMMARY_RESERVE_S"), _setting("KILL_GRACE_S")
+    p = _rehearse(tmp_path / "a", "ncu", "pytest-gpu", budget=reserve + grace + 15,
+                  env_extra={"GPU_CI_REHEARSE_CAP_S": "2"})
+    status = _statuses(tmp_path / "a")
+    assert status["ncu"][0] == "skipped", p.stdout
+    assert status["ncu"][1].startswith("not started: it needs about 10 s, 5 s of the job's")
+    assert "(10 s kept for pytest-gpu after it)" in status["ncu"][1]
+    assert status["pytest-gpu"] == ("timeout", "stopped after its 2 s limit")  # started
+    p = _rehearse(tmp_path / "b", "ncu", "pytest-gpu", budget=reserve + grace + 5)
+    assert p.returncode == 1, p.stdout + p.stderr
+    st, note = _statuses(tmp_path / "b")["pytest-gpu"]
+    assert st == "fail" and note.startswith("not started: it needs about 10 s")
+    assert note.endswith("the job fails without it")
+
+
+def _statuses(out: Path) -> dict[str, tuple[str, str]]:
+    rows = [ln.split("\t") for ln in (out / "steps.tsv").read_text().splitlines()[1:]]
+    return {r[0]: (r[1], r[4]) for r in rows}
+
+
+def _function(name: str) -> str:
+    """A shell function of the script, as written there."""
+    text = SCRIPT.read_text()
+    body = text[text.index(f"\n{name}() {{") + 1:]
+    return body[:body.index("\n}\n") + 3]
+
+
+def test_only_an_unfinished_run_costs_a_finalize(tmp_path: Path) -> None:
+    """After a stopped step the job finalizes what a kill left unfinished: a Python start
+    each for runs/ and fleet-run/, which cost every one of the 2026-11-27 job's 5
+    timeouts two, finalizing nothing; now only a journal or a fleet folder without its
+    fleet.md calls it."""
+    def unfinished(tree: Path) -> bool:
+        script = _function("unfinished") + '\nunfinished "$1"'
+        return subprocess.run(["bash", "-c", script, "bash", str(tree)]).returncode == 0
+
+    done = tmp_path / "runs" / "h200" / "quick"
+    done.mkdir(parents=True)
+    (done / "results.json").write_text("{}")
+    assert not unfinished(tmp_path / "runs") and not unfinished(tmp_path / "none")
+    (done / "rows.jsonl").write_text("{}\n")
+    assert unfinished(tmp_path / "runs")
+    fleet = tmp_path / "fleet-run" / "fleet" / "quick"
+    (fleet / "ranks" / "rank-0").mkdir(parents=True)
+    assert unfinished(tmp_path / "fleet-run")
+    (fleet / "fleet.md").write_text("")
+    assert not unfinished(tmp_path / "fleet-run")
+
+
+def _compare_step(base: Path, run: Path, out: Path, limit: int) -> subprocess.CompletedProcess:
+    """The script's compare step (its compare_step; run_step and the step's limit
+    stubbed): what it prints and its exit code, which run_step records (0 pass, its
+    `verdict:` line the note; else fail, its last line the note)."""
+    script = "\n".join([
+        f"step_limit() {{ echo {limit}; }}", 'run_step() { shift; "$@"; }',
+        f"COMPARE_OWN_S={_setting('COMPARE_OWN_S')}", _function("compare_step"),
+        'compare_step "$1" "$2"'])
+    env = dict(os.environ, PY=sys.executable, OUT=str(out))
+    return subprocess.run(["bash", "-c", script, "bash", str(base), str(run)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.checkout
+def test_compare_fails_on_the_gates_checks_and_reports_a_regression(tmp_path: Path) -> None:
+    """The compare step told a FAIL of the gate's own checks (a baseline newer than the
+    run, as the committed H200 baseline is than the 2026-11-27 run) from rows measured
+    slower: it printed `verdict: REGRESSION` and passed for either.  Now the FAIL fails
+    the step with its reason; a regression is its note and it passes, the rows re-timed
+    within the step's limit less compare's own work (here 1 s: none is, and the report
+    says why), the report written."""
+    out = tmp_path / "runs"
+    p = subprocess.run([sys.executable, "run_bench.py", "--device", "cpu", "--kernels", "add",
+                        "--dtypes", "fp32", "--providers", "torch", "--sizes", "n=65536",
+                        "--no-measure-ceilings", "--run-budget", "2", "--row-budget", "0.3",
+                        "--no-plots", "--out", str(out), "--run-id", "run"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run = out / "cpu" / "run"
+    doc = json.loads((run / "results.json").read_text())
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({**doc, "metadata": {**doc["metadata"],
+                                                    "created": "2099-01-01T00:00:00+00:00"}}))
+    p = _compare_step(newer, run, tmp_path / "a", 36)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.rstrip().splitlines()[-1].startswith(
+        "verdict: FAIL (baseline newer than run")
+    # A baseline made before the run, its samples tight and ten times as fast as the
+    # run's fastest: its row is slower past doubt.
+    for row in doc["rows"]:
+        fast = min(row["samples_ms"]) / 10
+        row["samples_ms"] = [fast * (1 + 0.001 * q) for q in range(30)]
+        row.update(ms_median=fast, ms_p20=fast, ms_p80=fast * 1.03, n_samples=30)
+    doc["metadata"]["created"] = "2000-01-01T00:00:00+00:00"
+    faster = tmp_path / "faster.json"
+    faster.write_text(json.dumps(doc))
+    own = _setting("COMPARE_OWN_S")
+    p = _compare_step(faster, run, tmp_path / "b", own + 1)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.rstrip().splitlines()[-1].startswith("verdict: REGRESSION (1 slower")
+    md = (tmp_path / "b" / "compare.md").read_text()
+    assert "- not re-timed: 1 row that looked slower, their verdicts unconfirmed: add " \
+           "torch fp32 n=65536" in md and "(re-timing bound 1 s)" in md
+
+
+def test_the_providers_step_leaves_out_the_largest_shape() -> None:
+    """providers stopped at its cap on 2026-11-27 after 35 of 36 rows: its float64 checks
+    took 9.6 s, and S = 16384 held 3/4 of the references' work (B H S^2) and sdpa-math's
+    40-83 ms calls.  It runs quick's other shapes, both masks, every provider."""
+    from benches.sweep.shapes import parse_sizes, preset_shapes
+    from kernels import REGISTRY
+
+    text = SCRIPT.read_text()
+    block = text[text.index('providers_sizes="'):text.index("run_step providers")]
+    sizes = ";".join(re.findall(r'"([^"]*)"', block)).strip(";")
+    shapes = parse_sizes(sizes, [REGISTRY["attention"]])
+    quick = preset_shapes(REGISTRY["attention"], "quick", True)
+
+    def work(shapes: list[dict[str, int]]) -> int:
+        return sum(s["B"] * s["H"] * s["S"] ** 2 for s in shapes)
+
+    assert all(s in quick for s in shapes) and max(s["S"] for s in shapes) == 4096
+    assert {s["causal"] for s in shapes} == {0, 1} and len(shapes) == len(quick) - 2
+    assert work(shapes) <= 0.25 * work(quick)
+    line = text[text.index("run_step providers"):].split("\n", 3)
+    assert "torch,compile,sdpa-flash,sdpa-cudnn,sdpa-efficient,sdpa-math" in "".join(line)
 
 
 # ---- the summary of saved runs ------------------------------------------------------------
@@ -439,6 +576,11 @@ def test_the_job_rehearsed_on_a_cpu_passes_with_every_step_run_or_skipped_with_w
         assert st == "pass" or (st == "skipped" and note), (name, st, note)
     assert status["pytest"] == ("skipped", "the whole suite on a CPU is .ci/run's job")
     assert status["rehearse"][0] == "pass"  # the launch rehearsal ran (add fp32, sm_90)
+    # the physics check read every run the job wrote, its count the note
+    assert status["check"][0] == "pass" and " values withheld: " in status["check"][1]
+    # the sweep's run against itself: no row slower, nothing re-timed, no FAIL
+    assert status["compare"] == ("pass", status["compare"][1])
+    assert status["compare"][1].startswith("verdict: OK (")
     # the sweep ran past its rehearsal cap and was killed; its journal was written whole
     assert status["sweep"][1].startswith("killed at its 40 s rehearsal cap, as designed")
     quick = out / "runs" / "cpu" / "quick"
