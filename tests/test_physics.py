@@ -320,3 +320,23 @@ def test_the_check_command_on_the_cpu_example_and_bad_input(capsys):
     assert main(["no/such/run"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("error: no results found at no/such/run")
+
+
+def test_finalize_writes_a_killed_runs_rows_checked(tmp_path):
+    """A run killed before its last write: its journal's rows go into results.json and
+    results.csv through the same check as the sweep's writer."""
+    from roofline.report.finalize import finalize
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"metadata": dict(META, complete=False),
+                                                  "rows": []}))
+    rows = [_row(power_w=3594.0, energy_j=3594 * 4e-6), _row(provider="triton",
+                                                               sm_clock_mhz=1545.0)]
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    finalize(run, plots=False)
+    doc = json.loads((run / "results.json").read_text())
+    assert doc["rows"][0]["power_w"] is None
+    assert [w["kind"] for w in doc["rows"][1]["withheld"]] == [UNEQUAL_CLOCKS]
+    csv = pd.read_csv(run / RESULTS_CSV)
+    assert json.loads(csv["withheld"][0])[0]["column"] == "power_w"
