@@ -149,7 +149,7 @@ def test_a_run_whose_dram_ceiling_fails_writes_every_row(monkeypatch, tmp_path, 
     json.dumps(measured)
 
 
-# ---- the cache copy on a GPU: CUDA-graph replays ------------------------------------------
+# ---- the cache ceiling on a GPU: one long kernel (benches/l2_probe.py) -------------------
 
 def test_each_ceiling_has_its_timer() -> None:
     assert ceil_mod.ceiling_timer("cuda", l2_flush=False) == TIMER_GRAPH
@@ -165,41 +165,33 @@ def test_the_gpu_cache_copy_is_replayed_in_a_graph_of_its_calls(monkeypatch) -> 
     assert len(calls) == 1 + ceil_mod.L2_GRAPH_CALLS  # a warm-up call, then the capture
 
 
-# An H200 (2026-11-26): the DRAM copy of 1 GiB at 4,260 GB/s; the cache copy, 50 copies of
-# 7.5 MiB (15 MiB moved each), at 3.3 us a copy in CUDA-graph replays (4,770 GB/s).  Eager
-# launches of the same copies with an assumed per-launch cost of 1 us added to each run
-# at 4.3 us a copy (3,660 GB/s): under the DRAM copy's 3.69 us.
+# An H200: the DRAM copy of 1 GiB at 4,260 GB/s (2026-11-26); the L2 probe stood in for
+# (its figure only a GPU gives): one call of 16 GiB in PROBE_MS.
 H200 = Present("h200", "NVIDIA H200", "cuda", capability=(9, 0), sms=132, l2_mb=60.0)
 COPY_MS = 2 * 2**30 / 4260e9 * 1e3
-L2_BYTES = 2 * (60 * 2**20 // 8)  # read + written by one copy
-GRAPH_COPY_US, EAGER_COPY_US = 3.3, 3.3 + 1.0
+PROBE_MS = 2.5
 
 
-def _h200_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_h200_cache_ceiling_is_the_probes(monkeypatch) -> None:
+    from benches import l2_probe
     from benches.timing.clock import Timing
 
-    def timing(ms: float) -> Timing:
-        return Timing(ms, ms, ms, 1, "fake", (ms,))
-
+    _stand_ins(monkeypatch, lambda nbytes: None)
+    probe = l2_probe.L2Copy(lambda: None, torch.empty(0), torch.empty(0), 16 << 30,
+                            6 << 20, 1365, 528)
+    monkeypatch.setattr(l2_probe, "l2_copy", lambda cache_bytes, sms, device="cuda": probe)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (140 * 2**30, 141 * 2**30))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(ceil_mod, "host_dispatch_us", lambda fn, sync: 250.0)
-    monkeypatch.setattr(ceil_mod, "time_flushed", lambda fn, cfg, host_us=None: timing(COPY_MS))
-    # Either timer may be the one in use: the eager one runs the copies at EAGER_COPY_US.
-    monkeypatch.setattr(ceil_mod, "time_warm", raising=False,
-                        value=lambda fn, cfg, host_us=None: timing(50 * EAGER_COPY_US * 1e-3))
-    monkeypatch.setattr(ceil_mod, "time_cudagraph", raising=False,
-                        value=lambda calls, cfg, total=None, call_ms=None:
-                        timing(50 * GRAPH_COPY_US * 1e-3))
 
+    def flushed(fn, cfg, host_us=None):
+        ms = PROBE_MS if fn is probe.fn else COPY_MS
+        return Timing(ms, ms, ms, 1, "fake", (ms,))
 
-def test_an_h200_cache_copy_stays_above_the_dram_copy(monkeypatch) -> None:
-    _stand_ins(monkeypatch, lambda nbytes: None)
-    _h200_timers(monkeypatch)
+    monkeypatch.setattr(ceil_mod, "time_flushed", flushed)
     out = ceil_mod.measure(H200, log=lambda m: None)
     assert out["hbm_gbps"] == pytest.approx(4260, rel=1e-3)
-    # 3.3 us a copy in the graph: above DRAM; eager, 4.3 us would have been under it.
-    assert out["hbm_gbps"] > L2_BYTES / (EAGER_COPY_US * 1e-6) / 1e9
-    assert out["l2_gbps"] == pytest.approx(L2_BYTES / (GRAPH_COPY_US * 1e-6) / 1e9)
-    assert "l2" not in out["left_out"] and "CUDA graph" in out["method"]["l2"]
+    assert out["l2_gbps"] == pytest.approx((16 << 30) / (PROBE_MS * 1e-3) / 1e9)
+    assert "l2" not in out["left_out"] and out["method"]["l2"] == probe.method
+
 

@@ -192,11 +192,15 @@ def test_the_writer_writes_no_failing_value(tmp_path):
     w = ResultWriter(tmp_path / "run", dict(META))
     w.add(_row(provider="triton", sm_clock_mhz=1545.0, ms_median=0.0046))
     w.add(_row(power_w=4365.0, energy_j=4365 * 4e-6, sm_clock_mhz=1770.0))
+    # A row after its baseline row: its speedup checked before its line is written.
+    w.add(_row(provider="compile", sm_clock_mhz=1500.0, ms_median=0.0042))
     journal = [json.loads(x) for x in (tmp_path / "run/rows.jsonl").read_text().splitlines()]
     assert journal[1]["power_w"] is None and journal[1]["withheld"]
+    assert journal[2]["speedup"] is None
+    assert journal[2]["withheld"][0]["reason"] == "unequal clocks (1,500 vs 1,770 MHz)"
     w.close()
     doc = json.loads((tmp_path / "run/results.json").read_text())
-    triton, torch_row = doc["rows"]
+    triton, torch_row, _ = doc["rows"]
     assert triton["speedup"] is None  # set at the flush, withheld there: unequal clocks
     assert [r["kind"] for r in triton["withheld"]] == [UNEQUAL_CLOCKS]
     assert torch_row["power_w"] is None and torch_row["energy_j"] is None
