@@ -117,3 +117,13 @@ def test_the_gpu_cache_ceiling_is_the_probes(monkeypatch: pytest.MonkeyPatch) ->
     assert out["method"]["l2"].startswith("one Triton kernel copying 6.0 MiB held in the "
                                           "L2 1365 times (528 programs")
     assert not out["left_out"]
+
+
+def test_a_cached_cache_roof_of_the_graph_copies_is_measured_again() -> None:
+    old = {"tflops": {"bf16": 750.0}, "hbm_gbps": 4258.0, "l2_gbps": 4955.0,
+           "method": {"l2": "50 back-to-back copies of 7.5 MiB, replayed in a CUDA graph"}}
+    assert "replayed in CUDA graphs" in ceil_mod.cache_problem(old)
+    probe = l2_probe.l2_copy(int(H200.l2_mb * 2**20) // 8, H200.sms, "meta")
+    assert ceil_mod.cache_problem({**old, "method": {"l2": probe.method}}) is None
+    cpu = {**old, "method": {"l2": "50 back-to-back copies of 2.0 MiB"}}
+    assert ceil_mod.cache_problem(cpu) is None  # a CPU's copies: its method
