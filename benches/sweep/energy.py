@@ -1,20 +1,22 @@
-"""What a row's call costs in energy: the mean power over its timed samples times its
-median time, per call (`energy_j`), and what that energy buys (`tflop_per_j`,
+"""What a row's call costs in energy: the mean power over a replay or timing of the row
+times its median time, per call (`energy_j`), and what that energy buys (`tflop_per_j`,
 `gb_per_j`), with the mean power (`power_w`) and, on a GPU, the power limit in force
 (`power_limit_w`).  Read only: nothing here sets a clock, a limit or a mode.
 
 - GPU: NVML's total energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ since the
-  driver loaded, Volta and later), read by the run's GpuMonitor with every reading; during
-  a timing every GpuMonitor.fast_interval_s.  The mean power of a row is the counter's
-  rise between the first and the last reading of its timing window over the time between
-  them; a window whose readings span less than MIN_COUNTER_SPAN_S, or a GPU without the
-  counter, takes the mean of its power readings (nvmlDeviceGetPowerUsage) instead.
+  driver loaded, Volta and later), which changes in steps tens of ms apart: a row's power
+  is the energy between the counter's first and last change over a replay of the row
+  long enough for it (benches/sweep/energy_counter.py, GpuEnergyMeter; docs/measurement.md,
+  "Energy").  `window_power_w`, the counter's rise over the timing window's own readings,
+  is the older way, kept for the runner until it calls the meter: its windows are too
+  short for the counter, so its values are bounded (power_bounds_reason) and often empty.
 - CPU: RAPL's package counters (/sys/class/powercap/intel-rapl:N/energy_uj, µJ, wrapping
   at max_energy_range_uj) read before and after the row's timing, where readable (root
   only on kernels patched for CVE-2020-8694); else the columns are empty.
 
-Where none of this can be read, the columns stay empty and the run's metadata key
-`energy` says why (energy_metadata).
+A power at or below zero, or above POWER_LIMIT_SLACK x the enforced power limit, is not
+written: the columns stay empty and RowEnergy.note says why.  Where no source can be read
+the columns stay empty and the run's metadata key `energy` says why (energy_metadata).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ RAPL_ROOT = Path("/sys/class/powercap")
 # Readings of a window must span this long (s) for the counter's rise to give its power.
 MIN_COUNTER_SPAN_S = 0.01
 ENERGY_COLUMNS = ("energy_j", "tflop_per_j", "gb_per_j", "power_w", "power_limit_w")
+# A board draws at most its enforced limit over any window the counter resolves; the
+# slack covers the limit's own regulation (it holds the average, not every millisecond).
+POWER_LIMIT_SLACK = 1.05
 
 
 @dataclass(frozen=True)
@@ -104,12 +109,24 @@ def window_power_w(readings: list[dict[str, Any]]) -> float | None:
     return statistics.fmean(power) if power else None
 
 
+def power_bounds_reason(power_w: float, power_limit_w: float | None) -> str:
+    """Why a mean power cannot be the board's ("" where it can): at or below zero, or
+    above POWER_LIMIT_SLACK x the enforced power limit (where known)."""
+    if power_w <= 0:
+        return f"mean power {power_w:.3g} W is at or below zero: not written"
+    if power_limit_w and power_w > POWER_LIMIT_SLACK * power_limit_w:
+        return (f"{power_w:.0f} W is above {POWER_LIMIT_SLACK:g} x the {power_limit_w:.0f} W "
+                "power limit: not written")
+    return ""
+
+
 def energy_columns(power_w: float | None, ms_median: float | None, flops: float,
                    nbytes: float, power_limit_w: float | None = None) -> dict[str, Any]:
-    """The row's energy columns from its mean power and median time per call."""
+    """The row's energy columns from its mean power and median time per call; empty
+    where the power is missing or out of its bounds (power_bounds_reason)."""
     cols: dict[str, Any] = dict.fromkeys(ENERGY_COLUMNS)
     cols["power_limit_w"] = power_limit_w
-    if power_w is None or not ms_median or power_w <= 0:
+    if power_w is None or not ms_median or power_bounds_reason(power_w, power_limit_w):
         return cols
     joules = power_w * ms_median / 1e3
     cols.update(energy_j=joules, power_w=power_w, tflop_per_j=flops / joules / 1e12,
@@ -117,15 +134,56 @@ def energy_columns(power_w: float | None, ms_median: float | None, flops: float,
     return cols
 
 
+@dataclass(frozen=True)
+class RowEnergy:
+    """A row's mean power (W) and how it was had, or why it is empty (`reason`).
+    GPU (GpuEnergyMeter): `span_s` the time between the counter's first and last change
+    counted, `window_s` how long the row was replayed, `steps` the counter's changes
+    counted after the first, `error_rel` the error it was held to (the two edges' timing
+    bound plus the 95% interval of the steps' spread).  CPU: `span_s` the timing read
+    around."""
+
+    power_w: float | None
+    method: str
+    reason: str = ""
+    span_s: float | None = None
+    window_s: float | None = None
+    steps: int | None = None
+    error_rel: float | None = None
+    power_limit_w: float | None = None
+
+    def columns(self, ms_median: float | None, flops: float,
+                nbytes: float) -> dict[str, Any]:
+        """ENERGY_COLUMNS for a row of this median time (ms), FLOPs and bytes."""
+        return energy_columns(self.power_w, ms_median, flops, nbytes, self.power_limit_w)
+
+    @property
+    def note(self) -> str:
+        """What the row's reason text gets: "" where the power was written."""
+        return f"energy: {self.reason}" if self.power_w is None and self.reason else ""
+
+
+def bounded(power_w: float | None, method: str, power_limit_w: float | None = None,
+            span_s: float | None = None, missing: str = "") -> RowEnergy:
+    """A RowEnergy of `power_w`, empty with the reason where it is missing (`missing`)
+    or out of its bounds."""
+    if power_w is None:
+        return RowEnergy(None, method, missing, span_s=span_s, power_limit_w=power_limit_w)
+    why = power_bounds_reason(power_w, power_limit_w)
+    return RowEnergy(None if why else power_w, method, why, span_s=span_s,
+                     power_limit_w=power_limit_w)
+
+
 class RowMeter:
-    """A row's energy: on a GPU from the readings of the run's GpuMonitor's last timing
-    window (time_unthrottled opens it); on a CPU `around` reads RAPL before and after the
-    timing."""
+    """A row's energy read around its timing: on a CPU `around` reads RAPL before and
+    after it; on a GPU (until the runner calls GpuEnergyMeter) the readings of the run's
+    GpuMonitor's last timing window, window_power_w."""
 
     def __init__(self, monitor: Any | None, rapl: Rapl | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.monitor, self.rapl, self.clock = monitor, rapl, clock
         self.cpu_power_w: float | None = None
+        self.cpu_span_s: float | None = None
 
     def around(self, timed: Callable[[], T]) -> T:
         """`timed()` with RAPL read before and after it, where readable."""
@@ -136,6 +194,7 @@ class RowMeter:
         t1, after = self.clock(), self.rapl.read()
         if t1 > t0:
             self.cpu_power_w = self.rapl.joules(before, after) / (t1 - t0)
+            self.cpu_span_s = t1 - t0
         return out
 
     def power_limit_w(self) -> float | None:
@@ -145,14 +204,18 @@ class RowMeter:
         except Exception:
             return None
 
-    def columns(self, row: dict[str, Any]) -> dict[str, Any]:
+    def energy(self) -> RowEnergy:
+        """The last timing's mean power, bounded (power_bounds_reason)."""
         if self.monitor is None:
-            power, limit = self.cpu_power_w, None
-        else:
-            power = window_power_w(getattr(self.monitor, "last_readings", None) or [])
-            limit = self.power_limit_w()
-        return energy_columns(power, row.get("ms_median"), float(row.get("flops") or 0),
-                              float(row.get("bytes") or 0), limit)
+            return bounded(self.cpu_power_w, "rapl", span_s=self.cpu_span_s,
+                           missing="" if self.rapl is None else "RAPL read no timing")
+        power = window_power_w(getattr(self.monitor, "last_readings", None) or [])
+        return bounded(power, "nvml timing window", self.power_limit_w(),
+                       missing="no energy reading in the timing window")
+
+    def columns(self, row: dict[str, Any]) -> dict[str, Any]:
+        return self.energy().columns(row.get("ms_median"), float(row.get("flops") or 0),
+                                     float(row.get("bytes") or 0))
 
 
 def row_meter(monitor: Any | None, kind: str) -> RowMeter:
@@ -165,7 +228,9 @@ def row_meter(monitor: Any | None, kind: str) -> RowMeter:
 
 def energy_metadata(kind: str, pynvml: Any | None = None,
                     rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
-    """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}."""
+    """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}; on
+    a GPU also how its counter moves (`counter`: benches.sweep.energy_counter's probe,
+    taken here once per process) and the replay a row needs for it (`row_window_s`)."""
     if kind != "cuda":
         rapl, why = Rapl.find(rapl_root) if rapl_root != RAPL_ROOT else host_rapl()
         if rapl is None:
@@ -185,6 +250,7 @@ def energy_metadata(kind: str, pynvml: Any | None = None,
         if h is None:
             return {"source": None, "reason": how}
         nv.nvmlDeviceGetTotalEnergyConsumption(h)
+        return _counter_metadata(nv, h)
     except Exception as e:
         return {"source": None, "reason": (
             f"NVML's total energy counter is not readable ({type(e).__name__}: {e}); "
@@ -192,7 +258,20 @@ def energy_metadata(kind: str, pynvml: Any | None = None,
     finally:
         with contextlib.suppress(Exception):
             nv.nvmlShutdown()
+
+
+def _counter_metadata(nv: Any, h: Any) -> dict[str, Any]:
+    # Imported here: energy_counter builds on this module's RowEnergy and bounds.
+    from benches.sweep.energy_counter import PRECISION, counter_probe, plan_window
+
+    probe = counter_probe(nv, h)
+    plan = plan_window(probe)
+    meta: dict[str, Any] = {"counter": probe.to_json(), "row_window_s": plan.window_s,
+                            "precision": PRECISION,
+                            "bounds": f"(0, {POWER_LIMIT_SLACK:g} x the enforced power limit]"}
+    if plan.window_s is None:
+        return {"source": None, "reason": f"NVML total energy counter: {plan.reason}", **meta}
     return {"source": "nvml", "reason": (
-        "NVML total energy counter over each row's timed samples x its median time "
-        "(the mean of its power readings where they span under "
-        f"{MIN_COUNTER_SPAN_S * 1e3:g} ms)")}
+        f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
+        "row's mean power from the counter's first to last change over a "
+        f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"), **meta}
