@@ -29,6 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+# Imported for its interpreter fixes (Triton 3.6's loop over a runtime bound under NumPy
+# 2), which the probe's loops need when it runs on CPU tensors.
+import kernels.triton_utils  # noqa: F401
+
 BLOCK = 1024  # fp32 elements a program copies per step: 4 KiB
 # Bytes (read + written) one call moves: ~2 ms at 8 TB/s, so a launch's microseconds of
 # ramp and tail are ~0.1% of a sample, and a sample's first pass, from DRAM after the
