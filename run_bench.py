@@ -72,6 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--baseline-provider", default="torch", metavar="P",
                    help="the provider each row's speedup column is measured against "
                         "(its time / the row's; default torch)")
+    p.add_argument("--energy", default="largest", metavar="ROWS",
+                   help="GPU rows that get an energy window (their timed loop replayed "
+                        "long enough for NVML's energy counter, a few of its periods): "
+                        "largest = each kernel, provider, dtype and cache mode's largest "
+                        "shape (default), all, off")
     p.add_argument("--cache", default=None, metavar="MODES",
                    help="comma list of cold,warm: cold = caches flushed (GPU) or rotated "
                         "past (CPU) before every call, warm = back-to-back calls on the "

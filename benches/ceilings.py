@@ -6,6 +6,7 @@ is contract/ceilings.py."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -15,12 +16,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benches.timing.clock import host_dispatch_us, time_cpu, time_flushed
-from benches.timing.graphs import time_cudagraph
+from benches.timing.clock import (
+    flush_padding_us,
+    flushed_sampler,
+    host_dispatch_us,
+    time_cpu,
+    time_flushed,
+)
+from benches.timing.interleave import interleave, sustain
 from benches.timing.plan import (
     TIMER_CPU,
     TIMER_FLUSHED,
-    TIMER_GRAPH,
     TimingConfig,
     plan_best_of_cpu,
 )
@@ -71,47 +77,26 @@ def _gemm_fn(roof_class: str, n: int, device: str):
 
 
 # The sweep's own timers (benches/timing/clock.py) with a ceiling's longer measuring time:
-# do_bench's rep of 200 ms for a GPU ceiling, do_bench_cudagraph's 100 ms for the cache
-# copy's replays, 0.3 s of blocks on a CPU (cut to what fits in row_budget_s, 5 s, for a
-# slow call: plan_best_of_cpu).  The stopping rule is off: a ceiling is the fastest
-# sample, which fewer samples would make slower, not the median the rule settles.
-CEILING_TIMING = TimingConfig(rep_ms=200.0, graph_rep_ms=100.0, cpu_min_run_time_s=0.3,
-                              ci_rel_width=0.0)
-# Calls of the cache copy (each `reps` copies) captured in the one CUDA graph its samples
-# replay: 4 x 50 copies of ~3.3 us on an H200, a replay of ~0.66 ms, so the graph's own
-# launch is under 1% of a sample.
-L2_GRAPH_CALLS = 4
+# do_bench's rep of 200 ms for a GPU ceiling, 0.3 s of blocks on a CPU (cut to what fits
+# in row_budget_s, 5 s, for a slow call: plan_best_of_cpu).  The stopping rule is off: a
+# ceiling is the fastest sample, which fewer samples would make slower, not the median
+# the rule settles.
+CEILING_TIMING = TimingConfig(rep_ms=200.0, cpu_min_run_time_s=0.3, ci_rel_width=0.0)
+def ceiling_timer(device: str) -> str:
+    """The timer a ceiling is measured with (its TIMER_* name): on a GPU CUDA events with
+    the L2 flushed before each call (the DRAM copy, the matmuls, the L2 probe's one long
+    kernel); on a CPU timed blocks of calls on the same buffers."""
+    return TIMER_FLUSHED if device == "cuda" else TIMER_CPU
 
 
-def ceiling_timer(device: str, l2_flush: bool = True) -> str:
-    """The timer a ceiling is measured with (its TIMER_* name): on a CPU timed blocks of
-    calls; on a GPU CUDA events with the L2 flushed before each call (the DRAM copy, the
-    matmuls), except the cache copy (`l2_flush` False), replayed in a CUDA graph.
-
-    Why the graph: the cache copy's copies (15 MiB moved each) take ~3.3 us each on an
-    H200 (4.73-4.88 TB/s, measured in CUDA-graph replays), only 0.37-0.47 us under the
-    DRAM copy's 3.69 us (4.26 TB/s).  Eager launches cannot leave host gaps in a sample
-    (time_warm's padding lets the host queue all of a sample's launches first), but each
-    queued stream launch still costs the GPU more between kernels than a graph node
-    does, a fraction of a us: about that margin, so the cache roof could fall under
-    DRAM's and be left out."""
-    if device != "cuda":
-        return TIMER_CPU
-    return TIMER_FLUSHED if l2_flush else TIMER_GRAPH
-
-
-def _time_ms(fn, device: str, l2_flush: bool = True) -> float:
+def _time_ms(fn, device: str) -> float:
     """Best ms of fn: a ceiling is the most the hardware showed, so the fastest sample
     (not the median) is the estimator, which also keeps a busy host from lowering it.
     The timer is ceiling_timer's: CUDA events after an L2 flush, padded by the call's
-    dispatch time; CUDA-graph replays of L2_GRAPH_CALLS calls on the same buffers; on a
-    CPU blocks of calls on the same buffers, as many as fit in the budget
-    (plan_best_of_cpu: fewer for a slow call, at least one after the warm-up call)."""
-    timer = ceiling_timer(device, l2_flush)
-    if timer == TIMER_GRAPH:
-        return float(min(time_cudagraph([fn], CEILING_TIMING, total=L2_GRAPH_CALLS)
-                         .samples_ms))
-    if timer == TIMER_FLUSHED:
+    dispatch time; on a CPU blocks of calls on the same buffers, as many as fit in the
+    budget (plan_best_of_cpu: fewer for a slow call, at least one after the warm-up
+    call)."""
+    if ceiling_timer(device) == TIMER_FLUSHED:
         import torch
 
         host_us = host_dispatch_us(fn, torch.cuda.synchronize)
@@ -125,6 +110,30 @@ def _time_ms(fn, device: str, l2_flush: bool = True) -> float:
 # Seconds one call of a ceiling's matmul may take: a slower call is timed once (the
 # call after its warm-up) instead of for _time_ms's 0.3 s and more.
 CEILING_CALL_BUDGET_S = 0.5
+
+
+def _sustained_ms(fn) -> tuple[float, str]:
+    """A GPU compute ceiling's fastest sample, taken at the sustained clock as the sweep's
+    compute-bound cases are (benches/timing/interleave.py): the GPU warmed up until its SM
+    clock has stopped falling, then CEILING_TIMING's samples (flushed, padded by the
+    call's dispatch); and the clock they ran at, for the ceiling's method."""
+    import torch
+
+    from benches.sweep.gpu_monitor import gpu_monitor
+
+    host_us = host_dispatch_us(fn, torch.cuda.synchronize)
+    sampler = flushed_sampler(fn, CEILING_TIMING, flush_padding_us(host_us))
+    monitor = gpu_monitor()
+    fast = monitor.fast() if monitor is not None else contextlib.nullcontext()
+    # Windows on the monitor's own time base, which its readings carry.
+    now = getattr(monitor, "clock", time.monotonic)
+    with fast:
+        warmed = sustain([sampler], CEILING_TIMING, monitor, now)
+        got = interleave([sampler], CEILING_TIMING, now)[0]
+    clock = monitor.clock_between(*got.span) if monitor is not None and got.span else None
+    said = f"SM {clock:.0f} MHz" if clock else "SM clock unread"
+    return float(min(got.samples)), (f"{said} after {warmed.ms:.0f} ms of warm-up"
+                                     + ("" if warmed.settled else " (not settled)"))
 
 
 def _budgeted_ms(fn, device: str, once_s: float | None = None) -> float:
@@ -197,7 +206,10 @@ def measure(present: Present, log=print) -> dict[str, Any]:
     for rc, why in no_roofs(out["tflops"]).items():
         log(f"  {rc}: not a roof: {why}")
     out["method"]["compute"] = (f"best of square matmuls {sizes}: torch.matmul, "
-                                "torch._scaled_mm for fp8")
+                                "torch._scaled_mm for fp8"
+                                + (", each at the GPU's sustained clock (warmed up until "
+                                   "its SM clock stopped falling)" if device == "cuda"
+                                   else ""))
     out["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out["seconds"] = round(time.perf_counter() - t0, 2)
     return out
@@ -250,14 +262,13 @@ def _measure_cache_copy(out: dict[str, Any], present: Present, device: str, log,
             # Flushed before each sample as the DRAM copy: the probe's first pass reads
             # from DRAM, ~0.2% of its milliseconds (l2_probe.BYTES_PER_CALL).
             fn, moved, method = probe.fn, probe.bytes_moved, probe.method
-            flush = True
         else:
-            fn, moved, flush = _copy_fn(cache_bytes, device, reps), 2 * cache_bytes * reps, False
+            fn, moved = _copy_fn(cache_bytes, device, reps), 2 * cache_bytes * reps
             method = f"{reps} back-to-back copies of {cache_bytes / 2**20:.1f} MiB"
         for attempt in range(CACHE_ATTEMPTS):
             if attempt:
                 time.sleep(1.0)
-            ms = _time_ms(fn, device, l2_flush=flush)
+            ms = _time_ms(fn, device)
             best = max(best, moved / (ms * 1e-3) / 1e9)
             if best > hbm:
                 break
@@ -287,11 +298,17 @@ def _measure_class(out: dict[str, Any], rc: str, sizes: tuple[int, ...], device:
             out["method"][f"{rc}_error"] = one_line(e)
             break
         try:
-            ms = _budgeted_ms(fn, device, once_s)
+            if device == "cuda":
+                ms, clock = _sustained_ms(fn)
+            else:
+                ms, clock = _budgeted_ms(fn, device, once_s), ""
         except Exception as e:  # it runs, but its timing failed: no ceiling this time
             leave_out(rc, f"the {n}^3 matmul's timing failed: {one_line(e)}")
             return
-        best = max(best, flops / (ms * 1e-3) / 1e12)
+        if flops / (ms * 1e-3) / 1e12 > best:
+            best = flops / (ms * 1e-3) / 1e12
+            if clock:
+                out["method"][f"{rc}_clock"] = f"{n}^3: {clock}"
         # The next size does 8x the work: not where one call would take seconds (a
         # CPU without the dtype's unit: fp8 torch._scaled_mm at 14 MFLOP/s takes 150 s
         # a call at 1024^3).  4x the call budget of margin: a small size's time is

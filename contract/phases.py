@@ -4,4 +4,4 @@ no imports: the compile-ahead workers load it at their start, where pandas (whic
 contract/schema.py imports) would cost each of them 0.4 s."""
 
 PHASES = ("ceilings", "compile", "tune", "inputs", "check", "capture", "timing", "profile",
-          "write", "other")
+          "energy", "write", "other")

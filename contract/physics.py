@@ -35,7 +35,10 @@ UNEQUAL_CLOCKS, TFLOPS, GBPS = "unequal_clocks", "tflops", "gbps"
 KINDS = (POWER, ENERGY, KERNEL_TIME, CLOCK, UNEQUAL_CLOCKS, TFLOPS, GBPS)
 
 # Margins (docs/measurement.md, "The physics check", says why each is what it is).
-POWER_MARGIN = 1.05  # of the enforced power limit: NVML's stated power accuracy, +-5%
+# Of the enforced power limit, for a power measured with a stated precision (the energy
+# meter's, metadata.energy.precision: 5%); a power without one (runs before the meter:
+# a timing window's counter rise) is held to the limit itself.
+POWER_MARGIN = 1.05
 BANDWIDTH_MARGIN = 1.10  # of the measured copy (or L2 copy): a read-heavy kernel's edge
 TFLOPS_MARGIN = 1.10  # of the datasheet peak: quoted at a boost clock below the maximum
 CLOCK_SPREAD = 0.02  # two rows' SM clocks further apart than this: unequal clocks
@@ -43,7 +46,8 @@ ENERGY_TOLERANCE = 0.01  # energy_j against power_w x ms_median
 
 # Each kind's bound in words, as the readers print it.
 BOUNDS = {
-    POWER: f"mean power within (0, the enforced power limit x {POWER_MARGIN:g}]",
+    POWER: (f"mean power above 0 and at most the enforced power limit x {POWER_MARGIN:g} "
+            "where the run states its power's precision, else the limit itself"),
     ENERGY: f"energy per call = mean power x median time, within {ENERGY_TOLERANCE:.0%}",
     KERNEL_TIME: f"the kernel-only time's GB/s within the measured copy x "
                  f"{BANDWIDTH_MARGIN:g} (a warm row's: the L2 copy)",
@@ -201,6 +205,11 @@ class RunBounds:
     cache_gbps: float | None = None  # the measured L2 copy, never below the DRAM copy
     datasheet_tflops: dict[str, float] = field(default_factory=dict)
     baseline: str = "torch"
+    power_margin: float = 1.0  # of the limit: 1 + the run's stated power precision
+
+    @property
+    def margin_text(self) -> str:
+        return f"x {self.power_margin:g}" if self.power_margin != 1.0 else "itself"
 
     @classmethod
     def of(cls, meta: Mapping[str, Any]) -> RunBounds:
@@ -232,7 +241,8 @@ class RunBounds:
             copy_gbps=copy,
             cache_gbps=max(cache, copy or 0.0) if cache else None,
             datasheet_tflops=dict(sheet.tflops) if own and sheet is not None else {},
-            baseline=baseline_of(meta))
+            baseline=baseline_of(meta),
+            power_margin=POWER_MARGIN if positive(sub("energy").get("precision")) else 1.0)
 
 
 def _record(column: str, value: float, bound: float | None, kind: str,
@@ -261,10 +271,10 @@ def _power(row: Mapping[str, Any], b: RunBounds) -> Withheld | None:
         return _record("power_w", v, 0.0, POWER, f"mean power {v:g} W: a running GPU or "
                        "CPU draws more than nothing")
     limit = positive(row.get("power_limit_w")) or b.power_limit_w
-    if limit is not None and v > limit * POWER_MARGIN:
-        return _record("power_w", v, limit * POWER_MARGIN, POWER,
+    if limit is not None and v > limit * b.power_margin:
+        return _record("power_w", v, limit * b.power_margin, POWER,
                        f"mean power {v:,.0f} W above the enforced limit {limit:,.0f} W "
-                       f"x {POWER_MARGIN:g}: no card draws that (likely an energy "
+                       f"{b.margin_text}: no card draws that (likely an energy "
                        "window shorter than NVML's counter updates)")
     return None
 

@@ -75,6 +75,7 @@ class RunRequest:
     arch: str = "sm_90"  # --inspect's target
     retune: bool = False  # tune every launch even where a shipped config exists
     baseline_provider: str = "torch"  # rows' speedup: this provider's time / the row's
+    energy: str = "largest"  # which GPU rows get an energy window: ENERGY_ROWS
 
     @classmethod
     def from_args(cls, ns: argparse.Namespace,
@@ -98,7 +99,8 @@ class RunRequest:
             history=ns.history, remeasure_ceilings=ns.remeasure_ceilings,
             measure_ceilings=not ns.no_measure_ceilings, fleet_tolerance=ns.fleet_tolerance,
             dist_timeout=ns.dist_timeout, collectives=ns.collectives, acceptance=acceptance,
-            arch=ns.arch, retune=ns.retune, baseline_provider=ns.baseline_provider))
+            arch=ns.arch, retune=ns.retune, baseline_provider=ns.baseline_provider,
+            energy=ns.energy))
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (results.json's metadata["request"]); inf budgets as "inf"."""
@@ -161,6 +163,12 @@ def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str,
     return tuple(dict.fromkeys(items))
 
 
+# Which GPU rows get an energy window (a replay of their timed loop long enough for
+# NVML's energy counter, benches/sweep/energy_counter.py): each (kernel, provider, dtype,
+# cache mode) series' largest shape, every row, or none.
+ENERGY_ROWS = ("largest", "all", "off")
+
+
 def validated(req: RunRequest) -> RunRequest:
     """The one validation of a request's selection against the registries (the command
     line's and a resumed run's alike): lists as checked tuples, the device name known."""
@@ -173,6 +181,9 @@ def validated(req: RunRequest) -> RunRequest:
     if req.baseline_provider not in PROVIDERS:
         raise RequestError(f"unknown baseline provider '{req.baseline_provider}' "
                            f"(choose from {','.join(PROVIDERS)})")
+    if req.energy not in ENERGY_ROWS:
+        raise RequestError(f"unknown --energy '{req.energy}' "
+                           f"(choose from {','.join(ENERGY_ROWS)})")
     if req.sizes.startswith(MODEL_SIZES):
         try:
             parse_model_sizes(req.sizes)

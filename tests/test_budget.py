@@ -235,7 +235,7 @@ def test_a_slow_ceiling_call_is_timed_once_and_stops_the_sizes(monkeypatch):
 
     monkeypatch.setattr(ceil_mod, "_gemm_fn", gemm)
     monkeypatch.setattr(ceil_mod, "_copy_fn", lambda nbytes, device, reps=1: lambda: None)
-    monkeypatch.setattr(ceil_mod, "_time_ms", lambda fn, device, l2_flush=True: 1e-3)
+    monkeypatch.setattr(ceil_mod, "_time_ms", lambda fn, device: 1e-3)
     from contract.devices import host_cpu
 
     out = ceil_mod.measure(host_cpu(), log=lambda m: None)

@@ -27,8 +27,8 @@ from benches.sweep.runner import run_case, time_case
 from benches.timing import clock as timing
 from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
-from benches.timing.clock import Dispatch, Rotation
-from benches.timing.graphs import GraphProbe
+from benches.timing.clock import Dispatch, Rotation, flush_padding_us
+from benches.timing.graphs import GraphProbe, GraphSampler
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
 from contract.schema import ALL_COLUMNS, load_run, row_key
@@ -38,7 +38,15 @@ from roofline.gate.verdicts import CompareResult, compare_frames
 from roofline.report.plot import plot_roofline
 from roofline.report.summary import render_summary
 from tests.test_dispatch import FakeGpu
-from tests.test_measurement import FAST, case, cpu_cfg, fake_cuda, gpu_cfg, with_torch_fn
+from tests.test_measurement import (
+    FAST,
+    case,
+    cpu_cfg,
+    fake_cuda,
+    gpu_cfg,
+    steady_sampler,
+    with_torch_fn,
+)
 
 TINY = ["--device", "cpu", "--sizes", "n=4096", "--kernels", "add", "--providers", "torch",
         "--dtypes", "fp32", "--no-plots"]
@@ -431,7 +439,7 @@ def test_cpu_rotation_sizes_and_caps_the_copies() -> None:
 def test_time_warm_pads_without_flushing(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu()
     gpu.install(monkeypatch, flush_us=85.0)
-    monkeypatch.setattr(timing, "_flush_buffer", lambda: pytest.fail("flushed"))
+    monkeypatch.setattr(timing, "flush_buffer", lambda: pytest.fail("flushed"))
 
     def triton_call() -> None:  # 300 us of Python before a 5 us kernel
         gpu.op(300.0, 5.0)
@@ -458,13 +466,13 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
     seen: list[list[Any]] = []
 
     def graph(calls: list[Any], cfg: TimingConfig, total: int,
-              call_ms: float | None = None) -> timing.Timing:
+              call_ms: float | None = None) -> GraphSampler:
         seen.append(list(calls))
-        return timing.summarize([0.001] * 25, timing_plan.TIMER_GRAPH)
+        return GraphSampler(steady_sampler(0.001, 25), "", 0.0)
 
-    monkeypatch.setattr(timers, "time_cudagraph", graph)
-    monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(timers, "time_warm", lambda *a, **k: pytest.fail("not a graph"))
+    monkeypatch.setattr(timers, "cudagraph_sampler", graph)
+    monkeypatch.setattr(timers, "flushed_sampler", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(timers, "padded_sampler", lambda *a, **k: pytest.fail("not a graph"))
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})  # a few us at the roof: graph
@@ -485,15 +493,16 @@ def test_a_warm_graph_case_is_a_graph_of_one_set_of_buffers(monkeypatch: pytest.
 def test_a_warm_flushed_class_case_uses_back_to_back_events(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     got: list[float | None] = []
-    monkeypatch.setattr(timers, "time_flushed", lambda *a, **k: pytest.fail("flushed"))
-    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us, once_ms=None: (
-        got.append(host_us), timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))[1])
+    monkeypatch.setattr(timers, "flushed_sampler", lambda *a, **k: pytest.fail("flushed"))
+    monkeypatch.setattr(timers, "padded_sampler",
+                        lambda call, cfg, pad_us, flush, once_ms=None: (
+                            got.append(pad_us), steady_sampler(0.5, 25))[1])
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(7.0, 0.01))
     c, inputs, out = _gpu_warm_case("add", {"n": 2**24})  # 200 MB: flushed class
     cfg = gpu_cfg()
     assert timers.timing_method(c, cfg) == timing_plan.TIMER_FLUSHED
     t, _ = time_case(c, cfg, inputs, out)
-    assert t.timer == timing_plan.TIMER_WARM and got == [7.0]
+    assert t.timer == timing_plan.TIMER_WARM and got == [flush_padding_us(7.0)]
 
 
 def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
@@ -503,8 +512,8 @@ def test_a_warm_graph_that_cannot_be_captured_falls_back_to_events(
 
     monkeypatch.setattr(timers, "probe_call", broken)
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
-    monkeypatch.setattr(timers, "time_warm", lambda call, cfg, host_us, once_ms=None:
-                        timing.summarize([0.5] * 25, timing_plan.TIMER_WARM))
+    monkeypatch.setattr(timers, "padded_sampler",
+                        lambda call, cfg, pad_us, flush, once_ms=None: steady_sampler(0.5, 25))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     c, inputs, out = _gpu_warm_case("add", {"n": 4096})
     t, note = time_case(c, gpu_cfg(), inputs, out)

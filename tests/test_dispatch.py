@@ -32,12 +32,12 @@ from benches.timing.clock import (
     host_dispatch_us,
     measure_dispatch,
 )
-from benches.timing.graphs import GraphProbe
+from benches.timing.graphs import GraphProbe, GraphSampler
 from benches.timing.plan import TimingConfig, graph_plan
 from benches.timing.stopping import STOP_CAP
 from contract.ceilings import Ceilings
 from contract.schema import ALL_COLUMNS
-from kernels import REGISTRY, triton_utils
+from kernels import REGISTRY, Target, triton_utils
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import (
     config_str,
@@ -48,7 +48,7 @@ from kernels.triton_utils import (
 )
 from roofline.report.findings import launch_bound_rows
 from roofline.report.summary import render_summary
-from tests.test_measurement import cpu_cfg, gpu_cfg
+from tests.test_measurement import cpu_cfg, gpu_cfg, steady_sampler
 
 
 def _busy(us: float) -> None:
@@ -150,7 +150,7 @@ class FakeGpu:
                 return (end.t - self.t) / 1e3
 
         flush = SimpleNamespace(zero_=lambda: gpu.op(5.0, flush_us))
-        monkeypatch.setattr(timing, "_flush_buffer", lambda: flush)
+        monkeypatch.setattr(timing, "flush_buffer", lambda: flush)
         monkeypatch.setattr(torch.cuda, "Event", Event)
         monkeypatch.setattr(torch.cuda, "synchronize", gpu.sync)
         monkeypatch.setattr(torch.cuda, "_sleep",
@@ -244,18 +244,18 @@ def test_time_gpu_measures_the_dispatch_and_pads_by_it(monkeypatch):
 def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
     got = {}
 
-    def flushed(fn, cfg, host_us=None, once_ms=None):
-        got["host_us"] = host_us
-        return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
+    def flushed(fn, cfg, pad_us, once_ms=None):
+        got["pad_us"] = pad_us
+        return steady_sampler(1.0, cfg.min_samples)
 
-    monkeypatch.setattr(timers, "time_flushed", flushed)
+    monkeypatch.setattr(timers, "flushed_sampler", flushed)
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(123.0, 0.01))
     spec = REGISTRY["add"]
     shape = {"n": 1 << 24}  # long enough for the flushed timer on an H100
     inputs = spec.make_inputs(shape, "fp32", 0, "cpu")
     t, _ = runner.time_case(Case(spec, "torch", "fp32", shape), gpu_cfg(), inputs,
                              spec.alloc_out(inputs, "fp32"))
-    assert got["host_us"] == 123.0 and t.host_us == 123.0
+    assert got["pad_us"] == flush_padding_us(123.0) and t.host_us == 123.0
 
 
 def test_cpu_rows_have_no_host_us():
@@ -290,16 +290,16 @@ def _gpu_case(monkeypatch, kernel, dtype, shape, launches):
 
 
 def _fake_flushed(seen):
-    def flushed(fn, cfg, host_us=None, once_ms=None):
+    def flushed(fn, cfg, pad_us, once_ms=None):
         seen.append("flushed")
-        return timing.summarize([1.0] * 25, timing_plan.TIMER_FLUSHED)
+        return steady_sampler(1.0, 25)
     return flushed
 
 
 def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
     seen = []
-    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
-    monkeypatch.setattr(timers, "time_cudagraph", lambda *a, **k: pytest.fail("captured"))
+    monkeypatch.setattr(timers, "flushed_sampler", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "cudagraph_sampler", lambda *a, **k: pytest.fail("captured"))
     case, inputs, out = _gpu_case(monkeypatch, "dot", "fp8", {"n": 1 << 12}, 14)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
@@ -310,7 +310,7 @@ def test_a_graph_too_large_is_timed_flushed_and_says_so(monkeypatch):
 
 def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
     seen = []
-    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "flushed_sampler", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp8", {"n": 1 << 12}, None)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     # 8,534 copies x 16 assumed nodes is past 100,000 even for one round
@@ -319,18 +319,18 @@ def test_launches_that_cannot_be_counted_are_assumed_and_said(monkeypatch):
 
 def test_a_capture_cut_short_is_said_and_a_slow_first_round_falls_back(monkeypatch):
     seen = []
-    monkeypatch.setattr(timers, "time_flushed", _fake_flushed(seen))
+    monkeypatch.setattr(timers, "flushed_sampler", _fake_flushed(seen))
     case, inputs, out = _gpu_case(monkeypatch, "add", "fp32", {"n": 1 << 20}, 1)
-    cut = timing.replace(timing.summarize([1e-3] * 25, timing_plan.TIMER_GRAPH),
-                         note="capture stopped after 8 of 12 calls")
-    monkeypatch.setattr(timers, "time_cudagraph", lambda calls, cfg, total, call_ms=None: cut)
+    cut = GraphSampler(steady_sampler(1e-3, 25), "capture stopped after 8 of 12 calls", 0.0)
+    monkeypatch.setattr(timers, "cudagraph_sampler",
+                        lambda calls, cfg, total, call_ms=None: cut)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert t.timer == timing_plan.TIMER_GRAPH and note == "capture stopped after 8 of 12 calls"
 
     def too_slow(calls, cfg, total, call_ms=None):
         raise graph_timing.CaptureTooSlow("capture passed 10 s after 4 of the 10 calls")
 
-    monkeypatch.setattr(timers, "time_cudagraph", too_slow)
+    monkeypatch.setattr(timers, "cudagraph_sampler", too_slow)
     t, note = runner.time_case(case, gpu_cfg(), inputs, out)
     assert seen == ["flushed"] and t.timer == timing_plan.TIMER_GRAPH_FALLBACK
     assert note == ("timed with L2 flushes instead of CUDA graphs: capture passed 10 s "
@@ -456,7 +456,7 @@ def test_summary_lists_launch_bound_rows():
 
 @pytest.mark.interpreter
 def test_triton_rows_record_their_config():
-    cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True))
+    cfg = cpu_cfg(check_only=True, target=Target("cpu", None, True))
     row = run_case(Case(REGISTRY["matmul"], "triton", "fp32", {"M": 33, "N": 17, "K": 65}),
                    cfg, InputCache())
     assert row["status"] == "ok", row["reason"]
@@ -480,7 +480,7 @@ def test_a_forced_config_runs_instead_of_tuning(monkeypatch):
     monkeypatch.setattr(triton_utils, "_launch_with",
                         lambda ln, c, on_gpu: (ran.append(c), real(ln, c, on_gpu)))
     key = ("matmul", "triton", "fp32", "M=33,N=17,K=65", "cold")
-    cfg = cpu_cfg(check_only=True, target=runner.Target("cpu", None, True),
+    cfg = cpu_cfg(check_only=True, target=Target("cpu", None, True),
                   configs={key: forced})
     row = run_case(Case(spec, "triton", "fp32", shape), cfg, InputCache())
     assert row["status"] == "ok", row["reason"]  # correct with the forced tile too

@@ -1,7 +1,7 @@
 """What a row cost the device: energy per call from NVML's energy counter (a stand-in
 NVML here) or RAPL (a fake sysfs tree; the host's own where readable), kernel-only time
-from a recorded torch.profiler trace, the launch-gap flag, nvbench's throttle rule per
-sample, the summary's energy table and `roofline plot RUN --energy`.
+from a recorded torch.profiler trace, the launch-gap flag, the summary's energy table
+and `roofline plot RUN --energy`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 from torch.autograd import DeviceType
 
 import run_bench
-from benches.sweep import energy, gpu_monitor, kernel_time, runner
+from benches.sweep import energy, gpu_monitor, kernel_time, timers
 from benches.sweep.cases import InputCache
-from benches.sweep.energy import Rapl, RowMeter, energy_metadata
-from benches.sweep.gpu_monitor import GpuMonitor, ThrottleConfig, time_unthrottled
+from benches.sweep.energy import Rapl, RaplMeter
+from benches.sweep.energy_counter import energy_metadata
+from benches.sweep.gpu_monitor import GpuMonitor
 from benches.sweep.runner import run_case
-from benches.sweep.sample_clocks import keep_unthrottled, per_sample_clocks
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from contract.schema import load_run
@@ -69,58 +69,37 @@ def _gemm_timing(span=(10.0, 10.15)) -> timing.Timing:
 
 # ---- energy per call: the stand-in NVML ------------------------------------------------
 
-def test_the_energy_counter_gives_the_exact_joules_per_call():
-    """Readings at 10.0 s and 10.1 s during the timing, and the window's own at 10.2 s:
-    the counter rose 140 J in 0.2 s, 700 W; at 1.5 ms a call that is 1.05 J, and a
-    2 x 8192^3 GEMM's 1.0995 TFLOP buys 1.0472 TFLOP/J."""
-    nv = EnergyNVML(step_mj=70_000)
-    mon = GpuMonitor(nv, nv.devs[1], clock=Ticks())
-    mon.sample()
-    mon.sample()
-    meter = RowMeter(mon)
-    t, note, cols = time_unthrottled(lambda: (_gemm_timing(), ""), mon, ThrottleConfig())
-    row = {"ms_median": t.ms_median, "flops": GEMM_FLOPS, "bytes": GEMM_BYTES}
-    got = meter.columns(row)
-    assert got["power_w"] == pytest.approx(700.0, rel=1e-12)
-    assert got["energy_j"] == pytest.approx(1.05, rel=1e-12)
-    assert got["tflop_per_j"] == pytest.approx(GEMM_FLOPS / 1.05 / 1e12, rel=1e-12)
-    assert got["gb_per_j"] == pytest.approx(GEMM_BYTES / 1.05 / 1e9, rel=1e-12)
-    assert got["power_limit_w"] == 700.0
-    assert cols == {"sm_clock_mhz": 1755.0, "throttled": False, "throttled_samples": 0}
+def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch):
+    """A row picked for an energy window (--energy) replays its own timed loop for the
+    meter: its sampler's samples, nothing else; the meter's power x the row's median."""
+    from benches.sweep import gpu_case
+    from benches.timing.interleave import Sampler
+    from tests.test_measurement import ClockMonitor, gpu_faked
 
+    real_columns = kernel_time.row_columns
+    gpu_faked(monkeypatch, ClockMonitor(1900.0), ms=1.5)
+    monkeypatch.setattr(kernel_time, "row_columns", real_columns)  # the profile faked
+    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None:
+                        kernel_time.kernel_time(kernel_time.read_trace(TRACE), 5))
+    replayed: list[int] = []
 
-def test_without_the_counter_the_power_readings_give_the_mean():
-    nv = FakeNVML()  # no nvmlDeviceGetTotalEnergyConsumption: 650 W readings
-    mon = GpuMonitor(nv, nv.devs[1], clock=Ticks())
-    mon.sample()
-    meter = RowMeter(mon)
-    time_unthrottled(lambda: (_gemm_timing(), ""), mon, ThrottleConfig())
-    got = meter.columns({"ms_median": 2.0, "flops": 10**12, "bytes": 0})
-    assert got["power_w"] == 650.0 and got["energy_j"] == pytest.approx(1.3)
-    assert got["tflop_per_j"] == pytest.approx(1 / 1.3) and got["gb_per_j"] == 0.0
+    window: list[int] = []
 
+    class Meter:
+        def measure(self, run_for):
+            window.append(sum(replayed))
+            run_for(0.001)
+            window.append(sum(replayed))
+            return energy.RowEnergy(500.0, "nvml counter", power_limit_w=700.0)
 
-def test_the_counter_gives_the_power_over_10_ms_or_more_else_the_power_readings_do():
-    from benches.sweep.energy import window_power_w
+    def prepare(self, row):
+        def take(k):
+            replayed.append(k)
+            return [1.5] * k
+        return timers.Prepared(Sampler(take, 25, 1.5), timing_plan.TIMER_FLUSHED, "", 5.0)
 
-    def reads(span_s: float) -> list[dict]:  # the counter: 7 W; the power readings: 650 W
-        return [{"t": 10.0, "energy_mj": 1000.0, "power_w": 650.0},
-                {"t": 10.0 + span_s, "energy_mj": 1000.0 + 7.0 * span_s * 1e3,
-                 "power_w": 650.0}]
-
-    assert window_power_w(reads(0.015)) == pytest.approx(7.0)
-    assert window_power_w(reads(0.007)) == 650.0
-
-
-def test_a_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch):
-    nv = EnergyNVML(step_mj=50_000)
-    mon = GpuMonitor(nv, nv.devs[1], clock=Ticks())
-    mon.sample()  # at 10.0 s, in the window; the window's own reading at 10.1 s
-    monkeypatch.setattr(runner, "gpu_monitor", lambda: mon)
-    monkeypatch.setattr(runner, "_sync", lambda target: None)
-    monkeypatch.setattr(runner, "time_case", lambda *a, **k: (_gemm_timing((10.0, 10.05)), ""))
-    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n: kernel_time.kernel_time(
-        kernel_time.read_trace(TRACE), 5))
+    monkeypatch.setattr(timers.GpuTimer, "prepare", prepare)
+    monkeypatch.setattr(gpu_case, "energy_meter", lambda monitor: Meter())
 
     class CpuInputs(InputCache):  # the "GPU" case's tensors live on the CPU
         def get(self, c, cfg):
@@ -128,12 +107,32 @@ def test_a_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch):
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
     row = run_case(case(shape={"n": 4096}), gpu_cfg(), CpuInputs())
-    assert row["status"] == "ok"
-    # 50 J in 0.1 s
-    assert row["power_w"] == pytest.approx(500.0) and row["power_limit_w"] == 700.0
+    # The samples are the row's; the energy window's replay came after them.
+    assert row["status"] == "ok" and row["n_samples"] == window[0] < window[1]
+    assert row["power_w"] == 500.0 and row["power_limit_w"] == 700.0
     assert row["energy_j"] == pytest.approx(500.0 * 1.5e-3)
     assert row["kernel_ms"] == pytest.approx(0.042)
     assert row["kernels"] == "at::native::vectorized_elementwise_kernel; Memset (Device)"
+    # --energy off: no window, the columns empty
+    replayed.clear()
+    window.clear()
+    import dataclasses
+    off = run_case(case(shape={"n": 4096}), dataclasses.replace(gpu_cfg(), energy="off"),
+                   CpuInputs())
+    assert off["power_w"] is None and sum(replayed) == off["n_samples"] and window == []
+
+
+def test_energy_windows_go_to_each_series_largest_shape():
+    from benches.sweep.cases import Case, energy_keys
+    from kernels import REGISTRY
+
+    add = REGISTRY["add"]
+    cases = [Case(add, p, "fp32", {"n": n}, m) for n in (1 << 20, 1 << 24, 1 << 22)
+             for p in ("torch", "triton") for m in ("cold", "warm")]
+    largest = energy_keys(cases, "largest")
+    assert largest == {c.key for c in cases if c.shape["n"] == 1 << 24}
+    assert energy_keys(cases, "all") == {c.key for c in cases}
+    assert energy_keys(cases, "off") == frozenset()
 
 
 def test_energy_metadata_says_where_the_energy_comes_from(monkeypatch, tmp_path):
@@ -182,7 +181,7 @@ def test_rapl_sums_packages_and_counts_through_a_wrap(tmp_path):
     before = rapl.read()
     _rapl_tree(tmp_path, {"intel-rapl:0": 100_000, "intel-rapl:1": 300_000})  # 0 wrapped
     assert rapl.joules(before, rapl.read()) == pytest.approx(0.2 + 0.3)
-    meter = RowMeter(None, rapl, clock=Ticks(0.0, 0.5))
+    meter = RaplMeter(rapl, clock=Ticks(0.0, 0.5))
     _rapl_tree(tmp_path, {"intel-rapl:0": 0, "intel-rapl:1": 0})
 
     def timed():
@@ -227,11 +226,11 @@ def test_a_recorded_trace_gives_kernel_ms_and_the_kernels():
 
 def test_the_library_column_comes_from_the_kernel_time_pass(monkeypatch):
     got = kernel_time.kernel_time(kernel_time.read_trace(TRACE), calls=5)
-    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n: got)
+    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None: got)
     assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] == "aten"
     # A Triton row is this project's Triton whatever else its call launched.
     assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
-    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n: None)
+    monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None: None)
     assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
     assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] is None
 
@@ -277,79 +276,6 @@ def test_events_at_1_5x_the_kernels_time_are_a_launch_gap():
     assert "## Launch gaps (1)" in text
     line = next(x for x in text.splitlines() if x.startswith("| add ") and "1.50x" in x)
     assert "0.063" in line and "0.042" in line
-
-
-# ---- the throttle rule per sample --------------------------------------------------------
-
-def _readings(clocks: list[tuple[float, float]]) -> list[dict]:
-    return [{"t": t, "sm_clock_mhz": c, "clock_reasons": 0} for t, c in clocks]
-
-
-def test_each_sample_takes_the_clock_nearest_its_midpoint():
-    samples = [1.0] * 10  # 10 samples over 10.0..10.1 s: midpoints 10.005, 10.015, ...
-    clocks = per_sample_clocks(samples, (10.0, 10.1),
-                               _readings([(10.0, 1200.0), (10.04, 1900.0), (10.1, 1900.0)]))
-    assert clocks[:2] == [1200.0, 1200.0] and clocks[2:] == [1900.0] * 8
-    far = per_sample_clocks(samples, (10.0, 10.1), _readings([(10.2, 1900.0)]))
-    assert far == [None] * 10
-
-
-def test_slow_samples_are_left_out_and_the_row_is_not_throttled():
-    t = timing.Timing(**{**timing.summarize([2.0] * 4 + [1.0] * 16,
-                                            timing_plan.TIMER_FLUSHED).__dict__,
-                         "span": (10.0, 10.2)})  # 4 slow samples first, 10.0..10.067 s
-    reads = _readings([(10.0 + i * 0.01, 1000.0 if i < 7 else 1900.0) for i in range(21)])
-    kept = keep_unthrottled(t, reads, threshold_mhz=1485.0)
-    assert kept is not None
-    new, dropped, clock = kept
-    assert dropped == 4 and new.n_samples == 16 and new.ms_median == 1.0 and clock == 1900.0
-
-    class Mon:
-        max_sm_clock_mhz, last_busy = 1980.0, reads
-
-        def window(self, t0, t1):
-            return {"sm_clock_mhz": 1900.0, "throttle_reasons": []}
-
-    out, note, cols = time_unthrottled(lambda: (t, ""), Mon(), ThrottleConfig(),
-                                       sleep=lambda s: pytest.fail("no re-timing needed"))
-    assert out.ms_median == 1.0 and cols["throttled"] is False
-    assert cols["throttled_samples"] == 4
-    assert "4 of 20 samples left out: SM clock below 75% of 1980 MHz" in note
-
-
-def test_a_samples_clock_is_a_reading_within_50_ms_and_half_the_samples_must_stay():
-    one = [1.0]  # one sample over 10.0..10.001 s: its midpoint at 10.0005
-    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0405, 1900.0)])) == [1900.0]
-    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0705, 1900.0)])) == [None]
-
-    def kept_of(slow: int):  # 30 samples of 1 ms over 30 ms, the first `slow` ones slow
-        t = timing.Timing(**{**timing.summarize([1.0] * 30, timing_plan.TIMER_FLUSHED)
-                             .__dict__, "span": (10.0, 10.03)})
-        reads = _readings([(10.0004 + i * 0.001, 1000.0 if i < slow else 1900.0)
-                           for i in range(30)])
-        return keep_unthrottled(t, reads, threshold_mhz=1485.0)
-
-    got = kept_of(12)  # 18 of 30 left: at least half, and at least 10
-    assert got is not None and got[1] == 12 and got[0].n_samples == 18
-    assert kept_of(17) is None  # 13 of 30 left: under half, timed again whole
-
-
-def test_mostly_slow_samples_are_timed_again_whole():
-    t = timing.Timing(**{**timing.summarize([2.0] * 20, timing_plan.TIMER_FLUSHED).__dict__,
-                         "span": (10.0, 10.2)})
-    reads = _readings([(10.0 + i * 0.01, 1000.0) for i in range(21)])
-    assert keep_unthrottled(t, reads, threshold_mhz=1485.0) is None
-    slept: list[float] = []
-
-    class Mon:
-        max_sm_clock_mhz, last_busy = 1980.0, reads
-
-        def window(self, t0, t1):
-            return {"sm_clock_mhz": 1000.0, "throttle_reasons": []}
-
-    _, note, cols = time_unthrottled(lambda: (t, ""), Mon(), ThrottleConfig(retries=2),
-                                     sleep=slept.append)
-    assert cols["throttled"] is True and len(slept) == 2 and "throttled in all 3" in note
 
 
 def test_the_monitor_reads_light_and_often_while_a_row_is_timed():
@@ -428,7 +354,7 @@ def test_plot_energy_refuses_a_run_without_energy_in_one_line(tmp_path, capsys):
 
 def test_a_profiler_failure_is_a_note_and_a_sticky_cuda_error_aborts(monkeypatch):
     def fails(msg):
-        def profile(call, n):
+        def profile(call, n, flush=None):
             raise RuntimeError(msg)
         return profile
 

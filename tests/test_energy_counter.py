@@ -26,16 +26,11 @@ import pytest
 import torch
 
 from benches.sweep import energy_counter as ec
-from benches.sweep.energy import (
-    RowEnergy,
-    RowMeter,
-    energy_columns,
-    energy_metadata,
-    window_power_w,
-)
+from benches.sweep.energy import RaplMeter, RowEnergy, bounded, energy_columns
 from benches.sweep.energy_counter import (
     CounterRead,
     GpuEnergyMeter,
+    energy_metadata,
     fit_edges,
     plan_window,
     probe_counter,
@@ -43,6 +38,20 @@ from benches.sweep.energy_counter import (
 from benches.sweep.gpu_monitor import GpuMonitor
 
 LIMIT_W = 700.0
+
+
+def window_power_w(readings: list[dict]) -> float | None:
+    """How a row's power was taken before the meter (reproduced here, no longer in the
+    code): the counter's rise between a timing window's first and last readings over the
+    time between them, where they span 10 ms; else the mean of its power readings."""
+    counted = sorted((float(r["t"]), float(r["energy_mj"])) for r in readings
+                     if isinstance(r.get("energy_mj"), int | float))
+    if len(counted) >= 2:
+        (t0, e0), (t1, e1) = counted[0], counted[-1]
+        if t1 - t0 >= 0.01 and e1 >= e0:
+            return (e1 - e0) / 1e3 / (t1 - t0)
+    power = [float(r["power_w"]) for r in readings if isinstance(r.get("power_w"), float)]
+    return sum(power) / len(power) if power else None
 READ_S = 20e-6  # one counter read's cost in virtual time
 ROW_WATTS = [95.0, 180.0, 310.0, 450.0, 560.0, 640.0, 690.0, 700.0]
 
@@ -488,23 +497,23 @@ def test_the_runs_metadata_says_how_the_counter_moves(cuda_props):
     assert meta["row_window_s"] is None
 
 
-# ---- the bounds on the older paths ------------------------------------------------------
+# ---- the bounds on the old window and on RAPL -----------------------------------------
 
-def test_the_timing_windows_power_is_bounded_too():
-    """window_power_w over a 30 ms window holding one 70 J step: 2,333 W, not written;
-    a window without a step: 0 W, not written; each says why."""
-    nv = CoarseCounterNVML(SimClock(), 0.1)
+def test_the_old_windows_powers_are_bounded():
+    """The old timing window over 30 ms holding one 70 J step: 2,333 W, not written; a
+    window without a step: 0 W, not written; each says why."""
     step = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 71_000}]
-    mon = SimpleNamespace(pynvml=nv, handle=nv.handle, last_readings=step)
-    e = RowMeter(mon).energy()
-    assert window_power_w(step) == pytest.approx(70 / 0.03)
+    power = window_power_w(step)
+    assert power == pytest.approx(70 / 0.03)
+    e = bounded(power, "nvml timing window", LIMIT_W)
     assert e.power_w is None and e.power_limit_w == LIMIT_W
     assert e.note == "energy: 2333 W is above 1.05 x the 700 W power limit: not written"
-    cols = RowMeter(mon).columns({"ms_median": 1.0, "flops": 1e12, "bytes": 0})
+    cols = e.columns(1.0, 1e12, 0)
     assert cols == {"energy_j": None, "tflop_per_j": None, "gb_per_j": None,
                     "power_w": None, "power_limit_w": LIMIT_W}
-    mon.last_readings = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 1_000}]
-    assert RowMeter(mon).energy().reason == "mean power 0 W is at or below zero: not written"
+    flat = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 1_000}]
+    assert bounded(window_power_w(flat), "nvml timing window", LIMIT_W).reason == \
+        "mean power 0 W is at or below zero: not written"
     # 735 W is 1.05 x 700 W: written; 736 W is not
     assert energy_columns(735.0, 1.0, 0, 0, LIMIT_W)["power_w"] == 735.0
     assert energy_columns(736.0, 1.0, 0, 0, LIMIT_W)["power_w"] is None
@@ -518,9 +527,9 @@ def test_rapl_keeps_its_lower_bound():
         def joules(self, before, after):
             return 0.0
 
-    meter = RowMeter(None, Flat(), clock=Ticks())
+    meter = RaplMeter(Flat(), clock=Ticks())
     assert meter.around(lambda: "timed") == "timed"
     e = meter.energy()
     assert e.power_w is None and e.method == "rapl" and "at or below zero" in e.reason
     assert meter.columns({"ms_median": 1.0, "flops": 1.0, "bytes": 1.0})["energy_j"] is None
-    assert RowMeter(None, None).energy() == RowEnergy(None, "rapl")  # no RAPL: no note
+    assert RaplMeter(None).energy() == RowEnergy(None, "rapl")  # no RAPL: no note

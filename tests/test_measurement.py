@@ -22,11 +22,11 @@ from benches.sweep import failures, gpu_monitor, results, runner, timers
 from benches.sweep.cases import Case, InputCache, RunConfig
 from benches.sweep.failures import SweepAborted
 from benches.sweep.runner import run_case
-from benches.timing import clock as timing
 from benches.timing import graphs as graph_timing
 from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
-from benches.timing.graphs import GraphProbe
+from benches.timing.graphs import GraphProbe, GraphSampler
+from benches.timing.interleave import Sampler
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES, Present, host_cpu, match_sku
@@ -240,14 +240,14 @@ def _record_timers(monkeypatch) -> list[tuple[str, int]]:
 
     def graph(calls, cfg, total=None, call_ms=None):
         seen.append((timing_plan.TIMER_GRAPH, len(calls)))
-        return timing.summarize([1e-3] * cfg.min_samples, timing_plan.TIMER_GRAPH)
+        return GraphSampler(steady_sampler(1e-3, cfg.min_samples), "", 0.0)
 
-    def flushed(fn, cfg, host_us=None, once_ms=None):
+    def flushed(fn, cfg, pad_us, once_ms=None):
         seen.append((timing_plan.TIMER_FLUSHED, 1))
-        return timing.summarize([1.0] * cfg.min_samples, timing_plan.TIMER_FLUSHED)
+        return steady_sampler(1.0, cfg.min_samples)
 
-    monkeypatch.setattr(timers, "time_cudagraph", graph)
-    monkeypatch.setattr(timers, "time_flushed", flushed)
+    monkeypatch.setattr(timers, "cudagraph_sampler", graph)
+    monkeypatch.setattr(timers, "flushed_sampler", flushed)
     # No GPU to dispatch to or profile: one launch a call, 5 us to dispatch it.
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
@@ -296,7 +296,7 @@ def test_graph_falls_back_to_flushed_and_says_so(monkeypatch):
     def broken(calls, cfg, total=None, call_ms=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(timers, "time_cudagraph", broken)
+    monkeypatch.setattr(timers, "cudagraph_sampler", broken)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a: None)
     spec = REGISTRY["add"]
@@ -519,18 +519,48 @@ def test_monitor_samples_during_the_row(monkeypatch):
     assert mon.summary()["sm_clock_mhz_min"] == 1500
 
 
+def steady_sampler(ms: float, cap: int) -> Sampler:
+    """A sampler whose every sample takes `ms` (no GPU behind it)."""
+    return Sampler(lambda k: [ms] * k, cap, ms)
+
+
+class ClockMonitor:
+    """A run's NVML monitor whose every reading is `clock` MHz, one each ms of a window."""
+
+    max_sm_clock_mhz = 1980.0
+
+    def __init__(self, mhz: float) -> None:
+        self.mhz, self.windows = mhz, []
+
+    def window(self, t0, t1):
+        assert t1 >= t0
+        self.windows.append((t0, t1))
+        return {}
+
+    def busy_between(self, t0, t1):
+        n = max(1, int((t1 - t0) * 1e3))
+        return [{"t": t0 + (t1 - t0) * (i + 0.5) / n, "sm_clock_mhz": self.mhz,
+                 "clock_reasons": 0} for i in range(n)]
+
+
+def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:
+    """A GPU case's stages on a CPU: no sync, no profiler, no flush; every sample `ms`;
+    `monitor` the run's NVML monitor (None: no NVML)."""
+    from benches.sweep import gpu_case, row_check
+
+    monkeypatch.setattr(row_check, "sync", lambda target: None)
+    monkeypatch.setattr(gpu_case, "gpu_monitor", lambda: monitor)
+    monkeypatch.setattr(gpu_case.kernel_time, "row_columns", lambda *a, **k: (
+        {"kernel_ms": None, "kernels": None, "library": None}, ""))
+    monkeypatch.setattr(gpu_case.clock, "flush_buffer",
+                        lambda: SimpleNamespace(zero_=lambda: None))
+    monkeypatch.setattr(timers.GpuTimer, "prepare", lambda self, row: timers.Prepared(
+        steady_sampler(ms, 25), timing_plan.TIMER_FLUSHED, "", 5.0))
+
+
 def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
-    class Mon:
-        max_sm_clock_mhz = 1980.0
+    gpu_faked(monkeypatch, ClockMonitor(1400.0))
 
-        def window(self, t0, t1):
-            assert t1 >= t0
-            return {"sm_clock_mhz": 1400.0, "throttle_reasons": []}
-
-    monkeypatch.setattr(runner, "gpu_monitor", lambda: Mon())
-    monkeypatch.setattr(runner, "_sync", lambda target: None)
-    monkeypatch.setattr(runner, "time_case", lambda c, cfg, i, o, *rest: (
-        timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""))
     class CpuInputs(InputCache):  # the "GPU" case's tensors live on the CPU
         def get(self, c, cfg):
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))

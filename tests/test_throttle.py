@@ -17,16 +17,18 @@ import pandas as pd
 import pytest
 
 import run_bench
-from benches.sweep import gpu_monitor, runner
+from benches.sweep import gpu_monitor, runner, timers
 from benches.sweep import retime as retime_client
 from benches.sweep.cases import InputCache
-from benches.sweep.gpu_monitor import (
+from benches.sweep.gpu_monitor import SLOWDOWN_REASONS
+from benches.sweep.runner import run_case
+from benches.sweep.sample_clocks import keep_unthrottled, per_sample_clocks
+from benches.sweep.throttle import (
     ThrottleConfig,
     run_clock_facts,
     throttle_state,
     time_unthrottled,
 )
-from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from contract.schema import ALL_COLUMNS, parse_row_key
@@ -40,14 +42,23 @@ from tests.test_measurement import case, gpu_cfg
 
 
 class WindowMonitor:
-    """A monitor whose windows come from a list, one per timing."""
+    """A monitor whose windows come from a list, one per timing: each window's readings
+    carry its clock and reasons."""
 
     def __init__(self, windows: list[dict], max_clock: float | None = 2000.0) -> None:
         self.windows, self.max_sm_clock_mhz, self.calls = list(windows), max_clock, []
+        self.current: dict = {}
 
     def window(self, t0: float, t1: float) -> dict:
         self.calls.append((t0, t1))
-        return self.windows.pop(0) if len(self.windows) > 1 else self.windows[0]
+        self.current = self.windows.pop(0) if len(self.windows) > 1 else self.windows[0]
+        return self.current
+
+    def busy_between(self, t0: float, t1: float) -> list[dict]:
+        w = self.current
+        bits = sum(SLOWDOWN_REASONS[n] for n in w["throttle_reasons"])
+        return [{"t": (t0 + t1) / 2, "sm_clock_mhz": w["sm_clock_mhz"],
+                 "clock_reasons": bits}]
 
 
 CLEAN = {"sm_clock_mhz": 1980.0, "throttle_reasons": []}
@@ -55,12 +66,18 @@ CAPPED = {"sm_clock_mhz": 1400.0, "throttle_reasons": ["sw_power_cap"]}
 
 
 def _timer():
+    """A case of one row: each timing is named by its attempt."""
     calls = []
 
     def time_fn():
         calls.append(time.monotonic())
-        return f"timing {len(calls)}", ""
+        return [(f"timing {len(calls)}", "")]
     return time_fn, calls
+
+
+def one(got):
+    (t, note, cols), = got
+    return t, note, cols
 
 
 # ---- the decision -----------------------------------------------------------------------
@@ -95,8 +112,8 @@ def test_a_throttled_timing_is_taken_again_after_the_delay():
     time_fn, calls = _timer()
     slept: list[float] = []
     mon = WindowMonitor([CAPPED, CLEAN])
-    t, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(recovery_delay_s=0.25),
-                                     sleep=slept.append)
+    t, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(recovery_delay_s=0.25),
+                                         sleep=slept.append))
     assert t == "timing 2" and slept == [0.25]
     assert cols == {"sm_clock_mhz": 1980.0, "throttled": False}
     assert "timed again 1x" in note
@@ -105,8 +122,8 @@ def test_a_throttled_timing_is_taken_again_after_the_delay():
 def test_a_row_that_stays_throttled_is_kept_and_marked():
     time_fn, calls = _timer()
     slept: list[float] = []
-    t, note, cols = time_unthrottled(time_fn, WindowMonitor([CAPPED]),
-                                     ThrottleConfig(retries=3), sleep=slept.append)
+    t, note, cols = one(time_unthrottled(time_fn, WindowMonitor([CAPPED]),
+                                         ThrottleConfig(retries=3), sleep=slept.append))
     assert len(calls) == 4 and slept == [0.05] * 3 and t == "timing 4"
     assert cols["throttled"] is True and cols["sm_clock_mhz"] == 1400.0
     assert "throttled in all 4 timings" in note and "sw_power_cap" in note
@@ -114,23 +131,25 @@ def test_a_row_that_stays_throttled_is_kept_and_marked():
 
 def test_a_clean_timing_is_taken_once():
     time_fn, calls = _timer()
-    _, note, cols = time_unthrottled(time_fn, WindowMonitor([CLEAN]), ThrottleConfig(),
-                                     sleep=lambda s: pytest.fail("no pause needed"))
+    _, note, cols = one(time_unthrottled(time_fn, WindowMonitor([CLEAN]), ThrottleConfig(),
+                                         sleep=lambda s: pytest.fail("no pause needed")))
     assert len(calls) == 1 and note == "" and cols["throttled"] is False
 
 
 def test_the_window_covers_the_timing_only(monkeypatch):
     """Inputs, the float64 reference and the first (tuning) calls come before the window
     opens; before, the window opened with the row."""
+    from tests.test_measurement import gpu_faked
+
     marks: dict[str, float] = {}
     mon = WindowMonitor([CLEAN])
-    monkeypatch.setattr(runner, "gpu_monitor", lambda: mon)
-    monkeypatch.setattr(runner, "_sync", lambda target: None)
+    gpu_faked(monkeypatch, mon)
 
-    def fake_time_case(c, cfg, inputs, out, *rest):
-        marks["timing"] = time.monotonic()
-        return timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""
-    monkeypatch.setattr(runner, "time_case", fake_time_case)
+    def take(k):
+        marks.setdefault("timing", time.monotonic())
+        return [0.5] * k
+    monkeypatch.setattr(timers.GpuTimer, "prepare", lambda self, row: timers.Prepared(
+        timers.Sampler(take, 25, 0.5), timing_plan.TIMER_FLUSHED, "", 5.0))
 
     class Cache(InputCache):
         def get(self, c, cfg):
@@ -350,8 +369,8 @@ def test_a_power_capped_timing_at_full_clock_is_timed_once_and_not_marked():
     nv, mon = _nvml_monitor()
     nv.devs[1]["reasons"] = 0x4
     time_fn, calls = _timer()
-    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(),
-                                     sleep=lambda s: pytest.fail("re-timed at full clock"))
+    _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(),
+                                         sleep=lambda s: pytest.fail("re-timed at full clock")))
     assert len(calls) == 1 and cols == {"sm_clock_mhz": 1755.0, "throttled": False}
     assert note == "clock-event reasons sw_power_cap at SM clock 1755 MHz, above 75% of " \
                    "1980 MHz: not throttled"
@@ -363,7 +382,7 @@ def test_a_power_capped_timing_below_the_threshold_is_throttled():
     nv.devs[1]["clock"], nv.devs[1]["reasons"] = 1300, 0x4 | 0x8
     time_fn, calls = _timer()
     slept: list[float] = []
-    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(), sleep=slept.append)
+    _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(), sleep=slept.append))
     assert len(calls) == 4 and cols == {"sm_clock_mhz": 1300.0, "throttled": True}
     assert "SM clock 1300 MHz, below 75% of its 1980 MHz maximum" in note
     assert "hw_slowdown, sw_power_cap" in note
@@ -394,24 +413,39 @@ def test_a_window_of_an_idle_gpu_only_cannot_be_throttled():
     nv, mon = _nvml_monitor()
     nv.devs[1].update(clock=210, reasons=0x1 | 0x4)
     time_fn, calls = _timer()
-    _, note, cols = time_unthrottled(time_fn, mon, ThrottleConfig(),
-                                     sleep=lambda s: pytest.fail("an idle clock re-timed"))
+    _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(),
+                                         sleep=lambda s: pytest.fail("an idle clock re-timed")))
     assert cols == {"sm_clock_mhz": None, "throttled": False} and note == ""
 
 
-def test_the_window_is_the_timers_own_span_when_it_reports_one():
-    """A timer that reports when its samples ran (`span`: time.monotonic() at the first
-    sample's start and the last one's end) gets that span as the window: a CUDA graph's
-    capture and the copies made for it stay out."""
-    from types import SimpleNamespace
+def test_a_rows_readings_are_its_own_batches_or_span():
+    """A row's clock comes from the readings inside its own samples' windows: its batches
+    (each widened by BATCH_SLACK_S) when it was timed in turns with other providers, its
+    span when it reports one, else the whole call; never from a CUDA graph's capture nor
+    another provider's batch."""
+    from benches.sweep.sample_clocks import BATCH_SLACK_S
+    from benches.sweep.throttle import row_readings
+    from benches.timing.interleave import Batch
 
-    mon = WindowMonitor([CLEAN])
-    time_unthrottled(lambda: (SimpleNamespace(span=(10.0, 10.5)), ""), mon, ThrottleConfig())
-    assert mon.calls == [(10.0, 10.5)]
-    t0 = time.monotonic()
-    time_unthrottled(lambda: (timing.summarize([0.5] * 25, timing_plan.TIMER_FLUSHED), ""), mon,
-                     ThrottleConfig())
-    assert mon.calls[1][0] >= t0  # no span: the whole call
+    asked: list[tuple[float, float]] = []
+
+    class Mon:
+        def busy_between(self, t0, t1):
+            asked.append((t0, t1))
+            return [{"t": t0 + BATCH_SLACK_S, "sm_clock_mhz": 1500.0}]
+
+    batched = dataclasses.replace(timing.summarize([0.5] * 4, timing_plan.TIMER_FLUSHED),
+                                  batches=(Batch(10.0, 10.1, 2), Batch(10.3, 10.4, 2)),
+                                  span=(10.0, 10.4))
+    assert len(row_readings(Mon(), batched, 0.0, 99.0)) == 2
+    assert asked == [(10.0 - BATCH_SLACK_S, 10.1 + BATCH_SLACK_S),
+                     (10.3 - BATCH_SLACK_S, 10.4 + BATCH_SLACK_S)]
+    asked.clear()
+    row_readings(Mon(), dataclasses.replace(batched, batches=()), 0.0, 99.0)
+    assert asked == [(10.0, 10.4)]
+    asked.clear()
+    row_readings(Mon(), "no span", 1.0, 2.0)
+    assert asked == [(1.0, 2.0)]
 
 
 def test_a_throttled_cell_reads_the_same_wherever_it_comes_from():
@@ -428,3 +462,93 @@ def test_a_throttled_cell_reads_the_same_wherever_it_comes_from():
         assert is_throttled(yes)
     for no in (False, None, float("nan"), "false", "", 1, "1"):
         assert not is_throttled(no)
+
+
+# ---- the throttle rule per sample --------------------------------------------------------
+
+def _readings(clocks: list[tuple[float, float]]) -> list[dict]:
+    return [{"t": t, "sm_clock_mhz": c, "clock_reasons": 0} for t, c in clocks]
+
+
+class ReadingsMonitor:
+    """A monitor holding fixed readings (a 1980 MHz GPU)."""
+
+    max_sm_clock_mhz = 1980.0
+
+    def __init__(self, reads: list[dict]) -> None:
+        self.reads, self.last_busy = reads, reads
+
+    def window(self, t0, t1):
+        return {}
+
+    def busy_between(self, t0, t1):
+        return [r for r in self.reads if t0 <= r["t"] <= t1]
+
+
+def test_a_batched_samples_clock_is_read_in_its_own_batch_only():
+    """Two providers' batches alternate: a sample's clock never comes from a reading
+    taken while the other provider ran, however near."""
+    from benches.sweep.sample_clocks import batch_sample_clocks
+    from benches.timing.interleave import Batch
+
+    mine = [Batch(10.0, 10.01, 2), Batch(10.02, 10.03, 2)]  # the other ran 10.01..10.02
+    reads = _readings([(10.005, 1500.0), (10.015, 1980.0), (10.029, 1520.0)])
+    assert batch_sample_clocks([5.0] * 4, mine, reads) == [1500.0, 1500.0, 1520.0, 1520.0]
+    # No reading inside the second batch: its samples' clock is unknown, not the other's.
+    assert batch_sample_clocks([5.0] * 4, mine, reads[:2]) == [1500.0, 1500.0, None, None]
+
+
+def test_each_sample_takes_the_clock_nearest_its_midpoint():
+    samples = [1.0] * 10  # 10 samples over 10.0..10.1 s: midpoints 10.005, 10.015, ...
+    clocks = per_sample_clocks(samples, (10.0, 10.1),
+                               _readings([(10.0, 1200.0), (10.04, 1900.0), (10.1, 1900.0)]))
+    assert clocks[:2] == [1200.0, 1200.0] and clocks[2:] == [1900.0] * 8
+    far = per_sample_clocks(samples, (10.0, 10.1), _readings([(10.2, 1900.0)]))
+    assert far == [None] * 10
+
+
+def test_slow_samples_are_left_out_and_the_row_is_not_throttled():
+    t = timing.Timing(**{**timing.summarize([2.0] * 4 + [1.0] * 16,
+                                            timing_plan.TIMER_FLUSHED).__dict__,
+                         "span": (10.0, 10.2)})  # 4 slow samples first, 10.0..10.067 s
+    reads = _readings([(10.0 + i * 0.01, 1000.0 if i < 7 else 1900.0) for i in range(21)])
+    kept = keep_unthrottled(t, reads, threshold_mhz=1485.0)
+    assert kept is not None
+    new, dropped, clock = kept
+    assert dropped == 4 and new.n_samples == 16 and new.ms_median == 1.0 and clock == 1900.0
+
+    out, note, cols = one(time_unthrottled(lambda: [(t, "")], ReadingsMonitor(reads),
+                                           ThrottleConfig(),
+                                           sleep=lambda s: pytest.fail("no re-timing needed")))
+    assert out.ms_median == 1.0 and cols["throttled"] is False
+    assert cols["throttled_samples"] == 4
+    assert "4 of 20 samples left out: SM clock below 75% of 1980 MHz" in note
+
+
+def test_a_samples_clock_is_a_reading_within_50_ms_and_half_the_samples_must_stay():
+    one = [1.0]  # one sample over 10.0..10.001 s: its midpoint at 10.0005
+    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0405, 1900.0)])) == [1900.0]
+    assert per_sample_clocks(one, (10.0, 10.001), _readings([(10.0705, 1900.0)])) == [None]
+
+    def kept_of(slow: int):  # 30 samples of 1 ms over 30 ms, the first `slow` ones slow
+        t = timing.Timing(**{**timing.summarize([1.0] * 30, timing_plan.TIMER_FLUSHED)
+                             .__dict__, "span": (10.0, 10.03)})
+        reads = _readings([(10.0004 + i * 0.001, 1000.0 if i < slow else 1900.0)
+                           for i in range(30)])
+        return keep_unthrottled(t, reads, threshold_mhz=1485.0)
+
+    got = kept_of(12)  # 18 of 30 left: at least half, and at least 10
+    assert got is not None and got[1] == 12 and got[0].n_samples == 18
+    assert kept_of(17) is None  # 13 of 30 left: under half, timed again whole
+
+
+def test_mostly_slow_samples_are_timed_again_whole():
+    t = timing.Timing(**{**timing.summarize([2.0] * 20, timing_plan.TIMER_FLUSHED).__dict__,
+                         "span": (10.0, 10.2)})
+    reads = _readings([(10.0 + i * 0.01, 1000.0) for i in range(21)])
+    assert keep_unthrottled(t, reads, threshold_mhz=1485.0) is None
+    slept: list[float] = []
+
+    _, note, cols = one(time_unthrottled(lambda: [(t, "")], ReadingsMonitor(reads),
+                                         ThrottleConfig(retries=2), sleep=slept.append))
+    assert cols["throttled"] is True and len(slept) == 2 and "throttled in all 3" in note

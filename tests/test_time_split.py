@@ -19,10 +19,8 @@ import torch
 from benches.sweep import cases as cases_mod
 from benches.sweep import phases, runner, timers
 from benches.sweep.phases import TimeSplit
-from benches.timing import clock as timing
-from benches.timing import plan as timing_plan
 from benches.timing.clock import Dispatch
-from benches.timing.graphs import GraphProbe
+from benches.timing.graphs import GraphProbe, GraphSampler
 from contract.phases import PHASES
 from contract.schema import ROW_SPLIT, row_key
 from kernels import REGISTRY
@@ -33,7 +31,10 @@ from roofline.report.run_time import (
     time_split_line,
 )
 from roofline.report.summary import md_table, render_summary
-from tests.test_measurement import FAST, cpu_cfg, gpu_cfg
+from tests.test_measurement import FAST, cpu_cfg, gpu_cfg, gpu_faked, steady_sampler
+
+# The timers' own set-up, where a test keeps it under gpu_faked's other fakes.
+REAL_PREPARE = timers.GpuTimer.prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,12 +285,13 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
 
     def graph(calls, cfg, total=None, call_ms=None):
         seen.append(list(calls))
-        return timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH)
+        return GraphSampler(steady_sampler(1e-3, 10), "", 0.0)
 
-    monkeypatch.setattr(timers, "time_cudagraph", graph)
+    gpu_faked(monkeypatch)
+    monkeypatch.setattr(timers.GpuTimer, "prepare", REAL_PREPARE)
+    monkeypatch.setattr(timers, "cudagraph_sampler", graph)
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
-    monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     blocks: list[int] = []
     real = cases_mod._make_copies
@@ -315,11 +317,14 @@ def test_a_gpu_rows_profiler_pass_is_booked_to_profile_with_no_call_before_it(mo
     from benches.sweep import kernel_time
 
     events: list[str] = []
-    monkeypatch.setattr(timers, "time_cudagraph", lambda calls, cfg, total=None,
-                        call_ms=None: timing.summarize([1e-3] * 10, timing_plan.TIMER_GRAPH))
+    real_columns = kernel_time.row_columns
+    gpu_faked(monkeypatch)
+    monkeypatch.setattr(kernel_time, "row_columns", real_columns)  # the pass under test
+    monkeypatch.setattr(timers.GpuTimer, "prepare", REAL_PREPARE)
+    monkeypatch.setattr(timers, "cudagraph_sampler", lambda calls, cfg, total=None,
+                        call_ms=None: GraphSampler(steady_sampler(1e-3, 10), "", 0.0))
     monkeypatch.setattr(timers, "measure_dispatch", lambda call, sync: Dispatch(5.0, 0.01))
     monkeypatch.setattr(timers, "probe_call", lambda call: GraphProbe(1, 0.01))
-    monkeypatch.setattr(runner, "gpu_monitor", lambda: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
 
     def profiled(run, on_gpu):

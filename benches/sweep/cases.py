@@ -15,17 +15,17 @@ from typing import Any
 
 import torch
 
-from benches.sweep.gpu_monitor import (
-    ThrottleConfig,
-)
 from benches.sweep.shapes import is_model_sizes, model_layers, shapes_for
+from benches.sweep.throttle import ThrottleConfig
+from benches.timing.clock import Timing
 from benches.timing.plan import TimingConfig
 from contract import metrics
-from contract.ceilings import Ceilings
+from contract.ceilings import NO_ROOF_BELOW_FP32, Ceilings
 from contract.devices import DeviceModel, Present
 from contract.schema import (
     ALL_COLUMNS,
     DEFAULT_CACHE,
+    SAMPLES,
     RowKey,
     format_shape,
 )
@@ -84,6 +84,8 @@ class RunConfig:
     # Cache modes each case is timed in (--cache), in order; check-only runs check each
     # case once, in the first.
     cache: list[str] = field(default_factory=lambda: [DEFAULT_CACHE])
+    # Which GPU rows get an energy window (--energy: contract.request.ENERGY_ROWS).
+    energy: str = "largest"
 
 
 def build_cases(cfg: RunConfig) -> list[Case]:
@@ -109,6 +111,24 @@ def build_cases(cfg: RunConfig) -> list[Case]:
                         continue
                     cases += [Case(spec, prov, dtype, shape, mode, layer) for mode in modes]
     return cases
+
+
+def energy_keys(cases: list[Case], rows: str) -> frozenset[RowKey]:
+    """The cases whose rows get an energy window under --energy `rows`: every one, none,
+    or ("largest") the largest shape (FLOPs + bytes) of each kernel, provider, dtype and
+    cache mode among `cases`, where the energy per call says most (the roof's TFLOP/J)
+    for a window of the same length."""
+    if rows == "all":
+        return frozenset(c.key for c in cases)
+    if rows == "off":
+        return frozenset()
+    best: dict[tuple[str, str, str, str], tuple[float, Case]] = {}
+    for c in cases:
+        series = (c.spec.name, c.provider, c.dtype, c.cache)
+        work = float(c.spec.flops(c.shape, c.dtype) + c.spec.nbytes(c.shape, c.dtype))
+        if series not in best or work > best[series][0]:
+            best[series] = (work, c)
+    return frozenset(c.key for _, c in best.values())
 
 
 def case_seed(base: int, spec: KernelSpec, dtype: str, shape: Shape) -> int:
@@ -145,6 +165,27 @@ def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
         layer=case.layer,
     )
     row.update(metrics.derive(flops, nbytes, None, *roofs_of(case, cfg)))
+    return row
+
+
+def set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
+               note: str) -> dict[str, Any]:
+    """The row ok with its timing: times, samples, timer, metrics, the reason's notes (the
+    roof's, and why it has no MFU where its roof class has no compute roof here)."""
+    rc = case.spec.roof_class(case.dtype, cfg.target)
+    note = "; ".join(x for x in (note, case.spec.roof_note(case.dtype, cfg.target)) if x)
+    if rc in cfg.ceilings.no_roofs() and cfg.ceilings.peak_tflops(rc) is None:
+        # Said in the row, where its MFU would be (contract.ceilings.no_roofs).
+        no_roof = (f"no {rc} compute roof here (measured under {NO_ROOF_BELOW_FP32:g}x "
+                   "fp32's): no MFU")
+        if no_roof not in note:
+            note = "; ".join(x for x in (note, no_roof) if x)
+    row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
+               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note,
+               host_us=timing.host_us)
+    row[SAMPLES] = list(timing.samples_ms)
+    row.update(metrics.derive(row["flops"], row["bytes"], timing.ms_median,
+                              *roofs_of(case, cfg)))
     return row
 
 

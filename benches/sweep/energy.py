@@ -7,36 +7,29 @@ times its median time, per call (`energy_j`), and what that energy buys (`tflop_
   driver loaded, Volta and later), which changes in steps tens of ms apart: a row's power
   is the energy between the counter's first and last change over a replay of the row
   long enough for it (benches/sweep/energy_counter.py, GpuEnergyMeter; docs/measurement.md,
-  "Energy").  `window_power_w`, the counter's rise over the timing window's own readings,
-  is the older way, kept for the runner until it calls the meter: its windows are too
-  short for the counter, so its values are bounded (power_bounds_reason) and often empty.
+  "Energy"; benches/sweep/gpu_case.py replays the row).
 - CPU: RAPL's package counters (/sys/class/powercap/intel-rapl:N/energy_uj, µJ, wrapping
   at max_energy_range_uj) read before and after the row's timing, where readable (root
   only on kernels patched for CVE-2020-8694); else the columns are empty.
 
 A power at or below zero, or above POWER_LIMIT_SLACK x the enforced power limit, is not
 written: the columns stay empty and RowEnergy.note says why.  Where no source can be read
-the columns stay empty and the run's metadata key `energy` says why (energy_metadata).
+the columns stay empty and the run's metadata key `energy` says why
+(benches/sweep/energy_counter.py, energy_metadata).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benches.sweep.gpu_monitor import load_pynvml, nvml_handle
-
 T = TypeVar("T")
 
 RAPL_ROOT = Path("/sys/class/powercap")
-# Readings of a window must span this long (s) for the counter's rise to give its power.
-MIN_COUNTER_SPAN_S = 0.01
 ENERGY_COLUMNS = ("energy_j", "tflop_per_j", "gb_per_j", "power_w", "power_limit_w")
 # A board draws at most its enforced limit over any window the counter resolves; the
 # slack covers the limit's own regulation (it holds the average, not every millisecond).
@@ -91,22 +84,6 @@ class Rapl:
 @functools.cache
 def host_rapl() -> tuple[Rapl | None, str]:
     return Rapl.find()
-
-
-def window_power_w(readings: list[dict[str, Any]]) -> float | None:
-    """Mean power (W) over a timing window's readings: the energy counter's rise over
-    the time between its first and last reading when they span MIN_COUNTER_SPAN_S,
-    else the mean of the power readings; None when neither is there."""
-    counted = sorted((float(r["t"]), float(r["energy_mj"])) for r in readings
-                     if isinstance(r.get("energy_mj"), int | float)
-                     and isinstance(r.get("t"), int | float))
-    if len(counted) >= 2:
-        (t0, e0), (t1, e1) = counted[0], counted[-1]
-        if t1 - t0 >= MIN_COUNTER_SPAN_S and e1 >= e0:
-            return (e1 - e0) / 1e3 / (t1 - t0)
-    power = [float(r["power_w"]) for r in readings
-             if isinstance(r.get("power_w"), int | float)]
-    return statistics.fmean(power) if power else None
 
 
 def power_bounds_reason(power_w: float, power_limit_w: float | None) -> str:
@@ -174,16 +151,15 @@ def bounded(power_w: float | None, method: str, power_limit_w: float | None = No
                      power_limit_w=power_limit_w)
 
 
-class RowMeter:
-    """A row's energy read around its timing: on a CPU `around` reads RAPL before and
-    after it; on a GPU (until the runner calls GpuEnergyMeter) the readings of the run's
-    GpuMonitor's last timing window, window_power_w."""
+class RaplMeter:
+    """A CPU row's energy: RAPL read before and after its timing (`around`), where
+    readable (`rapl` None: the columns stay empty, metadata.energy says why)."""
 
-    def __init__(self, monitor: Any | None, rapl: Rapl | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.monitor, self.rapl, self.clock = monitor, rapl, clock
-        self.cpu_power_w: float | None = None
-        self.cpu_span_s: float | None = None
+    def __init__(self, rapl: Rapl | None, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.rapl, self.clock = rapl, clock
+        self.power_w: float | None = None
+        self.span_s: float | None = None
 
     def around(self, timed: Callable[[], T]) -> T:
         """`timed()` with RAPL read before and after it, where readable."""
@@ -193,85 +169,20 @@ class RowMeter:
         out = timed()
         t1, after = self.clock(), self.rapl.read()
         if t1 > t0:
-            self.cpu_power_w = self.rapl.joules(before, after) / (t1 - t0)
-            self.cpu_span_s = t1 - t0
+            self.power_w = self.rapl.joules(before, after) / (t1 - t0)
+            self.span_s = t1 - t0
         return out
 
-    def power_limit_w(self) -> float | None:
-        m = self.monitor
-        try:
-            return m.pynvml.nvmlDeviceGetEnforcedPowerLimit(m.handle) / 1000.0
-        except Exception:
-            return None
-
     def energy(self) -> RowEnergy:
-        """The last timing's mean power, bounded (power_bounds_reason)."""
-        if self.monitor is None:
-            return bounded(self.cpu_power_w, "rapl", span_s=self.cpu_span_s,
-                           missing="" if self.rapl is None else "RAPL read no timing")
-        power = window_power_w(getattr(self.monitor, "last_readings", None) or [])
-        return bounded(power, "nvml timing window", self.power_limit_w(),
-                       missing="no energy reading in the timing window")
+        """The timing's mean power, bounded (power_bounds_reason)."""
+        return bounded(self.power_w, "rapl", span_s=self.span_s,
+                       missing="" if self.rapl is None else "RAPL read no timing")
 
     def columns(self, row: dict[str, Any]) -> dict[str, Any]:
         return self.energy().columns(row.get("ms_median"), float(row.get("flops") or 0),
                                      float(row.get("bytes") or 0))
 
 
-def row_meter(monitor: Any | None, kind: str) -> RowMeter:
-    """The meter of a row: the GPU monitor's; on a CPU the host's RAPL (where readable);
-    none for a GPU without NVML (the host's RAPL would not be the GPU's energy)."""
-    if monitor is not None:
-        return RowMeter(monitor)
-    return RowMeter(None, host_rapl()[0] if kind != "cuda" else None)
-
-
-def energy_metadata(kind: str, pynvml: Any | None = None,
-                    rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
-    """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}; on
-    a GPU also how its counter moves (`counter`: benches.sweep.energy_counter's probe,
-    taken here once per process) and the replay a row needs for it (`row_window_s`)."""
-    if kind != "cuda":
-        rapl, why = Rapl.find(rapl_root) if rapl_root != RAPL_ROOT else host_rapl()
-        if rapl is None:
-            return {"source": None, "reason": f"CPU: {why}"}
-        return {"source": "rapl", "reason": (
-            f"RAPL package energy ({len(rapl.domains)} package(s)) over each row's timing "
-            "x its median time")}
-    nv = pynvml if pynvml is not None else load_pynvml()
-    if nv is None:
-        return {"source": None, "reason": "nvidia-ml-py (pynvml) is not installed"}
-    try:
-        nv.nvmlInit()
-    except Exception as e:
-        return {"source": None, "reason": f"NVML did not start ({type(e).__name__}: {e})"}
-    try:
-        h, how = nvml_handle(nv)
-        if h is None:
-            return {"source": None, "reason": how}
-        nv.nvmlDeviceGetTotalEnergyConsumption(h)
-        return _counter_metadata(nv, h)
-    except Exception as e:
-        return {"source": None, "reason": (
-            f"NVML's total energy counter is not readable ({type(e).__name__}: {e}); "
-            "older than Volta, or a vGPU")}
-    finally:
-        with contextlib.suppress(Exception):
-            nv.nvmlShutdown()
-
-
-def _counter_metadata(nv: Any, h: Any) -> dict[str, Any]:
-    # Imported here: energy_counter builds on this module's RowEnergy and bounds.
-    from benches.sweep.energy_counter import PRECISION, counter_probe, plan_window
-
-    probe = counter_probe(nv, h)
-    plan = plan_window(probe)
-    meta: dict[str, Any] = {"counter": probe.to_json(), "row_window_s": plan.window_s,
-                            "precision": PRECISION,
-                            "bounds": f"(0, {POWER_LIMIT_SLACK:g} x the enforced power limit]"}
-    if plan.window_s is None:
-        return {"source": None, "reason": f"NVML total energy counter: {plan.reason}", **meta}
-    return {"source": "nvml", "reason": (
-        f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
-        "row's mean power from the counter's first to last change over a "
-        f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"), **meta}
+def rapl_meter() -> RaplMeter:
+    """A CPU row's meter on this host's RAPL (where readable)."""
+    return RaplMeter(host_rapl()[0])

@@ -21,6 +21,7 @@ is zero or a whole step over a short span (docs/measurement.md, "Energy").  Here
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -30,11 +31,20 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from scipy.stats import t as student_t
+from scipy.special import stdtrit
 
-from benches.sweep.energy import RowEnergy, power_bounds_reason
+from benches.sweep import energy
+from benches.sweep.energy import (
+    POWER_LIMIT_SLACK,
+    RAPL_ROOT,
+    Rapl,
+    RowEnergy,
+    power_bounds_reason,
+)
+from benches.sweep.gpu_monitor import load_pynvml, nvml_handle
 
 METHOD = "nvml counter edges"
 # The probe's bound: long enough to see two changes of a counter stepping every 100 ms
@@ -66,7 +76,7 @@ FIRST_ROWS_STEPS = 6
 
 def noise_factor(steps: int) -> float:
     """Standard errors of the steps' mean that CONFIDENCE spans with `steps` steps."""
-    return float(student_t.ppf(0.5 + CONFIDENCE / 2, max(steps - 1, 1)))
+    return float(stdtrit(max(steps - 1, 1), 0.5 + CONFIDENCE / 2))
 
 
 @dataclass(frozen=True)
@@ -403,3 +413,53 @@ class GpuEnergyMeter:
         if out_of_bounds:
             return RowEnergy(None, reason=out_of_bounds, **common)
         return RowEnergy(fit.power_w, **common)
+
+
+# ---- the run's metadata ---------------------------------------------------------------
+
+def energy_metadata(kind: str, pynvml: Any | None = None,
+                    rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
+    """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}; on
+    a GPU also how its counter moves (`counter`: benches.sweep.energy_counter's probe,
+    taken here once per process) and the replay a row needs for it (`row_window_s`)."""
+    if kind != "cuda":
+        rapl, why = Rapl.find(rapl_root) if rapl_root != RAPL_ROOT else energy.host_rapl()
+        if rapl is None:
+            return {"source": None, "reason": f"CPU: {why}"}
+        return {"source": "rapl", "reason": (
+            f"RAPL package energy ({len(rapl.domains)} package(s)) over each row's timing "
+            "x its median time")}
+    nv = pynvml if pynvml is not None else load_pynvml()
+    if nv is None:
+        return {"source": None, "reason": "nvidia-ml-py (pynvml) is not installed"}
+    try:
+        nv.nvmlInit()
+    except Exception as e:
+        return {"source": None, "reason": f"NVML did not start ({type(e).__name__}: {e})"}
+    try:
+        h, how = nvml_handle(nv)
+        if h is None:
+            return {"source": None, "reason": how}
+        nv.nvmlDeviceGetTotalEnergyConsumption(h)
+        return _counter_metadata(nv, h)
+    except Exception as e:
+        return {"source": None, "reason": (
+            f"NVML's total energy counter is not readable ({type(e).__name__}: {e}); "
+            "older than Volta, or a vGPU")}
+    finally:
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()
+
+
+def _counter_metadata(nv: Any, h: Any) -> dict[str, Any]:
+    probe = counter_probe(nv, h)
+    plan = plan_window(probe)
+    meta: dict[str, Any] = {"counter": probe.to_json(), "row_window_s": plan.window_s,
+                            "precision": PRECISION,
+                            "bounds": f"(0, {POWER_LIMIT_SLACK:g} x the enforced power limit]"}
+    if plan.window_s is None:
+        return {"source": None, "reason": f"NVML total energy counter: {plan.reason}", **meta}
+    return {"source": "nvml", "reason": (
+        f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
+        "row's mean power from the counter's first to last change over a "
+        f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"), **meta}

@@ -1,10 +1,9 @@
-"""The GPU's clocks, power and throttling through NVML (nvidia-ml-py), read from the NVML
-device that is the CUDA device in use, and nvbench-style throttle handling of a timing:
-a timing whose SM clock sat below a share of the maximum is taken again after a pause,
-and marked if it stays throttled.
+"""The GPU's clocks, power and clock-event reasons through NVML (nvidia-ml-py), read from
+the NVML device that is the CUDA device in use, on a background thread while the sweep
+runs (what a timing found throttled, and what is done about it: benches/sweep/throttle.py).
 
-Light on imports (torch only) and free of the sweep: benches.sweep.runner calls
-`time_unthrottled` around each GPU row's timing.
+Light on imports (torch only) and free of the sweep: benches/sweep/throttle.py reads it
+around each GPU case's timing.
 """
 
 from __future__ import annotations
@@ -15,16 +14,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from benches.sweep.failures import error_message
-from benches.sweep.sample_clocks import keep_unthrottled
-
-T = TypeVar("T")
-
 
 # Clock-event ("throttle") reason bits that name a power or thermal limit on the clock
 # (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power
@@ -144,7 +138,7 @@ class GpuMonitor:
     and whether the GPU throttled while it ran, not only at the run's idle ends."""
 
     def __init__(self, pynvml: Any, handle: Any, interval_s: float = 0.1,
-                 keep: int = 100_000, fast_interval_s: float = 0.01,
+                 keep: int = 100_000, fast_interval_s: float = 0.005,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.pynvml, self.handle, self.interval_s = pynvml, handle, interval_s
         # During a timing (fast()) light readings every fast_interval_s between the full
@@ -235,6 +229,26 @@ class GpuMonitor:
             "throttle_reasons": sorted({n for x in reasons for n in throttle_names(x)}),
             "idle_readings": len(rs) - len(busy),
         }
+
+    def busy_between(self, t0: float, t1: float) -> list[dict[str, Any]]:
+        """The busy readings taken in [t0, t1] (is_idle left out), oldest first, without
+        booking them: a row's own share of a case's window (window books the case's)."""
+        with self._lock:
+            rs = []
+            for r in reversed(self.readings):
+                if r["t"] < t0:
+                    break
+                if r["t"] <= t1 and not is_idle(r):
+                    rs.append(r)
+        rs.reverse()
+        return rs
+
+    def clock_between(self, t0: float, t1: float) -> float | None:
+        """The median SM clock of the busy readings in [t0, t1] (None: none there): the
+        clock a compute-bound case's warm-up watches (benches/timing/interleave.py)."""
+        clocks = [r["sm_clock_mhz"] for r in self.busy_between(t0, t1)
+                  if isinstance(r.get("sm_clock_mhz"), int | float)]
+        return float(statistics.median(clocks)) if clocks else None
 
     def summary(self) -> dict[str, Any]:
         """Over the busy readings of every timing window so far (window): SM clock range,
@@ -343,155 +357,3 @@ def nvml_snapshot() -> dict[str, Any] | None:
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-
-
-# ---- throttle handling (nvbench's --throttle-threshold / --throttle-recovery-delay) ----
-#
-# The rule, as nvbench's: a timing is throttled when the SM clock it ran at sat below
-# threshold_pct of the GPU's maximum SM clock, and only then.  nvbench times the clock
-# over each trial (nvbench/detail/gpu_frequency.cxx, has_throttled: the measured rate
-# below threshold x cudaDevAttrClockRate, default 75%) and reads no clock-event reasons.
-# Here the clock is NVML's SM clock, the median over the busy readings of the timing's
-# window (GpuMonitor.window).  The reasons NVML gives are reported beside the clock (the
-# row's reason, the run's summary), never judged alone:
-# - sw_power_cap is the GPU holding its power limit, the normal state of a sustained
-#   GEMM at TDP (an H100 SXM at 700 W reports it routinely): what it costs shows in the
-#   clock, and above the threshold it is the speed the GPU has, not a throttled timing
-#   (counting the bit alone re-timed and marked the big bf16/fp8 matmuls, failing the
-#   gate).
-# - hw_slowdown, hw_thermal and hw_power_brake cut the clock "by a factor of 2 or more"
-#   (nvml.h), so a sustained one puts the clock under any threshold above 50%; NVML also
-#   reports hw_slowdown "during PState or clock change", which a window opening on a GPU
-#   coming out of idle contains.  With the clock above the threshold they are reported,
-#   not counted.  sw_thermal lowers the clock in steps: the same rule holds.
-
-@dataclass(frozen=True)
-class ThrottleConfig:
-    """When a GPU timing counts as throttled, and what is done about it.
-
-    As nvbench does (its --throttle-threshold, default 75%, and
-    --throttle-recovery-delay, default 0.05 s): a timing during which the median SM clock
-    of the busy GPU sat below `threshold_pct` of the GPU's maximum SM clock is taken
-    again after `recovery_delay_s`, up to `retries` times; if the last one is throttled
-    too, the row keeps it and is marked (`throttled`), so the regression gate can tell a
-    hot or power-starved GPU from slower code.  Clock-event reasons are reported, not
-    judged (see the rule above)."""
-
-    threshold_pct: float = 75.0
-    recovery_delay_s: float = 0.05
-    retries: int = 3
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def _reasons_text(window: dict[str, Any]) -> str:
-    names = window.get("throttle_reasons") or []
-    return f"clock-event reasons {', '.join(names)}" if names else ""
-
-
-def throttle_state(window: dict[str, Any], max_sm_clock_mhz: float | None,
-                   cfg: ThrottleConfig) -> str | None:
-    """Why a timing window counts as throttled (its SM clock below the threshold, with
-    the reasons NVML gave), or None when it does not or cannot be told (no busy reading,
-    no known maximum)."""
-    clock = window.get("sm_clock_mhz")
-    if not (isinstance(clock, int | float) and max_sm_clock_mhz and
-            clock < cfg.threshold_pct / 100.0 * max_sm_clock_mhz):
-        return None
-    why = (f"SM clock {clock:.0f} MHz, below {cfg.threshold_pct:g}% of its "
-           f"{max_sm_clock_mhz:.0f} MHz maximum")
-    reasons = _reasons_text(window)
-    return f"{why}; {reasons}" if reasons else why
-
-
-def _span(timing: Any) -> tuple[float, float] | None:
-    """The time.monotonic() span a timer reports for its samples (`span`: the start of
-    its first sample, the end of its last), where it reports one."""
-    span = getattr(timing, "span", None)
-    if isinstance(span, tuple) and len(span) == 2 and \
-            all(isinstance(x, int | float) for x in span) and span[0] <= span[1]:
-        return float(span[0]), float(span[1])
-    return None
-
-
-def time_unthrottled(time_fn: Callable[[], tuple[T, str]], monitor: Any,
-                     cfg: ThrottleConfig, sleep: Callable[[float], None] = time.sleep
-                     ) -> tuple[T, str, dict[str, Any]]:
-    """(timing, note, row columns) of `time_fn` under the monitor's NVML window, taken
-    again after a pause while throttled (ThrottleConfig).  The window is the timing's
-    own samples where the timer reports their span (a CUDA graph's capture and the
-    copies made for it then stay out), else the whole call.  The columns are the last
-    timing's median SM clock and whether it was throttled; the note says what was done,
-    and which clock-event reasons NVML gave while it ran."""
-    max_clock = getattr(monitor, "max_sm_clock_mhz", None)
-    fast = getattr(monitor, "fast", contextlib.nullcontext)
-    attempt = 0
-    while True:
-        t0 = time.monotonic()
-        with fast():
-            timing, note = time_fn()
-        window = monitor.window(*(_span(timing) or (t0, time.monotonic())))
-        why = throttle_state(window, max_clock, cfg)
-        # nvbench's rule per sample where each sample's clock is known: the slow samples
-        # are left out, and the timing is taken again only when too few would be left.
-        busy = getattr(monitor, "last_busy", None)
-        kept = keep_unthrottled(timing, busy, cfg.threshold_pct / 100 * max_clock) \
-            if max_clock and busy else None
-        if kept is not None:
-            timing, dropped, clock = kept
-            why, window = None, {**window, "sm_clock_mhz": clock or window.get("sm_clock_mhz")}
-        if why is None or attempt >= cfg.retries:
-            break
-        attempt += 1
-        sleep(cfg.recovery_delay_s)
-    if why is not None:
-        said = f"GPU throttled in all {attempt + 1} timings ({why}): kept and marked"
-    elif attempt:
-        said = f"timed again {attempt}x after the GPU throttled"
-    else:
-        said = ""
-    if kept is not None and dropped:
-        said = "; ".join(x for x in (said, (
-            f"{dropped} of {dropped + timing.n_samples} samples left out: SM clock below "
-            f"{cfg.threshold_pct:g}% of {max_clock:.0f} MHz")) if x)
-    reasons = _reasons_text(window)
-    clock = window.get("sm_clock_mhz")
-    if reasons and why is None and isinstance(clock, int | float):
-        # Reported beside the clock, as the row's verdict rests on the clock alone.
-        above = (f", above {cfg.threshold_pct:g}% of {max_clock:.0f} MHz: not throttled"
-                 if max_clock else "")
-        said = "; ".join(x for x in (said, f"{reasons} at SM clock {clock:.0f} MHz{above}")
-                         if x)
-    if said:
-        note = f"{note}; {said}" if note else said
-    cols = {"sm_clock_mhz": window.get("sm_clock_mhz"), "throttled": why is not None}
-    return timing, note, cols | ({"throttled_samples": dropped} if kept is not None else {})
-
-
-def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,
-                    rows: list[dict[str, Any]], cfg: ThrottleConfig) -> dict[str, Any]:
-    """The run's metadata keys `clocks`, `power` and `throttle` (what summary.md shows):
-    from the sampler's summary over the run (`during`), the NVML snapshot at its start,
-    and the rows' own `throttled` marks."""
-    during, start = during or {}, start or {}
-    throttled = [r for r in rows if r.get("throttled") is True]
-    return {
-        "clocks": {
-            "sm_mhz_min": during.get("sm_clock_mhz_min"),
-            "sm_mhz_median": during.get("sm_clock_mhz_median"),
-            "sm_mhz_max": during.get("sm_clock_mhz_max"),
-            "sm_mhz_max_possible": start.get("max_sm_clock_mhz"),
-            "mem_mhz": start.get("mem_clock_mhz"),
-        },
-        "power": {"max_w": during.get("power_w_max"),
-                  "limit_w": start.get("power_limit_w")},
-        "throttle": {
-            **cfg.as_dict(),
-            "readings": during.get("readings"),
-            "readings_idle_left_out": during.get("readings_idle"),
-            "throttled_fraction_of_readings": during.get("throttled_fraction"),
-            "reasons_seen": during.get("throttle_reasons_seen") or [],
-            "throttled_rows": len(throttled),
-        },
-    }

@@ -26,9 +26,9 @@ from benches.sweep import compile_wait, gpu_monitor, runner, triton_cache
 from benches.sweep.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.sweep.cases import Case, RunConfig, build_cases
 from benches.sweep.console import console, print_devices, print_kernels, print_summary
-from benches.sweep.gpu_monitor import ThrottleConfig, nvml_snapshot, run_clock_facts
+from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.interrupt import Terminated, exit_code, signal_name
-from benches.sweep.phases import TimeSplit, compiles_booked
+from benches.sweep.phases import RowSplits, TimeSplit, compiles_booked
 from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.sweep.retime import RETIME_ROUNDS, Retimer
 from benches.sweep.run_folder import (
@@ -39,6 +39,7 @@ from benches.sweep.run_folder import (
     writable_dir,
 )
 from benches.sweep.shapes import ShapeError
+from benches.sweep.throttle import ThrottleConfig, run_clock_facts
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
 from contract.devices import DeviceError, DeviceModel, Present, resolve_device
@@ -153,6 +154,7 @@ def run_config(req: RunRequest, model: DeviceModel, present: Present,
         throttle=ThrottleConfig(threshold_pct=req.throttle_threshold,
                                 recovery_delay_s=req.throttle_recovery_delay),
         cache=cache_modes(req.cache, gpu=present.kind == "cuda"),
+        energy=req.energy,
     )
 
 
@@ -459,16 +461,16 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
     with progress:
         task = progress.add_task("benchmarking", total=total, completed=done0)
         series = None
-        rows = runner.iterate(todo, cfg, split)
+        splits = RowSplits()
+        rows = runner.iterate(todo, cfg, split, splits)
         # Each row's own split, where rows run one by one: where a sweep's time goes by
         # kernel, provider and shape (the time split's phases), for the next estimate.
         own: list[dict[str, Any]] | None = writer.metadata.setdefault(
             ROW_SPLIT, []) if runner.one_by_one(cfg) else None
-        mark = split.mark()
         try:
             for case, row in rows:
                 if own is not None:
-                    own.append({"row": list(row_key(row)), "s": split.since(mark)})
+                    own.append({"row": list(row_key(row)), "s": splits.pop(row_key(row))})
                 with split.phase("write"):
                     writer.add(row)
                 progress.update(task, advance=1, description=f"{case.label:<48.48}")
@@ -480,7 +482,6 @@ def _sweep(todo: list[Case], total: int, cfg: RunConfig, writer: ResultWriter,
                 if row["status"] == "failed":
                     progress.console.print(f"[red]FAILED[/red] {case.label}: "
                                            f"{row['reason']}")
-                mark = split.mark()
         except (KeyboardInterrupt, Terminated) as e:
             with split.phase("write"):
                 for _, row in drain_rows(rows, e):

@@ -1,6 +1,7 @@
-"""A GPU row's kernel-only time: torch.profiler (CUPTI) over a few back-to-back calls,
-apart from the timing, and the sum of the device work's durations (kernels, memcpy,
-memset) per call: `kernel_ms`, beside the events' `ms_median`; and which kernels ran
+"""A GPU row's kernel-only time: torch.profiler (CUPTI) over a few calls in the row's
+cache mode (a cold row's each after an L2 flush), apart from the timing, and the sum of
+the device work's durations (kernels, memcpy, memset) per call: `kernel_ms`, beside the
+events' `ms_median`; and which kernels ran
 (`kernels`: the library kernel torch chose, the Triton kernel).  Events' time above the
 kernels' by more than 10% is a launch gap (roofline/report/energy.py): the GPU waited
 between the calls' kernels, for the host or for launches.
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ KERNELS_TEXT_MAX = 400
 class DeviceEvent:
     name: str
     dur_us: float
+    # On the profiler's clock: orders the device work (not part of what the event is).
+    start_us: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ class KernelTime:
 def events_from_profiler(events: Iterable[Any]) -> list[DeviceEvent]:
     """Device work of a live profiler's event list (FunctionEvent: device_type not CPU),
     each once; user annotations left out."""
-    return [DeviceEvent(str(e.name), float(e.time_range.elapsed_us())) for e in events
+    return [DeviceEvent(str(e.name), float(e.time_range.elapsed_us()),
+                        float(getattr(e.time_range, "start", 0.0))) for e in events
             if is_device_event(e) and not getattr(e, "is_user_annotation", False)]
 
 
@@ -61,7 +66,8 @@ def events_from_trace(doc: dict[str, Any]) -> list[DeviceEvent]:
     for e in doc.get("traceEvents", []):
         if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in DEVICE_WORK \
                 and isinstance(e.get("dur"), int | float):
-            out.append(DeviceEvent(str(e.get("name", "")), float(e["dur"])))
+            out.append(DeviceEvent(str(e.get("name", "")), float(e["dur"]),
+                                   float(e.get("ts") or 0.0)))
     return out
 
 
@@ -99,30 +105,80 @@ def calls_to_profile(call_s: float | None) -> int:
     return max(1, min(PROFILED_CALLS, int(PROFILE_BUDGET_S / call_s)))
 
 
-def profile_calls(call: Callable[[], object], calls: int) -> KernelTime | None:
-    """torch.profiler (CPU and CUDA activity) over `calls` back-to-back calls, the GPU
-    idle before them.  The row's call ran in its check and its timing just before, so no
-    lazy first launch is left to keep out (an unprofiled call before them cost the H200's
-    quick sweep 0.7 s of device time, the backward passes' most)."""
+def without_flushes(events: list[DeviceEvent], flush: Counter[str], flushes: int
+                    ) -> list[DeviceEvent]:
+    """`events` less the device work of `flushes` L2 flushes, each run before one call
+    (`flush`: the names one flush ran, and how often each).  The work runs in order on one
+    stream, flush then call, so where it splits into `flushes` equal groups each group's
+    first events are its flush's: a provider whose own kernel shares the flush's name
+    keeps its launches.  Else by name and count, the earliest first."""
+    ordered = sorted(events, key=lambda e: e.start_us)
+    k = sum(flush.values())
+    if flushes and k and len(ordered) % flushes == 0 and len(ordered) // flushes > k:
+        group = len(ordered) // flushes
+        heads = [e for i in range(0, len(ordered), group) for e in ordered[i:i + k]]
+        if Counter(e.name for e in heads) == Counter(
+                {name: n * flushes for name, n in flush.items()}):
+            return [e for i in range(0, len(ordered), group) for e in ordered[i + k:i + group]]
+    left = Counter({name: n * flushes for name, n in flush.items()})
+    out = []
+    for e in ordered:
+        if left[e.name] > 0:
+            left[e.name] -= 1
+            continue
+        out.append(e)
+    return out
+
+
+_FLUSH_KERNELS: Counter[str] | None = None
+
+
+def flush_kernels(flush: Callable[[], object]) -> Counter[str]:
+    """The device work one L2 flush runs (names and counts), profiled once a process:
+    what a cold row's profile leaves out."""
+    global _FLUSH_KERNELS
+    if _FLUSH_KERNELS is None:
+        import torch
+
+        torch.cuda.synchronize()
+        _FLUSH_KERNELS = Counter(e.name for e in events_from_profiler(
+            profile_events(flush, on_gpu=True)))
+    return _FLUSH_KERNELS
+
+
+def profile_calls(call: Callable[[], object], calls: int,
+                  flush: Callable[[], object] | None = None) -> KernelTime | None:
+    """torch.profiler (CPU and CUDA activity) over `calls` calls, the GPU idle before
+    them: back to back (a warm row), or each after an L2 flush (`flush`: a cold row),
+    whose own kernel is then left out (without_flushes), so that a cold row's kernel time
+    is taken cold as its samples are.  The row's call ran in its check and its timing
+    just before, so no lazy first launch is left to keep out (an unprofiled call before
+    them would cost a backward pass its whole device time again)."""
     import torch
 
     torch.cuda.synchronize()
 
     def run() -> None:
         for _ in range(calls):
+            if flush is not None:
+                flush()
             call()
 
-    return kernel_time(events_from_profiler(profile_events(run, on_gpu=True)), calls)
+    events = events_from_profiler(profile_events(run, on_gpu=True))
+    if flush is not None:
+        events = without_flushes(events, flush_kernels(flush), calls)
+    return kernel_time(events, calls)
 
 
-def row_columns(call: Callable[[], object], call_s: float | None, provider: str = ""
-                ) -> tuple[dict[str, Any], str]:
+def row_columns(call: Callable[[], object], call_s: float | None, provider: str = "",
+                flush: Callable[[], object] | None = None) -> tuple[dict[str, Any], str]:
     """A GPU row's (kernel_ms, kernels, library) columns and a note for its reason: why
     they are empty, where the profiler failed or saw no device work.  A Triton row's
-    library is this project's Triton whatever the profiler names."""
+    library is this project's Triton whatever the profiler names.  `flush`: a cold row's
+    L2 flush, run before each profiled call (profile_calls)."""
     known = "triton" if provider == "triton" else None
     try:
-        got = profile_calls(call, calls_to_profile(call_s))
+        got = profile_calls(call, calls_to_profile(call_s), flush)
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise  # run_case aborts the sweep on it (SweepAborted), as on a timing error
@@ -143,5 +199,6 @@ def kernel_time_metadata(kind: str) -> dict[str, Any]:
             "a CPU call is its own time (ms_median)")}
     return {"source": "torch.profiler", "reason": (
         f"device kernels, memcpy and memset per call over up to {PROFILED_CALLS} "
-        f"back-to-back calls (at most {PROFILE_BUDGET_S * 1e3:g} ms of them), after the "
-        "timing")}
+        f"calls (at most {PROFILE_BUDGET_S * 1e3:g} ms of them) after the timing, in the "
+        "row's cache mode: each after an L2 flush for a cold row (the flush's own kernel "
+        "left out by name and count), back to back for a warm one")}

@@ -16,6 +16,9 @@ The phases, in the order a row meets them:
 - profile: a GPU row's torch.profiler pass after its timing (kernel_ms, kernels): the
   profiler's start and stop, its few calls and the events read (booked in timing by the
   runs made before 2026-11-28);
+- energy: a GPU row's energy window after its profile: its timed loop replayed long
+  enough for NVML's energy counter (benches/sweep/energy_counter.py; --energy says
+  which rows get one);
 - write: the run's files (rows journal, results, figures, summary);
 - other: everything else (start-up and imports, case building, the console).
 
@@ -151,6 +154,27 @@ class TimeSplit:
 
     def wall_s(self) -> float:
         return round(self.clock() - self.start, 3)
+
+
+class RowSplits:
+    """Each row's own split (metadata.row_split_s) where the rows of a case share stages:
+    the runner adds each row's own stages (its check, its timer's set-up, its profile)
+    and its share of the case's sampling; the job takes a row's split as it writes it."""
+
+    def __init__(self) -> None:
+        self.by_row: dict[tuple[str, ...], dict[str, float]] = {}
+
+    def add(self, key: tuple[str, ...], seconds: dict[str, float], share: float = 1.0
+            ) -> None:
+        mine = self.by_row.setdefault(key, {})
+        for phase, s in seconds.items():
+            mine[phase] = mine.get(phase, 0.0) + s * share
+
+    def pop(self, key: tuple[str, ...]) -> dict[str, float]:
+        """The row's split, phases in PHASES order, rounded to 0.1 ms (empty phases left
+        out); {} for a row none was added for."""
+        got = self.by_row.pop(key, {})
+        return {k: r for k in PHASES if (r := round(got.get(k, 0.0), 4)) > 0}
 
 
 @contextlib.contextmanager

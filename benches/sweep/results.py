@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from benches.sweep.cases import RunConfig
-from benches.sweep.energy import energy_metadata
+from benches.sweep.energy_counter import energy_metadata
 from benches.sweep.gpu_monitor import (
     nvml_snapshot,
 )
@@ -167,6 +167,13 @@ def collect_metadata(cfg: RunConfig, run_id: str, argv: list[str],
                 "back-to-back calls on the same buffers, nothing flushed: CUDA-graph "
                 "replays of one copy's calls for the CUDA-graph cases, else CUDA events "
                 "around each call (the GPU kept busy before each as after a flush)"),
+            "gpu_sampling": (
+                "the providers of a case sample in turns, batches of about "
+                f"{t.interleave_ms:g} ms each, after every provider's timer is ready; a "
+                "compute-bound case first warms up until its SM clock stops falling (it "
+                f"came down or held {t.sustain_min_ms:g} ms; {t.sustain_cap_ms:g} ms at "
+                "most); the stopping rule judges the case, each row's clock the median of "
+                "its own samples'"),
             "stopping": (
                 f"a row stops sampling once the {t.ci_level:.0%} interval of its median "
                 f"(order statistics) is within {t.ci_rel_width:.2%} of it, after "

@@ -332,7 +332,7 @@ def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None =
     client that stops the child at a deadline keeps what it timed and learns the costs."""
     from benches.sweep.cases import Case, RunConfig
     from benches.sweep.runner import run_case
-    from benches.sweep.gpu_monitor import ThrottleConfig
+    from benches.sweep.throttle import ThrottleConfig
     from benches.sweep.timers import sweep_cache
     from benches.timing.plan import TimingConfig
     from contract.ceilings import Ceilings

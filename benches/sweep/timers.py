@@ -43,12 +43,15 @@ from benches.timing.clock import (
     Dispatch,
     Rotation,
     Timing,
+    flush_padding_us,
+    flushed_sampler,
     measure_dispatch,
+    padded_sampler,
+    summarize,
     time_cpu_rounds,
-    time_flushed,
-    time_warm,
 )
-from benches.timing.graphs import CaptureTooSlow, probe_call, time_cudagraph
+from benches.timing.graphs import CaptureTooSlow, cudagraph_sampler, probe_call
+from benches.timing.interleave import RowSamples, Sampler, interleave
 from benches.timing.plan import (
     TIMER_CPU,
     TIMER_CPU_ROTATED,
@@ -150,39 +153,73 @@ def rotation_of(case: Case, cfg: RunConfig) -> int | None:
     return rotation_copies(case.spec.nbytes(case.shape, case.dtype), l2_bytes(cfg))
 
 
+@dataclass
+class Prepared:
+    """A GPU row's timer ready to take samples (its dispatch measured, its estimate,
+    warm-up or CUDA-graph capture done): the sampler, the `timer` the row records, the
+    note for its reason, its host dispatch per call (us) and the seconds spent before
+    any sample that no measurement holds (a graph's capture: the run's `capture`)."""
+
+    sampler: Sampler
+    timer: str
+    note: str
+    host_us: float
+    setup_s: float = 0.0
+
+    def timing(self, got: RowSamples) -> Timing:
+        """The row's Timing from what its sampler took (benches/timing/interleave.py)."""
+        return replace(summarize(got.samples, self.timer), host_us=self.host_us,
+                       note=self.note, span=got.span, setup_s=self.setup_s,
+                       stopped=got.stopped, batches=tuple(got.batches))
+
+
 class GpuTimer(RowTimer):
     """A GPU method: the call's host dispatch time is measured first (the event timers pad
-    the GPU by it, and the row records it), then `measure`."""
+    the GPU by it, and the row records it), then the method's sampler is made ready
+    (`ready`); the providers of a case sample in turns (benches/sweep/gpu_case.py)."""
+
+    def prepare(self, row: RowCall) -> Prepared:
+        dispatch = measure_dispatch(row.call, torch.cuda.synchronize)
+        return self.ready(row, dispatch)
+
+    def ready(self, row: RowCall, dispatch: Dispatch) -> Prepared:
+        raise NotImplementedError
 
     def time(self, row: RowCall) -> tuple[Timing, str]:
-        dispatch = measure_dispatch(row.call, torch.cuda.synchronize)
-        timing, note = self.measure(row, dispatch)
-        return replace(timing, host_us=dispatch.host_us), note
-
-    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
-        raise NotImplementedError
+        """The row timed alone (no other provider between its batches)."""
+        prep = self.prepare(row)
+        try:
+            got = interleave([prep.sampler], row.cfg.timing)
+        finally:
+            prep.sampler.close()
+        return prep.timing(got[0]), prep.note
 
 
 class FlushedEvents(GpuTimer):
     name = TIMER_FLUSHED
 
-    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
-        return time_flushed(row.call, row.cfg.timing, dispatch.host_us, dispatch.once_ms), ""
+    def ready(self, row: RowCall, dispatch: Dispatch) -> Prepared:
+        sampler = flushed_sampler(row.call, row.cfg.timing,
+                                  flush_padding_us(dispatch.host_us), dispatch.once_ms)
+        return Prepared(sampler, TIMER_FLUSHED, "", dispatch.host_us)
 
 
 class WarmEvents(GpuTimer):
     name = TIMER_WARM
 
-    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
-        return time_warm(row.call, row.cfg.timing, dispatch.host_us, dispatch.once_ms), ""
+    def ready(self, row: RowCall, dispatch: Dispatch) -> Prepared:
+        sampler = padded_sampler(row.call, row.cfg.timing, flush_padding_us(dispatch.host_us),
+                                 None, dispatch.once_ms)
+        return Prepared(sampler, TIMER_WARM, "", dispatch.host_us)
 
 
-def _graph_timing(row: RowCall, host_us: float, calls: list[Callable[[], object]]
-                  ) -> tuple[Timing, str] | str:
-    """(timing, note) of CUDA graphs over `calls` (the row's call and one call per copy),
-    sized by graph_plan and split by graph_split; else why no graph could be used (the
-    caller times otherwise).  The row's call is probed first (its nodes, its replay's
-    time), so a call that cannot be captured fails before its copies are."""
+def _graph_ready(row: RowCall, host_us: float, calls: list[Callable[[], object]]
+                 ) -> Prepared | str:
+    """The row's CUDA graphs over `calls` (the row's call and one call per copy), sized by
+    graph_plan and split by graph_split, captured and ready to replay; else why no graph
+    could be used (the caller times otherwise).  The row's call is probed first (its
+    nodes, its replay's time), so a call that cannot be captured fails before its copies
+    are."""
     cfg, split = row.cfg, row.split
     try:
         with split.phase("capture"):
@@ -191,9 +228,10 @@ def _graph_timing(row: RowCall, host_us: float, calls: list[Callable[[], object]
         total, why = graph_plan(len(calls), counted or cfg.timing.assumed_launches,
                                 host_us, cfg.timing, counted=counted is not None)
         if total is not None:
-            timing = time_cudagraph(calls, cfg.timing, total, probe.replay_ms)
-            split.move(timing.setup_s, "capture")
-            return timing, "; ".join(x for x in (why, timing.note) if x)
+            got = cudagraph_sampler(calls, cfg.timing, total, probe.replay_ms)
+            split.move(got.setup_s, "capture")
+            note = "; ".join(x for x in (why, got.note) if x)
+            return Prepared(got.sampler, TIMER_GRAPH, note, host_us, got.setup_s)
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise
@@ -216,7 +254,7 @@ class ColdGraph(GpuTimer):
             return None
         return _cached_copies(cache, row, count)
 
-    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
+    def ready(self, row: RowCall, dispatch: Dispatch) -> Prepared:
         count = rotation_of(row.case, row.cfg)
         if count is None:
             return self._fallback(row, dispatch,
@@ -225,14 +263,14 @@ class ColdGraph(GpuTimer):
             row.copies = make_copies(row.inputs, row.out, count - 1)
         with row.split.phase("capture"):
             extra = row.calls_on_copies() if count > 1 else []
-        got = _graph_timing(row, dispatch.host_us, [row.call, *extra])
-        return got if isinstance(got, tuple) else self._fallback(row, dispatch, got)
+        got = _graph_ready(row, dispatch.host_us, [row.call, *extra])
+        return got if isinstance(got, Prepared) else self._fallback(row, dispatch, got)
 
     @staticmethod
-    def _fallback(row: RowCall, dispatch: Dispatch, why: str) -> tuple[Timing, str]:
-        timing, _ = FlushedEvents().measure(row, dispatch)
-        return (replace(timing, timer=TIMER_GRAPH_FALLBACK),
-                f"timed with L2 flushes instead of CUDA graphs: {why}")
+    def _fallback(row: RowCall, dispatch: Dispatch, why: str) -> Prepared:
+        prep = FlushedEvents().ready(row, dispatch)
+        return replace(prep, timer=TIMER_GRAPH_FALLBACK,
+                       note=f"timed with L2 flushes instead of CUDA graphs: {why}")
 
 
 class WarmGraph(GpuTimer):
@@ -241,13 +279,13 @@ class WarmGraph(GpuTimer):
 
     name = TIMER_GRAPH
 
-    def measure(self, row: RowCall, dispatch: Dispatch) -> tuple[Timing, str]:
-        got = _graph_timing(row, dispatch.host_us, [row.call])
-        if isinstance(got, tuple):
+    def ready(self, row: RowCall, dispatch: Dispatch) -> Prepared:
+        got = _graph_ready(row, dispatch.host_us, [row.call])
+        if isinstance(got, Prepared):
             return got
-        timing, _ = WarmEvents().measure(row, dispatch)
-        return (replace(timing, timer=TIMER_WARM_FALLBACK),
-                f"timed back to back without a CUDA graph: {got}")
+        prep = WarmEvents().ready(row, dispatch)
+        return replace(prep, timer=TIMER_WARM_FALLBACK,
+                       note=f"timed back to back without a CUDA graph: {got}")
 
 
 # ---- CPU -------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from benches.timing.interleave import Batch, Sampler
 from benches.timing.plan import (
     TIMER_CPU,
     TIMER_CPU_ROTATED,
@@ -71,6 +72,9 @@ class Timing:
     # Why the samples stopped (benches/timing/stopping.py: STOP_NOISE, STOP_CAP); "" for
     # a timer without the rule.
     stopped: str = ""
+    # The windows its samples were taken in, when they came in batches between other
+    # providers' (benches/timing/interleave.py): a sample's clock is read in its own.
+    batches: tuple[Batch, ...] = ()
 
 
 def until_settled(take: Callable[[int], list[float]], cap: int, cfg: TimingConfig
@@ -312,7 +316,7 @@ def time_flushed(fn: Callable[[], object], cfg: TimingConfig,
 
 
 
-def _flush_buffer() -> torch.Tensor:
+def flush_buffer() -> torch.Tensor:
     """The buffer do_bench zeroes to flush the L2 (256 MB in Triton 3.x)."""
     try:
         from triton.runtime import driver
@@ -322,13 +326,19 @@ def _flush_buffer() -> torch.Tensor:
         return torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda")
 
 
+def flushed_sampler(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
+                    once_ms: float | None = None) -> Sampler:
+    """padded_sampler with an L2 flush (Triton's buffer zeroed) before each sample."""
+    return padded_sampler(fn, cfg, pad_us, flush_buffer().zero_, once_ms)
+
+
 def padded_flushed_samples(fn: Callable[[], object], cfg: TimingConfig,
                            pad_us: float, once_ms: float | None = None) -> Sampled:
     """do_bench's loop (estimate, warm-up, then one CUDA-event pair around each call
     after an L2 flush) with the GPU kept busy for `pad_us` after every flush; the
     samples in ms, until the stopping rule or the time cap (benches/timing/stopping.py),
     and why they stopped.  See time_flushed."""
-    return _padded_samples(fn, cfg, pad_us, _flush_buffer().zero_, once_ms)
+    return _padded_samples(fn, cfg, pad_us, flush_buffer().zero_, once_ms)
 
 
 def estimate_needed(once_ms: float | None, cfg: TimingConfig) -> bool:
@@ -353,16 +363,26 @@ def warmup_calls(per_sample_ms: float, cfg: TimingConfig, once_ms: float | None)
 def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
                     flush: Callable[[], object] | None,
                     once_ms: float | None = None) -> Sampled:
+    """padded_sampler's samples of one call timed alone: until the stopping rule or the
+    time cap (benches/timing/stopping.py)."""
+    s = padded_sampler(fn, cfg, pad_us, flush, once_ms)
+    return until_settled(s.take, s.cap, cfg)
+
+
+def padded_sampler(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
+                   flush: Callable[[], object] | None,
+                   once_ms: float | None = None) -> Sampler:
     """The loop of padded_flushed_samples (flush: the L2 flush before each sample) and of
-    time_warm (flush None: nothing between the calls but the padding, skipped when 0).
+    time_warm (flush None: nothing between the calls but the padding, skipped when 0),
+    warmed up and ready to take samples (benches/timing/interleave.py times the
+    providers of a case in turns of such samplers).
 
     A sample's time sizes the warm-up (by time) and the sample cap.  As do_bench, it is
     the mean of 5 samples, after a call to warm up; a call whose caller measured it long
     (`once_ms`, see estimate_needed: the caller's own calls warmed it) takes once_ms plus
     the padding instead, and its warm-up counts that call (warmup_calls).  That leaves
-    out the flush's device time (55-85 us on Hopper, under 2 % of such a sample), which
-    can only add a warm-up call or a sample, never take one away; a 230 ms call is
-    spared 7 calls (1.6 s)."""
+    out the flush's device time (under 2 % of such a sample), which can only add a
+    warm-up call or a sample, never take one away."""
     cycles = int(pad_us * PAD_CYCLES_PER_US)
 
     def sample(start: torch.cuda.Event | None = None,
@@ -403,7 +423,7 @@ def _padded_samples(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
         return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
     # sample_count's samples at most (the time cap), fewer once the median has settled.
-    return until_settled(take, sample_count(per_sample_ms, cfg), cfg)
+    return Sampler(take, sample_count(per_sample_ms, cfg), per_sample_ms)
 
 
 def time_warm(fn: Callable[[], object], cfg: TimingConfig,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from benches.timing.clock import Timing, summarize, until_settled
+from benches.timing.interleave import Sampler
 from benches.timing.plan import (
     TIMER_GRAPH,
     TimingConfig,
@@ -96,15 +97,45 @@ class CaptureTooSlow(RuntimeError):
 def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
                    total: int | None = None, call_ms: float | None = None) -> Timing:
     """Per-call time from CUDA-graph replays of `total` calls (default graph_calls)
-    cycling over `calls`, one per rotated copy of inputs and output; each sample is one
-    graph's replay timed with CUDA events, divided by the calls it holds.
+    cycling over `calls`, one per rotated copy of inputs and output (cudagraph_sampler):
+    graph_sample_count replays at most, fewer once the median has settled.
+
+    Timing.setup_s is the time spent before the samples (warm-up, capture, the
+    uploading round); Timing.span the samples' own window."""
+    prepared = cudagraph_sampler(calls, cfg, total, call_ms)
+    try:
+        t_start = time.monotonic()
+        sampled = until_settled(prepared.sampler.take, prepared.sampler.cap, cfg)
+        span = (t_start, time.monotonic())
+    finally:
+        prepared.sampler.close()
+    return replace(summarize(sampled.samples, TIMER_GRAPH), note=prepared.note, span=span,
+                   setup_s=prepared.setup_s, stopped=sampled.stopped)
+
+
+@dataclass
+class GraphSampler:
+    """A row's captured graphs, ready to replay (`sampler`), with what the capture did:
+    the note (a capture cut short) and its seconds before any sample (`setup_s`)."""
+
+    sampler: Sampler
+    note: str
+    setup_s: float
+
+
+def cudagraph_sampler(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
+                      total: int | None = None, call_ms: float | None = None
+                      ) -> GraphSampler:
+    """`total` calls (default graph_calls) cycling over `calls`, one per rotated copy of
+    inputs and output, captured and uploaded, as a Sampler whose samples are one graph's
+    replay timed with CUDA events, divided by the calls it holds.
 
     The calls are captured in the graphs graph_split gives for `call_ms` (one call's
     time): one graph, or several of consecutive calls sharing one memory pool, replayed
     in the order they were captured, round after round, so a call's copy is touched again
     only after every other copy was, as in one graph.  Every graph is replayed once
     before any sample (the first replay uploads it; the round also leaves each copy as a
-    rotation does), then samples continue the round for graph_sample_count replays.
+    rotation does), then samples continue the round, batch after batch.
 
     Outputs a call returns are kept referenced for the len(calls) calls that follow it
     (and the last round's for the graphs' life), so an op that allocates a fresh output
@@ -113,11 +144,9 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
     them would let the graph pool hand one L2-resident block to every call.
 
     The capture stops at the end of the first whole round after cfg.max_capture_s (the
-    graphs then hold fewer calls, said in Timing.note); past it within the first round
-    it raises CaptureTooSlow (fewer calls than the copies would not be cold).
-
-    Timing.setup_s is the time spent before the samples (warm-up, capture, the
-    uploading round); Timing.span the samples' own window."""
+    graphs then hold fewer calls, said in the note); past it within the first round it
+    raises CaptureTooSlow (fewer calls than the copies would not be cold).  The graphs
+    live until the sampler's close()."""
     t_setup = time.perf_counter()
     n = len(calls)
     total = graph_calls(n, cfg) if total is None else total
@@ -136,6 +165,11 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
     sizes = graph_split(total, call_ms, cfg)
     graphs: list[tuple[torch.cuda.CUDAGraph, int]] = []
     live: deque[object] = deque(maxlen=n)
+
+    def close() -> None:
+        graphs.clear()
+        live.clear()
+
     try:
         _, note = _capture(calls, total, sizes, cfg, graphs, live)
         for g, _ in graphs:
@@ -148,33 +182,29 @@ def time_cudagraph(calls: Sequence[Callable[[], object]], cfg: TimingConfig,
         graphs[0][0].replay()
         t1.record()
         torch.cuda.synchronize()
-        reps = graph_sample_count(max(t0.elapsed_time(t1), 1e-3), cfg)
-        t_start = time.monotonic()
-        replayed = [0]
+    except BaseException:
+        close()
+        raise
+    replay_ms = max(t0.elapsed_time(t1), 1e-3)
+    replayed = [0]
 
-        def take(k: int) -> list[float]:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
-            held = []
-            for s, e in zip(starts, ends, strict=True):
-                replayed[0] += 1  # the round goes on after graph 0, batch after batch
-                g, size = graphs[replayed[0] % len(graphs)]
-                s.record()
-                g.replay()
-                e.record()
-                held.append(size)
-            torch.cuda.synchronize()
-            return [s.elapsed_time(e) / size
-                    for s, e, size in zip(starts, ends, held, strict=True)]
+    def take(k: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        held = []
+        for s, e in zip(starts, ends, strict=True):
+            replayed[0] += 1  # the round goes on after graph 0, batch after batch
+            g, size = graphs[replayed[0] % len(graphs)]
+            s.record()
+            g.replay()
+            e.record()
+            held.append(size)
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / size for s, e, size in zip(starts, ends, held,
+                                                               strict=True)]
 
-        # graph_sample_count's replays at most, fewer once the median has settled.
-        sampled = until_settled(take, reps, cfg)
-        span = (t_start, time.monotonic())
-    finally:
-        graphs.clear()
-        live.clear()
-    return replace(summarize(sampled.samples, TIMER_GRAPH), note=note, span=span,
-                   setup_s=setup_s, stopped=sampled.stopped)
+    return GraphSampler(Sampler(take, graph_sample_count(replay_ms, cfg), replay_ms, close),
+                        note, setup_s)
 
 
 def _capture(calls: Sequence[Callable[[], object]], total: int, sizes: list[int],

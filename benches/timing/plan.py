@@ -78,6 +78,17 @@ class TimingConfig:
     ci_rel_width: float = 0.005
     ci_level: float = 0.95
     cpu_min_rounds: int = 3
+    # GPU providers of one case are timed in rounds of batches of about interleave_ms
+    # each (benches/timing/interleave.py), so that they share the GPU's clocks and power.
+    interleave_ms: float = 10.0
+    # A compute-bound case first warms up to a sustained clock: until the SM clock's
+    # median has changed by under sustain_drop over each of the last sustain_still
+    # rounds, and has either come down or held for sustain_min_ms; sustain_cap_ms at most
+    # (0 turns the warm-up off).  docs/measurement.md ("Providers at equal clocks").
+    sustain_min_ms: float = 100.0
+    sustain_cap_ms: float = 500.0
+    sustain_drop: float = 0.01
+    sustain_still: int = 2
     # Set by cpu_round_config: the rounds of the row a one-round config belongs to (the
     # budget's messages speak of the whole row).
     cpu_rounds_of_row: int = 1

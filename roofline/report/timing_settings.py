@@ -44,9 +44,20 @@ TIMING_MEANINGS: dict[str, str] = {
     "ci_level": "confidence of the stopping rule's interval (distribution-free, from "
                 "order statistics)",
     "cpu_min_rounds": "rounds a CPU row takes before the stopping rule may skip the rest",
+    "interleave_ms": "the providers of a GPU case sample in turns, a batch of about this "
+                     "much device time each, so that they share the GPU's clocks, ms",
+    "sustain_min_ms": "a compute-bound case warms up until its SM clock has come down or "
+                      "held this long, ms",
+    "sustain_cap_ms": "the longest a compute-bound case warms up for a sustained clock "
+                      "(0: no warm-up), ms",
+    "sustain_drop": "the warm-up ends once the SM clock changed by less than this "
+                    "fraction over each of the last sustain_still rounds",
+    "sustain_still": "rounds the SM clock must hold before the warm-up ends",
     "gpu_method": "how a GPU row is timed (cold: L2 flushed or rotated copies)",
     "cpu_method": "how a CPU row is timed",
     "warm_gpu_method": "how a warm GPU row (--cache warm) is timed",
+    "gpu_sampling": "how the providers of a GPU case share its samples and the GPU's "
+                    "clocks",
     "stopping": "when a row stops sampling (the stopping rule)",
     "budget": "the timing budgets of a row and of the sweep",
 }
