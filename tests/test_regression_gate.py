@@ -1071,3 +1071,34 @@ def test_compare_retimes_in_real_children_from_the_checkout(tmp_path: Path) -> N
     assert "re-timing round" not in p.stderr, p.stderr[-2000:]
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert "fast end slower in 5 of 5 re-timed rounds" in p.stdout
+
+
+def test_a_gpu_baseline_sampled_one_provider_at_a_time_is_method_changed(tmp_path):
+    """The committed H200 baseline timed a case's providers one after the other; a run
+    that times them in turns at a sustained clock measures its compute-bound rows at
+    another clock by design: those rows are method-changed (never slower or faster), the
+    memory-bound ones judged as ever, and the report says why."""
+    import json
+
+    from roofline.gate.runs import INTERLEAVED, ONE_AT_A_TIME, compare_runs, gpu_sampling
+
+    base = ROOT / "results" / "h200" / "2026-11-27" / "cache-modes"  # add and matmul
+    doc = json.loads((base / "results.json").read_text())
+    assert gpu_sampling(doc["metadata"]) == ONE_AT_A_TIME
+    doc["metadata"]["timing"]["interleave_ms"] = 10.0
+    doc["metadata"]["created"] = "2026-12-01T00:00:00+00:00"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps(doc))
+    assert gpu_sampling(doc["metadata"]) == INTERLEAVED
+    result = compare_runs(str(base), str(run))
+    changed = result.rows["verdict"] == "method-changed"
+    ok = result.rows["base_status"] == "ok"
+    # Every ok matmul row is compute-bound at these shapes; no add row is.
+    assert set(result.rows[changed]["kernel"]) == {"matmul"}
+    assert changed[ok & (result.rows["kernel"] == "matmul")].all()
+    assert not changed[result.rows["kernel"] == "add"].any()
+    assert any("GPU sampling differs" in w for w in result.warnings)
+    # The same method on both sides: judged on their times.
+    same = compare_runs(str(run), str(run))
+    assert "method-changed" not in set(same.rows["verdict"])

@@ -165,6 +165,57 @@ def _fp8_modes(base_meta: dict[str, Any], run_meta: dict[str, Any],
     return modes[0], modes[1]
 
 
+# How a GPU run's providers shared the device: a run that records interleave_ms timed a
+# case's providers in turns after warming a compute-bound case to a sustained clock
+# (benches/timing/interleave.py); earlier GPU runs timed them one after the other, the
+# first often at the boost clock.  A compute-bound row's time depends on which.
+INTERLEAVED = "providers in turns at a sustained clock"
+ONE_AT_A_TIME = "providers one after the other"
+
+
+def gpu_sampling(meta: dict[str, Any]) -> str | None:
+    """How a run's GPU providers were sampled (None: not a GPU run)."""
+    kind = meta.get("device_kind") or ("cpu" if meta.get("device_key") == "cpu" else None)
+    if kind != "cuda":
+        return None
+    timing = meta.get("timing")
+    return INTERLEAVED if isinstance(timing, dict) and "interleave_ms" in timing \
+        else ONE_AT_A_TIME
+
+
+def _compute_bound(df: pd.DataFrame) -> pd.Series:
+    """Rows whose roof is their compute peak (their time follows the SM clock)."""
+    if df.empty or "roof_tflops" not in df.columns or "peak_tflops" not in df.columns:
+        return pd.Series(False, index=df.index)
+    roof = pd.to_numeric(df["roof_tflops"], errors="coerce")
+    peak = pd.to_numeric(df["peak_tflops"], errors="coerce")
+    return (roof >= 0.999 * peak) & peak.notna()
+
+
+def _sampling_tagged(base_meta: dict[str, Any], run_meta: dict[str, Any],
+                     base_df: pd.DataFrame, run_df: pd.DataFrame, warnings: list[str]
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where the two runs sampled their GPU providers differently, each compute-bound
+    row's timer carries how (so that the gate calls it method-changed, not slower or
+    faster: the clock moved with the method, not the code)."""
+    b, r = gpu_sampling(base_meta), gpu_sampling(run_meta)
+    if not (b and r and b != r):
+        return base_df, run_df
+    warnings.append(f"GPU sampling differs: baseline {b}, run {r} (compute-bound rows are "
+                    "method-changed; promote a run of the new method)")
+
+    def tagged(df: pd.DataFrame, how: str) -> pd.DataFrame:
+        df = df.copy()
+        if "timer" not in df.columns:
+            return df
+        bound = _compute_bound(df)
+        df["timer"] = df["timer"].astype(object)
+        df.loc[bound, "timer"] = [f"{t}, {how}" for t in df.loc[bound, "timer"]]
+        return df
+
+    return tagged(base_df, b), tagged(run_df, r)
+
+
 def _drift_warnings(rows: pd.DataFrame, threshold: float) -> list[str]:
     out = []
     both = rows[rows["ratio"].notna()]
@@ -215,7 +266,8 @@ def compare_runs(baseline: str | os.PathLike, run: str | os.PathLike,
         threshold = default_threshold(base_key or run_key)
     problems = _run_problems(base_meta, run_meta, warnings)
     modes = _fp8_modes(base_meta, run_meta, warnings)
-    rows, base_timings, alpha = judge_frames(base_df, run_df, threshold, None, modes)
+    judged = _sampling_tagged(base_meta, run_meta, base_df, run_df, warnings)
+    rows, base_timings, alpha = judge_frames(*judged, threshold, None, modes)
     warnings += _drift_warnings(rows, threshold)
     return CompareResult(
         rows=rows, threshold=threshold, alpha=alpha, base_meta=base_meta,
