@@ -364,11 +364,11 @@ def test_planner_weight_formats():
 
 
 def _plan(*flags: str) -> dict:
-    from roofline.plan.cli import build_plan
-    from roofline.plan.flags import build_parser
+    from roofline.plan.cli import parse_request
+    from roofline.plan.planner import build_plan
 
-    args = build_parser().parse_args(["--params", "8e9", "--device", "h100", *flags])
-    return build_plan(args, log=lambda *a, **k: None)
+    request = parse_request(["--params", "8e9", "--device", "h100", *flags])
+    return build_plan(request, log=lambda *a, **k: None)
 
 
 def test_planner_weight_format_flag():

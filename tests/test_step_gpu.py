@@ -21,9 +21,9 @@ from benches.step.flops import flop_counter
 from contract.devices import DEVICES, Present
 from contract.models import PRESETS
 from roofline.plan.arithmetic import step_gemms
-from roofline.plan.cli import build_plan
-from roofline.plan.flags import build_parser
 from roofline.plan.harness import Harness
+from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequest
+from roofline.plan.planner import build_plan
 from roofline.plan.render import sections
 from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections
 from tests.test_step_accounting import Events
@@ -176,9 +176,9 @@ def h200_plan(monkeypatch, measurement: dict) -> dict:
 
     h200 = Present("h200", "NVIDIA H200", "cuda", (9, 0), 132, 50.0, 141.0)
     monkeypatch.setattr(contract.devices, "detect", lambda: h200)
-    args = build_parser().parse_args(["--preset", "llama3-8b", "--measure", "step",
-                                      "--measure-layers", "1", "--no-save"])
-    return build_plan(args, log=lambda msg: None,
+    request = PlanRequest(model=ModelRequest(preset="llama3-8b"),
+                          efficiency=EfficiencyRequest(measure="step", measure_layers=1))
+    return build_plan(request, log=lambda msg: None,
                       harness=Harness(measure_step=lambda *a: copy.deepcopy(measurement)))
 
 

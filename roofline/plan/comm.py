@@ -26,13 +26,13 @@ without.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from contract.metrics import BUSBW_FACTOR
 from contract.models import DEFAULT_SEQ_LEN, ModelShape
 from roofline.plan.arithmetic import SECONDS_PER_DAY, attention_score_flops
 from roofline.plan.model import PlanError
+from roofline.plan.plan_request import HardwareRequest
 
 
 def collective_seconds(op: str, size_bytes: float, gpus: int, busbw_gbps: float) -> float:
@@ -163,7 +163,7 @@ def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: 
                         "the network, usually slower than within it")
 
 
-def plan_communication(args: argparse.Namespace, shape: ModelShape | None,
+def plan_communication(hw: HardwareRequest, micro_batch: int, shape: ModelShape | None,
                        params: float | None, peak: float, mfu: float, tokens: float | None,
                        items: dict[str, float], warnings: list[str], device: str
                        ) -> dict[str, Any] | None:
@@ -171,27 +171,27 @@ def plan_communication(args: argparse.Namespace, shape: ModelShape | None,
     given; a step is --micro-batch sequences per device.  Its compute is on the basis the
     plan's days with attention use: 6 N + the attention scores per token when the shape
     is known (6 N with --params alone)."""
-    if args.busbw is None and args.busbw_run is None:
-        if args.gpus > 1:
+    if hw.busbw is None and hw.busbw_run is None:
+        if hw.gpus > 1:
             warnings.append("no communication in this plan: pass --busbw GB/s (or "
                             "--busbw-run RUN) for the gradients' all-reduce and FSDP")
         return None
     if params is None:
         raise PlanError("--busbw needs a model (--params, --preset or a shape)")
-    if args.busbw is not None:
-        busbw, source = args.busbw, "--busbw"
+    if hw.busbw is not None:
+        busbw, source = hw.busbw, "--busbw"
     else:
-        row = busbw_row(args.busbw_run)
-        _check_origin(row, args.busbw_run, device, args.gpus,
-                      getattr(args, "force_busbw_run", False), warnings)
+        assert hw.busbw_run is not None  # one of the two, above
+        row = busbw_row(hw.busbw_run)
+        _check_origin(row, hw.busbw_run, device, hw.gpus, hw.force_busbw_run, warnings)
         busbw, source = row["busbw_gbps"], row["source"]
     seq = shape.seq_len if shape else DEFAULT_SEQ_LEN
-    tokens_per_step = args.micro_batch * seq  # per device
+    tokens_per_step = micro_batch * seq  # per device
     per_token = 6 * params + (attention_score_flops(shape, 1.0) if shape else 0.0)
     compute_s = per_token * tokens_per_step / (peak * 1e12 * mfu)
-    steps = tokens / (args.gpus * tokens_per_step) if tokens else None
+    steps = tokens / (hw.gpus * tokens_per_step) if tokens else None
     grad, weight = policy_bytes(items)
-    out = step_communication(params, args.gpus, busbw, grad, weight, compute_s, steps,
+    out = step_communication(params, hw.gpus, busbw, grad, weight, compute_s, steps,
                              source)
     out["compute_basis"] = "6 N + attention" if shape else "6 N"
     return out

@@ -1,16 +1,23 @@
-"""`python -m roofline plan`'s flags (argparse, with one-line errors) and the model
-shape they describe."""
+"""`python -m roofline plan`'s flags (argparse, with one-line errors), grouped as the
+request's records (roofline/plan/plan_request.py) that roofline/plan/cli.py builds from
+them."""
 
 
 import argparse
 import math
-from dataclasses import replace
 
 from contract.cli import Parser
 from contract.devices import ROOF_CLASS
-from contract.models import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS, ModelShape
-from roofline.plan.arithmetic import DEFAULT_MFU, DEFAULT_POLICY, MEMORY_POLICIES, WEIGHT_FORMATS
-from roofline.plan.model import PlanError
+from contract.models import DEFAULT_SEQ_LEN, DEFAULT_VOCAB, PRESETS
+from roofline.plan.arithmetic import DEFAULT_MFU, MEMORY_POLICIES, WEIGHT_FORMATS
+from roofline.plan.plan_request import (
+    MEASURES,
+    PROVIDERS,
+    EfficiencyRequest,
+    HardwareRequest,
+    MemoryRequest,
+    TrainingRequest,
+)
 
 _SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -50,9 +57,22 @@ def _mfu(text: str) -> float:
 
 
 def build_parser() -> Parser:
+    """The plan's flags, group by group as --help lists them; each group is a record of
+    the request (roofline/plan/plan_request.py), whose defaults these are."""
     p = Parser(prog="python -m roofline plan",
                description="How big a model, on how many tokens, in how many days, in how "
                             "much memory; MFU assumed or measured (docs/plan.md).")
+    _model_flags(p)
+    _data_flags(p)
+    _hardware_flags(p)
+    _efficiency_flags(p)
+    _memory_flags(p)
+    _output_flags(p)
+    return p
+
+
+def _model_flags(p: Parser) -> None:
+    """ModelRequest, and TrainingRequest's micro-batch (listed with the model's shape)."""
     m = p.add_argument_group("model (--params, or a shape, or a preset; shape flags "
                              "override a preset's)")
     m.add_argument("--preset", help=f"published shape: {', '.join(PRESETS)}")
@@ -73,18 +93,27 @@ def build_parser() -> Parser:
                      help="LM head shares the token embedding")
     tie.add_argument("--untied", dest="tied", action="store_false",
                      help="separate LM head (default for shape-only models)")
-    m.add_argument("--micro-batch", type=_positive_int, default=1,
+    mb = TrainingRequest.micro_batch
+    m.add_argument("--micro-batch", type=_positive_int, default=mb,
                    help="sequences per GPU per step: GEMM M = micro-batch x seq-len "
-                        "(default 1)")
+                        f"(default {mb})")
+
+
+def _data_flags(p: Parser) -> None:
+    """TrainingRequest's tokens."""
     d = p.add_argument_group("data")
     dd = d.add_mutually_exclusive_group()
     dd.add_argument("--tokens", type=_positive_float, metavar="D", help="e.g. 15e12 or 15T")
     dd.add_argument("--chinchilla", action="store_true", help="D = 20 N")
+
+
+def _hardware_flags(p: Parser) -> None:
+    """HardwareRequest, and TrainingRequest's --days budget."""
     h = p.add_argument_group("hardware")
     h.add_argument("--device", help="device key (contract.devices): default h100, or the "
                                     "device present with --measure, or the run's with "
                                     "--from-run")
-    h.add_argument("--gpus", type=_positive_int, default=1, metavar="G")
+    h.add_argument("--gpus", type=_positive_int, default=HardwareRequest.gpus, metavar="G")
     h.add_argument("--vs", metavar="KEY[,KEY...]",
                    help="days for the same tokens, GPU count and MFU on other devices "
                         "(datasheet peaks), e.g. --device b200 --vs h100")
@@ -102,12 +131,16 @@ def build_parser() -> Parser:
                    help="time budget: the largest compute-optimal model it trains")
     h.add_argument("--gpu-memory-gb", type=_positive_float,
                    help="memory per device in GB (default: table in roofline/plan/arithmetic.py)")
+
+
+def _efficiency_flags(p: Parser) -> None:
+    """EfficiencyRequest."""
     e = p.add_argument_group("efficiency (one of)")
     ee = e.add_mutually_exclusive_group()
     ee.add_argument("--mfu", type=_mfu, help=f"assumed MFU (default {DEFAULT_MFU})")
     ee.add_argument("--from-run", metavar="RUN",
                     help="MFU of a saved run's matmul rows at or near the model's GEMMs")
-    ee.add_argument("--measure", nargs="?", const="gemms", choices=("gemms", "step"),
+    ee.add_argument("--measure", nargs="?", const="gemms", choices=MEASURES,
                     help="measure on the device present: 'gemms' (the default) times the "
                          "model's GEMMs; 'step' runs real training steps of the model "
                          "(forward, backward, AdamW) and counts, times and profiles them")
@@ -119,67 +152,37 @@ def build_parser() -> Parser:
                    help="--measure step: time the step's own kernels alone (its GEMMs, "
                         "attention, norms, loss; torch) through the harness and set each "
                         "category's profiled time beside them, with its roofline place")
-    e.add_argument("--steps", type=_positive_int, default=5,
-                   help="--measure step: timed steps after 2 warm-up steps (default 5)")
-    e.add_argument("--dtype", default="bf16", choices=sorted(ROOF_CLASS),
-                   help="GEMM dtype (peak and measurements; default bf16)")
-    e.add_argument("--provider", default="torch", choices=("torch", "triton"),
-                   help="GEMM implementation measured (default torch)")
+    steps, dtype, provider = (EfficiencyRequest.steps, EfficiencyRequest.dtype,
+                              EfficiencyRequest.provider)
+    e.add_argument("--steps", type=_positive_int, default=steps,
+                   help=f"--measure step: timed steps after 2 warm-up steps (default {steps})")
+    e.add_argument("--dtype", default=dtype, choices=sorted(ROOF_CLASS),
+                   help=f"GEMM dtype (peak and measurements; default {dtype})")
+    e.add_argument("--provider", default=provider, choices=PROVIDERS,
+                   help=f"GEMM implementation measured (default {provider})")
     e.add_argument("--rep-ms", type=_positive_float,
                    help="timing budget per GEMM in ms (default: the suite's TimingConfig)")
+
+
+def _memory_flags(p: Parser) -> None:
+    """MemoryRequest."""
     mem = p.add_argument_group("memory")
     mm = mem.add_mutually_exclusive_group()
-    mm.add_argument("--policy", choices=tuple(MEMORY_POLICIES), default=DEFAULT_POLICY,
-                    help=f"precision policy (default {DEFAULT_POLICY})")
+    policy = MemoryRequest.policy
+    mm.add_argument("--policy", choices=tuple(MEMORY_POLICIES), default=policy,
+                    help=f"precision policy (default {policy})")
     mm.add_argument("--bytes-per-param", type=_positive_float, metavar="B")
     mem.add_argument("--weight-format", choices=tuple(WEIGHT_FORMATS),
                      help="format of the weights the GEMMs read, scales included (nvfp4: "
                           "4.5 bits, mxfp4 4.25, mxfp8 8.25, fp8 8); the policy's master "
                           "weights and optimizer state stay (default: the policy's)")
+
+
+def _output_flags(p: Parser) -> None:
+    """OutputRequest."""
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR",
                    help="folder for plan.md, plan.json, plan.png (default "
                         "results/plans/<timestamp>/; never overwritten)")
     o.add_argument("--no-save", action="store_true", help="write no files")
     o.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
-    return p
-
-
-_SHAPE_FLAGS = ("d_model", "layers", "d_ff", "vocab", "seq_len", "heads", "kv_heads",
-                "gated", "tied")
-
-
-def model_from_args(args: argparse.Namespace) -> ModelShape | None:
-    given = [f for f in _SHAPE_FLAGS if getattr(args, f) is not None]
-    if args.params is not None and (given or args.preset):
-        raise PlanError("give --params or a shape (--preset, --d-model/--layers), not both")
-    if args.preset:
-        if args.preset not in PRESETS:
-            raise PlanError(f"unknown preset '{args.preset}' (choose from "
-                            f"{', '.join(PRESETS)})")
-        base = PRESETS[args.preset]
-    elif given:
-        if args.d_model is None or args.layers is None:
-            raise PlanError("a model shape needs --d-model and --layers")
-        d = args.d_model
-        heads = args.heads or (d // 64 if d % 64 == 0 else 1)
-        base = ModelShape("custom", d, args.layers, 4 * d, DEFAULT_VOCAB, DEFAULT_SEQ_LEN,
-                          heads, heads, tied=False)
-    else:
-        return None
-    over = {"d_model": args.d_model, "n_layers": args.layers, "d_ff": args.d_ff,
-            "vocab": args.vocab, "seq_len": args.seq_len, "heads": args.heads,
-            "kv_heads": args.kv_heads, "gated": args.gated, "tied": args.tied}
-    over = {k: v for k, v in over.items() if v is not None}
-    if "d_model" in over and "d_ff" not in over and not args.preset:
-        over["d_ff"] = 4 * over["d_model"]
-    if "heads" in over and "kv_heads" not in over:
-        over["kv_heads"] = over["heads"]
-    shape = replace(base, **over)
-    if args.preset and over:
-        shape = replace(shape, name=f"{args.preset} (modified)")
-    if shape.d_model % shape.heads:
-        raise PlanError(f"--heads {shape.heads} does not divide d_model {shape.d_model}")
-    if shape.heads % shape.kv_heads:
-        raise PlanError(f"--kv-heads {shape.kv_heads} does not divide heads {shape.heads}")
-    return shape
