@@ -32,10 +32,31 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+Section = tuple[str, list[str], list[list[str]]]
+
+
+def sections(plan: dict[str, Any]) -> list[Section]:
     """(title, header, rows) of every table: shared by the terminal and plan.md."""
-    out = []
-    m = plan["model"]
+    out = _model_section(plan["model"])
+    out.append(("Compute and time", ["", "value", "note"],
+                _compute_rows(plan) + _budget_rows(plan)))
+    out += _versus_section(plan)
+    out.append((f"Memory ({plan['policy']})", ["", "value", "note"], _memory_rows(plan)))
+    out += _gemms_section(plan)
+    out += _communication_section(plan.get("communication"))
+    if plan.get("step_measured"):
+        from roofline.plan.step import step_sections
+
+        out += step_sections(plan["step_measured"]["report"], si, gb)
+        if plan["step_measured"].get("explain"):
+            from roofline.plan.explain import explain_sections
+
+            out += explain_sections(plan["step_measured"]["explain"])
+    return out
+
+
+def _model_section(m: dict[str, Any] | None) -> list[Section]:
+    """The model's parameters itemized (a shape), or the count given (--params)."""
     if m and "params_itemized" in m:
         rows = [[k, f"{v:,}", si(v)] for k, v in m["params_itemized"].items() if v]
         rows.append(["total (exact)", f"{m['params']:,}", si(m["params"])])
@@ -43,11 +64,16 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                      f"{si(m['params_12d2l'])} ({m['params_12d2l'] / m['params']:.0%} of "
                      "exact)"])
         gated = " (gated MLP: 3 d d_ff per layer)" if m["gated"] else " (2 d d_ff per layer)"
-        out.append((f"Model {m['name']}: {m['description']}{gated}",
-                    ["parameters", "count", ""], rows))
-    elif m:
-        out.append(("Model", ["parameters", "count", ""],
-                    [["given (--params)", f"{m['params']:,.0f}", si(m["params"])]]))
+        return [(f"Model {m['name']}: {m['description']}{gated}",
+                 ["parameters", "count", ""], rows)]
+    if m:
+        return [("Model", ["parameters", "count", ""],
+                 [["given (--params)", f"{m['params']:,.0f}", si(m["params"])]])]
+    return []
+
+
+def _compute_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """The run's FLOPs, the devices, their peak and MFU, and the days."""
     rows = []
     if plan["train_flops"]:
         rows += [["tokens D", si(plan["tokens"]), plan["tokens_source"]],
@@ -66,30 +92,45 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
         rows.append(["days = 6ND / (G x peak x MFU)", f"{plan['days']:.1f}",
                      f"{plan['days_with_attention']:.1f} with attention scores"
                      if plan["days_with_attention"] is not None else ""])
+    return rows
+
+
+def _budget_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """--days: what the budget buys, whether its model fits, this model's tokens."""
     b = plan["budget"]
-    if b:
-        rows += [["budget", f"{b['days']:g} days", f"{b['flops']:.3e} FLOPs"],
-                 ["largest compute-optimal model", si(b["max_params_compute_optimal"]),
-                  f"on {si(b['tokens_compute_optimal'])} tokens (D = 20 N)"]]
-        if "fits_compute_optimal" in b:
-            fits = "fits" if b["fits_compute_optimal"] else "does NOT fit"
-            rows.append(["its static memory", gb(b["static_bytes_compute_optimal"]),
-                         f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])} at "
-                         f"{plan['bytes_per_param']:g} B/param"])
-        if "tokens_for_this_model" in b:
-            rows.append(["tokens this model gets in the budget",
-                         si(b["tokens_for_this_model"]), ""])
-    out.append(("Compute and time", ["", "value", "note"], rows))
-    if plan.get("versus"):
-        v0 = plan["versus"][0]
-        rows = [[v["name"], v["device"], f"{v['peak_tflops']:.4g}", f"{v['days']:.1f}",
-                 "-" if v["days_with_attention"] is None else f"{v['days_with_attention']:.1f}",
-                 f"{v['vs_plan']:.2f}x"] for v in plan["versus"]]
-        out.append((f"Days by device: the same tokens, {plan['gpus']} GPU(s) and MFU "
-                     f"{_pct(plan['mfu'])} on each (from {v0['device']}; another device's "
-                     f"MFU may differ), {plan['dtype']} datasheet peaks",
-                    ["device", "key", "peak TFLOP/s", "days", "with attention",
-                     f"days / {v0['device']}'s"], rows))
+    if not b:
+        return []
+    rows = [["budget", f"{b['days']:g} days", f"{b['flops']:.3e} FLOPs"],
+            ["largest compute-optimal model", si(b["max_params_compute_optimal"]),
+             f"on {si(b['tokens_compute_optimal'])} tokens (D = 20 N)"]]
+    if "fits_compute_optimal" in b:
+        fits = "fits" if b["fits_compute_optimal"] else "does NOT fit"
+        rows.append(["its static memory", gb(b["static_bytes_compute_optimal"]),
+                     f"{fits} in {plan['gpus']} x {gb(plan['gpu_memory_bytes'])} at "
+                     f"{plan['bytes_per_param']:g} B/param"])
+    if "tokens_for_this_model" in b:
+        rows.append(["tokens this model gets in the budget",
+                     si(b["tokens_for_this_model"]), ""])
+    return rows
+
+
+def _versus_section(plan: dict[str, Any]) -> list[Section]:
+    """--vs: the days on each device."""
+    if not plan.get("versus"):
+        return []
+    v0 = plan["versus"][0]
+    rows = [[v["name"], v["device"], f"{v['peak_tflops']:.4g}", f"{v['days']:.1f}",
+             "-" if v["days_with_attention"] is None else f"{v['days_with_attention']:.1f}",
+             f"{v['vs_plan']:.2f}x"] for v in plan["versus"]]
+    return [(f"Days by device: the same tokens, {plan['gpus']} GPU(s) and MFU "
+             f"{_pct(plan['mfu'])} on each (from {v0['device']}; another device's "
+             f"MFU may differ), {plan['dtype']} datasheet peaks",
+             ["device", "key", "peak TFLOP/s", "days", "with attention",
+              f"days / {v0['device']}'s"], rows)]
+
+
+def _memory_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """The state's bytes per parameter, on the devices' memory, and what fits."""
     rows = [[k, f"{v:g}", ""] for k, v in plan["bytes_per_param_itemized"].items()]
     rows.append(["bytes per parameter", f"{plan['bytes_per_param']:g}", plan["policy"]])
     if plan["static_bytes"] is not None:
@@ -104,60 +145,61 @@ def sections(plan: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                  plan["gpu_memory_source"]])
     rows.append(["most parameters that fit", si(plan["max_params_fit"]),
                  "static state only: activations come on top"])
-    lm = (m or {}).get("largest_matrix")
+    lm = (plan["model"] or {}).get("largest_matrix")
     if lm:
         rows.append([f"largest matrix {lm['name']} {lm['shape']}", gb(lm["bytes_fp32"]),
                      "in fp32"])
-    out.append((f"Memory ({plan['policy']})", ["", "value", "note"], rows))
-    if plan["gemms"]:
-        st, peak, src = plan["step"], plan["peak_tflops"], plan["peak_source"]
-        rows = []
-        for g in plan["gemms"]:
-            meas = g["measured_shape"] if g["measured_shape"] and g["note"] != "exact" else ""
-            rows.append([g["name"], g["phase"], g["shape"], str(g["count"]),
-                         f"{g['flops']:.3g}", rate_text(g["tflops"], peak, src, ".4g"),
-                         fraction_text(g["mfu"], src), "-" if g["ms"] is None else f"{g['ms']:.4g}",
-                         _pct(g["share"]), meas])
-        if st["ms"] is not None:
-            rows.append(["step (matmuls only)", "", f"{st['tokens']} tokens", "",
-                         f"{st['gemm_flops']:.3g}", rate_text(st["tflops"], peak, src, ".4g"),
-                         fraction_text(st["mfu"], src), f"{st['ms']:.4g}", "100%", ""])
-        timed = plan.get("gemms_timed") or ""
-        out.append((f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']}"
-                    f"{'; ' + timed if timed else ''})",
-                    ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
-                     "run shape"], rows))
-    c = plan.get("communication")
-    if c:
-        def row(name: str, sch: dict[str, Any], how: str) -> list[str]:
-            days = (f"{sch['days_overlap']:.1f} / {sch['days_serial']:.1f}"
-                    if sch.get("days_overlap") is not None else "-")
-            return [name, f"{sch['comm_s'] * 1e3:.4g} ms", "yes" if sch["hides"] else "no",
-                    f"{sch['step_s_overlap'] * 1e3:.4g} / {sch['step_s_serial'] * 1e3:.4g} ms",
-                    days, how]
-        basis = c.get("compute_basis", "6 N")
-        out.append((
-            f"Communication per step: {c['gpus']} devices, busbw {c['busbw_gbps']:.4g} GB/s "
-            f"({c['busbw_source']}); compute {c['compute_s'] * 1e3:.4g} ms per step "
-            f"({basis} FLOPs per token; days on the same basis)",
-            ["scheme", "comm", "hides", "step (overlap / serial)",
-             "days (overlap / serial)", "formula"],
-            [row("data parallel", c["data_parallel"],
-                 f"all_reduce 2(G-1)/G x N x {c['grad_bytes_per_param']:g} B / busbw; hides "
-                 "under the backward"),
-             row("fully sharded", c["fsdp"],
-                 f"2 x all_gather (G-1)/G x N x {c['weight_bytes_per_param']:g} B + "
-                 f"reduce_scatter (G-1)/G x N x {c['grad_bytes_per_param']:g} B; hides "
-                 "under the step")]))
-    if plan.get("step_measured"):
-        from roofline.plan.step import step_sections
+    return rows
 
-        out += step_sections(plan["step_measured"]["report"], si, gb)
-        if plan["step_measured"].get("explain"):
-            from roofline.plan.explain import explain_sections
 
-            out += explain_sections(plan["step_measured"]["explain"])
-    return out
+def _gemms_section(plan: dict[str, Any]) -> list[Section]:
+    """The step's GEMMs, timed or not, and the step they make."""
+    if not plan["gemms"]:
+        return []
+    st, peak, src = plan["step"], plan["peak_tflops"], plan["peak_source"]
+    rows = []
+    for g in plan["gemms"]:
+        meas = g["measured_shape"] if g["measured_shape"] and g["note"] != "exact" else ""
+        rows.append([g["name"], g["phase"], g["shape"], str(g["count"]),
+                     f"{g['flops']:.3g}", rate_text(g["tflops"], peak, src, ".4g"),
+                     fraction_text(g["mfu"], src), "-" if g["ms"] is None else f"{g['ms']:.4g}",
+                     _pct(g["share"]), meas])
+    if st["ms"] is not None:
+        rows.append(["step (matmuls only)", "", f"{st['tokens']} tokens", "",
+                     f"{st['gemm_flops']:.3g}", rate_text(st["tflops"], peak, src, ".4g"),
+                     fraction_text(st["mfu"], src), f"{st['ms']:.4g}", "100%", ""])
+    timed = plan.get("gemms_timed") or ""
+    return [(f"GEMMs of one step ({plan['micro_batch']} x seq per GPU, {plan['dtype']}"
+             f"{'; ' + timed if timed else ''})",
+             ["weight", "pass", "shape", "x", "FLOPs", "TFLOP/s", "MFU", "ms", "share",
+              "run shape"], rows)]
+
+
+def _communication_section(c: dict[str, Any] | None) -> list[Section]:
+    """The step's communication per scheme (--busbw, --busbw-run)."""
+    if not c:
+        return []
+
+    def row(name: str, sch: dict[str, Any], how: str) -> list[str]:
+        days = (f"{sch['days_overlap']:.1f} / {sch['days_serial']:.1f}"
+                if sch.get("days_overlap") is not None else "-")
+        return [name, f"{sch['comm_s'] * 1e3:.4g} ms", "yes" if sch["hides"] else "no",
+                f"{sch['step_s_overlap'] * 1e3:.4g} / {sch['step_s_serial'] * 1e3:.4g} ms",
+                days, how]
+    basis = c.get("compute_basis", "6 N")
+    return [(
+        f"Communication per step: {c['gpus']} devices, busbw {c['busbw_gbps']:.4g} GB/s "
+        f"({c['busbw_source']}); compute {c['compute_s'] * 1e3:.4g} ms per step "
+        f"({basis} FLOPs per token; days on the same basis)",
+        ["scheme", "comm", "hides", "step (overlap / serial)",
+         "days (overlap / serial)", "formula"],
+        [row("data parallel", c["data_parallel"],
+             f"all_reduce 2(G-1)/G x N x {c['grad_bytes_per_param']:g} B / busbw; hides "
+             "under the backward"),
+         row("fully sharded", c["fsdp"],
+             f"2 x all_gather (G-1)/G x N x {c['weight_bytes_per_param']:g} B + "
+             f"reduce_scatter (G-1)/G x N x {c['grad_bytes_per_param']:g} B; hides "
+             "under the step")])]
 
 
 def render_markdown(plan: dict[str, Any], png: str | None) -> str:
