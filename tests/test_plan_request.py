@@ -74,11 +74,11 @@ def test_the_request_is_frozen():
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda: HardwareRequest(gpus=0), "gpus must be positive"),
+    (lambda: HardwareRequest(gpus=0), "--gpus must be positive"),
     (lambda: HardwareRequest(busbw=100.0, busbw_run="R"), "--busbw or --busbw-run"),
-    (lambda: ModelRequest(params=-1.0), "params must be positive"),
+    (lambda: ModelRequest(params=-1.0), "--params must be positive"),
     (lambda: TrainingRequest(tokens=1e9, chinchilla=True), "--tokens or --chinchilla"),
-    (lambda: TrainingRequest(micro_batch=0), "micro-batch must be positive"),
+    (lambda: TrainingRequest(micro_batch=0), "--micro-batch must be positive"),
     (lambda: EfficiencyRequest(mfu=1.5), "not a fraction"),
     (lambda: EfficiencyRequest(mfu=0.5, measure="step"), "one of --mfu"),
     (lambda: EfficiencyRequest(measure="all"), "--measure 'all'"),  # type: ignore[arg-type]

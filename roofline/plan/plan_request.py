@@ -22,11 +22,12 @@ PROVIDERS = ("torch", "triton")
 
 
 def _positive(owner: object, names: tuple[str, ...]) -> None:
-    """PlanError for a field of `owner` that is given and not a positive number."""
+    """PlanError for a field of `owner` that is given and not a positive number, named
+    as its flag (each field is named as its flag)."""
     for name in names:
         v = getattr(owner, name)
         if v is not None and not v > 0:
-            raise PlanError(f"{name.replace('_', '-')} must be positive, got {v}")
+            raise PlanError(f"--{name.replace('_', '-')} must be positive, got {v}")
 
 
 def _one_of(name: str, value: str | None, allowed: Collection[str]) -> None:
