@@ -269,15 +269,16 @@ def by_family(rows: list[tuple[str, str, str, float]], families: list[dict[str, 
 
 
 def render(results: list[dict[str, Any]], tool: NcuTool) -> str:
+    from contract.markdown import md_table_lines
+
     lines = ["# DRAM bytes (ncu) against the counted compulsory bytes", "",
-             f"ncu {tool.version}: `{tool.path}`", "",
-             "| kernel | dtype | shape | counted MB | ncu read MB | ncu write MB | ncu / counted"
-             " | kernels |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    for r in results:
-        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['shape']} | "
-                     f"{r['counted_bytes'] / 1e6:.1f} | {r['dram_read'] / 1e6:.1f} | "
-                     f"{r['dram_write'] / 1e6:.1f} | {r['ratio']:.3f} | "
-                     f"{', '.join(r['kernels'])} |")
+             f"ncu {tool.version}: `{tool.path}`", "", *md_table_lines(
+                 ["kernel", "dtype", "shape", "counted MB", "ncu read MB", "ncu write MB",
+                  "ncu / counted", "kernels"],
+                 [[r["kernel"], r["dtype"], r["shape"], f"{r['counted_bytes'] / 1e6:.1f}",
+                   f"{r['dram_read'] / 1e6:.1f}", f"{r['dram_write'] / 1e6:.1f}",
+                   f"{r['ratio']:.3f}", ", ".join(r["kernels"])] for r in results],
+                 "lllrrrrl")]
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,7 @@ from roofline.report.run_time import (
     row_time_sections,
     time_split_line,
 )
-from roofline.report.summary import md_table, render_summary
+from roofline.report.summary import render_summary
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg, gpu_faked, steady_sampler
 
 # The timers' own set-up, where a test keeps it under gpu_faked's other fakes.
@@ -138,7 +138,7 @@ def test_the_summary_says_where_the_rows_time_went():
            entry("add", "torch", check=0.5, capture=2.0),
            entry("attention_bwd", "torch", timing=9.0, profile=0.5),
            entry("dot", "triton", check=0.25)]
-    title, text = row_time_sections({ROW_SPLIT: own}, md_table)
+    title, text = row_time_sections({ROW_SPLIT: own})
     assert title == "## Where the rows' time went"
     lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
     assert lines[0] == "| kernel provider | rows | check | capture | timing | profile | total |"
@@ -149,10 +149,10 @@ def test_the_summary_says_where_the_rows_time_went():
         "| dot triton | 1 | 0.25 | 0.00 | 0.00 | 0.00 | 0.25 |",
         "| all rows | 4 | 1.25 | 2.00 | 10.00 | 0.50 | 13.75 |"]
     many = [entry(f"k{i}", "torch", timing=float(i + 1)) for i in range(run_time.ROW_TIME_TOP + 2)]
-    _, text = row_time_sections({ROW_SPLIT: many}, md_table)
+    _, text = row_time_sections({ROW_SPLIT: many})
     assert "| 2 more | 2 | 3.00 | 3.00 |" in text  # k0 and k1, the smallest
-    assert row_time_sections({}, md_table) == []
-    assert row_time_sections({ROW_SPLIT: []}, md_table) == []
+    assert row_time_sections({}) == []
+    assert row_time_sections({ROW_SPLIT: []}) == []
     md = render_summary({ROW_SPLIT: own, "device_key": "h200"}, pd_rows())
     assert "## Where the rows' time went" in md
 
@@ -353,21 +353,22 @@ def test_a_gpu_rows_profiler_pass_is_booked_to_profile_with_no_call_before_it(mo
 
 
 def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
-    """The H200's runs of 2026-11-27 recorded 0 of 183 cases done and nothing on why;
-    a run now says what it waited and what the workers said."""
+    """A run with workers says what they did, what the sweep waited for them and what
+    they said (their errors say why they compiled nothing); the console's line after
+    the ceilings is the same text (contract.rows.compiled_ahead_text)."""
     assert compiled_ahead_line({}) is None
     assert compiled_ahead_line({"compiled_ahead": {"workers": 0, "cases": 5}}) is None
     h200 = {"workers": 8, "cases": 183, "cases_done": 0, "cases_failed": 0,
             "kernels_compiled": 0, "kernels_built": 0, "started_early": 1}
     assert compiled_ahead_line({"compiled_ahead": h200}) == \
-        "0 of 183 cases by 8 workers (0 kernels, 0 built)"
+        "0 of 183 cases (0 kernels, 0 built) by 8 workers"
     now = {**h200, "cases_done": 183, "kernels_compiled": 178, "kernels_built": 170,
            "waited_s": 9.44, "worker_errors": ["preload torch: ImportError: x", "y"]}
     assert compiled_ahead_line({"compiled_ahead": now}) == (
-        "183 of 183 cases by 8 workers (178 kernels, 170 built), 9.4 s waited for after "
-        "the ceilings; errors: preload torch: ImportError: x; y")
+        "183 of 183 cases (178 kernels, 170 built) by 8 workers, 9.4 s after the ceilings; "
+        "errors: preload torch: ImportError: x; y")
     warm = {**now, "waited_s": 2.04, "wait_ended": "cache warm", "worker_errors": []}
     assert compiled_ahead_line({"compiled_ahead": warm}).endswith(
-        "2.0 s waited for after the ceilings (ended: cache warm)")
+        "2.0 s after the ceilings (ended: cache warm)")
     md = render_summary({"compiled_ahead": now, "device_key": "h200"}, pd_rows())
-    assert "- **compiled ahead**: 183 of 183 cases by 8 workers" in md
+    assert "- **compiled ahead**: 183 of 183 cases (178 kernels, 170 built) by 8" in md

@@ -24,6 +24,7 @@ from benches.fleet.acceptance_rules import (
     rules,
 )
 from benches.fleet.rank_io import say_line
+from contract.markdown import md_table_lines
 
 JSON, MD, PNG = "acceptance.json", "acceptance.md", "acceptance.png"
 # One colour per verdict (acceptance_rules.VERDICTS; a test holds the two together).
@@ -50,9 +51,9 @@ def _gpu_label(g: dict[str, Any]) -> str:
 def rules_table(t: Thresholds) -> list[str]:
     """The rules in force as markdown table lines (acceptance.md; the README's copy is
     checked against it by the tests)."""
-    return ["| check | reads | WARN | CRITICAL | source |", "|---|---|---|---|---|",
-            *(f"| `{r.check}` | {r.reads} | {r.warn} | {r.critical} | {r.source} |"
-              for r in rules(t))]
+    return md_table_lines(["check", "reads", "WARN", "CRITICAL", "source"],
+                          [[f"`{r.check}`", r.reads, r.warn, r.critical, r.source]
+                           for r in rules(t)], tight=True)
 
 
 def markdown(doc: dict[str, Any], t: Thresholds) -> str:
@@ -64,18 +65,14 @@ def markdown(doc: dict[str, Any], t: Thresholds) -> str:
            f"Exit code {EXIT_CODE[v]} (0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN only).", "",
            f"`{doc['command']}`", "", "## Nodes (worst first)", ""]
     cols = _columns(doc["nodes"])
-    out += ["| node | ranks | verdict | " + " | ".join(cols) + " |",
-            "|---|---|---|" + "---|" * len(cols)]
-    for n in doc["nodes"]:
-        out.append(f"| {n['host']} | {', '.join(map(str, n['ranks']))} | **{n['verdict']}** | "
-                   + " | ".join(_cell(n, c) for c in cols) + " |")
+    out += md_table_lines(["node", "ranks", "verdict", *cols], [
+        [n["host"], ", ".join(map(str, n["ranks"])), f"**{n['verdict']}**",
+         *(_cell(n, c) for c in cols)] for n in doc["nodes"]], tight=True)
     cols = _columns(doc["gpus"])
-    out += ["", "## GPUs (worst first)", "",
-            "| GPU | device | verdict | " + " | ".join(cols) + " |",
-            "|---|---|---|" + "---|" * len(cols)]
-    for g in doc["gpus"]:
-        out.append(f"| {_gpu_label(g)} | {g['device_name']} | **{g['verdict']}** | "
-                   + " | ".join(_cell(g, c) for c in cols) + " |")
+    out += ["", "## GPUs (worst first)", "", *md_table_lines(
+        ["GPU", "device", "verdict", *cols],
+        [[_gpu_label(g), g["device_name"], f"**{g['verdict']}**", *(_cell(g, c) for c in cols)]
+         for g in doc["gpus"]], tight=True)]
     why = []
     for r in doc["nodes"] + doc["gpus"]:
         said: dict[tuple[str, str], list[str]] = {}  # checks not OK for the same reason

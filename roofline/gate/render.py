@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.markdown import md_table_lines
 from contract.physics import ratio_text
 from contract.schema import (
     DEFAULT_CACHE,
@@ -83,20 +84,14 @@ def _shape(r: dict[str, Any], native: str = DEFAULT_CACHE) -> str:
 
 
 def _md_table(df: pd.DataFrame, native: str = DEFAULT_CACHE) -> list[str]:
-    lines = [
-        "| kernel | provider | dtype | shape | verdict | base ms | new ms | ratio (MHz) "
-        "| base p20–p80 | new p20–p80 | n base/new | note |",
-        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for r in df.to_dict("records"):
-        lines.append(
-            f"| {_md_cell(r['kernel'])} | {_md_cell(r['provider'])} | {_md_cell(r['dtype'])} "
-            f"| {_md_cell(_shape(r, native))} | **{r['verdict']}** | {_fmt_ms(r['base_ms'])} "
-            f"| {_fmt_ms(r['new_ms'])} | {_fmt_ratio_clocks(r)} "
-            f"| {_fmt_spread(r['base_p20'], r['base_p80'])} "
-            f"| {_fmt_spread(r['new_p20'], r['new_p80'])} | {_fmt_n(r['n_base'], r['n_new'])} "
-            f"| {_md_cell(r['note'])} |")
-    return lines
+    return md_table_lines(
+        ["kernel", "provider", "dtype", "shape", "verdict", "base ms", "new ms",
+         "ratio (MHz)", "base p20–p80", "new p20–p80", "n base/new", "note"],
+        [[_md_cell(r["kernel"]), _md_cell(r["provider"]), _md_cell(r["dtype"]),
+          _md_cell(_shape(r, native)), f"**{r['verdict']}**", _fmt_ms(r["base_ms"]),
+          _fmt_ms(r["new_ms"]), _fmt_ratio_clocks(r), _fmt_spread(r["base_p20"], r["base_p80"]),
+          _fmt_spread(r["new_p20"], r["new_p80"]), _fmt_n(r["n_base"], r["n_new"]),
+          _md_cell(r["note"])] for r in df.to_dict("records")], "lllllrrrrrrl")
 
 
 # (title, verdicts) of the listed sections, in report order; "same" and "skipped" rows

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.markdown import md_table_lines
 from contract.schema import RowKey
 from roofline.gate.rules import Retime
 from roofline.gate.runs import CONFIRM_MIN_ROUNDS
@@ -49,14 +50,13 @@ def _run(s: Series, i: int) -> str:
     return f"`{v}`" if isinstance(v, str) and v else f"#{int(s.runs['seq'].iloc[i])}"
 
 
-def _row(s: Series, c: ChangePoint, note: str = "") -> str:
+def _row(s: Series, c: ChangePoint, note: str = "") -> list[object]:
     before, after = s.commit_range(c)
-    name = s.name
     if s.timer_changed(c):
         note = "; ".join(x for x in (note, "timer changed here") if x)
-    return (f"| {_cell(name)} | {'slower' if c.slower else 'faster'} | {_pct(c.change)} "
-            f"| {_ms(c.before)} | {_ms(c.after)} | {_commit(before)}..{_commit(after)} "
-            f"| {_run(s, c.index)} | {c.n_after} | {c.p_value:.1e} | {_cell(note)} |")
+    return [_cell(s.name), "slower" if c.slower else "faster", _pct(c.change), _ms(c.before),
+            _ms(c.after), f"{_commit(before)}..{_commit(after)}", _run(s, c.index),
+            c.n_after, f"{c.p_value:.1e}", _cell(note)]
 
 
 def _newest(since: int) -> str:
@@ -64,28 +64,26 @@ def _newest(since: int) -> str:
         f"the newest {since} runs were added"
 
 
-_HEAD = ("| series | step | change | ms before | ms after | commits (last old..first new) "
-         "| first run at new level | runs since | p | note |\n"
-         "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |")
-_STATE_HEAD = ("| series | state | change | ms before | ms after | first run at new level "
-               "| runs since | p (test) | commits (last old..first new) |\n"
-               "| --- | --- | ---: | ---: | ---: | --- | ---: | --- | --- |")
+_HEAD = ["series", "step", "change", "ms before", "ms after", "commits (last old..first new)",
+         "first run at new level", "runs since", "p", "note"]
+_STATE_HEAD = ["series", "state", "change", "ms before", "ms after", "first run at new level",
+               "runs since", "p (test)", "commits (last old..first new)"]
 
 
-def _state_rows(s: Series, window: int | None) -> list[str]:
+def _state_rows(s: Series, window: int | None) -> list[list[object]]:
     """Every change point of a series in the window, newest first, marked new or known;
     a series without one: steady, its level and the runs it holds."""
     if not s.changes:
         held = s.runs["median"].iloc[-window:] if window else s.runs["median"]
-        return [f"| {_cell(s.name)} | steady | - | - | {_ms(float(held.median()))} "
-                f"| - | {len(held)} | - | - |"]
+        return [[_cell(s.name), "steady", "-", "-", _ms(float(held.median())), "-", len(held),
+                 "-", "-"]]
     out = []
     for c in reversed(s.changes):
         state = f"{'new' if c in s.new else 'known'} {'slowdown' if c.slower else 'speed-up'}"
         before, after = s.commit_range(c)
-        out.append(f"| {_cell(s.name)} | {state} | {_pct(c.change)} | {_ms(c.before)} "
-                   f"| {_ms(c.after)} | {_run(s, c.index)} | {len(s.runs) - c.index} "
-                   f"| {c.p_value:.1e} ({c.test}) | {_commit(before)}..{_commit(after)} |")
+        out.append([_cell(s.name), state, _pct(c.change), _ms(c.before), _ms(c.after),
+                    _run(s, c.index), len(s.runs) - c.index, f"{c.p_value:.1e} ({c.test})",
+                    f"{_commit(before)}..{_commit(after)}"])
     return out
 
 
@@ -155,22 +153,23 @@ def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = 
             out += [f"**{len(slow)} new slowdown{'s' if len(slow) != 1 else ''}**, "
                     f"{len(new) - len(slow)} new speed-up"
                     f"{'s' if len(new) - len(slow) != 1 else ''} since {_newest(d.since)}:",
-                    "", _HEAD]
+                    ""]
+            rows = []
             for s, c in sorted(new, key=lambda sc: (not sc[1].slower, -abs(sc[1].change))):
                 note = ""
                 if confirmation is not None and c.slower:
                     note = confirmation.checked.get(s.key, confirmation.failed)
-                out.append(_row(s, c, note))
-            out.append("")
+                rows.append(_row(s, c, note))
+            out += [*md_table_lines(_HEAD, rows, "llrrrllrrl"), ""]
         else:
             out += [f"No new change point since {_newest(d.since)}.", ""]
         out += _sight(d)
         changed = sum(1 for s in d.series if s.changes)
         out += [f"Every series ({changed} with a change point in {window}, "
-                f"{len(d.series) - changed} steady):", "", _STATE_HEAD]
-        for s in sorted(d.series, key=_state_order):
-            out += _state_rows(s, o.window)
-        out.append("")
+                f"{len(d.series) - changed} steady):", "",
+                *md_table_lines(_STATE_HEAD, [r for s in sorted(d.series, key=_state_order)
+                                              for r in _state_rows(s, o.window)], "llrrrlrll"),
+                ""]
         gone = [s.name for s in d.series if s.status not in ("ok", "absent")]
         if gone:
             out += [f"Not ok in the newest run: {', '.join(gone[:20])}"

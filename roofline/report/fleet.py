@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.markdown import md_table_lines
 from contract.rows import positive_float
 from contract.schema import atomic_write_text, mode_tag
 from roofline.report.style import new_figure, save_figure
@@ -129,29 +130,25 @@ def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]
     head = ["rank", "host", "device", *figures, "throttled rows", "exit"]
     lines = ["# Fleet", "", *([f"**{note}**", ""] if note else []),
              f"{len(devices)} device(s); each key figure as a ratio to the fleet median "
-             f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", ""]
+    rows = []
     for d in devices:
         cells = [str(d["rank"]), str(d["host"]), str(d.get("device") or "-")]
         for f in figures:
             v, r = d.get(f), d.get(f"{f}_ratio")
             cells.append(f"{v:.4g} ({r:.2f}x)" if v and r else "-")
-        cells += [str(d["throttled_rows"]), str(d.get("exit_code"))]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append([*cells, str(d["throttled_rows"]), str(d.get("exit_code"))])
+    lines += md_table_lines(head, rows, tight=True)
     lines += ["", "Fleet medians: " + ", ".join(f"{k} {v:.4g}" for k, v in medians.items()),
               "", f"## Outliers ({len(outliers)})", ""]
     lines += [f"- rank {o['rank']} on {o['host']} ({o.get('gpu_uuid') or o.get('device')}): "
               f"{o['why']}" for o in outliers] or ["None."]
     if not collectives.empty:
-        lines += ["", "## Collectives (slowest rank)", "",
-                  "| op | backend | dtype | bytes | ms | algbw GB/s | busbw GB/s |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in collectives.to_dict("records"):
-            if r["status"] != "ok":
-                continue
-            lines.append(f"| {r['kernel']} | {r['provider']} | {r['dtype']} | "
-                         f"{r['bytes']:,} | {r['ms_median']:.4g} | {r['algbw_gbps']:.4g} | "
-                         f"{bandwidth_cell(r.get('busbw_gbps'))} |")
+        lines += ["", "## Collectives (slowest rank)", "", *md_table_lines(
+            ["op", "backend", "dtype", "bytes", "ms", "algbw GB/s", "busbw GB/s"],
+            [[r["kernel"], r["provider"], r["dtype"], f"{r['bytes']:,}", f"{r['ms_median']:.4g}",
+              f"{r['algbw_gbps']:.4g}", bandwidth_cell(r.get("busbw_gbps"))]
+             for r in collectives.to_dict("records") if r["status"] == "ok"], tight=True)]
         if not has_busbw(collectives):
             lines += ["", "One rank: no data crosses a link, so there is no busbw (n/a); "
                           "algbw is the local copy's."]

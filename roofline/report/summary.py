@@ -18,6 +18,7 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
+from contract.markdown import md_table_lines
 from contract.physics import ratio_text
 from contract.rows import Ceiling, clean_rows, run_ceilings
 from contract.schema import (
@@ -93,11 +94,9 @@ def _shape(r: Any) -> str:
 
 
 def md_table(header: list[str], rows: list[list[Any]], align: str = "") -> str:
-    """GitHub markdown table; `align` is one char per column: l or r (default l)."""
-    seps = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |"]
-    lines += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
+    """GitHub markdown table of escaped cells; `align` is one char per column: l or r
+    (default l)."""
+    return "\n".join(md_table_lines(header, [[_cell(c) for c in r] for r in rows], align))
 
 
 # What each fp8 accumulation mode means for the fp8 matmul rows and the fp8 ceiling.
@@ -459,7 +458,7 @@ def render_summary(meta: dict[str, Any], df: pd.DataFrame) -> str:
         *([f"## Launch-bound rows ({len(launch_bound_rows(d))})", _launch_bound_section(d)]
           if len(launch_bound_rows(d)) else []),
         *energy_sections(meta, d, md_table),  # roofline/report/energy.py
-        *row_time_sections(meta, md_table),  # roofline/report/run_time.py
+        *row_time_sections(meta),  # roofline/report/run_time.py
         f"## Failed rows ({n['failed']})",
         _failed_section(d),
         f"## Skipped rows ({n['skipped']})",
