@@ -85,7 +85,8 @@ def test_the_workers_share_the_jobs_and_say_what_they_did():
     pids = [p.pid for p in ahead.procs]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
                             "kernels_compiled": 4, "kernels_built": 0,
-                            "launchers_built": 0, "started_early": 0}
+                            "launchers_built": 0, "started_early": 0, "waited_s": 0.0,
+                            "worker_errors": ["boom bf16: RuntimeError: ptxas failed"]}
     assert _gone_within(pids, 5.0) and not Path(ahead.logs).exists()
     assert ahead.stop()["cases_done"] == 2  # once stopped, stays stopped
 
@@ -512,7 +513,7 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
         # every job once, each seeing GPUBENCH_RETUNE=1 (2 kernels each)
         assert got == {"workers": 2, "cases": 3, "cases_done": 3, "cases_failed": 0,
                        "kernels_compiled": 6, "kernels_built": 0, "launchers_built": 0,
-                       "started_early": 1}
+                       "started_early": 1, "waited_s": 0.0, "worker_errors": []}
         spawned.stop()  # taken: the CompileAhead stopped them
         assert spawned.procs == [] and ahead.stop() == got
     finally:

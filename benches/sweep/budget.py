@@ -1,18 +1,8 @@
-"""Time budgets of a sweep: every row has one (TimingConfig.row_budget_s, applied by the
-timers), and a run may have one for the whole sweep (RunBudget.run_s).
-
-The run's budget never drops a case: what is left of it is shared among the cases left,
-and a row's share lowers its sample count toward the regression gate's minimum
-(benches.timing.plan.plan_cpu) once the sweep runs behind.  What a budget does skip is a
-case that cannot fit its row budget even at that minimum, and it does so before the case
-burns minutes: a kernel, provider, dtype and cache mode (a "path") whose smaller shape
-was already over the budget, or whose time per call, scaled from its largest shape that
-ran by the work (FLOPs + bytes), would exceed the whole row budget in one call, is
-skipped without a call, its reason saying so.  Cases of a path run smallest first
-(benches.sweep.cases), so a path too slow for this device (fp8 torch._scaled_mm at 14 MFLOP/s
-on a CPU without fp8 support: 17.7 s a call at 512^3) costs its smallest shapes' checks,
-not minutes per row.
-"""
+"""Time budgets of a sweep (docs/measurement.md): every row's (TimingConfig.row_budget_s)
+and the run's (RunBudget.run_s), shared among the cases left, lowering samples (never
+dropping a case).  A case is skipped without a call where its path cannot fit the row
+budget: a smaller shape was over it, or its call, scaled by work from the path's largest
+shape that ran, would take all of it.  A path's cases run smallest first (cases.py)."""
 
 from __future__ import annotations
 
@@ -26,29 +16,26 @@ from benches.timing.plan import CpuPlan
 # --run-budget's default on a CPU: what the default sweep's timing may take (the whole
 # run, with ceilings, checks and figures, stays under 3 minutes on 2 busy cores).
 DEFAULT_CPU_RUN_BUDGET_S = 90.0
+PathKey = tuple[str, str, str, str]  # kernel, provider, dtype, cache mode
 
 
 def work(case: Case) -> float:
-    """What a case's time scales with: its FLOPs plus its bytes (both grow with the
-    shape; one of them dominates each kernel)."""
-    return float(case.spec.flops(case.shape, case.dtype) + case.spec.nbytes(case.shape,
-                                                                              case.dtype))
+    """What a case's time scales with: its FLOPs plus its bytes (one of them dominates)."""
+    s = case.spec
+    return float(s.flops(case.shape, case.dtype) + s.nbytes(case.shape, case.dtype))
 
 
-def path(case: Case) -> tuple[str, str, str, str]:
-    """A case's path: kernel, provider, dtype and cache mode.  The mode is part of it
-    because a case's cold and warm rows run one after the other at each shape (cases run
-    in that order): keyed without it, a warm row after its over-budget cold twin would be
-    skipped as a "larger" shape of a path that is its own shape, and one mode's call
-    time would predict the other's."""
+def path(case: Case) -> PathKey:
+    """A case's path: kernel, provider, dtype and cache mode.  The mode is in it because a
+    shape's cold and warm rows run one after the other: without it, a warm row would be
+    skipped as a "larger" shape of its over-budget cold twin."""
     return (case.spec.name, case.provider, case.dtype, case.cache)
 
 
 @dataclass
 class RowBudget:
-    """One row's budget: what the sweep grants (`share_s`, the row's share of what is
-    left of the run budget; None: the row budget alone) and what run_case found (the
-    checked call's time, the plan of the row's CPU rounds)."""
+    """A row's share of what is left of the run budget (None: the row budget alone), and
+    what run_case found (the checked call's time, the CPU plan)."""
 
     share_s: float | None = None
     call_s: float | None = None
@@ -62,36 +49,29 @@ class RunBudget:
     started: float = field(default_factory=time.monotonic)
     # path -> (work, shape, seconds a call) of its largest shape that ran, and of its
     # smallest shape that was over the row budget
-    ran: dict[tuple[str, str, str, str], tuple[float, str, float]] = field(
-        default_factory=dict)
-    over: dict[tuple[str, str, str, str], tuple[float, str, float]] = field(
-        default_factory=dict)
+    ran: dict[PathKey, tuple[float, str, float]] = field(default_factory=dict)
+    over: dict[PathKey, tuple[float, str, float]] = field(default_factory=dict)
 
     def row(self, cases_left: int, now: float | None = None) -> RowBudget:
         """The next row's budget, with `cases_left` cases (it included) still to run, at
         `now` (time.monotonic(); a plan's estimate passes its own clock)."""
         if self.run_s is None:
             return RowBudget()
-        now = time.monotonic() if now is None else now
-        left = self.run_s - (now - self.started)
+        left = self.run_s - ((time.monotonic() if now is None else now) - self.started)
         return RowBudget(share_s=max(0.0, left) / max(1, cases_left))
 
     def skip_reason(self, case: Case) -> str | None:
-        """Why `case` is not run at all: its path cannot fit the row budget at its size
-        (see the module's docstring); None when it may run."""
+        """Why `case` is not run at all (the module's docstring); None when it may run."""
         key, w = path(case), work(case)
-        over = self.over.get(key)
+        over, ran = self.over.get(key), self.ran.get(key)
         if over is not None and w >= over[0]:
             return (f"over the row budget: the smaller {over[1]} of this kernel, provider "
                     f"and dtype already takes {over[2]:.3g} s a call here, so this one was "
                     "not run")
-        ran = self.ran.get(key)
-        if ran is not None and ran[0] > 0 and w > ran[0]:
-            predicted = ran[2] * w / ran[0]
-            if predicted > self.row_budget_s:
-                return (f"over the row budget: about {predicted:.3g} s a call predicted "
-                        f"(its {ran[1]} took {ran[2]:.3g} s, scaled by FLOPs + bytes), more "
-                        f"than the whole row budget of {self.row_budget_s:g} s; not run")
+        if ran is not None and 0 < ran[0] < w and ran[2] * w / ran[0] > self.row_budget_s:
+            return (f"over the row budget: about {ran[2] * w / ran[0]:.3g} s a call "
+                    f"predicted (its {ran[1]} took {ran[2]:.3g} s, scaled by FLOPs + bytes), "
+                    f"more than the whole row budget of {self.row_budget_s:g} s; not run")
         return None
 
     def record(self, case: Case, row: dict[str, Any], budget: RowBudget) -> None:

@@ -1,26 +1,14 @@
-"""How a sweep's compile-ahead ends (benches/sweep/triton_cache.CompileAhead): the sweep
-waits after its ceilings for the workers, up to GPUBENCH_COMPILE_WAIT_S, and the run's
-metadata says why a worker compiled nothing.
-
-Why wait rather than stop the workers when the ceilings end: what they do not compile,
-the sweep compiles serially at its rows' first calls, so waiting for workers compiling in
-parallel is never slower while they work, and the main process measures nothing while it
-waits.  The wait ends when every job is done, when the first results (one a worker) all
-found their kernels in Triton's cache (a warm cache: the sweep loads the rest as fast
-itself), or GPUBENCH_COMPILE_WAIT_S seconds after the ceilings (default 90; 0 stops the
-workers when the ceilings end).  It is booked as compile time and recorded as
-`compiled_ahead.waited_s`, with why it ended (`wait_ended`: done, cache warm, deadline).
-
-`compiled_ahead.worker_errors` holds a few distinct lines: the last line of each worker
-that died on its own (its stderr log's tail), its `preload ...:` lines, its jobs' errors.
-"""
+"""The sweep's wait after its ceilings for its compile-ahead workers (triton_cache.py), up
+to GPUBENCH_COMPILE_WAIT_S, and why a worker compiled nothing (`worker_errors`).  What
+the workers do not compile the sweep compiles serially at its rows' first calls, so
+waiting for them while they work is never slower: docs/measurement.md."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only
     from benches.sweep.phases import TimeSplit
@@ -34,22 +22,12 @@ ERROR_CHARS = 300
 LOG_EDGE_BYTES = 65536
 
 
-class Waitable(Protocol):
-    """What the sweep waits on (triton_cache.CompileAhead, named by its methods)."""
-
-    def wait(self, seconds: float) -> float: ...
-
-    def record(self) -> dict[str, Any]: ...
-
-
 def wait_s() -> float:
     """GPUBENCH_COMPILE_WAIT_S (default 90, 0: none); a bad value is a one-line error (the
     command's exit 2, before anything is measured)."""
     raw = os.environ.get(WAIT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WAIT_S
     try:
-        seconds = float(raw)
+        seconds = float(raw) if raw else DEFAULT_WAIT_S
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
@@ -66,15 +44,13 @@ def _log_lines(path: str) -> tuple[list[str], list[str]]:
     try:
         with open(path, "rb") as f:
             head = f.read(LOG_EDGE_BYTES)
-            f.seek(max(len(head), os.fstat(f.fileno()).st_size - LOG_EDGE_BYTES))
-            tail = (f.read() if len(head) == LOG_EDGE_BYTES else b"") or head
+            f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_EDGE_BYTES))
+            edges = head, f.read()
     except OSError:
         return [], []
-
-    def lines(b: bytes) -> list[str]:
-        return [s.strip() for s in b.decode(errors="replace").splitlines() if s.strip()]
-
-    return lines(head), lines(tail)
+    head, tail = ([s.strip() for s in b.decode(errors="replace").splitlines() if s.strip()]
+                  for b in edges)
+    return head, tail
 
 
 def worker_errors(logs: str, exits: dict[int, int], job_errors: Iterable[str]) -> list[str]:
@@ -91,11 +67,10 @@ def worker_errors(logs: str, exits: dict[int, int], job_errors: Iterable[str]) -
     return list(dict.fromkeys(e[:ERROR_CHARS] for e in found))[:MAX_ERRORS]
 
 
-def after_ceilings(ahead: Waitable, split: TimeSplit,
+def after_ceilings(ahead: Any, split: TimeSplit,  # a triton_cache.CompileAhead
                    say: Callable[[str], None]) -> dict[str, Any]:
-    """The sweep's wait for its compile-ahead after the ceilings, booked as compile time,
-    then the workers stopped and one line said to `say` (rich markup), with a warning per
-    worker error; the record for the run's metadata (ahead.record())."""
+    """The wait (booked as compile time), then the workers stopped and one line said to
+    `say` (rich markup), with a warning per worker error; the run's record of them."""
     from rich.markup import escape  # an error's own brackets are no markup
 
     seconds = wait_s()
@@ -103,26 +78,9 @@ def after_ceilings(ahead: Waitable, split: TimeSplit,
         with split.phase("compile"):
             ahead.wait(seconds)
     record = ahead.record()
-    say(summary_line(record))
+    from contract.rows import compiled_ahead_text  # pandas: after the wait, and no worker's
+
+    say(f"compiled ahead: {compiled_ahead_text(record)}")
     for err in record["worker_errors"]:
         say(f"[yellow]warning[/yellow]: a compile-ahead worker: {escape(err)}")
     return record
-
-
-def _n(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
-
-
-def summary_line(record: dict[str, Any]) -> str:
-    """One line of what the compile-ahead did: "compiled ahead: 183 of 183 cases (178
-    kernels, 178 built) by 8 workers, 9.4 s after the ceilings"."""
-    failed = record.get("cases_failed") or 0
-    why = record.get("wait_ended")
-    return (f"compiled ahead: {record.get('cases_done', 0)} of "
-            f"{_n(record.get('cases', 0), 'case')} "
-            f"({_n(record.get('kernels_compiled', 0), 'kernel')}, "
-            f"{record.get('kernels_built', 0)} built"
-            + (f", {_n(failed, 'case')} failed" if failed else "")
-            + f") by {_n(record.get('workers', 0), 'worker')}, "
-            f"{record.get('waited_s', 0.0):.1f} s after the ceilings"
-            + ("" if why in (None, "done") else f" (ended: {why})"))
