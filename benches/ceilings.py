@@ -250,9 +250,10 @@ def _measure_cache_copy(out: dict[str, Any], present: Present, device: str, log,
         return
     reps = 50
     # A cache copy slower than the DRAM copy is the host's load, not the cache: on a
-    # loaded 2-core VM each parallel copy_ waits a scheduler slice for its second
-    # thread (seen: 0.4 GB/s against 110-170 GB/s alone).  Retried a few times, 1 s
-    # apart, and left out rather than recorded as a roof below DRAM's.
+    # loaded host with few cores each parallel copy_ waits a scheduler slice for its
+    # second thread, at a small fraction of its speed alone (docs/measurement.md,
+    # "Figures behind the code's choices").  Retried a few times, 1 s apart, and left
+    # out rather than recorded as a roof below DRAM's.
     best = 0.0
     try:
         if device == "cuda":

@@ -90,7 +90,7 @@ def _spread(noise: list[np.ndarray]) -> float:
 
 
 # The rows of the young replay below, and 1% gaussian run-to-run noise: each case
-# replays its histories twice (before and after), ~2 minutes a CPU case on the 2-core VM.
+# replays its histories twice (before and after), minutes a case (docs/measurement.md).
 CASES = [(f, r) for f in ("history_noise_cpu_1thread", "history_noise_cpu_2threads")
          for r in (ROWS[0], ROWS[2])] + [("history_noise_h200", r) for r in GPU_ROWS] + \
     [("gaussian", 0.01)]

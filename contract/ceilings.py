@@ -72,10 +72,10 @@ def datasheet_of(model: DeviceModel) -> dict[str, Any] | None:
 
 
 # A reduced-precision class measured below this fraction of fp32's rate is no roof.
-# 10x leaves room for a loaded host's noise (seen: 2-3x between two measurements) and
-# for converting paths that still run near fp32 (this suite's 2-core VM: fp8
-# torch._scaled_mm at half fp32's rate), while a software path is far below it (fp16
-# matmul on the same VM: 66x slower than fp32; a CPU without fp8 support: 7,000x).
+# 10x leaves room for a loaded host's noise (2-3x between two measurements) and for
+# converting paths that still run near fp32 (fp8 torch._scaled_mm on a CPU: half fp32's
+# rate), while a software path is far below it (fp16 matmul on a CPU: 66x slower than
+# fp32; a CPU without fp8 support: 7,000x).  Where: docs/measurement.md.
 NO_ROOF_BELOW_FP32 = 0.1
 
 

@@ -123,8 +123,8 @@ ATTENTION = ShapeGroup(
     gpu={"quick": _attn([1024, 4096, 16384], [128]),
          "default": _attn([512, 1024, 2048, 4096, 8192, 16384], [64, 128]),
          "full": _attn([512, 1024, 2048, 4096, 8192, 16384, 32768], [64, 128])},  # + 32k keys
-    # 128 tokens, H D = 128, causal and not (the backward takes 10-35 ms a call on the
-    # 2-core VM beside other jobs, fp16's emulated path the slowest).
+    # 128 tokens, H D = 128, causal and not: the backward takes tens of milliseconds a
+    # call on a CPU, fp16's emulated path the slowest (docs/measurement.md).
     cpu={"quick": [{"B": 1, "H": 2, "S": 128, "D": 64, "causal": 1}],
          "default": _attn([128], [64], tokens=128, hidden=128),
          "full": _attn([128, 256, 512, 1024], [64, 128], tokens=1024, hidden=256)},

@@ -280,8 +280,8 @@ class Scratch:
 
     Why shared: a row's copies take 2-4x the last-level cache.  Made afresh for every
     round they cost more than a small row's timing (first-touch page faults and zeroing,
-    ~4x the copy itself: a 64 MiB fill 35-63 ms into new memory, 10-13 ms into memory
-    touched before, on the 2-core VM); kept per row for its rounds, a chunk of rows
+    ~4x the copy itself: docs/measurement.md, "Figures behind the code's choices");
+    kept per row for its rounds, a chunk of rows
     interleaved over seconds (runner.iterate) would hold gigabytes.  Shared, the memory
     stays at one rotation's (`capacity`, 4x the cache: a rotation never needs more) and
     is touched once; a row's refill writes its inputs only (the calls write the outputs).
@@ -359,8 +359,8 @@ def make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
     each input's copies filled by one copy_ from it.
 
     Not `count` clones: a cold CPU rotation at 2^12 elements needs thousands of copies,
-    and a clone each costs ~100x the time of one fill (measured on the 2-core VM: 4,096
-    clones of 16 KiB 1.6 s, a 64 MiB fill 10-40 ms).  The output's copies hold whatever
+    and a clone each costs ~100x the time of one fill (docs/measurement.md, "Figures
+    behind the code's choices").  The output's copies hold whatever
     the memory held, every page touched before any call is timed.  Tensors of one cache
     line or less (the fp8 scales) are shared by all copies: read once a call, they add no
     traffic worth rotating, and thousands of views of them would cost more than the

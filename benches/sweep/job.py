@@ -71,7 +71,7 @@ def cache_modes(value: tuple[str, ...] | None, gpu: bool = True) -> list[str]:
     """--cache (validated: contract/request.py) as a list of modes.  By default cold on a
     GPU (L2 flushed or rotated past); warm on a CPU: what its timer has always measured
     (blocks of calls on the same buffers), and its cold rotation, on request, still shows
-    scheduler artifacts on this project's 2-core VM (matmuls quantized to ~8 ms)."""
+    scheduler artifacts on a loaded host with few cores (matmuls quantized to ~8 ms)."""
     if value is None:
         return [DEFAULT_CACHE] if gpu else ["warm"]
     return list(value)

@@ -82,8 +82,8 @@ def load_average() -> float | None:
 def busy_cpu_warning(load: float | None, cores: int | None, threads: int) -> str | None:
     """A warning when other processes already keep the cores busy as a CPU run starts: a
     parallel op then waits a scheduler slice for a descheduled thread, and rows read as
-    multiples of ~8 ms (seen on a 2-core VM: add at 2^16 elements 0.3 ms quiet, up to
-    18 ms beside one busy process; one thread removed the stalls).  `load` includes this
+    multiples of ~8 ms, dozens of times their quiet time; one thread removes the stalls
+    (docs/measurement.md, "Figures behind the code's choices").  `load` includes this
     process, which is runnable while it starts, hence the one subtracted."""
     if load is None or not cores or threads < 2:
         return None

@@ -23,8 +23,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-# The binomial CDF from scipy.special: scipy.stats would cost every run 0.6 s of import
-# on the CPU VM (scipy.special: 0.17 s), for this one function.
+# The binomial CDF from scipy.special: importing scipy.stats for this one function would
+# cost every run several times as long (docs/measurement.md, "Figures behind the code's
+# choices").
 from scipy.special import bdtr
 
 from benches.timing.plan import TimingConfig

@@ -88,7 +88,7 @@ def shift_p_value(base: Iterable[float], new: Iterable[float], threshold_pct: fl
     than the threshold: the baseline samples are scaled by (1 + t) (the new ones, for
     faster) before the test, so H0 is "the change is within the threshold"."""
     b = np.asarray(list(base), dtype=np.float64)
-    # Imported here: scipy.stats takes 0.6 s to import on the CPU VM, and every run
+    # Imported here: scipy.stats is slow to import (docs/measurement.md), and every run
     # imports this module (its fast-end helpers) but only a comparison needs the test.
     from scipy.stats import mannwhitneyu
 

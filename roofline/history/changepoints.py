@@ -16,7 +16,7 @@ moving the change points left onto their best split).  Here:
   before against the segment after, at the significance level `alpha`.  Otava uses
   Student's t on the values, which a shared machine's outliers break (a slow spell's
   10x run is one rank to a rank test, not a variance that hides every step).  scipy's
-  call costs ~10 ms on the 2-core VM and a detection tests ~30 segments (the replay
+  call costs milliseconds (docs/measurement.md) and a detection tests ~30 segments (the replay
   benchmark makes hundreds of thousands), so a cheap screen comes first: the t-test of
   the segments' ranks (Conover and Iman's rank-transform test, O(1) from prefix sums),
   and only a pair it gives p < SCREEN_P is tested exactly (its p is larger than

@@ -306,7 +306,7 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
         ax.set_box_aspect(1)  # square panels: a slope of 1 looks like one in every panel
         # Axes span ~7 decades: minor tick labels would only be noise, and one unlabelled
         # minor tick a decade reads as well as matplotlib's eight, which cost the
-        # constrained layout half the figure's time (2.3 -> 1.2 s on the CPU VM).
+        # constrained layout about half the figure's time (docs/measurement.md).
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_minor_locator(LogLocator(subs=(3.0,)))
             axis.set_minor_formatter(NullFormatter())
