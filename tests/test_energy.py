@@ -18,7 +18,7 @@ from torch.autograd import DeviceType
 
 import run_bench
 from benches.sweep import energy, gpu_monitor, kernel_time, timers
-from benches.sweep.cases import InputCache
+from benches.sweep.cases import Case, InputCache
 from benches.sweep.energy import Rapl, RaplMeter
 from benches.sweep.energy_counter import energy_metadata
 from benches.sweep.gpu_monitor import GpuMonitor
@@ -26,12 +26,12 @@ from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from contract.schema import load_run
-from kernels import Target
+from kernels import REGISTRY, Target
 from roofline.__main__ import main as roofline_main
 from roofline.report.energy import at_power_limit, best_energy, launch_gap_rows
 from roofline.report.plot_energy import plot_energy
 from roofline.report.summary import render_summary
-from tests.test_measurement import FakeNVML, _cuda_props, case, gpu_cfg
+from tests.test_measurement import FakeNVML, _cuda_props, gpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "profiler-trace-add.json"
@@ -69,9 +69,14 @@ def _gemm_timing(span=(10.0, 10.15)) -> timing.Timing:
 
 # ---- energy per call: the stand-in NVML ------------------------------------------------
 
-def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch):
-    """A row picked for an energy window (--energy) replays its own timed loop for the
-    meter: its sampler's samples, nothing else; the meter's power x the row's median."""
+@pytest.mark.parametrize("timer", [timing_plan.TIMER_FLUSHED, timing_plan.TIMER_GRAPH])
+def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatch, timer):
+    """A row picked for an energy window (--energy) replays its own call for the meter,
+    after its samples and without its timer's flushes and padding: an events row its call
+    back to back, a CUDA-graph row its graphs (its sampler); the meter's power x the
+    row's median time is its energy per call."""
+    import dataclasses
+
     from benches.sweep import gpu_case
     from benches.timing.interleave import Sampler
     from tests.test_measurement import ClockMonitor, gpu_faked
@@ -81,45 +86,50 @@ def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatc
     monkeypatch.setattr(kernel_time, "row_columns", real_columns)  # the profile faked
     monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None:
                         kernel_time.kernel_time(kernel_time.read_trace(TRACE), 5))
-    replayed: list[int] = []
-
-    window: list[int] = []
+    monkeypatch.setattr(gpu_case.torch.cuda, "synchronize", lambda: None)
+    log: list[str] = []
+    spec = REGISTRY["add"]
+    provs = dict(spec.providers)
+    real = provs["torch"].fn
+    provs["torch"] = dataclasses.replace(provs["torch"], fn=lambda ins, o: (
+        log.append("call"), real(ins, o))[1])
+    counted = dataclasses.replace(spec, providers=provs)
 
     class Meter:
         def measure(self, run_for):
-            window.append(sum(replayed))
+            log.append("window")
             run_for(0.001)
-            window.append(sum(replayed))
+            log.append("end")
             return energy.RowEnergy(500.0, "nvml counter", power_limit_w=700.0)
 
     def prepare(self, row):
         def take(k):
-            replayed.append(k)
+            log.extend(["sample"] * k)
             return [1.5] * k
-        return timers.Prepared(Sampler(take, 25, 1.5), timing_plan.TIMER_FLUSHED, "", 5.0)
+        return timers.Prepared(Sampler(take, 25, 1.5), timer, "", 5.0)
 
     monkeypatch.setattr(timers.GpuTimer, "prepare", prepare)
     monkeypatch.setattr(gpu_case, "energy_meter", lambda monitor: Meter())
 
     class CpuInputs(InputCache):  # the "GPU" case's tensors live on the CPU
         def get(self, c, cfg):
-            import dataclasses
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
-    row = run_case(case(shape={"n": 4096}), gpu_cfg(), CpuInputs())
-    # The samples are the row's; the energy window's replay came after them.
-    assert row["status"] == "ok" and row["n_samples"] == window[0] < window[1]
+    row = run_case(Case(counted, "torch", "fp32", {"n": 4096}), gpu_cfg(), CpuInputs())
+    assert row["status"] == "ok"
+    window = log[log.index("window") + 1:log.index("end")]
+    assert log[:log.index("window")].count("sample") == row["n_samples"]
+    assert window and set(window) == {"call" if timer == timing_plan.TIMER_FLUSHED
+                                      else "sample"}
     assert row["power_w"] == 500.0 and row["power_limit_w"] == 700.0
     assert row["energy_j"] == pytest.approx(500.0 * 1.5e-3)
     assert row["kernel_ms"] == pytest.approx(0.042)
     assert row["kernels"] == "at::native::vectorized_elementwise_kernel; Memset (Device)"
     # --energy off: no window, the columns empty
-    replayed.clear()
-    window.clear()
-    import dataclasses
-    off = run_case(case(shape={"n": 4096}), dataclasses.replace(gpu_cfg(), energy="off"),
-                   CpuInputs())
-    assert off["power_w"] is None and sum(replayed) == off["n_samples"] and window == []
+    log.clear()
+    off = run_case(Case(counted, "torch", "fp32", {"n": 4096}),
+                   dataclasses.replace(gpu_cfg(), energy="off"), CpuInputs())
+    assert off["power_w"] is None and "window" not in log
 
 
 def test_energy_windows_go_to_each_series_largest_shape():

@@ -112,22 +112,22 @@ def test_each_row_priced_at_its_own_split_and_what_the_run_spent_once(tmp_path):
     """A run that recorded its rows' own split: a case costs its row's seconds, the rest
     of each phase (start-up, end) is paid once; a phase this code does not know (a newer
     run's) is priced as recorded; compile and tune come from the counts."""
-    split = {"ceilings": 4.0, "compile": 2.0, "tune": 0.0, "timing": 3.0, "energy": 0.6,
+    split = {"ceilings": 4.0, "compile": 2.0, "tune": 0.0, "timing": 3.0, "upload": 0.6,
              "write": 2.0, "other": 5.0}
     own = [{"row": ["add", "torch", "fp32", "n=4096", "cold"],
-            "s": {"timing": 1.0, "energy": 0.2, "write": 0.1, "other": 0.1}},
+            "s": {"timing": 1.0, "upload": 0.2, "write": 0.1, "other": 0.1}},
            {"row": ["add", "torch", "fp32", "n=1048576", "cold"],
-            "s": {"timing": 2.0, "energy": 0.4, "write": 0.1, "other": 0.1, "compile": 9}}]
+            "s": {"timing": 2.0, "upload": 0.4, "write": 0.1, "other": 0.1, "compile": 9}}]
     run = load_run(_run(tmp_path, "r", split, [_row(4096), _row(1 << 20)], row_split_s=own))
-    assert run.once == pytest.approx({"timing": 0.0, "energy": 0.0, "write": 1.8,
+    assert run.once == pytest.approx({"timing": 0.0, "upload": 0.0, "write": 1.8,
                                       "other": 4.8})
     first = [nearest(item, run)[0] for item in list(run.rows.values())[:1]]
     walk = price(first, run, ZERO, WARM, ceilings=True)
-    assert walk.phases["timing"] == 1.0 and walk.phases["energy"] == pytest.approx(0.2)
+    assert walk.phases["timing"] == 1.0 and walk.phases["upload"] == pytest.approx(0.2)
     assert walk.phases["write"] == pytest.approx(1.9)
     assert walk.phases["other"] == pytest.approx(4.9)
     assert walk.phases["ceilings"] == 4.0 and walk.phases["compile"] == 0.0
-    assert list(walk.phases)[-1] == "energy"  # after contract.phases' own
+    assert list(walk.phases)[-1] == "upload"  # after contract.phases' own
     both = price(list(run.rows.values()), run, ZERO, WARM, ceilings=False)
     assert both.total == pytest.approx(sum(split.values()) - 4.0 - 2.0)
 

@@ -118,10 +118,12 @@ def test_split_graphs_replay_in_rotation_order(monkeypatch):
     # one memory pool: the first graph's, passed to the others' captures
     assert fake.pools == [None, (7, 7), (7, 7)]
     # every graph once (the uploading round), graph 0 to size the samples, then the
-    # round goes on from graph 1
+    # round goes on from graph 1, each batch of samples after one untimed replay
     reps = timing_plan.graph_sample_count(4 * call_ms, cfg)
     assert fake.replays[:4] == [0, 1, 2, 0]
-    assert fake.replays[4:] == [(i + 1) % 3 for i in range(reps)]
+    later = fake.replays[4:]
+    assert later == [(i + 1) % 3 for i in range(len(later))]
+    assert 1 <= len(later) - reps <= 3  # one untimed replay a batch
     assert t.n_samples == reps and t.ms_median == pytest.approx(call_ms)
     assert t.setup_s >= 0 and t.note == ""
 

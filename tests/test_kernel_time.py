@@ -4,6 +4,9 @@ the flush's own device work left out by name and count (benches/sweep/kernel_tim
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
+
+from torch.autograd import DeviceType
 
 from benches.sweep import kernel_time
 from benches.sweep.kernel_time import DeviceEvent, without_flushes
@@ -51,3 +54,24 @@ def test_a_cold_row_is_profiled_with_a_flush_before_each_call(monkeypatch):
     order.clear()
     kernel_time.profile_calls(lambda: order.append("call"), 3)  # warm: back to back
     assert order == ["call"] * 3
+
+
+def test_one_flushs_kernels_survive_a_dropped_first_launch(monkeypatch):
+    """CUPTI may drop a session's first kernels: three flushes are profiled, and one
+    dropped launch still reads as the flush's one kernel; nothing seen is not kept."""
+    sessions = [[FILL, FILL], []]  # the first flush's kernel lost; then a blind session
+
+    def events(run, on_gpu):
+        run()
+        got = sessions.pop(0)
+        return [SimpleNamespace(name=n, device_type=DeviceType.CUDA,
+                                time_range=SimpleNamespace(elapsed_us=lambda: 55.0),
+                                is_user_annotation=False) for n in got]
+
+    monkeypatch.setattr(kernel_time, "profile_events", events)
+    monkeypatch.setattr(kernel_time, "_FLUSH_KERNELS", None)
+    monkeypatch.setattr("torch.cuda.synchronize", lambda: None)
+    assert kernel_time.flush_kernels(lambda: None) == Counter({FILL: 1})
+    monkeypatch.setattr(kernel_time, "_FLUSH_KERNELS", None)
+    assert kernel_time.flush_kernels(lambda: None) == Counter()
+    assert kernel_time._FLUSH_KERNELS is None  # asked again next time

@@ -547,6 +547,7 @@ def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:
     """A GPU case's stages on a CPU: no sync, no profiler, no flush; every sample `ms`;
     `monitor` the run's NVML monitor (None: no NVML)."""
     from benches.sweep import gpu_case, row_check
+    from benches.sweep.energy import RowEnergy
 
     monkeypatch.setattr(row_check, "sync", lambda target: None)
     monkeypatch.setattr(gpu_case, "gpu_monitor", lambda: monitor)
@@ -556,6 +557,9 @@ def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:
                         lambda: SimpleNamespace(zero_=lambda: None))
     monkeypatch.setattr(timers.GpuTimer, "prepare", lambda self, row: timers.Prepared(
         steady_sampler(ms, 25), timing_plan.TIMER_FLUSHED, "", 5.0))
+    # No NVML energy counter behind the monitor: a row's energy window replays nothing.
+    monkeypatch.setattr(gpu_case, "energy_meter", lambda monitor: SimpleNamespace(
+        measure=lambda run_for: RowEnergy(None, "nvml counter", "no counter (test)")))
 
 
 def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
@@ -632,13 +636,13 @@ def _fake_measure(monkeypatch, ms: float = 1.0, cache_ms: list[float] | None = N
 
     def copy_fn(nbytes, device, reps=1):
         copied.append(nbytes)
-        return lambda: None
+        return SimpleNamespace(cache=reps > 1)  # the cache copy: back-to-back copies
 
     def gemm_fn(roof_class, n, *a, **kw):
         return (lambda: None), 2 * n**3
 
-    def time_ms(fn, device, l2_flush=True):
-        return cache_times.pop(0) if not l2_flush and cache_times else ms
+    def time_ms(fn, device):
+        return cache_times.pop(0) if getattr(fn, "cache", False) and cache_times else ms
 
     monkeypatch.setattr(ceil_mod, "_copy_fn", copy_fn)
     monkeypatch.setattr(ceil_mod, "_gemm_fn", gemm_fn)

@@ -552,3 +552,51 @@ def test_mostly_slow_samples_are_timed_again_whole():
     _, note, cols = one(time_unthrottled(lambda: [(t, "")], ReadingsMonitor(reads),
                                          ThrottleConfig(retries=2), sleep=slept.append))
     assert cols["throttled"] is True and len(slept) == 2 and "throttled in all 3" in note
+
+
+def _capped_timing():
+    t = timing.summarize([2.0] * 20, timing_plan.TIMER_FLUSHED)
+    return dataclasses.replace(t, span=(10.0, 10.2))
+
+
+@pytest.mark.parametrize("bits, sustained, throttled", [
+    (0x4, True, False),  # the power cap alone, in a case warmed to its sustained clock
+    (0x4, False, True),  # not warmed up: nvbench's rule
+    (0x4 | 0x8, True, True),  # a hardware slowdown beside it: throttled
+    (0x0, True, True),  # no reason given: the rule
+])
+def test_a_sustained_case_under_the_power_cap_alone_is_not_throttled(bits, sustained,
+                                                                      throttled):
+    """A compute-bound case warmed up to its sustained clock runs at the power cap, and
+    on an H200 that clock sits near 75% of the maximum: under the cap alone that is the
+    speed it sustains (no sample left out, not marked), not a throttled timing."""
+    from benches.sweep.throttle import judge
+
+    reads = [{"t": 10.0 + i * 0.01, "sm_clock_mhz": 1400.0, "clock_reasons": bits}
+             for i in range(21)]
+    v = judge(_capped_timing(), reads, 1980.0, ThrottleConfig(), sustained=sustained)
+    assert (v.why is not None) is throttled
+    assert v.window["sm_clock_mhz"] == 1400.0
+    if not throttled:
+        assert v.dropped is None and v.timing.n_samples == 20
+
+
+def test_the_monitor_reads_at_once_when_a_timing_starts():
+    """fast() wakes the NVML thread: a CUDA-graph case samples for ~20 ms, less than a
+    slow interval (here 5 s) the thread might still be sleeping through."""
+    from tests.test_measurement import FakeNVML
+
+    nv = FakeNVML()
+    mon = gpu_monitor.GpuMonitor(nv, nv.devs[1], interval_s=5.0, fast_interval_s=0.005)
+    mon.start()
+    try:
+        time.sleep(0.05)  # the thread now waits out its first slow interval
+        before = len(mon.readings)
+        t0 = time.monotonic()
+        with mon.fast():
+            while len(mon.readings) < before + 3 and time.monotonic() - t0 < 2.0:
+                time.sleep(0.002)
+        assert len(mon.readings) >= before + 3, "no fast readings within 2 s"
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        mon.stop()

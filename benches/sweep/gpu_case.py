@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from benches.sweep import kernel_time
 from benches.sweep.budget import RowBudget
 from benches.sweep.cases import Copies, InputCache, RunConfig, set_timing
@@ -26,12 +28,20 @@ from benches.sweep.gpu_monitor import gpu_monitor
 from benches.sweep.phases import RowSplits, TimeSplit
 from benches.sweep.row_check import Checked, error_row, plain_call
 from benches.sweep.throttle import time_unthrottled
-from benches.sweep.timers import GpuTimer, Prepared, RowCall, timer_for
+from benches.sweep.timers import GpuTimer, Prepared, RowCall, timer_for, timing_method
 from benches.timing import clock
 from benches.timing.interleave import Sampler, Sustained, batch_size, sample_case
-from benches.timing.plan import bound_ms
+from benches.timing.plan import TIMER_FLUSHED, TIMER_GRAPH, bound_ms
 from contract.schema import DEFAULT_CACHE, Row, RowKey
 from kernels.compiled import compile_mark, recompile_note
+
+
+def warms_up(item: Checked, cfg: RunConfig) -> bool:
+    """Whether the case warms up to a sustained clock before its samples: compute-bound
+    and timed by events, at least 20 us a call at the roof (a CUDA-graph case's whole
+    sampling lasts about as long as the GPU takes to lower its clock: its providers,
+    sampled in turns, share whatever clock it has)."""
+    return compute_bound(item, cfg) and timing_method(item.case, cfg) == TIMER_FLUSHED
 
 
 def compute_bound(item: Checked, cfg: RunConfig) -> bool:
@@ -130,7 +140,7 @@ def _sample_and_finish(ready: dict[int, _Ready], cfg: RunConfig, cache: InputCac
             with split.phase("timing"):
                 timed, sustained = _sample(
                     [ready[i] for i in order], cfg, monitor,
-                    compute_bound(ready[order[0]].item, cfg))
+                    warms_up(ready[order[0]].item, cfg))
         except _SamplerFailed as f:
             bad = ready.pop(order[f.index])
             bad.prep.sampler.close()
@@ -165,7 +175,7 @@ def _sample(rows: list[_Ready], cfg: RunConfig, monitor: Any, compute: bool
 
     if monitor is None:
         return [(t, n, {}) for t, n in time_fn()], warmed[0]
-    return time_unthrottled(time_fn, monitor, cfg.throttle), warmed[0]
+    return time_unthrottled(time_fn, monitor, cfg.throttle, sustained=compute), warmed[0]
 
 
 def _share(seconds: dict[str, float], rows: list[_Ready],
@@ -190,7 +200,7 @@ def _finish(r: _Ready, timing: Any, note: str, cols: dict[str, Any], cfg: RunCon
             kcols, knote = kernel_time.row_columns(item.call, r.budget.call_s,
                                                    item.case.provider, flush)
         with split.phase("energy"):
-            spent = _energy(r, cfg) if metered else None
+            spent = _energy(r, cfg, timing.ms_median) if metered else None
     except Exception as e:
         return error_row(item.row, e, item.case, cfg, cache, " while timing")
     row = set_timing(item.row, item.case, cfg, timing, "; ".join(
@@ -210,19 +220,34 @@ def energy_meter(monitor: Any) -> GpuEnergyMeter:
     return GpuEnergyMeter(monitor.pynvml, monitor.handle)
 
 
-def _energy(r: _Ready, cfg: RunConfig) -> RowEnergy | None:
-    """The row's energy over a replay of its own timed loop (its sampler: the same calls,
-    flushes and graphs as its samples) long enough for NVML's energy counter; None
-    without NVML (metadata.energy says why)."""
+def _energy(r: _Ready, cfg: RunConfig, call_ms: float) -> RowEnergy | None:
+    """The row's energy over a replay of its call long enough for NVML's energy counter;
+    None without NVML (metadata.energy says why).  The replay is the row's call without
+    its timer's flush and padding, which would stand in the window beside it (a 256 MB
+    flush and a spin as long as the call itself at the shapes that get a window): a
+    CUDA-graph row replays its graphs (their rotation keeps it cold), an events row its
+    call back to back (cold by size, or nearly so, at the shapes past the graph timer's
+    bound)."""
     monitor = gpu_monitor()
     if monitor is None:
         return None
     now = getattr(monitor, "clock", time.monotonic)
-    sampler = r.prep.sampler
+    if r.prep.timer == TIMER_GRAPH:
+        sampler = r.prep.sampler
+
+        def batch() -> None:
+            sampler.take(batch_size(sampler, 0, cfg.timing) or 1)
+    else:
+        call, k = r.item.call, max(1, round(cfg.timing.interleave_ms / max(call_ms, 1e-3)))
+
+        def batch() -> None:
+            for _ in range(k):
+                call()
+            torch.cuda.synchronize()
 
     def run_for(seconds: float) -> None:
         end = now() + seconds
         while now() < end:
-            sampler.take(batch_size(sampler, 0, cfg.timing) or 1)
+            batch()
 
     return energy_meter(monitor).measure(run_for)

@@ -145,6 +145,7 @@ class GpuMonitor:
         # ones: each sample's clock (benches/sweep/sample_clocks.py) and the energy counter.
         self.fast_interval_s, self.clock = fast_interval_s, clock
         self._fast = threading.Event()
+        self._wake = threading.Event()  # set to read at once (fast(), stop())
         self.last_readings: list[dict[str, Any]] = []
         self.last_busy: list[dict[str, Any]] = []
         self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
@@ -178,7 +179,11 @@ class GpuMonitor:
 
     @contextlib.contextmanager
     def fast(self) -> Any:
+        """Light readings every fast_interval_s inside the block, from its first moment:
+        the thread is woken, not left in the rest of its slow interval (up to 0.1 s,
+        longer than a CUDA-graph case's whole sampling)."""
         self._fast.set()
+        self._wake.set()
         try:
             yield
         finally:
@@ -186,14 +191,18 @@ class GpuMonitor:
 
     def _loop(self) -> None:
         next_full = 0.0
-        while not self._stop.wait(self.fast_interval_s if self._fast.is_set()
-                                  else self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.fast_interval_s if self._fast.is_set() else self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             light = self._fast.is_set() and self.clock() < next_full
             self.sample(light)
             next_full = next_full if light else self.clock() + self.interval_s
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s + 1)
             self._thread = None

@@ -131,18 +131,32 @@ def without_flushes(events: list[DeviceEvent], flush: Counter[str], flushes: int
 
 
 _FLUSH_KERNELS: Counter[str] | None = None
+# Flushes profiled to learn one flush's device work: CUPTI may drop the first kernels of
+# a profiling session (pytorch/pytorch#192021), so one flush alone could read as none.
+FLUSHES_PROFILED = 3
 
 
 def flush_kernels(flush: Callable[[], object]) -> Counter[str]:
-    """The device work one L2 flush runs (names and counts), profiled once a process:
-    what a cold row's profile leaves out."""
+    """The device work one L2 flush runs (names and counts): FLUSHES_PROFILED flushes
+    profiled, each name's count over them rounded (a dropped first launch leaves it the
+    same), once a process; an empty answer is not kept (asked again next time)."""
     global _FLUSH_KERNELS
     if _FLUSH_KERNELS is None:
         import torch
 
         torch.cuda.synchronize()
-        _FLUSH_KERNELS = Counter(e.name for e in events_from_profiler(
-            profile_events(flush, on_gpu=True)))
+
+        def flushes() -> None:
+            for _ in range(FLUSHES_PROFILED):
+                flush()
+
+        seen = Counter(e.name for e in events_from_profiler(profile_events(flushes,
+                                                                          on_gpu=True)))
+        one = Counter({n: k for n, c in seen.items()
+                       if (k := round(c / FLUSHES_PROFILED)) >= 1})
+        if not one:
+            return one
+        _FLUSH_KERNELS = one
     return _FLUSH_KERNELS
 
 

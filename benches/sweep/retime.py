@@ -354,7 +354,10 @@ def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None =
                     timing=TimingConfig(),
                     throttle=ThrottleConfig(**(spec.get("throttle") or {})),
                     configs={parse_row_key(k.split(SEP)): v
-                             for k, v in (spec.get("configs") or {}).items()})
+                             for k, v in (spec.get("configs") or {}).items()},
+                    # Re-timing confirms times: no energy window (its rows are kept for
+                    # their samples only).
+                    energy="off")
     out: dict[str, Any] = {}
     throttled: list[str] = []
     inputs = sweep_cache(cfg)  # inputs shared as in the sweep, copies' memory reused

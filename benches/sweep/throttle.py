@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benches.sweep.gpu_monitor import throttle_names
+from benches.sweep.gpu_monitor import SLOWDOWN_MASK, SLOWDOWN_REASONS, throttle_names
 from benches.sweep.sample_clocks import BATCH_SLACK_S, keep_unthrottled, sample_clocks
 from benches.timing.clock import Timing
 
@@ -121,12 +121,34 @@ class RowVerdict:
     dropped: int | None
 
 
+def power_capped(readings: list[dict[str, Any]], threshold_mhz: float) -> bool:
+    """Whether every reading under the threshold clock names the power cap as its only
+    power/thermal reason (sw_power_cap: the GPU holding its limit), and one does."""
+    low = [r for r in readings if isinstance(r.get("sm_clock_mhz"), int | float)
+           and r["sm_clock_mhz"] < threshold_mhz]
+    return bool(low) and all(
+        isinstance(r.get("clock_reasons"), int)
+        and r["clock_reasons"] & SLOWDOWN_MASK == SLOWDOWN_REASONS["sw_power_cap"]
+        for r in low)
+
+
 def judge(timing: Any, readings: list[dict[str, Any]], max_clock: float | None,
-          cfg: ThrottleConfig) -> RowVerdict:
+          cfg: ThrottleConfig, sustained: bool = False) -> RowVerdict:
     """nvbench's rule on one row: per sample where each sample's clock is known (the slow
     ones left out, the row throttled only when too few would be left), else over the
-    row's window; the row's clock the median of its kept samples' clocks."""
+    row's window; the row's clock the median of its kept samples' clocks.
+
+    `sustained`: the case was warmed up to its sustained clock (a compute-bound case):
+    there a clock lowered by the power cap alone is the speed the GPU sustains under its
+    limit, the speed a long GEMM has, so no sample is left out for it and the row is not
+    throttled (a thermal or hardware slowdown still is)."""
     window = window_of(readings)
+    if sustained and max_clock and power_capped(readings, cfg.threshold_pct / 100 * max_clock):
+        known = [c for c in sample_clocks(timing, readings) if c is not None] \
+            if isinstance(timing, Timing) else []
+        clock = float(statistics.median(known)) if known else window["sm_clock_mhz"]
+        return RowVerdict(timing, {**window, "sm_clock_mhz": clock, "power_capped": True},
+                          None, None)
     kept = keep_unthrottled(timing, readings, cfg.threshold_pct / 100 * max_clock) \
         if max_clock and readings else None
     if kept is not None:
@@ -142,8 +164,8 @@ def judge(timing: Any, readings: list[dict[str, Any]], max_clock: float | None,
 
 
 def time_unthrottled(time_fn: Callable[[], list[tuple[Any, str]]], monitor: Any,
-                     cfg: ThrottleConfig, sleep: Callable[[float], None] = time.sleep
-                     ) -> list[tuple[Any, str, dict[str, Any]]]:
+                     cfg: ThrottleConfig, sleep: Callable[[float], None] = time.sleep,
+                     sustained: bool = False) -> list[tuple[Any, str, dict[str, Any]]]:
     """The rows of one case timed by `time_fn` (each (timing, note)), under the
     monitor's readings, and the whole case timed again after a pause while any row is
     throttled (ThrottleConfig): its providers share the GPU's state, so they are timed
@@ -163,8 +185,8 @@ def time_unthrottled(time_fn: Callable[[], list[tuple[Any, str]]], monitor: Any,
         # A row too short for a reading of its own gets the one taken right after the
         # case (the window's last): the GPU as the samples left it.
         after = (getattr(monitor, "last_busy", None) or [])[-1:]
-        verdicts = [judge(t, row_readings(monitor, t, t0, t1) or after, max_clock, cfg)
-                    for t, _ in got]
+        verdicts = [judge(t, row_readings(monitor, t, t0, t1) or after, max_clock, cfg,
+                          sustained) for t, _ in got]
         if all(v.why is None for v in verdicts) or attempt >= cfg.retries:
             break
         attempt += 1
@@ -193,6 +215,11 @@ def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
             f"below {cfg.threshold_pct:g}% of {max_clock:.0f} MHz")) if x)
     reasons = _reasons_text(v.window)
     clock = v.window.get("sm_clock_mhz")
+    if v.window.get("power_capped") and isinstance(clock, int | float):
+        return "; ".join(x for x in (note, said, (
+            f"SM clock {clock:.0f} MHz under the power cap alone (sw_power_cap), below "
+            f"{cfg.threshold_pct:g}% of {max_clock:.0f} MHz: the case's sustained speed, "
+            "not throttled")) if x)
     if reasons and v.why is None and isinstance(clock, int | float):
         # Reported beside the clock, as the row's verdict rests on the clock alone.
         above = (f", above {cfg.threshold_pct:g}% of {max_clock:.0f} MHz: not throttled"

@@ -417,6 +417,8 @@ def padded_sampler(fn: Callable[[], object], cfg: TimingConfig, pad_us: float,
     def take(k: int) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(k)]
+        if flush is None:
+            fn()  # untimed: a warm row's buffers back in the L2 after another's batch
         for s, e in zip(starts, ends, strict=True):
             sample(s, e)
         torch.cuda.synchronize()
