@@ -1,0 +1,272 @@
+"""A run's metadata as a typed record: the parts each stage of a run records, the request
+stored once.
+
+| part | recorded by | holds |
+| --- | --- | --- |
+| `provenance` | the run's start | run id, when, the command line, the git commit |
+| `request` | the command line | the typed request (contract/request.py), stored once |
+| `device` | detection | the device model, the device present, its figures, the host's |
+| `software` | the run's start | Python, torch, Triton, CUDA, driver, platform, warnings |
+| `settings` | the run's start | timing settings and meanings, budgets, fp8 mode, a model's step |
+| `ceilings` | the ceilings | datasheet and measured (contract/ceilings.py's format), ready or not |
+| `telemetry` | the GPU monitor | NVML at start and end, clocks, power, throttle, energy, profile |
+| `compiles` | the Triton cache | tunings on disk, their identity, shipped configs, compile-ahead |
+| `state` | the run's end | complete, interrupted, aborted (why), signal, a cut-short row, resumes |
+| `time` | the time split | seconds per phase, wall time, each row's own split |
+| `fleet` | a fleet run | its ranks' facts |
+| `promotion` | `promote` | when and from which runs a baseline was made |
+
+On disk results.json's "metadata" stays one flat JSON object (its keys as before, less
+the request's flattened copy): `meta_json` is its one writer and `parse_meta` its one
+loader, runs written before any key existed included (a run before the request was
+stored gets one rebuilt from its old keys).  Every string key of the metadata is read
+here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any
+
+# A JSON object kept as its writer wrote it: a sub-document one module writes and one
+# reads (an NVML snapshot, the compile-ahead's record), typed there, not here.
+JsonDoc = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    run_id: str = ""
+    created: str | None = None  # ISO 8601, UTC
+    command: str | None = None
+    git_commit: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The device model the rows are held against (`device_key`), the device present and
+    its figures; on a CPU the host's cores, threads, caches and load."""
+
+    device_key: str | None = None
+    device_name: str | None = None
+    device_model: str | None = None
+    device_kind: str | None = None  # "cuda" or "cpu"
+    detected_key: str | None = None
+    capability: tuple[int, ...] | None = None
+    sms: int | None = None
+    l2_mb: float | None = None
+    llc_mb: float | None = None
+    llc_rotation_mb: float | None = None
+    gpu_memory_gb: float | None = None
+    cpu_cores: int | None = None
+    threads: int | None = None
+    load_avg_1m: float | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        """A GPU run (a run before device_kind: by its device model's key)."""
+        if self.device_kind is not None:
+            return self.device_kind == "cuda"
+        return bool(self.device_key) and self.device_key != "cpu"
+
+
+@dataclass(frozen=True)
+class Software:
+    python: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    triton_interpret: bool | None = None
+    cuda: str | None = None
+    driver: str | None = None
+    platform: str | None = None
+    version_warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the rows were timed: the timing settings with the methods described
+    (`timing`), the sweep's budget, the throttle rule, the fp8 accumulation mode, and
+    under --sizes model:NAME the model's step (its shapes, layers and counts)."""
+
+    timing: JsonDoc = field(default_factory=dict)
+    run_budget_s: float | None = None
+    throttle_settings: JsonDoc = field(default_factory=dict)
+    fp8_accum: str | None = None
+    model_step: JsonDoc | None = None
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """GPU: NVML at the run's start and end, the clocks, power and throttle facts over
+    the timings; where energy and kernel_ms come from (or why not), everywhere."""
+
+    nvml_start: JsonDoc | None = None
+    nvml_end: JsonDoc | None = None
+    clocks: JsonDoc = field(default_factory=dict)
+    power: JsonDoc = field(default_factory=dict)
+    throttle: JsonDoc = field(default_factory=dict)
+    energy: JsonDoc = field(default_factory=dict)
+    kernel_time: JsonDoc = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Compiles:
+    autotune_on_disk: bool | None = None
+    tuning_identity: str | None = None
+    shipped_configs: JsonDoc = field(default_factory=dict)
+    compiled_ahead: JsonDoc = field(default_factory=dict)
+    triton_compiles: JsonDoc = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunState:
+    complete: bool = False
+    interrupted: bool = False
+    aborted: bool = False
+    abort_reason: str | None = None
+    signal: str | None = None
+    cut_short: str | None = None
+    resumed: tuple[JsonDoc, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimeSpent:
+    """Seconds per phase (contract/phases.py), the wall time they add up to, and each
+    row's own split where rows ran one by one ({"row": key, "s": {phase: seconds}})."""
+
+    time_split_s: JsonDoc = field(default_factory=dict)
+    wall_s: float | None = None
+    row_split_s: tuple[JsonDoc, ...] = ()
+
+
+@dataclass(frozen=True)
+class Promotion:
+    promoted_at: str | None = None
+    promoted_from: tuple[str, ...] = ()
+    promoted_from_device_key: str | None = None
+    promoted_with_force: bool | None = None
+    replaced_baseline_kept_at: str | None = None
+
+
+_PARTS: dict[str, type] = {
+    "provenance": Provenance, "device": DeviceFacts, "software": Software,
+    "settings": Settings, "telemetry": Telemetry, "compiles": Compiles, "state": RunState,
+    "time": TimeSpent, "promotion": Promotion}
+# Keys a run's metadata held that the request now holds (its flattened copy, before the
+# request was stored whole or beside it): read only to rebuild an old run's request.
+REQUEST_COPY = ("seed", "sizes", "explicit_shapes", "kernels", "dtypes", "providers",
+                "check_only", "cache")
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """A run's metadata (see the module's docstring).  `request` is the stored request's
+    JSON (contract/request.py RunRequest.from_json types it: the contract's bottom layer
+    cannot import the request's validation, which needs the kernel registry)."""
+
+    provenance: Provenance = field(default_factory=Provenance)
+    request: JsonDoc = field(default_factory=dict)
+    device: DeviceFacts = field(default_factory=DeviceFacts)
+    software: Software = field(default_factory=Software)
+    settings: Settings = field(default_factory=Settings)
+    ceilings: JsonDoc = field(default_factory=dict)
+    ceilings_ready: bool = False
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    compiles: Compiles = field(default_factory=Compiles)
+    state: RunState = field(default_factory=RunState)
+    time: TimeSpent = field(default_factory=TimeSpent)
+    fleet: JsonDoc | None = None
+    promotion: Promotion = field(default_factory=Promotion)
+    # Keys this version does not know (a newer run's): kept, written back as they came.
+    unknown: JsonDoc = field(default_factory=dict)
+
+    def updated(self, **parts: Any) -> RunMeta:
+        """The metadata with some parts replaced: `state=...`, or a part's fields by
+        `part__field=value` (`time__wall_s=12.3`)."""
+        whole = {k: v for k, v in parts.items() if "__" not in k}
+        by_part: dict[str, dict[str, Any]] = {}
+        for k, v in parts.items():
+            if "__" in k:
+                part, name = k.split("__", 1)
+                by_part.setdefault(part, {})[name] = v
+        for part, values in by_part.items():
+            whole[part] = replace(whole.get(part, getattr(self, part)), **values)
+        return replace(self, **whole)
+
+
+_OWN = {f.name: part for part, t in _PARTS.items() for f in fields(t)}
+_TOP = ("request", "ceilings", "ceilings_ready", "fleet")
+
+
+def _value(hint: Any, v: Any) -> Any:
+    """A JSON value as a field's type: lists to tuples where the field is a tuple."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if (origin is tuple or tuple in {typing.get_origin(a) for a in args}) \
+            and isinstance(v, list):
+        return tuple(v)
+    return v
+
+
+@functools.cache
+def _hints(t: type) -> dict[str, Any]:
+    return typing.get_type_hints(t)
+
+
+@functools.cache
+def _factories(t: type) -> frozenset[str]:
+    """The fields of `t` whose default is a container (an empty one stands for None)."""
+    return frozenset(f.name for f in fields(t) if f.default_factory is not MISSING)
+
+
+def _old_request(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The request of a run written before the request was stored: its flattened keys."""
+    shapes = doc.get("explicit_shapes")
+    req = {"kernels": doc.get("kernels"), "dtypes": doc.get("dtypes"),
+           "providers": doc.get("providers"), "seed": doc.get("seed", 0),
+           "check_only": bool(doc.get("check_only")), "cache": doc.get("cache"),
+           "sizes": doc.get("sizes") or "default", "device": doc.get("device_key") or "auto",
+           "fp8_accum": doc.get("fp8_accum")}
+    if shapes:
+        req["shapes"] = shapes
+    return {k: v for k, v in req.items() if v is not None}
+
+
+def parse_meta(doc: Mapping[str, Any] | None) -> RunMeta:
+    """results.json's metadata as a record; a key it lacks keeps its default, a key this
+    version does not know is kept in `unknown`; a run written before its request was
+    stored gets one from its old keys."""
+    doc = dict(doc or {})
+    parts: dict[str, dict[str, Any]] = {p: {} for p in _PARTS}
+    unknown: dict[str, Any] = {}
+    for k, v in doc.items():
+        if k in _OWN:
+            t = _PARTS[_OWN[k]]
+            if v is None and k in _factories(t):
+                continue  # an empty container stands for it
+            parts[_OWN[k]][k] = _value(_hints(t)[k], v)
+        elif k not in _TOP and k not in REQUEST_COPY:
+            unknown[k] = v
+    request = doc.get("request")
+    if not isinstance(request, dict) and "kernels" in doc:
+        request = _old_request(doc)
+    return RunMeta(**{p: _PARTS[p](**vals) for p, vals in parts.items()},
+                   request=dict(request or {}), ceilings=dict(doc.get("ceilings") or {}),
+                   ceilings_ready=bool(doc.get("ceilings_ready")),
+                   fleet=doc.get("fleet"), unknown=unknown)
+
+
+def meta_json(meta: RunMeta) -> dict[str, Any]:
+    """The record as results.json's "metadata" object: one flat JSON object."""
+    out: dict[str, Any] = {}
+    for part in _PARTS:
+        for k, v in asdict(getattr(meta, part)).items():
+            out[k] = list(v) if isinstance(v, tuple) else v
+    out.update(request=meta.request, ceilings=meta.ceilings,
+               ceilings_ready=meta.ceilings_ready)
+    if meta.fleet is not None:
+        out["fleet"] = meta.fleet
+    out.update(meta.unknown)
+    return out
