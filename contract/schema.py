@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypedDict
 
@@ -27,6 +28,8 @@ from contract.modes import (  # noqa: F401
 )
 from contract.physics import apply as withhold
 from contract.physics import withheld_of, withheld_text
+from contract.record import RunRow, flat, parse_row
+from contract.run_meta import RunMeta, parse_meta
 
 
 class Row(TypedDict, total=False):
@@ -386,6 +389,30 @@ def read_doc(path: str | os.PathLike) -> dict[str, Any]:
         if len(rows) > len(doc["rows"]):
             doc["rows"] = rows
     return doc
+
+
+@dataclass(frozen=True)
+class RunDoc:
+    """A saved run as records: its metadata and its rows (contract/run_meta.py,
+    contract/record.py), the physics check applied (load_doc).  `frame()` gives the rows
+    as the files hold them, one column each, for the readers that work on columns."""
+
+    meta: RunMeta
+    rows: tuple[RunRow, ...]
+    path: Path | None = None
+
+    def frame(self) -> pd.DataFrame:
+        if not self.rows:
+            return pd.DataFrame(columns=ALL_COLUMNS)
+        return pd.DataFrame([flat(r, ALL_COLUMNS) for r in self.rows])
+
+
+def load_doc(path: str | os.PathLike) -> RunDoc:
+    """A run (folder or results.json) as a RunDoc, its rows checked (load_run)."""
+    p = resolve_results_json(path)
+    meta, df = load_run(p)
+    rows = tuple(parse_row(r) for r in df.to_dict("records"))
+    return RunDoc(parse_meta(meta), rows, p)
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
