@@ -220,8 +220,8 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
         return None
     from pathlib import Path
 
-    from benches.ceilings import any_cached
     from benches.fleet.dist import launched
+    from benches.measured_ceilings import any_cached
     from benches.sweep.compile_wait import wait_s
     from benches.sweep.triton_cache import default_workers, spawn_early
 

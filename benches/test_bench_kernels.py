@@ -50,7 +50,7 @@ def _cases():
 @pytest.fixture(scope="session")
 def ceilings():
     """The run_bench ceilings cache (results/.ceilings): measured once per device."""
-    from benches.ceilings import get_ceilings
+    from benches.measured_ceilings import get_ceilings
     from contract.devices import DEVICES, detect
 
     present = detect()

@@ -3,7 +3,7 @@
 This table is the single source of truth for datasheet ceilings (docs/design.md, Device peaks).
 All tensor-core numbers are *dense*: NVIDIA datasheets often quote 2:4-sparse numbers,
 which are twice these.  A device with no datasheet (a CPU, an unknown GPU) gets its
-ceilings measured instead (benches/ceilings.py).
+ceilings measured instead (benches/measured_ceilings.py).
 """
 
 from __future__ import annotations

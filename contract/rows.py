@@ -205,7 +205,7 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
 def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
     """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
 
-    Reads metadata["ceilings"] (format in benches/ceilings.py) as written once the run
+    Reads metadata["ceilings"] (format in benches/measured_ceilings.py) as written once the run
     measured them (`ceilings_ready`, or any value in it: a source left empty then was
     none).  A run without them there (written before that key, or cut short before its
     ceilings reached results.json: its rows, read from the journal, carry them) falls

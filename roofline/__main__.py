@@ -56,7 +56,7 @@ def _promote(argv: list[str]) -> int:
 def _plan(argv: list[str]) -> int:
     # The one place roofline/ reaches into benches/: the command line wires the
     # harness's measurements into the planner (docs/design.md, Layers).
-    from benches.ceilings import device_ceilings
+    from benches.measured_ceilings import device_ceilings
     from benches.step.gemms import measure_gemms, measure_kernels
     from benches.step.measure import measure_step
     from roofline.plan.cli import main

@@ -15,7 +15,7 @@ Tests write temporary folders only, never the repository's results/ (a user's ru
 measured ceilings):
 
 - every command's ceiling cache is one temporary folder per session
-  ($GPUBENCH_CEILINGS_DIR, honoured by benches.ceilings.get_ceilings, inherited by the
+  ($GPUBENCH_CEILINGS_DIR, honoured by benches.measured_ceilings.get_ceilings, inherited by the
   commands tests start), seeded with copies of results/.ceilings' GPU caches so nothing
   is measured twice, and never copied back;
 - results/ is compared before and after each test (its folders) and the session (every
@@ -57,8 +57,8 @@ if str(ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 
-from benches.ceilings import CACHE_DIR_ENV as CEILINGS_ENV  # noqa: E402
-from benches.ceilings import cache_key  # noqa: E402
+from benches.measured_ceilings import CACHE_DIR_ENV as CEILINGS_ENV  # noqa: E402
+from benches.measured_ceilings import cache_key  # noqa: E402
 from contract.ceilings import no_roofs  # noqa: E402
 from contract.devices import host_cpu  # noqa: E402
 
@@ -182,7 +182,7 @@ def _results_left_alone(request):
 
 # ---- the ceilings of two CPUs --------------------------------------------------------------
 
-# Ceilings (benches.ceilings.measure's document) of two 2-core VMs:
+# Ceilings (benches.measured_ceilings.measure's document) of two 2-core VMs:
 # - fast-bf16: an Intel Xeon with AVX-512 BF16 and AMX (this project's CI VM): bf16
 #   matmul at 4.9x fp32's rate, fp16 at fp32's, fp8 torch._scaled_mm emulated
 #   at 1/2,400 of it (no fp8 roof);
@@ -196,7 +196,7 @@ CPU_CEILINGS: dict[str, dict] = {
     "slow-bf16": {"tflops": {"fp32": 0.175, "fp16": 0.0014, "bf16": 0.0014, "fp8": 0.081},
                   **_COPIES},
 }
-CPU_CACHE_PREFIX = f"ceilings-{host_cpu().key}-"  # benches.ceilings.cache_key's names
+CPU_CACHE_PREFIX = f"ceilings-{host_cpu().key}-"  # benches.measured_ceilings.cache_key's names
 FP8_MODES = ("fast", "precise")
 
 
@@ -221,7 +221,7 @@ def _cpu_entries(folder: Path) -> set[str]:
 
 def seed_cpu_ceilings(folder: Path, kind: str) -> CpuCeilings:
     """A ceiling cache in `folder` holding CPU_CEILINGS[kind] as this CPU's measurement,
-    under every key a command started here computes (benches.ceilings.cache_key): any
+    under every key a command started here computes (benches.measured_ceilings.cache_key): any
     torch thread count up to the cores (a fleet rank runs its share of them) and either
     fp8 accumulation mode."""
     measured = {**CPU_CEILINGS[kind], "method": {"compute": f"the {kind} CPU of the tests"},

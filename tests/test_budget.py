@@ -14,7 +14,7 @@ import time
 import pytest
 
 import run_bench
-from benches import ceilings as ceil_mod
+from benches import measured_ceilings as ceil_mod
 from benches.sweep import runner
 from benches.sweep.budget import RowBudget, RunBudget, work
 from benches.sweep.cases import InputCache

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import run_bench
-from benches import ceilings as ceil_mod
+from benches import measured_ceilings as ceil_mod
 from benches.sweep import timers
 from benches.timing.plan import (
     TIMER_CPU,

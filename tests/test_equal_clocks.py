@@ -300,7 +300,7 @@ def test_each_batch_keeps_its_own_window():
 def test_a_compute_ceiling_is_measured_at_the_sustained_clock(monkeypatch):
     """The GPU's compute ceilings are taken as the sweep's compute-bound rows are: after
     the warm-up to the sustained clock, so a roof is not the boost clock's."""
-    from benches import ceilings
+    from benches import measured_ceilings as ceilings
     from benches.sweep import gpu_monitor
 
     gpu = ThrottlingGpu(0)

@@ -12,9 +12,9 @@ import pytest
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from benches.step.explain import EXPLAIN_CATEGORIES as PROFILED_CATEGORIES
-from benches.step.explain import PASSES as PROFILED_PASSES
-from benches.step.explain import span_ms, split_explained
+from benches.step.kernel_split import EXPLAIN_CATEGORIES as PROFILED_CATEGORIES
+from benches.step.kernel_split import PASSES as PROFILED_PASSES
+from benches.step.kernel_split import span_ms, split_explained
 from benches.step.measure import measure_model
 from benches.step.profile import SPAN, split_ms
 from contract.models import ModelShape

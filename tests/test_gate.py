@@ -312,7 +312,7 @@ def _wait_for_a_journal_row(p: subprocess.Popen, journal: Path, log: Path) -> No
     {"tflops": {"fp32": 1.0}, "hbm_gbps": -3}, {"tflops": {"fp32": 1.0}, "hbm_gbps": 5.0,
                                                  "l2_gbps": "x"}, "text"])
 def test_a_bad_ceiling_cache_is_measured_again(tmp_path, monkeypatch, cached):
-    from benches import ceilings
+    from benches import measured_ceilings as ceilings
     from contract.devices import DEVICES, host_cpu
 
     monkeypatch.delenv(ceilings.CACHE_DIR_ENV, raising=False)  # the cache is tmp_path
@@ -330,7 +330,7 @@ def test_the_ceiling_cache_folder_can_be_set_for_every_command(tmp_path, monkeyp
     """$GPUBENCH_CEILINGS_DIR replaces the folder a command passes (<out>/.ceilings,
     results/.ceilings): the suite points it at a temporary cache, so tests never write
     a user's measured peaks."""
-    from benches import ceilings
+    from benches import measured_ceilings as ceilings
     from contract.devices import DEVICES, host_cpu
 
     fresh = {"tflops": {"fp32": 0.5}, "hbm_gbps": 20.0, "l2_gbps": None, "method": {}}

@@ -344,7 +344,7 @@ def test_fp8_accum_default_and_validation(fp8_mode):
 def test_fp8_mode_reaches_scaled_mm_triton_and_ceiling(mode, fp8_mode, monkeypatch):
     """One setting drives torch._scaled_mm's use_fast_accum, the Triton kernel's
     FP8_FAST constexpr (and config list), and the measured fp8 ceiling."""
-    from benches import ceilings
+    from benches import measured_ceilings as ceilings
     from kernels import matmul as mm
 
     fp8_mode(mode)
@@ -380,7 +380,7 @@ def test_triton_fp8_matmul_in_both_modes(mode, fp8_mode):
 
 
 def test_ceiling_cache_key_depends_on_fp8_mode(fp8_mode):
-    from benches.ceilings import cache_key
+    from benches.measured_ceilings import cache_key
     from contract.devices import Present
 
     present = Present("cpu", "host", "cpu")

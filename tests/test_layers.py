@@ -30,9 +30,9 @@ UPWARD = {
     ("benches.fleet.acceptance_report", "roofline.report.style"),
     ("benches.fleet.finalize", "roofline.report.finalize"),
     # the training step measures the planner's model
-    ("benches.step.model", "roofline.plan.model"),
+    ("benches.step.transformer", "roofline.plan.model"),
     ("benches.step.flops", "roofline.plan.arithmetic"),
-    ("benches.step.explain", "roofline.plan.arithmetic"),
+    ("benches.step.kernel_split", "roofline.plan.arithmetic"),
     ("benches.step.gemms", "roofline.plan.arithmetic"),
     ("benches.step.gemms", "roofline.plan.model"),
     ("benches.step.gemms", "roofline.plan.sources"),

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import run_bench
-from benches import ceilings as ceil_mod
+from benches import measured_ceilings as ceil_mod
 from benches.sweep import failures, gpu_monitor, results, runner, timers
 from benches.sweep.cases import Case, InputCache, RunConfig
 from benches.sweep.failures import SweepAborted

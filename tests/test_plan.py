@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benches.ceilings import device_ceilings
+from benches.measured_ceilings import device_ceilings
 from contract.models import PRESETS
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import (

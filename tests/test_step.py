@@ -12,8 +12,8 @@ import torch
 
 from benches.step import measure as step_mod
 from benches.step.measure import measure_step
-from benches.step.model import StepError, Transformer, parameter_count
 from benches.step.profile import CATEGORIES, category
+from benches.step.transformer import StepError, Transformer, parameter_count
 from contract.models import PRESETS, ModelShape
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import attention_score_flops

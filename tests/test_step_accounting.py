@@ -13,8 +13,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from benches.step.measure import measure_model
-from benches.step.model import Transformer
 from benches.step.profile import CATEGORIES, split_cpu_time, split_device_time
+from benches.step.transformer import Transformer
 from contract.models import ModelShape
 
 TINY = ModelShape("tiny", d_model=64, n_layers=2, d_ff=256, vocab=1000, seq_len=32,

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benches.step.explain import gemm_calls
 from benches.step.flops import flop_counter
+from benches.step.kernel_split import gemm_calls
 from contract.devices import DEVICES, Present
 from contract.models import PRESETS
 from roofline.plan.arithmetic import step_gemms

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benches.step import measure as step_mod
-from benches.step.model import StepError
+from benches.step.transformer import StepError
 from contract.models import ModelShape
 from roofline.__main__ import main as roofline_main
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits

@@ -216,10 +216,10 @@ def test_the_gate_on_identical_h200_runs_is_no_worse_with_the_rule():
 
 
 def test_a_ceilings_best_of_takes_every_sample(monkeypatch):
-    """A ceiling is its fastest sample (benches/ceilings.py): the stopping rule, which
+    """A ceiling is its fastest sample (benches/measured_ceilings.py): the stopping rule, which
     settles a median, would cut its samples and make it slower.  On the fake GPU a
     steady copy takes all its 200 ms of samples, not the gate's 10."""
-    from benches import ceilings
+    from benches import measured_ceilings as ceilings
 
     gpu = FakeGpu()
     gpu.install(monkeypatch, flush_us=55.0)

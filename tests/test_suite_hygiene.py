@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benches.ceilings import CACHE_DIR_ENV
+from benches.measured_ceilings import CACHE_DIR_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG_GUARD_S = 600  # a hang guard only: a child pytest of four trivial tests
@@ -25,7 +25,7 @@ GUARDED = Path(os.environ["GPUBENCH_TEST_GUARDED_DIR"])
 
 
 def test_the_cache_is_a_seeded_copy():
-    from benches.ceilings import get_ceilings
+    from benches.measured_ceilings import get_ceilings
     from contract.ceilings import Ceilings
     from contract.devices import DEVICES, host_cpu
 
@@ -41,7 +41,7 @@ def test_the_cache_is_a_seeded_copy():
 
 
 def test_measures_this_cpu():
-    from benches.ceilings import cache_key
+    from benches.measured_ceilings import cache_key
     from contract.devices import host_cpu
 
     cache = Path(os.environ["{CACHE_DIR_ENV}"])

@@ -538,7 +538,7 @@ def test_early_workers_no_sweep_takes_are_stopped(tmp_path):
 
 def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
     import run_bench
-    from benches.ceilings import CACHE_DIR_ENV
+    from benches.measured_ceilings import CACHE_DIR_ENV
 
     started = []
     monkeypatch.setattr(triton_cache, "Spawned", lambda n: started.append(n) or "pool")

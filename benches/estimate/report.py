@@ -10,9 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
-from benches.ceilings import cache_dir_of, cache_key, cache_problem
 from benches.estimate.price import COLD, FALLBACK_COMPILE, WARM, Walk, item_of, price
 from benches.estimate.runs import compile_times, device_runs, source_run
+from benches.measured_ceilings import cache_dir_of, cache_key, cache_problem
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device

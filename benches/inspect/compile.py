@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benches.inspect.inspect_report import print_table, summary_lines, write_files
 from benches.inspect.read import (
     WIDE_LOAD_BITS,
     fd2_captured,
@@ -56,7 +57,6 @@ from benches.inspect.read import (
     tensor_memory,
     tma_of,
 )
-from benches.inspect.report import print_table, summary_lines, write_files
 from benches.sweep.interrupt import python_handlers_back
 from contract.request import RequestError, RunRequest, validated
 

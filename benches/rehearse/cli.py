@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS
-from benches.rehearse.report import (
+from benches.rehearse.rehearsal_report import (
     error,
     from_json,
     print_report,
@@ -132,7 +132,7 @@ def _meta(argv: list[str]) -> dict[str, object]:
 
 
 def _in_process(opts: Options, arch: str) -> int:
-    from benches.rehearse.run import ArchReport, registry_cases, rehearse
+    from benches.rehearse.rehearsal import ArchReport, registry_cases, rehearse
     from benches.sweep.interrupt import Terminated, exit_code, signals_raise
     from kernels.spec import fp8_accum
 

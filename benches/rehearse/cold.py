@@ -27,7 +27,7 @@ def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
                ahead: int) -> dict[str, Any]:
     """The figures of one cold sweep (module docstring), in this process."""
     from benches.rehearse.driver import GPU_MODELS, STANDIN_DEVICE, standin_driver
-    from benches.rehearse.run import sweep_hooks
+    from benches.rehearse.rehearsal import sweep_hooks
     from benches.rehearse.sweep import DEVICE_ENV, run_config, tuning_identity
     from benches.rehearse.tensors import DeviceMemory
     from benches.sweep import triton_cache

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from benches.rehearse.driver import STANDIN_DEVICE, GpuModel, StandInDriver, standin_driver
 from benches.rehearse.tensors import DeviceMemory
-from benches.rehearse.tuning import Dropped, Recorder, TuneKey, recording
+from benches.rehearse.tuning_record import Dropped, Recorder, TuneKey, recording
 from kernels.spec import TritonLaunch
 
 PATHS = ("sweep", "config", "compile-ahead")

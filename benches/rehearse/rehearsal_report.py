@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benches.rehearse.run import ArchReport, Failure, KernelCount
-from benches.rehearse.tuning import Dropped, TuneKey
+from benches.rehearse.rehearsal import ArchReport, Failure, KernelCount
+from benches.rehearse.tuning_record import Dropped, TuneKey
 
 REPORT_FILE = "rehearsal.json"
 

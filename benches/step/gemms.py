@@ -7,7 +7,7 @@ timed the same way."""
 from dataclasses import fields, replace
 from typing import Any
 
-from benches.ceilings import device_ceilings
+from benches.measured_ceilings import device_ceilings
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
 from roofline.plan.sources import ceilings_peak

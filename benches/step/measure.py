@@ -29,7 +29,7 @@ What is measured, and with what (each a library made for it):
   norms and elementwise, loss, optimizer, other) by the op that launched it
   (benches/step/profile.py); the same events split by kernel family and pass for
   `--explain`, and each GEMM's time per call by shape and pass, for the plan's table of
-  the step's GEMMs (benches/step/explain.py).
+  the step's GEMMs (benches/step/kernel_split.py).
 
 Before anything is built, the step's memory estimate (roofline.plan.step:
 training state, activations by Korthikanti et al.'s estimate, logits, weight casts) is
@@ -53,10 +53,10 @@ from typing import Any
 
 import torch
 
-from benches.step.explain import profile_step_explained
 from benches.step.flops import attention_formula, flop_counter
-from benches.step.model import StepError, Transformer, check_shape, parameter_count
+from benches.step.kernel_split import profile_step_explained
 from benches.step.profile import CATEGORIES, category
+from benches.step.transformer import StepError, Transformer, check_shape, parameter_count
 from benches.timing.clock import time_call_ms
 from contract.models import ModelShape
 from roofline.plan.step import ADVICE_HEADROOM, step_memory_estimate, what_fits
@@ -236,7 +236,7 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         "peak_allocated": peak,
     }
     # The same profiled step split two ways: by kind of work, and by kernel family and
-    # pass for --explain (benches/step/explain.py).
+    # pass for --explain (benches/step/kernel_split.py).
     prof = profile_step_explained(lambda: forward().backward(), opt.step,
                                   lambda: opt.zero_grad(set_to_none=True), on_gpu)
     return {"n_blocks": n_blocks, "params": parameter_count(model),

@@ -164,7 +164,7 @@ def profile_events(run: Callable[[], None], on_gpu: bool) -> list[Any]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    # Input shapes tell the step's GEMMs apart (benches/step_explain.gemm_calls).
+    # Input shapes tell the step's GEMMs apart (benches/step/kernel_split.gemm_calls).
     with _native_stderr_to_null(), profile(activities=acts, record_shapes=True) as prof:
         with record_function(SPAN):
             run()

@@ -21,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from benches.ceilings import get_ceilings
+from benches.measured_ceilings import get_ceilings
 from benches.sweep import compile_wait, gpu_monitor, runner, triton_cache
 from benches.sweep.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.sweep.cases import Case, RunConfig, build_cases

@@ -5,7 +5,7 @@ wired in by the command line), and each category's time in the profiled step is 
 beside what the same ops take alone: sum over the step's op instances of count x the
 measured time at that shape (`explain_report`).
 
-Categories (benches/step/explain.py files the profiled time in the same ones): gemm,
+Categories (benches/step/kernel_split.py files the profiled time in the same ones): gemm,
 attention, norm, loss/softmax, optimizer/elementwise, other.  The harness has forward
 kernels only for the norms and the softmax, and no kernel for the optimizer, elementwise
 work and the rest: such passes and categories say so and get no figure.
@@ -25,7 +25,7 @@ EXPLAIN_CATEGORIES = ("gemm", "attention", "norm", "loss/softmax", "optimizer/el
 PASSES = ("forward", "backward", "optimizer", "unattributed")
 # Under 16-bit autocast the norms run on the residual stream, which stays fp32 (the
 # embedding is fp32 and x + a 16-bit output is fp32; autocast also lists layer_norm as
-# an fp32 op), and the loss on logits.float() (benches/step/model.py): both are fp32
+# an fp32 op), and the loss on logits.float() (benches/step/transformer.py): both are fp32
 # kernels whatever the step's dtype.  GEMMs and attention take the step's dtype.
 ROW_OP_DTYPE = "fp32"
 # What the profiled time of a category is that no harness kernel covers.
@@ -60,7 +60,7 @@ class StepKernel:
 
 
 def step_kernels(shape: ModelShape, micro_batch: int, dtype: str) -> list[StepKernel]:
-    """The op instances of one training step of `shape` (the model benches/step/model.py
+    """The op instances of one training step of `shape` (the model benches/step/transformer.py
     builds) at `micro_batch` sequences, with T = micro_batch x seq_len tokens and L
     blocks:
     - GEMMs: the planner's step_gemms, per weight matrix the forward product and the two
@@ -168,7 +168,7 @@ def explain_report(kernels: list[StepKernel], measured: dict[str, Any],
     comparison in `by_pass`.  Passes and categories no harness kernel covers say so in
     `uncovered`, with their profiled time, and get no figure.  `measured` is
     measure_kernels' answer to [k.request() for k in kernels], in order; `profile` the
-    step's split (category -> pass -> ms, benches/step/explain.py)."""
+    step's split (category -> pass -> ms, benches/step/kernel_split.py)."""
     ceilings = Ceilings(**measured["ceilings"])
     results = measured["results"]
     if len(results) != len(kernels):

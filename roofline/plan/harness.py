@@ -26,7 +26,7 @@ MeasureGemms = Callable[[list[Gemm], str, str, str, "float | None", Any], dict[s
 MeasureKernels = Callable[[list[dict[str, Any]], str, str, "float | None", Any],
                           dict[str, Any]]
 # (device key, log) -> (its model, the device present, its ceilings: measured where the
-# model has no datasheet, as a CPU's) (benches.ceilings.device_ceilings).
+# model has no datasheet, as a CPU's) (benches.measured_ceilings.device_ceilings).
 DeviceCeilings = Callable[[str, Any], tuple[DeviceModel, Present, Ceilings]]
 
 
