@@ -397,6 +397,16 @@ def cache_problem(doc: Any) -> str | None:
     return None
 
 
+def cached_entry(cache_dir: Path, present: Present) -> tuple[Path, Any]:
+    """The cache entry of `present` in `cache_dir` (in $GPUBENCH_CEILINGS_DIR where that
+    is set): its path and the document it holds (None where absent or unreadable)."""
+    path = Path(os.environ.get(CACHE_DIR_ENV) or cache_dir) / f"ceilings-{cache_key(present)}.json"
+    try:
+        return path, json.loads(path.read_text())
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return path, None
+
+
 def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
                  measure_ceilings: bool = True, force: bool = False, log=print) -> Ceilings:
     """Datasheet ceilings of `model` beside ceilings measured on the device present.
@@ -408,13 +418,8 @@ def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
     datasheet = datasheet_of(model)
     if not measure_ceilings and datasheet is not None:
         return Ceilings(datasheet, None)
-    cache_dir = Path(os.environ.get(CACHE_DIR_ENV) or cache_dir)
-    path = cache_dir / f"ceilings-{cache_key(present)}.json"
+    path, cached = cached_entry(cache_dir, present)
     if path.exists() and not force:
-        try:
-            cached = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            cached = None
         problem = cache_problem(cached)
         if problem is None:
             return Ceilings(datasheet, cached)

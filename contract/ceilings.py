@@ -39,6 +39,24 @@ class Ceilings:
     def to_json(self) -> dict[str, Any]:
         return {"datasheet": self.datasheet, "measured": self.measured}
 
+    @classmethod
+    def from_json(cls, doc: Any) -> Ceilings:
+        """A run's metadata["ceilings"] (RunMeta.ceilings) back; a source it lacks (or
+        holds as anything but an object) is None."""
+        doc = doc if isinstance(doc, dict) else {}
+        return cls(*(d if isinstance(d := doc.get(s), dict) else None
+                     for s in ("datasheet", "measured")))
+
+    @property
+    def measured_s(self) -> float:
+        """Seconds the measurement took (0 where it did not say, or none was made)."""
+        return float((self.measured or {}).get("seconds") or 0.0)
+
+    @property
+    def measured_at(self) -> str:
+        """When the measurement was made, ISO 8601 ("" where it did not say)."""
+        return str((self.measured or {}).get("measured_at") or "")
+
     def _pick(self, section: dict[str, Any] | None, roof_class: str) -> float | None:
         tflops = (section or {}).get("tflops", {})
         if section is self.measured and roof_class in no_roofs(tflops):

@@ -184,3 +184,26 @@ def test_an_h200_cache_ceiling_is_the_probes(monkeypatch) -> None:
     assert "l2" not in out["left_out"] and out["method"]["l2"] == probe.method
 
 
+
+
+def test_a_runs_ceilings_read_back_typed(tmp_path, monkeypatch) -> None:
+    """contract.ceilings.Ceilings from a run's metadata["ceilings"]: a source it lacks is
+    None; the measurement's seconds and time; and the cache entry a run reads."""
+    from contract.ceilings import Ceilings
+
+    doc = {"datasheet": None, "measured": {"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
+                                           "seconds": 12.5, "measured_at": "2026-11-27T10"}}
+    c = Ceilings.from_json(doc)
+    assert (c.datasheet, c.measured_s, c.measured_at) == (None, 12.5, "2026-11-27T10")
+    assert c.meas_gbps() == 20.0 and c.to_json() == doc
+    empty = Ceilings.from_json(None)
+    assert (empty.measured, empty.measured_s, empty.measured_at) == (None, 0.0, "")
+    assert Ceilings.from_json({"measured": "x"}).measured is None
+    monkeypatch.delenv(ceil_mod.CACHE_DIR_ENV, raising=False)
+    cpu = host_cpu()
+    path, cached = ceil_mod.cached_entry(tmp_path, cpu)
+    assert cached is None and path.parent == tmp_path and not path.exists()
+    path.write_text("{not json")
+    assert ceil_mod.cached_entry(tmp_path, cpu) == (path, None)
+    path.write_text(json.dumps(doc["measured"]))
+    assert ceil_mod.cached_entry(tmp_path, cpu) == (path, doc["measured"])
