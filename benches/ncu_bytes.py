@@ -37,9 +37,8 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 SKIPPED = 77  # "skipped" exit code (automake's convention), read by .ci/gpu
 MARKER = "ncu_family_marker"
@@ -179,6 +178,43 @@ def cases(kernels: list[str] | None) -> list[tuple[str, dict[str, int]]]:
     return out
 
 
+@dataclass(frozen=True)
+class Family:
+    """One family profiled: its case (kernel, dtype, shape) and the compulsory bytes the
+    suite counts for it.  The child writes the list it profiled (ncu-child-done.json)."""
+
+    kernel: str
+    dtype: str
+    shape: str
+    counted_bytes: int
+
+
+@dataclass(frozen=True)
+class FamilyBytes:
+    """A family's DRAM bytes as ncu counted them over its marked range (read, written,
+    both), their ratio to the counted bytes, and the kernels that moved them."""
+
+    family: Family
+    dram_read: float
+    dram_write: float
+    kernels: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ncu_bytes(self) -> float:
+        return self.dram_read + self.dram_write
+
+    @property
+    def ratio(self) -> float | None:
+        counted = self.family.counted_bytes
+        return self.ncu_bytes / counted if counted else None
+
+    def to_json(self) -> dict[str, object]:
+        """ncu-bytes.json's entry: the family's fields, then ncu's."""
+        return {**asdict(self.family), "dram_read": self.dram_read,
+                "dram_write": self.dram_write, "ncu_bytes": self.ncu_bytes,
+                "ratio": self.ratio, "kernels": list(self.kernels)}
+
+
 def child(kernels: list[str] | None, done_file: Path) -> int:
     """Under ncu: each family warmed outside the profiled ranges, then one profiled
     range per family holding the marker and one call.  Its last act writes the families,
@@ -209,12 +245,11 @@ def child(kernels: list[str] | None, done_file: Path) -> int:
         fn(inputs, out)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-        done.append({"kernel": name, "dtype": DTYPE,
-                     "shape": ",".join(f"{k}={v}" for k, v in shape.items()),
-                     "counted_bytes": int(spec.nbytes(shape, DTYPE))})
+        done.append(Family(name, DTYPE, ",".join(f"{k}={v}" for k, v in shape.items()),
+                           int(spec.nbytes(shape, DTYPE))))
         del inputs, out
         torch.cuda.empty_cache()
-    done_file.write_text(json.dumps(done))
+    done_file.write_text(json.dumps([asdict(f) for f in done]))
     return 0
 
 
@@ -240,8 +275,8 @@ def parse_ncu_csv(text: str) -> list[tuple[str, str, str, float]]:
     return out
 
 
-def by_family(rows: list[tuple[str, str, str, float]], families: list[dict[str, Any]]
-              ) -> list[dict[str, Any]]:
+def by_family(rows: list[tuple[str, str, str, float]], families: list[Family]
+              ) -> list[FamilyBytes]:
     """Each family's DRAM bytes: the kernels launched after its marker, up to the next
     marker."""
     groups: list[list[tuple[str, str, float]]] = []
@@ -259,25 +294,23 @@ def by_family(rows: list[tuple[str, str, str, float]], families: list[dict[str, 
                          "families")
     out = []
     for fam, group in zip(families, groups, strict=True):
-        read = sum(v for _, m, v in group if m == METRICS[0])
-        write = sum(v for _, m, v in group if m == METRICS[1])
-        total = read + write
-        out.append({**fam, "dram_read": read, "dram_write": write, "ncu_bytes": total,
-                    "ratio": total / fam["counted_bytes"] if fam["counted_bytes"] else None,
-                    "kernels": sorted({n for n, _, _ in group})})
+        out.append(FamilyBytes(fam, sum(v for _, m, v in group if m == METRICS[0]),
+                               sum(v for _, m, v in group if m == METRICS[1]),
+                               tuple(sorted({n for n, _, _ in group}))))
     return out
 
 
-def render(results: list[dict[str, Any]], tool: NcuTool) -> str:
+def render(results: list[FamilyBytes], tool: NcuTool) -> str:
     from contract.markdown import md_table_lines
 
     lines = ["# DRAM bytes (ncu) against the counted compulsory bytes", "",
              f"ncu {tool.version}: `{tool.path}`", "", *md_table_lines(
                  ["kernel", "dtype", "shape", "counted MB", "ncu read MB", "ncu write MB",
                   "ncu / counted", "kernels"],
-                 [[r["kernel"], r["dtype"], r["shape"], f"{r['counted_bytes'] / 1e6:.1f}",
-                   f"{r['dram_read'] / 1e6:.1f}", f"{r['dram_write'] / 1e6:.1f}",
-                   f"{r['ratio']:.3f}", ", ".join(r["kernels"])] for r in results],
+                 [[r.family.kernel, r.family.dtype, r.family.shape,
+                   f"{r.family.counted_bytes / 1e6:.1f}", f"{r.dram_read / 1e6:.1f}",
+                   f"{r.dram_write / 1e6:.1f}", f"{r.ratio:.3f}", ", ".join(r.kernels)]
+                  for r in results],
                  "lllrrrrl")]
     return "\n".join(lines) + "\n"
 
@@ -312,8 +345,8 @@ def main(argv: list[str]) -> int:
     # ncu's own messages go to its log; the child's output to ncu's stdout and stderr.
     outcome = judge_run(text + p.stdout + p.stderr, p.returncode, done.exists(),
                         p.stdout + p.stderr)
-    families: list[dict[str, Any]] = json.loads(done.read_text()) if done.exists() else []
-    results: list[dict[str, Any]] = []
+    families = [Family(**f) for f in json.loads(done.read_text())] if done.exists() else []
+    results: list[FamilyBytes] = []
     if outcome.code == 0:
         try:
             results = by_family(parse_ncu_csv(text), families)
@@ -322,7 +355,7 @@ def main(argv: list[str]) -> int:
     status = {0: "ok", SKIPPED: "skipped"}.get(outcome.code, "failed")
     (out / "ncu-bytes.json").write_text(json.dumps(
         {"ncu": asdict(tool), "status": status, "reason": outcome.line,
-         "families": results}, indent=1) + "\n")
+         "families": [r.to_json() for r in results]}, indent=1) + "\n")
     if outcome.code != 0:
         print(outcome.line, file=sys.stderr if outcome.code != SKIPPED else sys.stdout)
         return outcome.code

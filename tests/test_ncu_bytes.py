@@ -4,6 +4,7 @@ may not read the counters."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -38,26 +39,25 @@ CSV = ("==PROF== Connected to process 1\n" + HEADER + "\n"
        + _rows(2, ncu_bytes.MARKER, "32", "4")
        + _rows(3, "dot_partial_kernel", "268,435,456", "4,096")
        + _rows(4, "dot_final_kernel", "4,096", "32"))
-FAMILIES = [{"kernel": "add", "dtype": "bf16", "shape": "n=67108864",
-             "counted_bytes": 3 * 2 * 2**26},
-            {"kernel": "dot", "dtype": "bf16", "shape": "n=67108864",
-             "counted_bytes": 2 * 2 * 2**26 + 4}]
+FAMILIES = [ncu_bytes.Family("add", "bf16", "n=67108864", 3 * 2 * 2**26),
+            ncu_bytes.Family("dot", "bf16", "n=67108864", 2 * 2 * 2**26 + 4)]
+FAMILIES_JSON = json.dumps([dataclasses.asdict(f) for f in FAMILIES])  # the child's file
 
 
 def test_each_family_sums_the_kernels_after_its_marker() -> None:
     got = ncu_bytes.by_family(ncu_bytes.parse_ncu_csv(CSV), FAMILIES)
-    assert [g["kernel"] for g in got] == ["add", "dot"]
-    assert got[0]["ncu_bytes"] == 402_653_184 and got[0]["ratio"] == pytest.approx(1.0)
-    assert got[1]["dram_read"] == 268_435_456 + 4_096
-    assert got[1]["dram_write"] == 4_096 + 32
-    assert got[1]["kernels"] == ["dot_final_kernel", "dot_partial_kernel"]
-    assert got[1]["ratio"] == pytest.approx((268_435_456 + 8_224) / (4 * 2**26 + 4))
+    assert [g.family.kernel for g in got] == ["add", "dot"]
+    assert got[0].ncu_bytes == 402_653_184 and got[0].ratio == pytest.approx(1.0)
+    assert got[1].dram_read == 268_435_456 + 4_096
+    assert got[1].dram_write == 4_096 + 32
+    assert got[1].kernels == ("dot_final_kernel", "dot_partial_kernel")
+    assert got[1].ratio == pytest.approx((268_435_456 + 8_224) / (4 * 2**26 + 4))
 
 
 def test_other_units_are_scaled_and_a_missing_range_is_an_error() -> None:
     text = CSV.replace('"byte","268,435,456"', '"Mbyte","268.435456"')
     got = ncu_bytes.by_family(ncu_bytes.parse_ncu_csv(text), FAMILIES)
-    assert got[0]["dram_read"] == pytest.approx(268_435_456)
+    assert got[0].dram_read == pytest.approx(268_435_456)
     with pytest.raises(ValueError, match="2 marked ranges for 3 families"):
         ncu_bytes.by_family(ncu_bytes.parse_ncu_csv(CSV), FAMILIES + FAMILIES[:1])
 
@@ -94,7 +94,7 @@ def _write_fake_ncu(script: Path, log_body: str, done: bool = True, code: int = 
         "while [ $# -gt 0 ]; do case $1 in --log-file) log=$2; shift 2 ;; *) shift ;; "
         "esac; done\n"
         f"cat > \"$log\" <<'EOF'\n{log_body}EOF\n"
-        + (f"cat > \"$last\" <<'EOF'\n{json.dumps(FAMILIES)}\nEOF\n" if done else "")
+        + (f"cat > \"$last\" <<'EOF'\n{FAMILIES_JSON}\nEOF\n" if done else "")
         + (f"cat >&2 <<'EOF'\n{child_stderr}EOF\n" if child_stderr else "")
         + f"exit {code}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
