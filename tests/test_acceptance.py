@@ -6,12 +6,15 @@ The figures of the active checks are given as a rank measures them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pynvml
 import pytest
 
 import run_bench
 from benches.fleet import acceptance_nvml as anvml
 from benches.fleet import acceptance_rules as ar
+from benches.fleet.acceptance_records import Node, RankRecord
 from benches.fleet.acceptance_rules import CRITICAL, NA, OK, UNKNOWN, WARN, Thresholds
 from benches.fleet.acceptance_stress import matmul_stress
 from benches.sweep.gpu_monitor import GpuMonitor
@@ -123,18 +126,24 @@ def stressed(nv: FakeNVML, samples: int = 20, reasons: list[int] | None = None,
         if temps is not None:
             nv.v["temperature"] = temps[i]
         mon.sample()
-    summary = anvml.stress_summary(list(mon.readings), mon.max_sm_clock_mhz)
-    reading = {**anvml.read_passive(nv, "h"), **anvml.read_pcie(nv, "h")}
+    summary = anvml.stress_summary(list(mon.readings), mon.max_sm_clock_mhz).to_json()
+    reading = replace(anvml.read_passive(nv, "h"), pcie=anvml.read_pcie(nv, "h")).to_json()
     return {"rank": 0, "host": "node-a", "local_rank": 0, "device": "cuda",
             "device_name": "NVIDIA H100 80GB HBM3", "nvml": reading, "stress_nvml": summary,
             "stress": {}, "copy_gbps": None}
+
+
+def judge(records: list[dict], nodes: list[dict], t: Thresholds) -> dict:
+    """judge_fleet on records and nodes as acceptance.json holds them; its verdicts so."""
+    return ar.judge_fleet([RankRecord.from_json(r) for r in records],
+                          [Node.from_json(n) for n in nodes], t).to_json()
 
 
 def verdicts(records: list[dict], rank: int = 0, t: Thresholds | None = None) -> dict:
     hosts = sorted({r["host"] for r in records})
     nodes = [{"host": h, "ranks": [r["rank"] for r in records if r["host"] == h],
               "busbw_gbps": None, "expected_gbps": None} for h in hosts]
-    doc = ar.judge_fleet(records, nodes, t or Thresholds())
+    doc = judge(records, nodes, t or Thresholds())
     gpu = next(g for g in doc["gpus"] if g["rank"] == rank)
     return {c["check"]: c["verdict"] for c in gpu["checks"]}
 
@@ -236,7 +245,7 @@ def nvlink_check(recs: list[dict], rank: int) -> dict:
     hosts = sorted({r["host"] for r in recs})
     nodes = [{"host": h, "ranks": [r["rank"] for r in recs if r["host"] == h],
               "busbw_gbps": None, "expected_gbps": None} for h in hosts]
-    gpu = next(g for g in ar.judge_fleet(recs, nodes, Thresholds())["gpus"]
+    gpu = next(g for g in judge(recs, nodes, Thresholds())["gpus"]
                if g["rank"] == rank)
     return next(c for c in gpu["checks"] if c["check"] == "nvlink")
 
@@ -329,7 +338,7 @@ def test_silent_data_corruption_rules(digests, mismatches, ref_ok, verdict):
 def test_busbw_against_the_expected_link_figure(value, expected, verdict):
     recs = [measured(0, "a", 1.0), measured(1, "a", 1.0)]
     nodes = [{"host": "a", "ranks": [0, 1], "busbw_gbps": value, "expected_gbps": expected}]
-    doc = ar.judge_fleet(recs, nodes, Thresholds())
+    doc = judge(recs, nodes, Thresholds())
     assert doc["nodes"][0]["checks"][0]["verdict"] == verdict
 
 
@@ -338,7 +347,7 @@ def test_worst_verdict_first_and_gcm_exit_codes():
             measured(3, "b", 1.0)]
     nodes = [{"host": h, "ranks": rs, "busbw_gbps": 300.0, "expected_gbps": 300.0}
              for h, rs in (("a", [0]), ("b", [1, 2, 3]))]
-    doc = ar.judge_fleet(recs, nodes, Thresholds())
+    doc = judge(recs, nodes, Thresholds())
     assert [g["rank"] for g in doc["gpus"]][0] == 2 and doc["nodes"][0]["host"] == "b"
     assert (doc["verdict"], doc["exit_code"]) == (CRITICAL, 2)
     assert [ar.EXIT_CODE[v] for v in (OK, WARN, CRITICAL, UNKNOWN)] == [0, 1, 2, 3]
@@ -354,8 +363,8 @@ def test_a_healthy_one_gpu_pcie_node_is_ok():
     measured_ = measured(0, "node-a", 800.0, gbps=3000.0)
     rec = {**stressed(FakeNVML(nvlinks=[])), "stress": measured_["stress"],
            "copy_gbps": measured_["copy_gbps"]}
-    doc = ar.judge_fleet([rec], [{"host": rec["host"], "ranks": [0], "busbw_gbps": None,
-                                  "expected_gbps": 450.0}], Thresholds())
+    doc = judge([rec], [{"host": rec["host"], "ranks": [0], "busbw_gbps": None,
+                         "expected_gbps": 450.0}], Thresholds())
     (node,), (gpu,) = doc["nodes"], doc["gpus"]
     assert node["checks"][0]["verdict"] == NA
     assert {c["check"]: c["verdict"] for c in gpu["checks"]}["nvlink"] == NA
@@ -367,9 +376,9 @@ def test_a_healthy_one_gpu_pcie_node_is_ok():
 def test_the_stress_catches_one_wrong_element_of_one_product():
     good = matmul_stress("fp32", 0.05, "cpu", n=64)
     bad = matmul_stress("fp32", 0.05, "cpu", n=64, wrong=True)
-    assert good["mismatches"] == 0 and good["reference_ok"] and good["iterations"] >= 2
-    assert bad["mismatches"] == 1 and bad["digest"] == good["digest"]
-    assert good["tflops"] == pytest.approx(2 * 64**3 / (good["ms_per_call"] * 1e-3) / 1e12)
+    assert good.mismatches == 0 and good.reference_ok and good.iterations >= 2
+    assert bad.mismatches == 1 and bad.digest == good.digest
+    assert good.tflops == pytest.approx(2 * 64**3 / (good.ms_per_call * 1e-3) / 1e12)
 
 
 # ---- the command line ---------------------------------------------------------------------

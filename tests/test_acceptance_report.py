@@ -14,6 +14,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.image import imread
 
 from benches.fleet import acceptance_report as report
+from benches.fleet.acceptance_records import AcceptanceDoc
 from benches.fleet.acceptance_report import COLORS, PNG, finish, write_reports
 from benches.fleet.acceptance_rules import (
     CRITICAL,
@@ -22,9 +23,8 @@ from benches.fleet.acceptance_rules import (
     VERDICTS,
     WARN,
     Thresholds,
-    judge_fleet,
 )
-from tests.test_acceptance import FakeNVML, stressed
+from tests.test_acceptance import FakeNVML, judge, stressed
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = Path(__file__).resolve().parent / "data" / "h200-acceptance.json"
@@ -50,7 +50,7 @@ def test_every_verdict_has_its_own_colour():
 def test_the_h200_one_gpu_run_renders_png_included(tmp_path):
     """The run that crashed in the plot (KeyError: 'N/A'): busbw and nvlink N/A."""
     doc = h200()
-    write_reports(tmp_path, doc, Thresholds())
+    write_reports(tmp_path, AcceptanceDoc.from_json(doc), Thresholds())
     assert (tmp_path / "acceptance.md").read_text().startswith("# Fleet acceptance: OK")
     assert (tmp_path / PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert colours_drawn(tmp_path / PNG) == {OK, NA}
@@ -69,7 +69,7 @@ def every_verdict() -> dict:
 
 
 def test_a_document_with_every_verdict_draws_each(tmp_path):
-    write_reports(tmp_path, every_verdict(), Thresholds())
+    write_reports(tmp_path, AcceptanceDoc.from_json(every_verdict()), Thresholds())
     assert colours_drawn(tmp_path / PNG) == set(VERDICTS)
     md = (tmp_path / "acceptance.md").read_text()
     assert all(f"**{v}**" in md for v in VERDICTS)
@@ -82,7 +82,7 @@ def test_a_figure_that_fails_keeps_the_verdict_line_and_exit_code(tmp_path, monk
 
     monkeypatch.setattr(report, "plot", broken)
     doc = every_verdict()
-    assert finish(tmp_path, doc, Thresholds()) == 2
+    assert finish(tmp_path, AcceptanceDoc.from_json(doc), Thresholds()) == 2
     out, err = capsys.readouterr()
     assert out.strip().splitlines()[-1] == \
         f"verdict: CRITICAL (exit 2) {tmp_path / 'acceptance.json'}"
@@ -97,7 +97,7 @@ def test_the_h200s_readings_judged_again():
     not visible), not that it is a PCIe card; the node OK, exit 0."""
     doc = h200()
     nodes = [{"host": "vm", "ranks": [0], "busbw_gbps": None, "expected_gbps": 450.0}]
-    again = judge_fleet(doc["ranks"], nodes, Thresholds())
+    again = judge(doc["ranks"], nodes, Thresholds())
     nvlink = next(c for c in again["gpus"][0]["checks"] if c["check"] == "nvlink")
     assert nvlink["verdict"] == NA
     assert "links not visible" in nvlink["why"] and "H200 SXM" in nvlink["why"]
@@ -117,7 +117,7 @@ def node_of(n: int, links: list[list[int]], names: list[str]) -> list[dict]:
 def nvlink_of(recs: list[dict], rank: int) -> dict:
     nodes = [{"host": "node-a", "ranks": [r["rank"] for r in recs], "busbw_gbps": None,
               "expected_gbps": None}]
-    doc = judge_fleet(recs, nodes, Thresholds())
+    doc = judge(recs, nodes, Thresholds())
     gpu = next(g for g in doc["gpus"] if g["rank"] == rank)
     return next(c for c in gpu["checks"] if c["check"] == "nvlink")
 

@@ -30,11 +30,12 @@ import argparse
 import contextlib
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benches.fleet.acceptance_records import AcceptanceDoc, Node, PcieLink, RankRecord
 from benches.fleet.acceptance_rules import Thresholds
 from contract.cli import positive_problem
 from contract.request import AcceptanceOptions, RunRequest
@@ -189,69 +190,82 @@ def _nvml(me: Any) -> tuple[Any, Any, str]:
 def _run(me: Any, req: RunRequest, argv: list[str]) -> int:
     from benches.fleet import acceptance_stress as stress
     from benches.fleet import dist as fdist
-    from benches.fleet.acceptance_nvml import read_passive, read_pcie, stress_summary
     from benches.fleet.acceptance_report import finish
     from benches.fleet.acceptance_rules import judge_fleet
-    from benches.fleet.folder import SLOW_FACTOR, versions
-    from benches.fleet.run import TEST_SLOW
-    from benches.sweep.gpu_monitor import GpuMonitor
+    from benches.fleet.folder import versions
 
     t_begin = time.monotonic()
     opts = req.acceptance
     if opts is None:
         raise ValueError("run_acceptance needs a request with --acceptance's options")
-    settings = asdict(opts)
-    fdist.agree("versions and request", {**versions(req), **settings})
+    fdist.agree("versions and request", {**versions(req), **asdict(opts)})
     folder = _folder(me, req)
     key, name, expected = _device(me, opts)
+    dtypes = stress.stress_dtypes(me.device)
+    seconds = opts.minutes * 60 / len(dtypes)
+    mine = RankRecord(me.rank, me.host, me.local_rank, me.device, key, name)
+    record, hosts = _measure(me, mine, dtypes, seconds)
+    every: list[RankRecord] = fdist.all_gather_object("gathering the results", record)
+    if me.rank != 0:
+        return 0
+    t = thresholds(opts)
+    judged = judge_fleet(every, _nodes(hosts, every, expected), t)
+    doc = AcceptanceDoc(folder.name, " ".join(["run_bench.py", *argv]), me.world, me.backend,
+                        opts, tuple(dtypes), seconds, time.monotonic() - t_begin, judged,
+                        tuple(every))
+    return finish(folder, doc, t, plot_png=req.plots)
+
+
+def _measure(me: Any, mine: RankRecord, dtypes: tuple[str, ...], seconds: float
+             ) -> tuple[RankRecord, list[str]]:
+    """This rank's part, every rank at once: the stress of each dtype (NVML sampling it,
+    the PCIe link read half way), the passive NVML readings, the copy, the node's
+    all_reduce; `mine` filled in, and every rank's host."""
+    from benches.fleet import acceptance_stress as stress
+    from benches.fleet import dist as fdist
+    from benches.fleet.acceptance_nvml import read_passive, read_pcie, stress_summary
+    from benches.fleet.folder import SLOW_FACTOR
+    from benches.fleet.run import TEST_SLOW
+    from benches.sweep.gpu_monitor import GpuMonitor
+
     nv, h, why = _nvml(me)
     monitor = GpuMonitor(nv, h).start() if nv is not None else None
     slow = SLOW_FACTOR if os.environ.get(TEST_SLOW) == str(me.rank) else 1.0
     wrong = os.environ.get(TEST_WRONG) == str(me.rank)
     hosts = fdist.all_gather_object("starting the stress together", me.host)
-    pcie: dict[str, Any] = {}
+    pcie: list[PcieLink] = []
 
     def midway() -> None:
         if nv is not None and not pcie:
-            pcie.update(read_pcie(nv, h))
+            pcie.append(read_pcie(nv, h))
 
-    dtypes = stress.stress_dtypes(me.device)
-    seconds = opts.minutes * 60 / len(dtypes)
     results, t0 = {}, time.monotonic()
     for dtype in dtypes:
         results[dtype] = stress.matmul_stress(dtype, seconds, me.device, slow=slow,
                                               wrong=wrong, midway=midway)
     t1 = time.monotonic()
-    record: dict[str, Any] = {"rank": me.rank, "host": me.host, "local_rank": me.local_rank,
-                              "device": me.device, "device_key": key, "device_name": name,
-                              "stress": results,
-                              "nvml": None, "nvml_why": why, "stress_nvml": None}
+    record = replace(mine, stress=results, nvml_why=why)
     if monitor is not None:
         monitor.stop()
-        readings = [r for r in list(monitor.readings) if t0 <= r["t"] <= t1]
-        record["stress_nvml"] = stress_summary(readings, monitor.max_sm_clock_mhz)
-        record["nvml"] = {**read_passive(nv, h), **{k: v for k, v in pcie.items()
-                                                    if k != "errors"}}
+        during = [s for s in list(monitor.readings) if t0 <= s["t"] <= t1]
+        record = replace(record, stress_nvml=stress_summary(during, monitor.max_sm_clock_mhz),
+                         nvml=replace(read_passive(nv, h), pcie=pcie[0] if pcie else None))
         with contextlib.suppress(Exception):
             nv.nvmlShutdown()
     fdist.all_gather_object("starting the copies together", me.rank)
-    record["copy_gbps"] = stress.copy_bandwidth(me.device, slow)
+    record = replace(record, copy_gbps=stress.copy_bandwidth(me.device, slow))
     fdist.all_gather_object("finishing the copies together", me.rank)
-    record["busbw"] = fdist.collective("timing the node's all_reduce", stress.node_busbw,
-                                       hosts, me.rank, me.device, slow)
-    every = fdist.all_gather_object("gathering the results", record)
-    if me.rank != 0:
-        return 0
+    busbw = fdist.collective("timing the node's all_reduce", stress.node_busbw, hosts,
+                             me.rank, me.device, slow)
+    return replace(record, busbw=busbw), hosts
+
+
+def _nodes(hosts: list[str], every: list[RankRecord], expected: float | None) -> list[Node]:
+    """The fleet's nodes in the order their first rank came, each with its ranks and the
+    all_reduce its first rank measured (every rank of a node took part in the same)."""
     nodes = []
     for host in sorted(set(hosts), key=hosts.index):
-        ranks = [r for r, x in enumerate(hosts) if x == host]
-        b = every[ranks[0]].get("busbw") or {}
-        nodes.append({"host": host, "ranks": ranks, "busbw_gbps": b.get("busbw_gbps"),
-                      "expected_gbps": expected, "busbw": b or None})
-    t = thresholds(opts)
-    judged = judge_fleet(every, nodes, t)
-    doc = {"run_id": folder.name, "command": " ".join(["run_bench.py", *argv]),
-           "world": me.world, "backend": me.backend, "settings": settings,
-           "stress_dtypes": list(dtypes), "stress_seconds_per_dtype": seconds,
-           "seconds": time.monotonic() - t_begin, **judged, "ranks": every}
-    return finish(folder, doc, t, plot_png=req.plots)
+        ranks = tuple(r for r, x in enumerate(hosts) if x == host)
+        b = every[ranks[0]].busbw
+        nodes.append(Node(host, ranks, b.busbw_gbps if b else None, expected, b))
+    return nodes

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from benches.fleet.acceptance_records import AcceptanceDoc, GpuVerdict, NodeVerdict
 from benches.fleet.acceptance_rules import (
     CRITICAL,
     EXIT_CODE,
@@ -32,20 +32,19 @@ COLORS = {OK: "#b7e1b0", WARN: "#f7d774", CRITICAL: "#ef8a80", UNKNOWN: "#d0d0d0
           NA: "#f4f4f4"}
 
 
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
+Verdicts = GpuVerdict | NodeVerdict
+
+
+def _columns(rows: tuple[Verdicts, ...] | list[Verdicts]) -> list[str]:
     cols: list[str] = []
     for r in rows:
-        cols += [c["check"] for c in r["checks"] if c["check"] not in cols]
+        cols += [c.check for c in r.checks if c.check not in cols]
     return cols
 
 
-def _cell(r: dict[str, Any], col: str) -> str:
-    c = next((c for c in r["checks"] if c["check"] == col), None)
-    return "" if c is None else f"{c['value']} **{c['verdict']}**".replace("|", "/")
-
-
-def _gpu_label(g: dict[str, Any]) -> str:
-    return f"rank {g['rank']} ({g['host']}:{g['local_rank']})"
+def _cell(r: Verdicts, col: str) -> str:
+    c = next((c for c in r.checks if c.check == col), None)
+    return "" if c is None else f"{c.value} **{c.verdict}**".replace("|", "/")
 
 
 def rules_table(t: Thresholds) -> list[str]:
@@ -56,31 +55,30 @@ def rules_table(t: Thresholds) -> list[str]:
                            for r in rules(t)], tight=True)
 
 
-def markdown(doc: dict[str, Any], t: Thresholds) -> str:
-    v = doc["verdict"]
+def markdown(doc: AcceptanceDoc, t: Thresholds) -> str:
+    v, judged = doc.verdict, doc.judged
     out = [f"# Fleet acceptance: {v}", "",
-           f"Run `{doc['run_id']}`: {doc['world']} rank(s) on {len(doc['nodes'])} node(s), "
-           f"{doc['backend']}; matmul stress {', '.join(doc['stress_dtypes'])}, "
-           f"{doc['stress_seconds_per_dtype']:.3g} s each; {doc['seconds']:.0f} s in all.  "
+           f"Run `{doc.run_id}`: {doc.world} rank(s) on {len(judged.nodes)} node(s), "
+           f"{doc.backend}; matmul stress {', '.join(doc.stress_dtypes)}, "
+           f"{doc.stress_seconds_per_dtype:.3g} s each; {doc.seconds:.0f} s in all.  "
            f"Exit code {EXIT_CODE[v]} (0 OK, 1 WARN, 2 CRITICAL, 3 UNKNOWN only).", "",
-           f"`{doc['command']}`", "", "## Nodes (worst first)", ""]
-    cols = _columns(doc["nodes"])
+           f"`{doc.command}`", "", "## Nodes (worst first)", ""]
+    cols = _columns(judged.nodes)
     out += md_table_lines(["node", "ranks", "verdict", *cols], [
-        [n["host"], ", ".join(map(str, n["ranks"])), f"**{n['verdict']}**",
-         *(_cell(n, c) for c in cols)] for n in doc["nodes"]], tight=True)
-    cols = _columns(doc["gpus"])
+        [n.host, ", ".join(map(str, n.ranks)), f"**{n.verdict}**",
+         *(_cell(n, c) for c in cols)] for n in judged.nodes], tight=True)
+    cols = _columns(judged.gpus)
     out += ["", "## GPUs (worst first)", "", *md_table_lines(
         ["GPU", "device", "verdict", *cols],
-        [[_gpu_label(g), g["device_name"], f"**{g['verdict']}**", *(_cell(g, c) for c in cols)]
-         for g in doc["gpus"]], tight=True)]
+        [[g.label, g.device_name, f"**{g.verdict}**", *(_cell(g, c) for c in cols)]
+         for g in judged.gpus], tight=True)]
     why = []
-    for r in doc["nodes"] + doc["gpus"]:
+    for r in (*judged.nodes, *judged.gpus):
         said: dict[tuple[str, str], list[str]] = {}  # checks not OK for the same reason
-        for c in r["checks"]:
-            if c["verdict"] != OK:
-                said.setdefault((c["verdict"], c["why"]), []).append(c["check"])
-        who = _gpu_label(r) if "rank" in r else f"node {r['host']}"
-        why += [f"- {who}: {', '.join(checks)} {verdict}: {text}"
+        for c in r.checks:
+            if c.verdict != OK:
+                said.setdefault((c.verdict, c.why), []).append(c.check)
+        why += [f"- {r.label}: {', '.join(checks)} {verdict}: {text}"
                 for (verdict, text), checks in said.items()]
     out += ["", "## Why (every check not OK)", "", *(why or ["- every check is OK"]), "",
             "## Rules", "", *rules_table(t)]
@@ -89,7 +87,7 @@ def markdown(doc: dict[str, Any], t: Thresholds) -> str:
     return "\n".join(out)
 
 
-def plot(doc: dict[str, Any], path: Path) -> None:
+def plot(doc: AcceptanceDoc, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,13 +95,12 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
     from roofline.report.style import save_figure
 
-    rows = [(f"node {n['host']}", n) for n in doc["nodes"]] + \
-        [(_gpu_label(g), g) for g in doc["gpus"]]
-    cols = _columns([r for _, r in rows])
+    rows: list[Verdicts] = [*doc.judged.nodes, *doc.judged.gpus]
+    cols = _columns(rows)
     fig, ax = plt.subplots(figsize=(2 + 1.25 * (len(cols) + 1), 1 + 0.45 * len(rows)))
-    for i, (_, r) in enumerate(rows):
-        cells = [("verdict", r["verdict"], r["verdict"])] + [
-            (c["check"], c["verdict"], c["value"]) for c in r["checks"]]
+    for i, r in enumerate(rows):
+        cells = [("verdict", r.verdict, r.verdict)] + [
+            (c.check, c.verdict, c.value) for c in r.checks]
         for col, verdict, text in cells:
             j = 0 if col == "verdict" else cols.index(col) + 1
             ax.add_patch(plt.Rectangle((j, i), 1, 1, color=COLORS[verdict], ec="white"))
@@ -115,9 +112,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_ylim(len(rows), 0)
     ax.set_xticks([j + 0.5 for j in range(len(cols) + 1)], ["verdict", *cols],
                   rotation=30, ha="right", fontsize=7)
-    ax.set_yticks([i + 0.5 for i in range(len(rows))], [label for label, _ in rows],
-                  fontsize=7)
-    ax.set_title(f"Fleet acceptance {doc['run_id']}: {doc['verdict']} (worst first)",
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], [r.label for r in rows], fontsize=7)
+    ax.set_title(f"Fleet acceptance {doc.run_id}: {doc.verdict} (worst first)",
                  fontsize=9)
     for s in ax.spines.values():
         s.set_visible(False)
@@ -126,14 +122,15 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bool = True
+def write_reports(folder: Path, doc: AcceptanceDoc, t: Thresholds, plot_png: bool = True
                   ) -> None:
-    """acceptance.json and .md, then the figure; a figure that fails is a warning line
-    on stderr (the verdict stands on the two documents)."""
+    """acceptance.json (the document and the rules in force) and .md, then the figure; a
+    figure that fails is a warning line on stderr (the verdict stands on the two
+    documents)."""
     from contract.schema import atomic_write_text
 
-    doc = {**doc, "rules": [asdict(r) for r in rules(t)]}
-    atomic_write_text(folder / JSON, json.dumps(doc, indent=1, default=str) + "\n")
+    whole = {**doc.to_json(), "rules": [asdict(r) for r in rules(t)]}
+    atomic_write_text(folder / JSON, json.dumps(whole, indent=1, default=str) + "\n")
     atomic_write_text(folder / MD, markdown(doc, t))
     if plot_png:
         try:
@@ -143,23 +140,23 @@ def write_reports(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bo
                      f"verdict stands in {folder / MD}")
 
 
-def finish(folder: Path, doc: dict[str, Any], t: Thresholds, plot_png: bool = True) -> int:
+def finish(folder: Path, doc: AcceptanceDoc, t: Thresholds, plot_png: bool = True) -> int:
     """Rank 0's end: the reports, the console lines ending with the verdict line, and
     the verdict's exit code."""
     write_reports(folder, doc, t, plot_png)
     say(doc, folder)
-    return EXIT_CODE[doc["verdict"]]
+    return EXIT_CODE[doc.verdict]
 
 
-def say(doc: dict[str, Any], folder: Path) -> None:
+def say(doc: AcceptanceDoc, folder: Path) -> None:
     """Rank 0's console: one line per node and per GPU not OK, then the verdict line a
     job script reads (the last line on stdout)."""
-    for n in doc["nodes"]:
-        print(f"node {n['host']} (ranks {', '.join(map(str, n['ranks']))}): {n['verdict']}")
-    for g in doc["gpus"]:
-        bad = [f"{c['check']} {c['verdict']}" for c in g["checks"] if c["verdict"] != OK]
-        print(f"{_gpu_label(g)} {g['device_name']}: {g['verdict']}"
+    for n in doc.judged.nodes:
+        print(f"node {n.host} (ranks {', '.join(map(str, n.ranks))}): {n.verdict}")
+    for g in doc.judged.gpus:
+        bad = [f"{c.check} {c.verdict}" for c in g.checks if c.verdict != OK]
+        print(f"{g.label} {g.device_name}: {g.verdict}"
               + (f" ({', '.join(bad)})" if bad else ""))
     print(f"report: {folder / MD}")
-    print(f"verdict: {doc['verdict']} (exit {EXIT_CODE[doc['verdict']]}) {folder / JSON}",
+    print(f"verdict: {doc.verdict} (exit {EXIT_CODE[doc.verdict]}) {folder / JSON}",
           flush=True)

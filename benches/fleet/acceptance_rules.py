@@ -23,7 +23,18 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+
+from benches.fleet.acceptance_records import (
+    Check,
+    GpuVerdict,
+    Judged,
+    Node,
+    NodeVerdict,
+    NvmlReading,
+    RankRecord,
+    Stress,
+    StressNvml,
+)
 
 OK, WARN, CRITICAL, UNKNOWN = "OK", "WARN", "CRITICAL", "UNKNOWN"
 NA = "N/A"  # the check does not apply to this hardware; left out of every verdict
@@ -81,10 +92,12 @@ class Rule:
 
 def rules(t: Thresholds) -> tuple[Rule, ...]:
     """Every check's rule with the thresholds in force (OK: neither WARN nor CRITICAL
-    and the reading present; UNKNOWN: a reading missing)."""
-    w, c = t.median_warn_pct, t.median_critical_pct
-    median = (f"> {w:g}% below the node or fleet median (same GPU model)",
-              f"> {c:g}% below it")
+    and the reading present; UNKNOWN: a reading missing): the passive ones (one GPU's
+    NVML readings), then the active ones (what every rank measured)."""
+    return (*_passive_rules(), *_active_rules(t))
+
+
+def _passive_rules() -> tuple[Rule, ...]:
     return (
         Rule("ecc_mode", "nvmlDeviceGetEccMode (current, pending)", "on, but off after "
              "the next reboot (pending off)", "ECC off", "Imbue (ECC on)"),
@@ -125,6 +138,14 @@ def rules(t: Thresholds) -> tuple[Rule, ...]:
         Rule("vbios", "nvmlDeviceGetVbiosVersion", "differs from the most common VBIOS "
              "of the same GPU model in the fleet", "-",
              "agreement across the fleet, as Imbue's pinned versions"),
+    )
+
+
+def _active_rules(t: Thresholds) -> tuple[Rule, ...]:
+    w, c = t.median_warn_pct, t.median_critical_pct
+    median = (f"> {w:g}% below the node or fleet median (same GPU model)",
+              f"> {c:g}% below it")
+    return (
         Rule("matmul_<dtype>", "median TFLOP/s of the stress's batches (bf16 and, on "
              "sm_89+, fp8 on GPUs; fp32 on CPUs), every rank at once", *median,
              "gpu-fryer (within 10% of the best GPU), DCGM diagnostics (GFLOPS against "
@@ -147,17 +168,6 @@ def rules(t: Thresholds) -> tuple[Rule, ...]:
     )
 
 
-@dataclass
-class Check:
-    check: str
-    value: str
-    verdict: str
-    why: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
 def worst(verdicts: Iterable[str]) -> str:
     """The worst verdict; N/A checks are left out, and nothing judged is UNKNOWN (never
     OK)."""
@@ -171,8 +181,8 @@ def _unknown(check: str, why: str) -> Check:
 
 # ---- passive checks: one GPU's NVML readings (benches/fleet/acceptance_nvml.py) --------
 
-def ecc_mode(r: dict[str, Any]) -> Check:
-    mode = r.get("ecc_mode")
+def ecc_mode(r: NvmlReading) -> Check:
+    mode = r.ecc_mode
     if not mode:
         return _unknown("ecc_mode", "ECC mode unreadable")
     current, pending = mode[0], mode[1] if len(mode) > 1 else mode[0]
@@ -184,8 +194,8 @@ def ecc_mode(r: dict[str, Any]) -> Check:
     return Check("ecc_mode", value, OK)
 
 
-def ecc_errors(r: dict[str, Any]) -> Check:
-    vol, agg = r.get("ecc_uncorrected_volatile"), r.get("ecc_uncorrected_aggregate")
+def ecc_errors(r: NvmlReading) -> Check:
+    vol, agg = r.ecc_uncorrected_volatile, r.ecc_uncorrected_aggregate
     if vol is None and agg is None:
         return _unknown("ecc_errors", "uncorrected ECC counts unreadable")
     value = f"uncorrected {vol if vol is not None else '?'} volatile, " \
@@ -199,8 +209,8 @@ def ecc_errors(r: dict[str, Any]) -> Check:
     return Check("ecc_errors", value, OK)
 
 
-def memory_retire(r: dict[str, Any]) -> Check:
-    rows = r.get("remapped_rows")
+def memory_retire(r: NvmlReading) -> Check:
+    rows = r.remapped_rows
     if rows is not None:  # (correctable, uncorrectable, pending, failure)
         _, unc, pending, failure = rows
         value = f"rows remapped {rows[0]} + {unc}, pending {pending}, failed {failure}"
@@ -209,7 +219,7 @@ def memory_retire(r: dict[str, Any]) -> Check:
         if pending:
             return Check("memory_retire", value, WARN, "a row remap is pending (reset)")
         return Check("memory_retire", value, OK)
-    pages, pend = r.get("retired_pages"), r.get("retired_pages_pending")
+    pages, pend = r.retired_pages, r.retired_pages_pending
     if pages is None and pend is None:
         return _unknown("memory_retire", "neither remapped rows nor retired pages readable")
     value = f"retired pages {pages if pages is not None else '?'}, pending " \
@@ -224,9 +234,9 @@ def memory_retire(r: dict[str, Any]) -> Check:
     return Check("memory_retire", value, OK)
 
 
-def pcie_link(r: dict[str, Any]) -> Check:
-    gen, gmax = r.get("pcie_gen"), r.get("pcie_gen_max")
-    width, wmax = r.get("pcie_width"), r.get("pcie_width_max")
+def pcie_link(r: NvmlReading) -> Check:
+    gen, gmax = r.pcie_gen, r.pcie_gen_max
+    width, wmax = r.pcie_width, r.pcie_width_max
     if None in (gen, gmax, width, wmax):
         return _unknown("pcie_link", "PCIe link generation or width unreadable")
     value = f"gen {gen}/{gmax} x{width}/x{wmax}"
@@ -237,12 +247,12 @@ def pcie_link(r: dict[str, Any]) -> Check:
     return Check("pcie_link", value, OK)
 
 
-def nvlink(r: dict[str, Any], most_up: int | None, model: str | None = None,
+def nvlink(r: NvmlReading, most_up: int | None, model: str | None = None,
            neighbours: int = 0, expected: int | None = None) -> Check:
     """`most_up`: the most links up on any GPU of the same model beside others on its
     node; `model`: the device model's name when it is an NVLink (SXM) part, else None;
     `neighbours`: the other GPUs of its node; `expected`: the links the model has."""
-    links, up = r.get("nvlink_links"), r.get("nvlink_up")
+    links, up = r.nvlink_links, r.nvlink_up
     if links is None or up is None:
         return _unknown("nvlink", "no NVLink state readable")
     value = f"{up}/{links} up" if links else "none"
@@ -271,23 +281,23 @@ def nvlink(r: dict[str, Any], most_up: int | None, model: str | None = None,
     return Check("nvlink", value, OK)
 
 
-def throttle(s: dict[str, Any] | None) -> Check:
+def throttle(s: StressNvml | None) -> Check:
     """`s`: the stress's NVML summary (acceptance_nvml.stress_summary)."""
-    if not s or not s.get("readings"):
+    if s is None or not s.readings:
         return _unknown("throttle", "no busy NVML reading during the stress")
-    fractions = s.get("reason_fractions") or {}
+    fractions = s.reason_fractions
     bad = {k: v for k, v in fractions.items()
            if k in THROTTLE_REASONS and v >= THROTTLE_WARN_FRACTION}
     seen = ", ".join(f"{k} {v:.0%}" for k, v in fractions.items() if v) or "none"
-    value = f"{seen} of {s['readings']} readings"
+    value = f"{seen} of {s.readings} readings"
     if bad:
         return Check("throttle", value, WARN, "slowed for heat or a hardware signal: "
                      + ", ".join(sorted(bad)))
     return Check("throttle", value, OK)
 
 
-def power_limit(r: dict[str, Any]) -> Check:
-    limit, default = r.get("power_limit_w"), r.get("power_default_w")
+def power_limit(r: NvmlReading) -> Check:
+    limit, default = r.power_limit_w, r.power_default_w
     if limit is None or default is None:
         return _unknown("power_limit", "power limits unreadable")
     value = f"{limit:.0f} W of default {default:.0f} W"
@@ -296,11 +306,11 @@ def power_limit(r: dict[str, Any]) -> Check:
     return Check("power_limit", value, OK)
 
 
-def temperature(r: dict[str, Any], s: dict[str, Any] | None) -> Check:
-    hottest = (s or {}).get("temperature_c_max")
+def temperature(r: NvmlReading, s: StressNvml | None) -> Check:
+    hottest = s.temperature_c_max if s is not None else None
     if hottest is None:
-        hottest = r.get("temperature_c")
-    slowdown, gpu_max = r.get("temp_slowdown_c"), r.get("temp_gpu_max_c")
+        hottest = r.temperature_c
+    slowdown, gpu_max = r.temp_slowdown_c, r.temp_gpu_max_c
     if hottest is None or slowdown is None:
         return _unknown("temperature", "temperature or its slowdown threshold unreadable")
     warn_at = gpu_max if gpu_max is not None else slowdown - TEMP_WARN_MARGIN_C
@@ -344,24 +354,24 @@ def against_medians(check: str, value: float | None, node: list[float],
     return Check(check, value_s, OK)
 
 
-def sdc(check: str, s: dict[str, Any] | None, digests: list[str]) -> Check:
+def sdc(check: str, s: Stress | None, digests: list[str]) -> Check:
     """The equality check of one rank's stress `s` for one dtype; `digests`: the first
     product's digest on every rank of the same model (itself included)."""
-    if not s:
+    if s is None:
         return _unknown(check, "not measured")
-    bad, n = s.get("mismatches"), s.get("iterations")
-    value = f"{n} products, {bad} differ; ref err {s.get('rel_err', float('nan')):.2g}"
+    bad, n = s.mismatches, s.iterations
+    value = f"{n} products, {bad} differ; ref err {s.rel_err:.2g}"
     if bad:
         return Check(check, value, CRITICAL, f"{bad} of {n} products differ from the first "
                                              "(same inputs)")
-    if not s.get("reference_ok"):
+    if not s.reference_ok:
         return Check(check, value, CRITICAL, f"the product fails its float64 reference "
-                                             f"(rel err {s.get('rel_err')}, tol {s.get('tol')})")
+                                             f"(rel err {s.rel_err}, tol {s.tol})")
     counts = Counter(digests)
     top, n_top = counts.most_common(1)[0]
     if len(counts) > 1:
         if n_top * 2 > len(digests):  # a strict majority tells which is right
-            if s["digest"] != top:
+            if s.digest != top:
                 return Check(check, value, CRITICAL, f"its product differs from "
                                                      f"{n_top} of {len(digests)} ranks'")
         else:
@@ -396,89 +406,84 @@ PASSIVE = ("ecc_mode", "ecc_errors", "memory_retire", "pcie_link", "nvlink", "th
            "power_limit", "temperature", "driver", "vbios")
 
 
-def _model(r: dict[str, Any]) -> str:
-    return str(r.get("device_name"))
+def _model(r: RankRecord) -> str:
+    return str(r.device_name)
 
 
-def _nvlink_model(r: dict[str, Any]) -> tuple[str | None, int | None]:
+def _nvlink_model(r: RankRecord) -> tuple[str | None, int | None]:
     """(the device model's name, its NVLink links) where it is joined by NVLink (an SXM
     part: the device table gives it an NVLink figure), else (None, None); by the rank's
     device key, else its name."""
     from contract.devices import DEVICES, match_sku
 
-    key = r.get("device_key") or match_sku(_model(r))
+    key = r.device_key or match_sku(_model(r))
     model = DEVICES.get(key)
     if model is None or not model.nvlink_gbps:
         return None, None
     return model.name, NVLINK_LINKS.get(model.key)
 
 
-def _neighbours(r: dict[str, Any], fleet: list[dict[str, Any]]) -> int:
+def _neighbours(r: RankRecord, fleet: list[RankRecord]) -> int:
     """The other ranks of r's node."""
-    return sum(x["host"] == r["host"] for x in fleet) - 1
+    return sum(x.host == r.host for x in fleet) - 1
 
 
-def _passive(r: dict[str, Any], fleet: list[dict[str, Any]]) -> list[Check]:
-    nv, s = r.get("nvml"), r.get("stress_nvml")
+def _passive(r: RankRecord, fleet: list[RankRecord]) -> list[Check]:
+    nv, s = r.nvml, r.stress_nvml
     if nv is None:
-        why = r.get("nvml_why") or "no NVML reading"
+        why = r.nvml_why or "no NVML reading"
         return [_unknown(name, why) for name in PASSIVE]
-    peers = [x for x in fleet if _model(x) == _model(r) and x.get("nvml")]
+    peers = [x for x in fleet if _model(x) == _model(r) and x.nvml is not None]
     # Links are compared among GPUs beside others on their node: one alone on its node
     # has nothing to link to, whatever its links say.
-    ups = [x["nvml"].get("nvlink_up") for x in peers if _neighbours(x, fleet)]
+    ups = [x.nvml.nvlink_up for x in peers if x.nvml and _neighbours(x, fleet)]
     most_up = max((u for u in ups if u is not None), default=None)
-    drivers = [(x.get("nvml") or {}).get("driver") for x in fleet]
+    drivers = [x.nvml.driver if x.nvml is not None else None for x in fleet]
     model, expected = _nvlink_model(r)
     return [ecc_mode(nv), ecc_errors(nv), memory_retire(nv), pcie_link(nv),
             nvlink(nv, most_up, model, _neighbours(r, fleet), expected), throttle(s),
             power_limit(nv),
             temperature(nv, s),
-            agreement("driver", nv.get("driver"), drivers, CRITICAL),
-            agreement("vbios", nv.get("vbios"), [x["nvml"].get("vbios") for x in peers],
-                      WARN)]
+            agreement("driver", nv.driver, drivers, CRITICAL),
+            agreement("vbios", nv.vbios, [x.nvml.vbios for x in peers if x.nvml], WARN)]
 
 
-def _active(r: dict[str, Any], fleet: list[dict[str, Any]], t: Thresholds) -> list[Check]:
+def _stress_of(x: RankRecord, dtype: str) -> Stress:
+    return x.stress.get(dtype) or Stress()
+
+
+def _active(r: RankRecord, fleet: list[RankRecord], t: Thresholds) -> list[Check]:
     same = [x for x in fleet if _model(x) == _model(r)]
-    node = [x for x in same if x["host"] == r["host"]]
+    node = [x for x in same if x.host == r.host]
     out = []
-    for dtype, s in (r.get("stress") or {}).items():
-        def figures(xs: list[dict[str, Any]], d: str = dtype) -> list[float]:
-            return [x["stress"][d]["tflops"] for x in xs
-                    if (x.get("stress") or {}).get(d, {}).get("tflops")]
-        out.append(against_medians(f"matmul_{dtype}", s.get("tflops"), figures(node),
+    for dtype, s in r.stress.items():
+        def figures(xs: list[RankRecord], d: str = dtype) -> list[float]:
+            return [f for x in xs if (f := _stress_of(x, d).tflops)]
+        out.append(against_medians(f"matmul_{dtype}", s.tflops, figures(node),
                                    figures(same), t, "TFLOP/s"))
-        digests = [x["stress"][dtype]["digest"] for x in same
-                   if (x.get("stress") or {}).get(dtype, {}).get("digest")]
+        digests = [d for x in same if (d := _stress_of(x, dtype).digest)]
         out.append(sdc(f"sdc_{dtype}", s, digests))
-    copies = [x["copy_gbps"] for x in same if x.get("copy_gbps")]
-    node_copies = [x["copy_gbps"] for x in node if x.get("copy_gbps")]
-    out.append(against_medians("copy_bw", r.get("copy_gbps"), node_copies, copies, t,
-                               "GB/s"))
+    copies = [x.copy_gbps for x in same if x.copy_gbps]
+    node_copies = [x.copy_gbps for x in node if x.copy_gbps]
+    out.append(against_medians("copy_bw", r.copy_gbps, node_copies, copies, t, "GB/s"))
     return out
 
 
-def judge_fleet(ranks: list[dict[str, Any]], nodes: list[dict[str, Any]], t: Thresholds
-                ) -> dict[str, Any]:
+def judge_fleet(ranks: list[RankRecord], nodes: list[Node], t: Thresholds) -> Judged:
     """Verdicts per GPU (rank), per node and for the fleet, worst first, from what every
     rank read and measured (`ranks`) and each node's busbw (`nodes`)."""
     gpus = []
     for r in ranks:
         checks = _passive(r, ranks) + _active(r, ranks, t)
-        gpus.append({"rank": r["rank"], "host": r["host"], "local_rank": r["local_rank"],
-                     "device_name": r.get("device_name"),
-                     "verdict": worst(c.verdict for c in checks),
-                     "checks": [c.as_dict() for c in checks]})
+        gpus.append(GpuVerdict(r.rank, r.host, r.local_rank, r.device_name,
+                               worst(c.verdict for c in checks), tuple(checks)))
     judged = []
     for n in nodes:
-        checks = [busbw(n.get("busbw_gbps"), n.get("expected_gbps"), t, len(n["ranks"]))]
-        mine = [g["verdict"] for g in gpus if g["host"] == n["host"]]
-        judged.append({"host": n["host"], "ranks": n["ranks"],
-                       "verdict": worst([c.verdict for c in checks] + mine),
-                       "checks": [c.as_dict() for c in checks], "busbw": n.get("busbw")})
-    gpus.sort(key=lambda g: (-SEVERITY[g["verdict"]], g["rank"]))
-    judged.sort(key=lambda n: (-SEVERITY[n["verdict"]], n["ranks"][0]))
-    verdict = worst(n["verdict"] for n in judged)
-    return {"verdict": verdict, "exit_code": EXIT_CODE[verdict], "nodes": judged,
-            "gpus": gpus}
+        checks = [busbw(n.busbw_gbps, n.expected_gbps, t, len(n.ranks))]
+        mine = [g.verdict for g in gpus if g.host == n.host]
+        judged.append(NodeVerdict(n.host, n.ranks, worst([c.verdict for c in checks] + mine),
+                                  tuple(checks), n.busbw))
+    gpus.sort(key=lambda g: (-SEVERITY[g.verdict], g.rank))
+    judged.sort(key=lambda n: (-SEVERITY[n.verdict], n.ranks[0]))
+    verdict = worst(n.verdict for n in judged)
+    return Judged(verdict, EXIT_CODE[verdict], tuple(judged), tuple(gpus))

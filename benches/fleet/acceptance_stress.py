@@ -19,10 +19,10 @@ import hashlib
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from benches.fleet.acceptance_records import NodeBusbw, Stress
 from benches.timing.clock import time_call_ms
 
 # Square products: gpu-fryer's 8192 on GPUs; on CPUs a size a core multiplies in tens of
@@ -56,7 +56,7 @@ def _digest(t: torch.Tensor) -> str:
 
 def matmul_stress(dtype: str, seconds: float, device: str, *, n: int | None = None,
                   slow: float = 1.0, wrong: bool = False,
-                  midway: Callable[[], None] | None = None) -> dict[str, Any]:
+                  midway: Callable[[], None] | None = None) -> Stress:
     """Multiply the same n x n inputs for `seconds` (see the module docstring).
     `midway` is called once, half way, with products still queued (the GPU busy).
     Test-only: `slow` multiplies the measured times; `wrong` alters the second product
@@ -98,10 +98,10 @@ def matmul_stress(dtype: str, seconds: float, device: str, *, n: int | None = No
         batch = max(1, min(10_000, round(BATCH_S / max(dt / batch, 1e-9))))
     # The first batch (one call) pays warm-up; it counts only when it is all there is.
     ms = statistics.median(per_call[1:] or per_call) * 1e3
-    return {"n": n, "iterations": done, "mismatches": int(differ.item()),
-            "digest": _digest(first), "rel_err": rel_err, "tol": tol,
-            "reference_ok": rel_err <= tol, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
-            "ms_per_call": ms, "seconds": time.monotonic() - t_start}
+    return Stress(n=n, iterations=done, mismatches=int(differ.item()),
+                  digest=_digest(first), rel_err=rel_err, tol=tol,
+                  reference_ok=rel_err <= tol, tflops=2 * n**3 / (ms * 1e-3) / 1e12,
+                  ms_per_call=ms, seconds=time.monotonic() - t_start)
 
 
 def copy_bandwidth(device: str, slow: float = 1.0, nbytes: int | None = None) -> float:
@@ -119,13 +119,14 @@ def copy_bandwidth(device: str, slow: float = 1.0, nbytes: int | None = None) ->
 
 
 def node_busbw(hosts: list[str], rank: int, device: str, slow: float = 1.0
-               ) -> dict[str, Any] | None:
+               ) -> NodeBusbw | None:
     """The all_reduce busbw among the ranks of this rank's node (every rank calls this:
     each node's group is made by all, as torch.distributed requires); None on a node of
     one rank.  The times are the slowest rank's (benches/fleet/collectives.py)."""
     import torch.distributed as dist
 
     from benches.fleet import collectives
+    from contract.record import parse_row
 
     groups = {}
     for host in sorted(set(hosts), key=hosts.index):
@@ -136,8 +137,9 @@ def node_busbw(hosts: list[str], rank: int, device: str, slow: float = 1.0
     if group is None:
         return None
     dtype, size, iters = BUSBW[device]
-    row = collectives.measure("all_reduce", dtype, size, device, iters=iters, group=group)
-    if row.get("status") != "ok":
-        return {"busbw_gbps": None, "why": row.get("reason")}
-    return {"busbw_gbps": row["busbw_gbps"] / slow, "bytes": row["bytes"], "dtype": dtype,
-            "ms_median": row["ms_median"] * slow, "ranks": members}
+    row = parse_row(collectives.measure("all_reduce", dtype, size, device, iters=iters,
+                                        group=group))
+    if not row.ok:
+        return NodeBusbw(None, why=row.reason)
+    return NodeBusbw(row.fleet.busbw_gbps / slow, bytes=row.accounting.bytes, dtype=dtype,
+                     ms_median=row.timing.ms_median * slow, ranks=tuple(members))
