@@ -8,6 +8,7 @@ replaces every @triton.jit function at import time, and inspection needs the rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 
 from benches.inspect import compile as ins
 from benches.inspect import read as ins_read
+from benches.inspect.inspected import Compiled, Inspected, Outcome
 from kernels import DTYPES, REGISTRY
 from kernels.matmul import configs_for
 from kernels.spec import BLOCK_SCALED
@@ -181,12 +183,18 @@ def test_bad_layout_and_oversized_config_are_flagged(tmp_path):
 
 # ---- the readers and the verdicts, on synthetic input ------------------------------------
 
-def _row(**kw) -> dict:
-    row = {"error": "", "dtype": "bf16", "spill_stores": 0, "spill_loads": 0, "shared": 0,
-           "ptxas_warnings": [], "matrix_unit": True, "mma": "wgmma", "wide_allowed": True,
-           "wide_allowed_min_bits": 128, "fp8_acc": ""}
-    row.update(kw)
-    return row
+COMPILED = Compiled(
+    registers=128, spill_stores=0, spill_loads=0, shared=0, mma="wgmma",
+    mma_types="bf16->f32", mma_shape="", load_bits=128, load_bits_all=128,
+    load_kinds="cp.async", wide_allowed=True, wide_allowed_min_bits=128, fp8_acc="",
+    ptxas_warnings=(), ptxas="-", matrix_unit=True, tmem_cols=0, tmem_ops="", tma="",
+    sass_mma="", sass_ops={})
+
+
+def _row(dtype: str = "bf16", error: str = "", **kw) -> Inspected:
+    """A case of `dtype` whose compile read as COMPILED but for `kw` (failed: `error`)."""
+    outcome = Outcome(error=error) if error else Outcome(dataclasses.replace(COMPILED, **kw))
+    return Inspected("matmul", dtype, "matmul_kernel", "128x128x64", 4, 4, (), outcome)
 
 
 def test_flags_thresholds():
@@ -206,7 +214,7 @@ def test_flags_thresholds():
     assert ins.flags_of(_row(mma="FMA only", dtype="fp32"), "sm_90", "fast") == []
     assert ins.flags_of(_row(mma="FMA only", dtype="fp16"), "sm_80", "fast") == []
     warn = "(C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized"
-    assert ins.flags_of(_row(ptxas_warnings=[warn]), "sm_90", "fast") == [
+    assert ins.flags_of(_row(ptxas_warnings=(warn,)), "sm_90", "fast") == [
         "serialized wgmma (C7515)"]
     assert ins.flags_of(_row(dtype="fp8", fp8_acc="precise/128"), "sm_90", "fast") == [
         "fp8 accumulation precise/128, asked for fast"]

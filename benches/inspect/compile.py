@@ -36,12 +36,13 @@ import subprocess
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benches.inspect.inspect_report import print_table, summary_lines, write_files
+from benches.inspect.inspected import Case, Compiled, Inspected, InspectMeta, Outcome
 from benches.inspect.read import (
     WIDE_LOAD_BITS,
     fd2_captured,
@@ -88,20 +89,6 @@ TENSOR_CORE_DTYPES = ("tf32", "fp16", "bf16", "fp8", "fp8e5")
 
 class InspectError(ValueError):
     """Bad --inspect input (one-line message)."""
-
-
-@dataclass
-class Case:
-    kernel: str
-    dtype: str
-    fn: str
-    config: str
-    warps: int
-    stages: int
-    shapes: list[str] = field(default_factory=list)
-    # How to rebuild the launch in a worker process:
-    # (dtype, shape, launch index, config index).
-    where: tuple[str, dict[str, int], int, int] = ("", {}, 0, 0)
 
 
 def gpu_target(cc: int):
@@ -199,7 +186,7 @@ def collect(kernels: list[str], dtypes: list[str], arch: str) -> tuple[list[Case
 
 
 def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
-                 arch: str, fp8_mode: str) -> dict[str, Any]:
+                 arch: str, fp8_mode: str) -> Outcome:
     """Compile one case and read its properties (runs in a worker process)."""
     import triton
 
@@ -211,7 +198,6 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
     cc = ARCHES[arch][0]
     dtype, shape, li, ci = where
-    row: dict[str, Any] = {"error": ""}
     fd2: list[str] = []
     try:
         launch = launches_for(kernel, dtype, shape, arch)[li]
@@ -223,9 +209,8 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     except Exception as e:  # CompilationError, OutOfResources, PTXASError, ...
         msg = str(e).strip().splitlines()
         diag = mlir_failure("".join(fd2))
-        row["error"] = (f"{type(e).__name__}: {msg[0] if msg else ''}"
-                        + (f" ({diag})" if diag else ""))[:300]
-        return row
+        return Outcome(error=(f"{type(e).__name__}: {msg[0] if msg else ''}"
+                              + (f" ({diag})" if diag else ""))[:300])
     finally:
         python_handlers_back()  # the compile installed LLVM's signal handlers: out again
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
@@ -241,7 +226,7 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     # The narrowest load among those whose tile gives each thread 128 bits or more: the
     # number the check is about (small tiles, e.g. matvec's x, cannot do better).
     narrow_wide_ok = min((b for _, b, ok in loads if ok), default=0)
-    row.update(
+    return Outcome(Compiled(
         registers=regs, spill_stores=spill_st, spill_loads=spill_ld,
         shared=int(k.metadata.shared), mma=family, mma_types=types, mma_shape=instr,
         load_bits=narrow_wide_ok or narrow, load_bits_all=narrow,
@@ -249,36 +234,35 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
         wide_allowed=bool(loads) and operands_allow_wide(launch, src)
         and any(ok for _, _, ok in loads),
         wide_allowed_min_bits=narrow_wide_ok,
-        fp8_acc=fp8_accumulation(ttgir), ptxas_warnings=advisories, ptxas=ptxas_v,
+        fp8_acc=fp8_accumulation(ttgir), ptxas_warnings=tuple(advisories), ptxas=ptxas_v,
         matrix_unit=launch.matrix_unit, tmem_cols=tmem_cols, tmem_ops=tmem_ops,
         tma=tma_of(ptx), sass_mma="?" if sass is None else sass_mma(sass),
         sass_ops=sass or {},
-    )
-    return row
+    ))
 
 
-def flags_of(row: dict[str, Any], arch: str, fp8_mode: str) -> list[str]:
+def flags_of(row: Inspected, arch: str, fp8_mode: str) -> list[str]:
     """What is wrong with a compiled case (empty: nothing)."""
-    if row["error"]:
+    c = row.compiled
+    if c is None:
         return ["compile error"]
     cc, _, smem_limit = ARCHES[arch]
     out = []
-    if row["spill_stores"] or row["spill_loads"]:
+    if c.spills:
         out.append("spills")
-    if row["shared"] > smem_limit:
+    if c.shared > smem_limit:
         out.append("shared memory over limit")
-    if row.get("tmem_cols", 0) > TMEM_COLUMNS:
+    if c.tmem_cols > TMEM_COLUMNS:
         out.append(f"tensor memory over {TMEM_COLUMNS} columns")
     # C7515 / C7514: ptxas serializes every wgmma because non-wgmma code writes / reads
     # the accumulator registers inside the pipeline stage.
-    serial = sorted({c for w in row["ptxas_warnings"] for c in re.findall(r"C751[45]", w)})
+    serial = sorted({x for w in c.ptxas_warnings for x in re.findall(r"C751[45]", w)})
     if serial:
         out.append(f"serialized wgmma ({', '.join(serial)})")
-    if (cc >= 90 and row["matrix_unit"]
-            and set(row["dtype"].split(",")) & set(TENSOR_CORE_DTYPES)
-            and row["mma"] not in ("tcgen05", "wgmma", "mma.sync")):
+    if (cc >= 90 and c.matrix_unit and set(row.dtypes) & set(TENSOR_CORE_DTYPES)
+            and c.mma not in ("tcgen05", "wgmma", "mma.sync")):
         out.append("no tensor-core MMA")
-    if cc >= 100 and row["mma"] == "mma.sync" and row["matrix_unit"]:
+    if cc >= 100 and c.mma == "mma.sync" and c.matrix_unit:
         # Blackwell still runs mma.sync, but only tcgen05 reaches its tensor-core peak.
         out.append("mma.sync, not tcgen05")
     # Before sm_100 Triton emulates dot_scaled (upcast to bf16, then bf16 wgmma): the
@@ -286,14 +270,12 @@ def flags_of(row: dict[str, Any], arch: str, fp8_mode: str) -> list[str]:
     # the emulation's, not a config's, and is not flagged.
     from kernels.spec import BLOCK_SCALED  # kernels load lazily (see collect)
 
-    emulated = cc < 100 and bool(set(row["dtype"].split(",")) & set(BLOCK_SCALED))
-    if row["wide_allowed"] and row["wide_allowed_min_bits"] < WIDE_LOAD_BITS \
-            and not emulated:
-        out.append(f"{row['wide_allowed_min_bits']}-bit tensor loads (128 possible)")
+    emulated = cc < 100 and bool(set(row.dtypes) & set(BLOCK_SCALED))
+    if c.wide_allowed and c.wide_allowed_min_bits < WIDE_LOAD_BITS and not emulated:
+        out.append(f"{c.wide_allowed_min_bits}-bit tensor loads (128 possible)")
     # tcgen05 has no fast/precise choice (see fp8_accumulation): only wgmma's is checked.
-    if row["fp8_acc"] and row["fp8_acc"] != "tcgen05" \
-            and row["fp8_acc"].split("/")[0] != fp8_mode:
-        out.append(f"fp8 accumulation {row['fp8_acc']}, asked for {fp8_mode}")
+    if c.fp8_acc and c.fp8_acc != "tcgen05" and c.fp8_acc.split("/")[0] != fp8_mode:
+        out.append(f"fp8 accumulation {c.fp8_acc}, asked for {fp8_mode}")
     return out
 
 
@@ -330,11 +312,11 @@ def target_unsupported(cases: list[Case], arch: str, fp8_mode: str) -> str | Non
     if arch == REFERENCE_ARCH or not cases:
         return None
     first = cases[0]
-    row = compile_case(first.kernel, first.where, arch, fp8_mode)
-    if not row["error"]:
+    got = compile_case(first.kernel, first.where, arch, fp8_mode)
+    if not got.error:
         return None
     ref = compile_case(first.kernel, first.where, REFERENCE_ARCH, fp8_mode)
-    return None if ref["error"] else row["error"]
+    return None if ref.error else got.error
 
 
 def _cannot_target(arch: str, reason: str, log) -> tuple[int, None]:
@@ -375,6 +357,28 @@ def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
         return _cannot_target(arch, reason, log)
     log(f"inspect {arch}: {len(cases)} distinct compile cases "
         f"({len(kernels)} kernels x {len(dtypes)} dtypes), {workers} processes")
+    rows = _compiled_rows(cases, arch, fp8_mode, workers)
+    folder = _out_dir(out, arch)
+    meta = _meta(rows, arch, fp8_mode, notes, dtypes)
+    write_files(folder, meta, rows)
+    print_table(rows, f"Triton kernels compiled for {arch} (triton {meta.triton}, "
+                      f"ptxas {meta.ptxas}, fp8 accumulation {fp8_mode})", cc)
+    for n in notes:
+        log(f"left out: {n}")
+    for line in summary_lines(rows, meta):
+        log(line)
+    log(f"wrote {folder}")
+    if meta.flagged:
+        print(f"{len(meta.flagged)} flagged case(s):", file=sys.stderr)
+        for f_ in meta.flagged:
+            print(f"  {f_}", file=sys.stderr)
+        return 1, folder
+    return 0, folder
+
+
+def _compiled_rows(cases: list[Case], arch: str, fp8_mode: str, workers: int
+                   ) -> list[Inspected]:
+    """Every case compiled (in `workers` processes) and judged (flags_of)."""
     jobs = [(c.kernel, c.where, arch, fp8_mode) for c in cases]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(workers) as pool:
@@ -382,50 +386,38 @@ def inspect(kernels: list[str], dtypes: list[str], arch: str, out: Path,
     else:
         results = [compile_case(*j) for j in jobs]
     rows = []
-    for case, res in zip(cases, results, strict=True):
-        row = {**{k: v for k, v in asdict(case).items() if k not in ("where", "shapes")},
-               "shapes": len(case.shapes), "shape_list": case.shapes, **res}
-        row["flags"] = flags_of(row, arch, fp8_mode)
-        row["status"] = "flagged" if row["flags"] else "ok"
-        rows.append(row)
-    folder = _out_dir(out, arch)
+    for c, res in zip(cases, results, strict=True):
+        row = Inspected(c.kernel, c.dtype, c.fn, c.config, c.warps, c.stages,
+                        tuple(c.shapes), res)
+        rows.append(replace(row, flags=tuple(flags_of(row, arch, fp8_mode))))
+    return rows
+
+
+def _meta(rows: list[Inspected], arch: str, fp8_mode: str, notes: list[str],
+          dtypes: list[str]) -> InspectMeta:
+    """The inspection's metadata (inspect.json): the arch, the toolchain, the flagged
+    cases and the summary's figures."""
+    cc, _, smem_limit = ARCHES[arch]
     versions = _versions(cc)
-    flagged = [f"{r['kernel']} {r['dtype']} {r['fn']} {r['config']} w{r['warps']} "
-               f"s{r['stages']}: {'; '.join(r['flags'])}" for r in rows if r["flags"]]
-    ok = [r for r in rows if not r["error"]]
+    ok = [c for r in rows if (c := r.compiled) is not None]
 
-    def mma(r: dict[str, Any]) -> str:
-        sass = f" ({r['sass_mma']})" if r["sass_mma"] else ""
-        return f"{r['mma']} {r['mma_types']}".strip() + sass
+    def mma(c: Compiled) -> str:
+        sass = f" ({c.sass_mma})" if c.sass_mma else ""
+        return f"{c.mma} {c.mma_types}".strip() + sass
 
-    meta = {
-        "arch": arch, "capability": cc, "smem_limit": smem_limit,
-        "tmem_columns": TMEM_COLUMNS if cc >= 100 else None, **versions,
-        "fp8_accum": fp8_mode, "python": sys.version.split()[0],
-        "created": datetime.now().isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv), "cases": len(rows), "left_out": notes,
-        "flagged": flagged,
-        "registers_range": [min((r["registers"] for r in ok), default=None),
-                            max((r["registers"] for r in ok), default=None)],
-        "max_shared": max((r["shared"] for r in ok), default=None),
-        "mma_per_dtype": {d: sorted({mma(r) for r in ok
-                                     if d in r["dtype"].split(",") and r["matrix_unit"]})
-                          for d in dtypes},
-    }
-    write_files(folder, meta, rows)
-    print_table(rows, f"Triton kernels compiled for {arch} (triton {versions['triton']}, "
-                      f"ptxas {versions['ptxas']}, fp8 accumulation {fp8_mode})", cc)
-    for n in notes:
-        log(f"left out: {n}")
-    for line in summary_lines(rows, meta):
-        log(line)
-    log(f"wrote {folder}")
-    if flagged:
-        print(f"{len(flagged)} flagged case(s):", file=sys.stderr)
-        for f_ in flagged:
-            print(f"  {f_}", file=sys.stderr)
-        return 1, folder
-    return 0, folder
+    return InspectMeta(
+        arch=arch, capability=cc, smem_limit=smem_limit,
+        tmem_columns=TMEM_COLUMNS if cc >= 100 else None, triton=versions["triton"],
+        ptxas=versions["ptxas"], fp8_accum=fp8_mode, python=sys.version.split()[0],
+        created=datetime.now().isoformat(timespec="seconds"), command=" ".join(sys.argv),
+        cases=len(rows), left_out=tuple(notes),
+        flagged=tuple(f"{r.name}: {'; '.join(r.flags)}" for r in rows if r.flags),
+        registers_range=(min((c.registers for c in ok), default=None),
+                         max((c.registers for c in ok), default=None)),
+        max_shared=max((c.shared for c in ok), default=None),
+        mma_per_dtype={d: sorted({mma(r.compiled) for r in rows if r.compiled is not None
+                                  and d in r.dtypes and r.compiled.matrix_unit})
+                       for d in dtypes})
 
 
 def run_inspect(req: RunRequest) -> int:
