@@ -143,61 +143,59 @@ def _saved_bytes(run_forward: Callable[[], torch.Tensor], params: list[torch.Ten
     return loss, total
 
 
-def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: str,
-                  dtype: str, steps: int = 5, warmup: int = 2) -> dict[str, Any]:
-    """Every measurement of one model (n_blocks of the shape's blocks)."""
-    on_gpu = device == "cuda"
-    torch.manual_seed(0)
-    # Built on the device: built on the host, every weight is drawn there one value at a
-    # time (the CPU's random fill is serial) and then copied over, which was most of the
-    # GPU job's plan-step (docs/gpu-job.md); on the GPU the draws take milliseconds.
-    with torch.device(device):
-        model = Transformer(shape, n_blocks)
-    fused = {"fused": True} if on_gpu else {"foreach": True}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
-    idx = torch.randint(shape.vocab, (micro_batch, shape.seq_len), device=device)
-    tgt = torch.randint(shape.vocab, (micro_batch, shape.seq_len), device=device)
-    amp = AUTOCAST.get(dtype)
+class _Step:
+    """One training step of a model built on `device`: the forward (under autocast for a
+    16-bit dtype), the whole step (zeroed gradients, forward, backward, AdamW) and the
+    device's synchronize."""
 
-    def autocast() -> contextlib.AbstractContextManager:
-        if amp is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device, dtype=amp)
+    def __init__(self, shape: ModelShape, n_blocks: int, micro_batch: int, device: str,
+                 dtype: str) -> None:
+        self.on_gpu, self.device = device == "cuda", device
+        torch.manual_seed(0)
+        # Built on the device: built on the host, every weight is drawn there one value
+        # at a time (the CPU's random fill is serial) and then copied over, which was most
+        # of the GPU job's plan-step (docs/gpu-job.md); on the GPU the draws take
+        # milliseconds.
+        with torch.device(device):
+            self.model = Transformer(shape, n_blocks)
+        fused = {"fused": True} if self.on_gpu else {"foreach": True}
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, **fused)
+        self.idx = torch.randint(shape.vocab, (micro_batch, shape.seq_len), device=device)
+        self.tgt = torch.randint(shape.vocab, (micro_batch, shape.seq_len), device=device)
+        self.amp = AUTOCAST.get(dtype)
 
-    def forward() -> torch.Tensor:
-        with autocast():
-            return model(idx, tgt)
+    def forward(self) -> torch.Tensor:
+        with (torch.autocast(device_type=self.device, dtype=self.amp) if self.amp is not None
+              else contextlib.nullcontext()):
+            return self.model(self.idx, self.tgt)
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        forward().backward()
-        opt.step()
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.forward().backward()
+        self.opt.step()
 
-    def sync() -> None:
-        if on_gpu:
+    def sync(self) -> None:
+        if self.on_gpu:
             torch.cuda.synchronize()
 
-    for _ in range(warmup):
-        step()
-    sync()
 
-    # Time: whole steps, nothing else in the loop (events recorded on the stream).
-    samples = []
-    for _ in range(steps):
-        samples.append(time_call_ms(step, on_gpu))
-
-    # FLOPs, forward / backward / optimizer apart; activations saved by the forward.
-    opt.zero_grad(set_to_none=True)
-    if on_gpu:
+def _counted(run: _Step, shape: ModelShape, n_blocks: int, micro_batch: int, dtype: str
+             ) -> tuple[dict[str, Any], dict[str, int], int | None]:
+    """One step under the FLOP counter, forward, backward and the optimizer apart, the
+    forward's saved tensors measured: (the FLOP figures, with how attention was counted
+    and notes; the saved bytes; the peak allocated on a GPU)."""
+    run.opt.zero_grad(set_to_none=True)
+    if run.on_gpu:
         torch.cuda.reset_peak_memory_stats()
     with flop_counter() as fwd_count:
-        loss, saved = _saved_bytes(forward, list(model.parameters()), list(model.blocks))
+        loss, saved = _saved_bytes(run.forward, list(run.model.parameters()),
+                                   list(run.model.blocks))
     with flop_counter() as bwd_count:
         loss.backward()
     with flop_counter() as opt_count:
-        opt.step()
-    sync()
-    peak = torch.cuda.max_memory_allocated() if on_gpu else None
+        run.opt.step()
+    run.sync()
+    peak = torch.cuda.max_memory_allocated() if run.on_gpu else None
     fwd, bwd = _flops_by_category(fwd_count), _flops_by_category(bwd_count)
     notes = []
     math_backend = any("bmm" in str(op) for op in
@@ -207,7 +205,7 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         af, ab = attention_formula(shape, n_blocks, micro_batch)
         fwd["attention"], bwd["attention"] = af, ab
         notes.append(f"FlopCounterMode counts no FLOPs for scaled_dot_product_attention on "
-                     f"this device ({device}): counted by its formula instead "
+                     f"this device ({run.device}): counted by its formula instead "
                      "(torch.utils.flop_counter.sdpa_flop_count and "
                      "sdpa_backward_flop_count, backward with recompute), halved for "
                      "the causal mask")
@@ -215,37 +213,58 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
         # SDPA's math backend is a composite of bmm, softmax...: the flop counter sees its
         # batched matmuls, which category() files under attention (no formula on top).
         notes.append("scaled_dot_product_attention ran on its math backend (no fused "
-                     f"kernel was chosen for head dim {shape.head_dim}, {dtype}, {device}): its "
-                     "FLOPs are the batched matmuls FlopCounterMode counted, filed as "
-                     "attention; its backward keeps the scores, so it is 2x the forward, "
-                     "not 2.5x")
+                     f"kernel was chosen for head dim {shape.head_dim}, {dtype}, "
+                     f"{run.device}): its FLOPs are the batched matmuls FlopCounterMode "
+                     "counted, filed as attention; its backward keeps the scores, so it is "
+                     "2x the forward, not 2.5x")
+    flops = {"flops_forward": fwd, "flops_backward": bwd,
+             "flops_optimizer": _flops_by_category(opt_count),
+             "attention_counting": counting, "notes": notes}
+    return flops, saved, peak
 
-    memory = {
-        "parameters": sum(p.numel() * p.element_size() for p in model.parameters()),
+
+def _memory(run: _Step, saved: dict[str, int], peak: int | None) -> dict[str, Any]:
+    """Bytes by category: the tensors' own (parameters, gradients, AdamW's m and v, its
+    step counters), the forward's saved storages, the peak allocated (GPU)."""
+    params, state = list(run.model.parameters()), run.opt.state.values()
+    return {
+        "parameters": sum(p.numel() * p.element_size() for p in params),
         "gradients": sum(p.grad.numel() * p.grad.element_size()
-                         for p in model.parameters() if p.grad is not None),
+                         for p in params if p.grad is not None),
         # AdamW's m and v; its per-tensor step counters apart (a scalar each).
-        "optimizer_state": sum(v.numel() * v.element_size() for s in opt.state.values()
-                               for k, v in s.items()
-                               if torch.is_tensor(v) and k != "step"),
-        "optimizer_step_counters": sum(v.numel() * v.element_size()
-                                       for s in opt.state.values()
+        "optimizer_state": sum(v.numel() * v.element_size() for s in state
+                               for k, v in s.items() if torch.is_tensor(v) and k != "step"),
+        "optimizer_step_counters": sum(v.numel() * v.element_size() for s in state
                                        for k, v in s.items()
                                        if torch.is_tensor(v) and k == "step"),
         **saved,
         "peak_allocated": peak,
     }
+
+
+def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: str,
+                  dtype: str, steps: int = 5, warmup: int = 2) -> dict[str, Any]:
+    """Every measurement of one model (n_blocks of the shape's blocks)."""
+    run = _Step(shape, n_blocks, micro_batch, device, dtype)
+    for _ in range(warmup):
+        run.step()
+    run.sync()
+    # Time: whole steps, nothing else in the loop (events recorded on the stream).
+    samples = [time_call_ms(run.step, run.on_gpu) for _ in range(steps)]
+    flops, saved, peak = _counted(run, shape, n_blocks, micro_batch, dtype)
+    memory = _memory(run, saved, peak)
     # The same profiled step split two ways: by kind of work, and by kernel family and
     # pass for --explain (benches/step/kernel_split.py).
-    prof = profile_step_explained(lambda: forward().backward(), opt.step,
-                                  lambda: opt.zero_grad(set_to_none=True), on_gpu)
-    return {"n_blocks": n_blocks, "params": parameter_count(model),
-            "time_ms": _percentiles(samples), "flops_forward": fwd, "flops_backward": bwd,
-            "flops_optimizer": _flops_by_category(opt_count), "memory": memory,
+    prof = profile_step_explained(lambda: run.forward().backward(), run.opt.step,
+                                  lambda: run.opt.zero_grad(set_to_none=True), run.on_gpu)
+    return {"n_blocks": n_blocks, "params": parameter_count(run.model),
+            "time_ms": _percentiles(samples), "flops_forward": flops["flops_forward"],
+            "flops_backward": flops["flops_backward"],
+            "flops_optimizer": flops["flops_optimizer"], "memory": memory,
             "profile_ms": prof["categories"], "profile_explain_ms": prof["explain"],
             "profile_span_ms": prof["span_ms"], "gemm_calls": prof["gemm_calls"],
-            "attention_counting": counting,
-            "notes": notes}
+            "attention_counting": flops["attention_counting"],
+            "notes": flops["notes"]}
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
