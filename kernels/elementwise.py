@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -119,6 +121,64 @@ def launch_elementwise(op, arity: int, inputs: Inputs, out: torch.Tensor) -> tor
     return out
 
 
+@dataclass(frozen=True)
+class _Op:
+    """One elementwise op's parts (elementwise_spec's arguments) and the spec's functions
+    made of them: its inputs, float64 reference, torch and Triton runs and bytes."""
+
+    arity: int
+    triton_op: Any
+    math: Callable[..., torch.Tensor]
+    torch_native: Callable[..., torch.Tensor]
+    out_bound: Callable[..., torch.Tensor]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("x", "y")[:self.arity]
+
+    def make_inputs(self, shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
+        n = shape["n"]
+        inputs: Inputs = {}
+        amaxes = []
+        for i, nm in enumerate(self.names):
+            stored, scale = quantize(randn((n,), seed + i, device), dtype)
+            inputs[nm], inputs["s" + nm] = stored, scale
+            amaxes.append(dequantize(stored, scale).abs().amax().float())
+        one = torch.ones((), dtype=torch.float32, device=device)
+        inputs["so"] = out_scale_for(self.out_bound(*amaxes), dtype) \
+            if DTYPES[dtype].is_fp8 else one
+        return inputs
+
+    def reference(self, inputs: Inputs, dtype: str) -> torch.Tensor:
+        return self.math(*(dequantize(inputs[nm], inputs["s" + nm]) for nm in self.names))
+
+    def run_torch(self, inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+        if inputs["x"].dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return self.torch_native(*(inputs[nm] for nm in self.names), out=out)
+        # No fp8 arithmetic in eager PyTorch: upcast, compute in fp32, re-quantize.
+        vals = [inputs[nm].float() * inputs["s" + nm] for nm in self.names]
+        return (self.math(*vals) / inputs["so"]).to(out.dtype)
+
+    def run_triton(self, inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
+        return launch_elementwise(self.triton_op, self.arity, inputs, out)
+
+    def launches(self, inputs: Inputs, out: torch.Tensor, sms: int) -> list[TritonLaunch]:
+        return [elementwise_launch(self.triton_op, self.arity, inputs, out)]
+
+    def nbytes(self, shape: Shape, dtype: str) -> int:
+        # Compulsory traffic: each input read once and the output written once, all in
+        # the storage dtype.  fp8 scales (4 bytes each) are negligible and not counted.
+        return (self.arity + 1) * shape["n"] * DTYPES[dtype].itemsize
+
+
+def _alloc_out(inputs: Inputs, dtype: str) -> torch.Tensor:
+    return torch.empty_like(inputs["x"])
+
+
+def _decode(out: torch.Tensor, inputs: Inputs, dtype: str) -> torch.Tensor:
+    return dequantize(out, inputs["so"])
+
+
 def elementwise_spec(
     name: str,
     arity: int,
@@ -139,63 +199,25 @@ def elementwise_spec(
     torch_native: what a user writes in eager PyTorch: (*tensors, out=out) -> tensor.
     out_bound: bound on |result| from the inputs' amax values (sizes the fp8 output scale).
     """
-    names = ("x", "y")[:arity]
-
-    def make_inputs(shape: Shape, dtype: str, seed: int, device: str) -> Inputs:
-        n = shape["n"]
-        inputs: Inputs = {}
-        amaxes = []
-        for i, nm in enumerate(names):
-            stored, scale = quantize(randn((n,), seed + i, device), dtype)
-            inputs[nm], inputs["s" + nm] = stored, scale
-            amaxes.append(dequantize(stored, scale).abs().amax().float())
-        one = torch.ones((), dtype=torch.float32, device=device)
-        inputs["so"] = out_scale_for(out_bound(*amaxes), dtype) if DTYPES[dtype].is_fp8 else one
-        return inputs
-
-    def alloc_out(inputs: Inputs, dtype: str) -> torch.Tensor:
-        return torch.empty_like(inputs["x"])
-
-    def reference(inputs: Inputs, dtype: str) -> torch.Tensor:
-        return math(*(dequantize(inputs[nm], inputs["s" + nm]) for nm in names))
-
-    def decode(out: torch.Tensor, inputs: Inputs, dtype: str) -> torch.Tensor:
-        return dequantize(out, inputs["so"])
-
-    def run_torch(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
-        if inputs["x"].dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
-            return torch_native(*(inputs[nm] for nm in names), out=out)
-        # No fp8 arithmetic in eager PyTorch: upcast, compute in fp32, re-quantize.
-        vals = [inputs[nm].float() * inputs["s" + nm] for nm in names]
-        return (math(*vals) / inputs["so"]).to(out.dtype)
-
-    def run_triton(inputs: Inputs, out: torch.Tensor) -> torch.Tensor:
-        return launch_elementwise(triton_op, arity, inputs, out)
-
-    def nbytes(shape: Shape, dtype: str) -> int:
-        # Compulsory traffic: each input read once and the output written once, all in
-        # the storage dtype.  fp8 scales (4 bytes each) are negligible and not counted.
-        return (arity + 1) * shape["n"] * DTYPES[dtype].itemsize
-
+    op = _Op(arity, triton_op, math, torch_native, out_bound)
     return KernelSpec(
         name=name,
         family=name.split("_")[0],
         dims=("n",),
         flops=lambda shape, dtype: flops_per_element * shape["n"],
-        nbytes=nbytes,
+        nbytes=op.nbytes,
         flops_formula=f"{flops_per_element} n  ({flops_note})",
         bytes_formula=f"{arity + 1} n b",
-        make_inputs=make_inputs,
-        alloc_out=alloc_out,
-        reference=reference,
-        decode=decode,
+        make_inputs=op.make_inputs,
+        alloc_out=_alloc_out,
+        reference=op.reference,
+        decode=_decode,
         providers={
-            "torch": Provider("torch", run_torch, ELEMENTWISE_DTYPES,
+            "torch": Provider("torch", op.run_torch, ELEMENTWISE_DTYPES,
                               note="eager op; fp8: upcast to fp32, compute, re-quantize"),
-            "triton": Provider("triton", run_triton, ELEMENTWISE_DTYPES,
+            "triton": Provider("triton", op.run_triton, ELEMENTWISE_DTYPES,
                                note="one pass, fp32 math, 64 B per thread"),
         },
         description=description,
-        triton_launches=lambda inputs, out, sms: [
-            elementwise_launch(triton_op, arity, inputs, out)],
+        triton_launches=op.launches,
     )

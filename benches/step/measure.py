@@ -49,6 +49,7 @@ import contextlib
 import os
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -179,11 +180,23 @@ class _Step:
             torch.cuda.synchronize()
 
 
+@dataclass(frozen=True)
+class _Flops:
+    """One step's FLOPs by category, forward, backward and the optimizer apart; how its
+    attention was counted (causal, the full square, None for no block) and why."""
+
+    forward: dict[str, int]
+    backward: dict[str, int]
+    optimizer: dict[str, int]
+    attention_counting: str | None
+    notes: list[str]
+
+
 def _counted(run: _Step, shape: ModelShape, n_blocks: int, micro_batch: int, dtype: str
-             ) -> tuple[dict[str, Any], dict[str, int], int | None]:
+             ) -> tuple[_Flops, dict[str, int], int | None]:
     """One step under the FLOP counter, forward, backward and the optimizer apart, the
-    forward's saved tensors measured: (the FLOP figures, with how attention was counted
-    and notes; the saved bytes; the peak allocated on a GPU)."""
+    forward's saved tensors measured: (its FLOPs, the saved bytes, the peak allocated on
+    a GPU)."""
     run.opt.zero_grad(set_to_none=True)
     if run.on_gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -217,10 +230,7 @@ def _counted(run: _Step, shape: ModelShape, n_blocks: int, micro_batch: int, dty
                      f"{run.device}): its FLOPs are the batched matmuls FlopCounterMode "
                      "counted, filed as attention; its backward keeps the scores, so it is "
                      "2x the forward, not 2.5x")
-    flops = {"flops_forward": fwd, "flops_backward": bwd,
-             "flops_optimizer": _flops_by_category(opt_count),
-             "attention_counting": counting, "notes": notes}
-    return flops, saved, peak
+    return _Flops(fwd, bwd, _flops_by_category(opt_count), counting, notes), saved, peak
 
 
 def _memory(run: _Step, saved: dict[str, int], peak: int | None) -> dict[str, Any]:
@@ -258,13 +268,12 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     prof = profile_step_explained(lambda: run.forward().backward(), run.opt.step,
                                   lambda: run.opt.zero_grad(set_to_none=True), run.on_gpu)
     return {"n_blocks": n_blocks, "params": parameter_count(run.model),
-            "time_ms": _percentiles(samples), "flops_forward": flops["flops_forward"],
-            "flops_backward": flops["flops_backward"],
-            "flops_optimizer": flops["flops_optimizer"], "memory": memory,
-            "profile_ms": prof["categories"], "profile_explain_ms": prof["explain"],
-            "profile_span_ms": prof["span_ms"], "gemm_calls": prof["gemm_calls"],
-            "attention_counting": flops["attention_counting"],
-            "notes": flops["notes"]}
+            "time_ms": _percentiles(samples), "flops_forward": flops.forward,
+            "flops_backward": flops.backward, "flops_optimizer": flops.optimizer,
+            "memory": memory, "profile_ms": prof["categories"],
+            "profile_explain_ms": prof["explain"], "profile_span_ms": prof["span_ms"],
+            "gemm_calls": prof["gemm_calls"], "attention_counting": flops.attention_counting,
+            "notes": flops.notes}
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
