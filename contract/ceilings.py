@@ -1,6 +1,6 @@
 """Ceilings: datasheet peaks beside measured ones.
 
-Metadata format (results.json -> metadata["ceilings"]):
+Metadata format (results.json's metadata.ceilings, RunMeta.ceilings):
 
     {
       "datasheet": {"tflops": {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4,
@@ -41,8 +41,8 @@ class Ceilings:
 
     @classmethod
     def from_json(cls, doc: Any) -> Ceilings:
-        """A run's metadata["ceilings"] (RunMeta.ceilings) back; a source it lacks (or
-        holds as anything but an object) is None."""
+        """A run's RunMeta.ceilings (results.json's metadata.ceilings) back; a source it
+        lacks (or holds as anything but an object) is None."""
         doc = doc if isinstance(doc, dict) else {}
         return cls(*(d if isinstance(d := doc.get(s), dict) else None
                      for s in ("datasheet", "measured")))
