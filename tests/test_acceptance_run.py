@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benches.fleet.acceptance_records import Node, RankRecord
 from benches.fleet.acceptance_rules import (
     CRITICAL,
     OK,
@@ -84,14 +85,14 @@ def test_the_slow_rank_is_warn_or_critical_by_its_margin(run):
     margin: WARN; its margin decides, not the hook."""
     _, folder = run
     doc = json.loads((folder / "acceptance.json").read_text())
-    nodes = [{"host": n["host"], "ranks": n["ranks"], "busbw_gbps": None,
-              "expected_gbps": None} for n in doc["nodes"]]
+    nodes = [Node(n["host"], tuple(n["ranks"])) for n in doc["nodes"]]
     shortfall = 1 - doc["ranks"][1]["stress"]["fp32"]["tflops"] / (
         (doc["ranks"][0]["stress"]["fp32"]["tflops"]
          + doc["ranks"][1]["stress"]["fp32"]["tflops"]) / 2)
     assert 0.6 < shortfall < 0.95
-    again = judge_fleet(doc["ranks"], nodes, Thresholds(median_critical_pct=96))
-    assert verdicts(again, 1)["matmul_fp32"] == WARN
+    ranks = [RankRecord.from_json(r) for r in doc["ranks"]]
+    again = judge_fleet(ranks, nodes, Thresholds(median_critical_pct=96))
+    assert verdicts(again.to_json(), 1)["matmul_fp32"] == WARN
 
 
 def test_an_existing_run_is_refused_without_a_verdict(run):
