@@ -8,6 +8,9 @@ pct_roof is a percentage of the roofline bound min(peak, intensity x bandwidth).
 from __future__ import annotations
 
 import math
+from dataclasses import fields
+
+from contract.record import Accounting, Metrics
 
 
 def intensity(flops: float, nbytes: float) -> float:
@@ -62,6 +65,15 @@ def derive(flops: float, nbytes: float, ms: float | None, peak_tflops: float | N
     pct = out["pct_roof"] if out["pct_roof"] is not None else out["pct_meas_roof"]
     out["above_roof"] = None if pct is None else bool(pct > 100.0)
     return out
+
+
+def row_metrics(acc: Accounting, ms: float | None) -> Metrics:
+    """A row's Metrics group (contract/record.py) from its accounting and median time:
+    derive's columns that the group owns (the accounting keeps the intensity and
+    ceilings)."""
+    d = derive(acc.flops, acc.bytes, ms, acc.peak_tflops, acc.peak_gbps,
+               acc.meas_peak_tflops, acc.meas_peak_gbps)
+    return Metrics(**{f.name: d[f.name] for f in fields(Metrics)})
 
 
 # nccl-tests' bus bandwidth (its docs/PERFORMANCE.md): busbw = algbw x the factor of the

@@ -36,8 +36,12 @@ def native_cache(row: Any) -> str:
     before the `cache` column: warm on a CPU (its timer has always run blocks of calls on
     the same buffers; device "cpu", or a CPU timer), cold on a GPU (L2 flushed or
     rotated past)."""
-    timer = row.get("timer")
-    if str(row.get("device")) == "cpu" or timer in _CPU_SAME_BUFFER_TIMERS:
+    return native_cache_of(row.get("device"), row.get("timer"))
+
+
+def native_cache_of(device: Any, timer: Any) -> str:
+    """native_cache of a row's device model key and timer (a typed row's parts)."""
+    if str(device) == "cpu" or timer in _CPU_SAME_BUFFER_TIMERS:
         return WARM
     return DEFAULT_CACHE
 

@@ -1,22 +1,41 @@
-"""The run request: what `run_bench.py` was asked to do, typed and frozen, built once from
-the command line (`RunRequest.from_args`) and read by every job below it (the sweep, the
-estimate, inspect, fleet runs and acceptance).  A run's results.json keeps it
-(`metadata["request"]`), and `--resume RUN` rebuilds it from there (`resumed_request`); a
-run written before the request was stored is rebuilt from its old metadata keys by
-`request_from_old_metadata`."""
+"""The run request: what `run_bench.py` was asked to do, typed, frozen and nested by
+concern, built once from the command line (run_bench.py `request_of`) and read by every
+job below it (the sweep, the estimate, inspect, fleet runs and acceptance).
+
+| group | holds |
+| --- | --- |
+| `selection` | kernels, dtypes, providers, sizes (and shapes), cache modes, seed, |
+| | check-only, the speedups' baseline provider |
+| `device` | the device model asked for, the fp8 accumulation mode |
+| `measurement` | the throttle rule (threshold, recovery delay), the energy windows |
+| `budgets` | the row's and the sweep's timing budgets |
+| `ceilings` | measure them, again or not at all; a fleet rank's own cache |
+| `output` | the results root, run id, the run resumed, figures, the history store |
+| `gate` | --compare's baseline, threshold and tolerated failures |
+| `fleet` | a torchrun fleet's tolerance, liveness timeout, collectives, acceptance |
+| `triton` | --inspect's target, --retune |
+
+A resume keeps the run's own selection, device and measurement; the other groups are
+its command line's (RESUME_FROM_COMMAND_LINE).
+
+A run's results.json keeps it once (`metadata["request"]`, `to_json`: one JSON object per
+group), and `--resume RUN` rebuilds it from there (`resumed_request`); a request stored
+flat by an earlier version reads back the same (`from_json`), and a run written before
+any request was stored is rebuilt from its old metadata keys (contract/run_meta.py, then
+`request_from_old_metadata`)."""
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from contract.devices import DEVICES
 from contract.models import MODEL_SIZES, ModelConfigError, parse_model_sizes
+from contract.run_meta import RunMeta
 from contract.schema import CACHE_MODES, DEFAULT_CACHE, parse_shape
-from kernels.spec import SIZE_PRESETS, Shape
+from kernels.spec import Shape
 
 
 class RequestError(ValueError):
@@ -36,109 +55,182 @@ class AcceptanceOptions:
 
 
 @dataclass(frozen=True)
-class RunRequest:
-    """One run_bench.py request.  The selection is validated against the registries and
-    "all" expanded; `sizes` is a preset name, a model (`model:NAME[:tokens=N]`,
-    contract/models.py) or "explicit" (then `shapes` holds them);
-    `cache` None means the device's default (cold on a GPU, warm on a CPU)."""
+class Selection:
+    """Which cases: validated against the registries and "all" expanded (`validated`);
+    `sizes` is a preset name, a model (`model:NAME[:tokens=N]`, contract/models.py) or
+    "explicit" (then `shapes` holds them); `cache` None means the device's default
+    (cold on a GPU, warm on a CPU); each row's speedup is `baseline_provider`'s time over
+    its own."""
 
-    kernels: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    providers: tuple[str, ...]
+    kernels: tuple[str, ...] = ("all",)
+    dtypes: tuple[str, ...] = ("all",)
+    providers: tuple[str, ...] = ("default",)
     sizes: str = "default"
     shapes: tuple[Shape, ...] | None = None
     cache: tuple[str, ...] | None = None
-    device: str = "auto"  # the requested key; resolved by contract.devices.resolve_device
     seed: int = 0
     check_only: bool = False
-    fp8_accum: str | None = None  # None: kernels.spec's default
+    baseline_provider: str = "torch"
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device model the rows are held against (resolved by
+    contract.devices.resolve_device) and the fp8 accumulation mode (None: kernels.spec's
+    default)."""
+
+    key: str = "auto"
+    fp8_accum: str | None = None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The throttle rule (benches/sweep/throttle.py) and which GPU rows get an energy
+    window (ENERGY_ROWS)."""
+
     throttle_threshold: float = 75.0
     throttle_recovery_delay: float = 0.05
-    row_budget: float | None = None
-    run_budget: float | None = None  # inf: none
+    energy: str = "largest"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Seconds a row's timing (`row`) and the sweep's (`run`; inf: none) may take; None:
+    the defaults (benches/sweep/budget.py)."""
+
+    row: float | None = None
+    run: float | None = None
+
+
+@dataclass(frozen=True)
+class CeilingsChoice:
+    """Whether the device's ceilings are measured, measured again past the cache, and a
+    fleet rank's own cache (default <out>/.ceilings)."""
+
+    measure: bool = True
+    remeasure: bool = False
+    cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Output:
     out: str = "results"
     run_id: str | None = None
     resume: str | None = None
+    plots: bool = True
+    history: str | None = None
+
+
+@dataclass(frozen=True)
+class GateChoice:
     compare: str | None = None
     threshold: float | None = None
     allow: str = ""
     allow_device_mismatch: bool = False
-    plots: bool = True
-    history: str | None = None
-    remeasure_ceilings: bool = False
-    measure_ceilings: bool = True
-    ceilings_dir: str | None = None  # a fleet rank's own ceiling cache (default <out>/.ceilings)
-    fleet_tolerance: float | None = None
+
+
+@dataclass(frozen=True)
+class FleetChoice:
+    tolerance: float | None = None
     dist_timeout: float = 120.0
     collectives: bool = True
     acceptance: AcceptanceOptions | None = None
+
+
+@dataclass(frozen=True)
+class TritonChoice:
     arch: str = "sm_90"  # --inspect's target
     retune: bool = False  # tune every launch even where a shipped config exists
-    baseline_provider: str = "torch"  # rows' speedup: this provider's time / the row's
-    energy: str = "largest"  # which GPU rows get an energy window: ENERGY_ROWS
 
-    @classmethod
-    def from_args(cls, ns: argparse.Namespace,
-                  parse_sizes: Callable[[str], list[Shape]],
-                  acceptance: AcceptanceOptions | None = None) -> RunRequest:
-        """The request of run_bench.py's parsed command line; RequestError (or
-        parse_sizes' own error) for a bad list, device or size.  `parse_sizes` reads
-        explicit --sizes (benches.sweep.shapes.parse_sizes: it knows the kernel
-        families); `acceptance`: --acceptance's options (benches/fleet/acceptance.py)."""
-        explicit = ns.sizes not in SIZE_PRESETS and not ns.sizes.startswith(MODEL_SIZES)
-        return validated(cls(
-            kernels=ns.kernels, dtypes=ns.dtypes, providers=ns.providers,
-            sizes="explicit" if explicit else ns.sizes,
-            shapes=tuple(parse_sizes(ns.sizes)) if explicit else None,
-            cache=ns.cache, device=ns.device, seed=ns.seed, check_only=ns.check_only,
-            fp8_accum=ns.fp8_accum, throttle_threshold=ns.throttle_threshold,
-            throttle_recovery_delay=ns.throttle_recovery_delay, row_budget=ns.row_budget,
-            run_budget=ns.run_budget, out=ns.out, run_id=ns.run_id, resume=ns.resume,
-            compare=ns.compare, threshold=ns.threshold, allow=ns.allow,
-            allow_device_mismatch=ns.allow_device_mismatch, plots=not ns.no_plots,
-            history=ns.history, remeasure_ceilings=ns.remeasure_ceilings,
-            measure_ceilings=not ns.no_measure_ceilings, fleet_tolerance=ns.fleet_tolerance,
-            dist_timeout=ns.dist_timeout, collectives=ns.collectives, acceptance=acceptance,
-            arch=ns.arch, retune=ns.retune, baseline_provider=ns.baseline_provider,
-            energy=ns.energy))
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run_bench.py request (see the module's docstring)."""
+
+    selection: Selection = field(default_factory=Selection)
+    device: DeviceChoice = field(default_factory=DeviceChoice)
+    measurement: Measurement = field(default_factory=Measurement)
+    budgets: Budgets = field(default_factory=Budgets)
+    ceilings: CeilingsChoice = field(default_factory=CeilingsChoice)
+    output: Output = field(default_factory=Output)
+    gate: GateChoice = field(default_factory=GateChoice)
+    fleet: FleetChoice = field(default_factory=FleetChoice)
+    triton: TritonChoice = field(default_factory=TritonChoice)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (results.json's metadata["request"]); inf budgets as "inf"."""
+        """A JSON-ready dict (results.json's metadata["request"]), one object per group;
+        inf budgets as "inf"."""
         d = asdict(self)
-        for k in _FLOATS_MAYBE_INF:
-            if isinstance(d[k], float) and math.isinf(d[k]):
-                d[k] = "inf"
+        for group, name in _FLOATS_MAYBE_INF:
+            v = d[group][name]
+            if isinstance(v, float) and math.isinf(v):
+                d[group][name] = "inf"
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> RunRequest:
-        """The request to_json wrote; RequestError for keys this version does not know."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+    def from_json(cls, d: Mapping[str, Any]) -> RunRequest:
+        """The request to_json wrote, or one an earlier version stored flat (one key per
+        field); RequestError for keys this version does not know."""
+        # A group's object marks to_json's form ("device" is also a flat key: a string).
+        grouped = any(isinstance(d.get(g), Mapping) for g in _GROUPS)
+        nested = {k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()} \
+            if grouped else _nested(d)
+        unknown = sorted(set(nested) - set(_GROUPS)) + sorted(
+            f"{g}.{k}" for g, v in nested.items() if g in _GROUPS and isinstance(v, dict)
+            for k in set(v) - {f.name for f in fields(_GROUPS[g])})
         if unknown:
             raise RequestError(f"cannot read the stored request: unknown field(s) "
                                f"{', '.join(unknown)} (written by a newer version?)")
-        d = dict(d)
-        for k in ("kernels", "dtypes", "providers", "cache", "shapes"):
-            if d.get(k) is not None:
-                d[k] = tuple(d[k])
-        for k in _FLOATS_MAYBE_INF:
-            if d.get(k) == "inf":
-                d[k] = math.inf
-        if d.get("acceptance") is not None:
-            d["acceptance"] = AcceptanceOptions(**d["acceptance"])
-        return cls(**d)
+        sel = nested.get("selection", {})
+        for k in ("kernels", "dtypes", "providers", "cache"):
+            if sel.get(k) is not None:
+                sel[k] = tuple(sel[k])
+        if sel.get("shapes") is not None:
+            sel["shapes"] = tuple(_shape(s) for s in sel["shapes"])
+        for group, name in _FLOATS_MAYBE_INF:
+            if nested.get(group, {}).get(name) == "inf":
+                nested[group][name] = math.inf
+        fleet = nested.get("fleet", {})
+        if fleet.get("acceptance") is not None:
+            fleet["acceptance"] = AcceptanceOptions(**fleet["acceptance"])
+        return cls(**{g: _GROUPS[g](**v) for g, v in nested.items()})
 
 
-_FLOATS_MAYBE_INF = ("row_budget", "run_budget", "dist_timeout")
+_GROUPS: dict[str, type] = {f.name: f.default_factory for f in fields(RunRequest)}  # type: ignore[misc]
+_FLOATS_MAYBE_INF = (("budgets", "row"), ("budgets", "run"), ("fleet", "dist_timeout"))
+# A flat request's keys (as an earlier version stored it) whose field is named otherwise.
+_FLAT_NAMES = {"device": ("device", "key"), "row_budget": ("budgets", "row"),
+               "run_budget": ("budgets", "run"), "measure_ceilings": ("ceilings", "measure"),
+               "remeasure_ceilings": ("ceilings", "remeasure"),
+               "ceilings_dir": ("ceilings", "cache_dir"),
+               "fleet_tolerance": ("fleet", "tolerance")}
+_FLAT_OWNER = {f.name: (g, f.name) for g, t in _GROUPS.items() for f in fields(t)
+               if f.name not in ("key", "row", "run", "measure", "remeasure", "cache_dir",
+                                 "tolerance")} | _FLAT_NAMES
 
-# What a resume takes from its own command line; everything else is the run's own
-# (its selection, sizes, cache modes, seed, check-only, device, fp8 mode, throttle).
+
+def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat request's keys in their groups; a key no group has is kept at the top (and
+    refused by from_json)."""
+    out: dict[str, Any] = {}
+    for k, v in flat.items():
+        group, name = _FLAT_OWNER.get(k, (None, k))
+        if group is None:
+            out[k] = v
+        else:
+            out.setdefault(group, {})[name] = v
+    return out
+
+
+def _shape(s: Any) -> Shape:
+    """A stored shape: its dict, or its text ("M=4096,K=4096") as a run's old keys hold it."""
+    return parse_shape(s) if isinstance(s, str) else dict(s)
+
+
+# The groups a resume takes from its own command line; every other is the run's own (its
+# selection, device and fp8 mode, throttle rule and energy windows).
 RESUME_FROM_COMMAND_LINE: tuple[str, ...] = (
-    "out", "run_id", "resume", "compare", "threshold", "allow", "allow_device_mismatch",
-    "plots", "history", "remeasure_ceilings", "measure_ceilings", "ceilings_dir",
-    "row_budget", "run_budget", "fleet_tolerance", "dist_timeout", "collectives",
-    "acceptance", "arch", "retune")
+    "budgets", "ceilings", "output", "gate", "fleet", "triton")
 
 
 def choose(value: str | Sequence[str], allowed: Sequence[str], flag: str,
@@ -175,60 +267,59 @@ def validated(req: RunRequest) -> RunRequest:
     from kernels import ALL_PROVIDERS, DEFAULT_PROVIDERS, PROVIDERS, REGISTRY
     from kernels.spec import DTYPE_NAMES
 
-    if req.device != "auto" and req.device not in DEVICES:
-        raise RequestError(f"unknown device '{req.device}' "
+    sel = req.selection
+    if req.device.key != "auto" and req.device.key not in DEVICES:
+        raise RequestError(f"unknown device '{req.device.key}' "
                            f"(choose from auto, {', '.join(DEVICES)})")
-    if req.baseline_provider not in PROVIDERS:
-        raise RequestError(f"unknown baseline provider '{req.baseline_provider}' "
+    if sel.baseline_provider not in PROVIDERS:
+        raise RequestError(f"unknown baseline provider '{sel.baseline_provider}' "
                            f"(choose from {','.join(PROVIDERS)})")
-    if req.energy not in ENERGY_ROWS:
-        raise RequestError(f"unknown --energy '{req.energy}' "
+    if req.measurement.energy not in ENERGY_ROWS:
+        raise RequestError(f"unknown --energy '{req.measurement.energy}' "
                            f"(choose from {','.join(ENERGY_ROWS)})")
-    if req.sizes.startswith(MODEL_SIZES):
+    if sel.sizes.startswith(MODEL_SIZES):
         try:
-            parse_model_sizes(req.sizes)
+            parse_model_sizes(sel.sizes)
         except ModelConfigError as e:
             raise RequestError(str(e)) from None
-    return replace(
-        req, kernels=choose(req.kernels, tuple(REGISTRY), "kernels"),
-        dtypes=choose(req.dtypes, DTYPE_NAMES, "dtypes"),
-        providers=choose(req.providers, PROVIDERS, "providers",
+    return replace(req, selection=replace(
+        sel, kernels=choose(sel.kernels, tuple(REGISTRY), "kernels"),
+        dtypes=choose(sel.dtypes, DTYPE_NAMES, "dtypes"),
+        providers=choose(sel.providers, PROVIDERS, "providers",
                          {"all": ALL_PROVIDERS, "default": DEFAULT_PROVIDERS}),
-        cache=None if req.cache is None else choose(req.cache, CACHE_MODES, "cache"))
+        cache=None if sel.cache is None else choose(sel.cache, CACHE_MODES, "cache")))
 
 
-def resumed_request(command_line: RunRequest, meta: dict[str, Any]) -> RunRequest:
+def resumed_request(command_line: RunRequest, meta: RunMeta) -> RunRequest:
     """The request of `--resume RUN`: the run's own stored request with what a resume
     may change taken from this command line (RESUME_FROM_COMMAND_LINE)."""
-    if "request" not in meta:
+    if meta.request_from_old_keys:
         return request_from_old_metadata(meta, command_line)
-    stored = validated(RunRequest.from_json(meta["request"]))
+    stored = validated(RunRequest.from_json(meta.request))
     return replace(stored, **{k: getattr(command_line, k) for k in RESUME_FROM_COMMAND_LINE})
 
 
-def request_from_old_metadata(meta: dict[str, Any], command_line: RunRequest) -> RunRequest:
-    """The request of a run written before results.json stored one, from its old keys
-    (kernels, dtypes, providers, cache, seed, check_only, device_key, fp8_accum,
-    throttle_settings, sizes, explicit_shapes); what they do not hold is the command
-    line's."""
-    throttle = meta.get("throttle_settings") or {}
-    if meta["sizes"] == "explicit":
-        shapes = meta.get("explicit_shapes")
-        if not shapes:
-            raise RequestError("cannot resume: the run used explicit --sizes that its "
-                               "metadata does not list")
-        explicit: tuple[Shape, ...] | None = tuple(parse_shape(s) for s in shapes)
-    else:
-        explicit = None
+def request_from_old_metadata(meta: RunMeta, command_line: RunRequest) -> RunRequest:
+    """The request of a run written before results.json stored one, from the request its
+    old keys rebuild (contract/run_meta.py: kernels, dtypes, providers, cache, seed,
+    check_only, device_key, fp8_accum, sizes, explicit_shapes) and its throttle
+    settings; what they do not hold is the command line's."""
+    old = RunRequest.from_json(meta.request)
+    sel, throttle = old.selection, meta.settings.throttle_settings
+    if sel.sizes == "explicit" and not sel.shapes:
+        raise RequestError("cannot resume: the run used explicit --sizes that its "
+                           "metadata does not list")
+    mine = command_line.measurement
     return validated(replace(
-        command_line, kernels=tuple(meta["kernels"]), dtypes=tuple(meta["dtypes"]),
-        providers=tuple(meta["providers"]),
+        command_line,
         # A run written before --cache existed was timed cold.
-        cache=tuple(meta.get("cache") or [DEFAULT_CACHE]),
-        seed=meta["seed"], check_only=bool(meta.get("check_only")),
-        device=meta["device_key"],
-        fp8_accum=meta.get("fp8_accum") or command_line.fp8_accum,
-        throttle_threshold=throttle.get("threshold_pct", command_line.throttle_threshold),
-        throttle_recovery_delay=throttle.get("recovery_delay_s",
-                                             command_line.throttle_recovery_delay),
-        sizes=meta["sizes"], shapes=explicit))
+        selection=replace(command_line.selection, kernels=sel.kernels, dtypes=sel.dtypes,
+                          providers=sel.providers, cache=sel.cache or (DEFAULT_CACHE,),
+                          seed=sel.seed, check_only=sel.check_only, sizes=sel.sizes,
+                          shapes=sel.shapes if sel.sizes == "explicit" else None),
+        device=DeviceChoice(old.device.key,
+                            old.device.fp8_accum or command_line.device.fp8_accum),
+        measurement=replace(
+            mine, throttle_threshold=throttle.get("threshold_pct", mine.throttle_threshold),
+            throttle_recovery_delay=throttle.get("recovery_delay_s",
+                                                 mine.throttle_recovery_delay))))

@@ -1,22 +1,31 @@
 """A run's rows and ceilings as the figures and summary.md read them: clean numeric
 rows, the ok rows, each row's roof class, and the datasheet and measured ceilings
-(Ceiling) the run was held against.
+(Ceiling) the run was held against; a typed row's cache-mode tag and name.
+
+The metadata is read typed (contract/run_meta.py RunMeta); the functions that callers
+still hand the metadata's JSON form (run_ceilings, TritonBuilds.of) take either and read
+the JSON through the one loader (parse_meta).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from contract.modes import native_cache_of
+from contract.run_meta import JsonDoc, RunMeta, parse_meta
 from kernels import PROVIDERS
 from kernels.spec import DTYPE_NAMES
+
+if TYPE_CHECKING:  # contract.record imports contract.bounds, which imports this module
+    from contract.record import RunRow
 
 DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 
@@ -142,17 +151,18 @@ class TritonBuilds:
         return bool(self.built or self.built_ahead)
 
     @classmethod
-    def of(cls, meta: dict[str, Any]) -> TritonBuilds:
+    def of(cls, meta: RunMeta | Mapping[str, Any]) -> TritonBuilds:
         def count(doc: Any, key: str) -> int:
             return int(positive_float(doc.get(key)) or 0) if isinstance(doc, dict) else 0
 
-        own, ahead = meta.get("triton_compiles"), meta.get("compiled_ahead")
+        compiles = typed_meta(meta).compiles
+        own, ahead = compiles.triton_compiles, compiles.compiled_ahead
         waited = positive_float(ahead.get("waited_s")) if isinstance(ahead, dict) else None
         return cls(count(own, "compiled"), count(own, "from_cache"),
                    count(ahead, "kernels_built"), waited or 0.0)
 
 
-def compiled_ahead_text(ahead: dict[str, Any]) -> str:
+def compiled_ahead_text(ahead: JsonDoc) -> str:
     """What the compile-ahead workers did (metadata.compiled_ahead, triton_cache.
     CompileAhead.record): "183 of 183 cases (178 kernels, 178 built) by 8 workers, 9.4 s
     after the ceilings", with the cases that failed and why the wait ended early."""
@@ -202,25 +212,26 @@ def _ceiling_from(source: str, doc: Any) -> Ceiling | None:
     return c if (c.tflops or c.hbm_gbps or c.l2_gbps) else None
 
 
-def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
+def run_ceilings(meta: RunMeta | Mapping[str, Any],
+                 df: pd.DataFrame | None = None) -> dict[str, Ceiling]:
     """{"datasheet": Ceiling, "measured": Ceiling}, each present only when known.
 
-    Reads metadata["ceilings"] (format in benches/measured_ceilings.py) as written once the run
+    Reads the metadata's ceilings (format in benches/measured_ceilings.py) as written once the run
     measured them (`ceilings_ready`, or any value in it: a source left empty then was
     none).  A run without them there (written before that key, or cut short before its
     ceilings reached results.json: its rows, read from the journal, carry them) falls
     back on the device table for the datasheet and on the rows' meas_peak_* columns for
     the measured values."""
     out: dict[str, Ceiling] = {}
-    ceil = meta.get("ceilings")
-    if isinstance(ceil, dict) and (meta.get("ceilings_ready")
-                                   or any(ceil.get(s) for s in ("datasheet", "measured"))):
+    m = typed_meta(meta)
+    ceil = m.ceilings
+    if m.ceilings_ready or any(ceil.get(s) for s in ("datasheet", "measured")):
         for source in ("datasheet", "measured"):
             c = _ceiling_from(source, ceil.get(source))
             if c is not None:
                 out[source] = c
         return out
-    dev = DEVICES.get(str(meta.get("device_key") or meta.get("device") or ""))
+    dev = DEVICES.get(str(m.device.device_key or ""))
     if dev is not None and dev.peaks_tflops:
         out["datasheet"] = Ceiling("datasheet", dict(dev.peaks_tflops), dev.hbm_gbps)
     if df is not None and not df.empty and "meas_peak_tflops" in df.columns:
@@ -233,14 +244,36 @@ def run_ceilings(meta: dict[str, Any], df: pd.DataFrame | None = None) -> dict[s
     return out
 
 
-def l2_bytes(meta: dict[str, Any]) -> float | None:
-    """L2 size in bytes from metadata["l2_mb"], else the device table (MiB, as CUDA reports)."""
-    mb = positive_float(meta.get("l2_mb"))
+def l2_bytes(meta: RunMeta) -> float | None:
+    """L2 size in bytes from the metadata's l2_mb, else the device table (MiB, as CUDA
+    reports)."""
+    mb = positive_float(meta.device.l2_mb)
     if mb is None:
-        dev = DEVICES.get(str(meta.get("device_key") or ""))
+        dev = DEVICES.get(str(meta.device.device_key or ""))
         mb = positive_float(dev.l2_mb) if dev is not None else None
     return None if mb is None else mb * 2**20
 
 
 def panel_classes(rows: pd.DataFrame) -> list[str]:
     return canonical_order(rows["roof_class"].dropna().unique(), ROOF_CLASSES)
+
+
+def typed_meta(meta: RunMeta | Mapping[str, Any]) -> RunMeta:
+    """The metadata as a record: a RunMeta as it is, the JSON form (results.json's
+    "metadata", as callers that have not moved to RunMeta hand it) through parse_meta."""
+    return meta if isinstance(meta, RunMeta) else parse_meta(meta)
+
+
+def row_mode_tag(row: RunRow) -> str:
+    """schema.mode_tag of a typed row: "" for a row timed in its device's native cache
+    mode, else its mode ("warm" on a GPU, "cold" on a CPU)."""
+    native = native_cache_of(row.accounting.device, row.timing.timer)
+    return "" if row.case.cache == native else row.case.cache
+
+
+def row_label(row: RunRow, sep: str = "/") -> str:
+    """schema.row_name of a typed row: kernel/provider/dtype/shape, then its mode tag."""
+    c = row.case
+    tag = row_mode_tag(row)
+    return sep.join([c.kernel, c.provider, c.dtype, c.shape, *([tag] if tag else [])])
+

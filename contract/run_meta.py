@@ -34,6 +34,7 @@ from typing import Any
 # A JSON object kept as its writer wrote it: a sub-document one module writes and one
 # reads (an NVML snapshot, the compile-ahead's record), typed there, not here.
 JsonDoc = dict[str, Any]
+DEFAULT_BASELINE = "torch"  # a run's speedups' provider unless its request names one
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,18 @@ class RunMeta:
     promotion: Promotion = field(default_factory=Promotion)
     # Keys this version does not know (a newer run's): kept, written back as they came.
     unknown: JsonDoc = field(default_factory=dict)
+    # Read, not written: the request was rebuilt from a run's old keys (written before
+    # the request was stored), which --resume completes (contract/request.py).
+    request_from_old_keys: bool = False
+
+    @property
+    def baseline_provider(self) -> str:
+        """The provider each row's speedup is measured against: the stored request's
+        (a request stored flat by an earlier version too), else torch."""
+        req = self.request
+        sel = req.get("selection")
+        got = (sel if isinstance(sel, Mapping) else req).get("baseline_provider")
+        return str(got or DEFAULT_BASELINE)
 
     def updated(self, **parts: Any) -> RunMeta:
         """The metadata with some parts replaced: `state=...`, or a part's fields by
@@ -250,12 +263,15 @@ def parse_meta(doc: Mapping[str, Any] | None) -> RunMeta:
         elif k not in _TOP and k not in REQUEST_COPY:
             unknown[k] = v
     request = doc.get("request")
-    if not isinstance(request, dict) and "kernels" in doc:
+    old = not isinstance(request, dict) and "kernels" in doc
+    if old:
         request = _old_request(doc)
+    ceilings = doc.get("ceilings")
     return RunMeta(**{p: _PARTS[p](**vals) for p, vals in parts.items()},
-                   request=dict(request or {}), ceilings=dict(doc.get("ceilings") or {}),
+                   request=dict(request or {}),
+                   ceilings=dict(ceilings) if isinstance(ceilings, Mapping) else {},
                    ceilings_ready=bool(doc.get("ceilings_ready")),
-                   fleet=doc.get("fleet"), unknown=unknown)
+                   fleet=doc.get("fleet"), unknown=unknown, request_from_old_keys=old)
 
 
 def meta_json(meta: RunMeta) -> dict[str, Any]:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypedDict
 
 import pandas as pd
+
+from contract.bounds import WITHHELD, withheld_of, withheld_text
 
 # The cache-mode names and the reading of a row's mode live below this module (physics.py,
 # which load_run applies, reads them too); re-exported here, where readers import them.
@@ -27,203 +30,43 @@ from contract.modes import (  # noqa: F401
     row_cache,
 )
 from contract.physics import apply as withhold
-from contract.physics import withheld_of, withheld_text
-from contract.record import RunRow, flat, parse_row
-from contract.run_meta import RunMeta, parse_meta
+from contract.physics import withhold_flat
+from contract.record import COLUMNS as RECORD_COLUMNS
+from contract.record import RunRow, column_types, flat, parse_row
+from contract.run_meta import RunMeta, meta_json, parse_meta
 
 
-class Row(TypedDict, total=False):
-    """One row of a run: the columns, in order, with their types; the one place a column
-    is named.  The required columns (docs/design.md) come first, through `reason`, then
-    the ones this suite adds.  A row's columns are all present in a written run (None
-    where they do not apply); `samples_ms` is in results.json only."""
+def _file_type(column: str, hint: Any) -> Any:
+    """A record field's type as results.json holds it: a tuple as a list, the withheld
+    records as JSON objects (None where there are none)."""
+    if column == WITHHELD:
+        return list[dict[str, Any]] | None
+    if column == CACHE:  # none in the rows of runs written before it (a fleet's too)
+        return str | None
+    if typing.get_origin(hint) is tuple:
+        return list[typing.get_args(hint)[0]]  # type: ignore[valid-type]
+    return hint
 
-    kernel: str
-    provider: str
-    dtype: str
-    shape: str  # "n=1048576", "M=4096,K=4096", "M=4096,N=4096,K=4096", ...
-    flops: int
-    bytes: int
-    intensity: float
-    ms_median: float | None
-    ms_p20: float | None
-    ms_p80: float | None
-    n_samples: int
-    tflops: float | None
-    gbps: float | None
-    peak_tflops: float | None
-    peak_gbps: float | None
-    roof_tflops: float | None
-    mfu: float | None
-    pct_roof: float | None
-    correct: bool | None
-    rel_err: float | None
-    status: str  # STATUSES
-    reason: str | None
-    device: str  # device model key (e.g. h100), in every row
-    gpu_name: str  # name of the device present (GPU or CPU model), in every row
-    meas_peak_tflops: float | None  # measured compute ceiling for this row's roof
-    meas_peak_gbps: float | None  # measured memory bandwidth (large copy)
-    meas_roof_tflops: float | None  # min(meas_peak, intensity x meas_bandwidth)
-    pct_meas_roof: float | None  # achieved / meas_roof_tflops, in percent
-    # ceiling the row is held against: fp32 (vector units) or tf32/fp16/bf16/fp8
-    roof_class: str | None
-    tolerance: float | None  # the relative-error tolerance the correctness gate used
-    timer: str | None  # how the row was timed (do_bench, cudagraph, torch.utils.benchmark)
-    # cold (caches flushed or rotated past) or warm (back-to-back calls on the same
-    # buffers); a row written before this column has its device's native mode
-    # (native_cache: cold on a GPU, warm on a CPU)
-    cache: str | None
-    # ok row faster than its roof allows (pct_roof > 100): a finding to explain
-    above_roof: bool | None
-    sm_clock_mhz: float | None  # GPU: median SM clock (NVML) while the row ran
-    # GPU: timed with the SM clock below the throttle threshold, still so after
-    # re-timing (clock-event reasons are reported in `reason`, not judged)
-    throttled: bool | None
-    # GPU: host time to dispatch one call (Python + launch), apart from device time;
-    # longer than the device time (ms_median) = launch-bound
-    host_us: float | None
-    # GPU: the device kernels' time per call (torch.profiler over a few calls, apart from
-    # the timing) and the kernels' names, "name; name" (docs/measurement.md)
-    kernel_ms: float | None
-    kernels: str | None
-    # Energy per call (J): the mean power over the timed samples (NVML's total energy
-    # counter on a GPU, RAPL on a CPU where readable) x ms_median; and what it buys
-    energy_j: float | None
-    tflop_per_j: float | None
-    gb_per_j: float | None
-    power_w: float | None  # mean power over the timed samples
-    power_limit_w: float | None  # GPU: the enforced power limit while the row ran
-    # GPU: samples left out as timed below the throttle threshold (per-sample SM clock)
-    throttled_samples: int | None
-    # Triton: the config each launch ran, "kernel[BLOCK_M=..,num_warps=..]; ..."
-    config: str | None
-    config_source: str | None  # Triton: shipped, tuned, cached, fixed or given (per launch)
-    # --sizes model:NAME: the model layer(s) the row's shape stands for ("attn.qkv",
-    # "mlp.down", "lm_head"); None for a preset's or an explicit shape
-    layer: str | None
-    # compile, compile-max: seconds torch.compile took at the row's first call (untimed)
-    compile_s: float | None
-    # GPU: the library of the kernels the row's call ran (cublas, cublasLt, cutlass, cudnn,
-    # flash, triton, aten), from the profiler's kernel names; None on a CPU
-    library: str | None
-    # the run's baseline provider's ms_median / this row's, same kernel, dtype, shape and
-    # cache mode (>1: faster than the baseline); None where the baseline row is not ok
-    speedup: float | None
-    algbw_gbps: float | None  # collectives: size of the whole array / time (nccl-tests')
-    busbw_gbps: float | None  # collectives: algbw x the collective's factor (nccl-tests')
-    rank: int | None  # fleet runs: the torch.distributed rank that measured the row
-    host: str | None  # fleet runs: its host name
-    gpu_uuid: str | None  # fleet runs: the UUID of its GPU (NVML), to find a slow GPU
-    # CPU: "timed/planned" rounds of a row an interrupt cut short (--resume times it
-    # again); empty for a row timed in full
-    cut_short: str | None
-    # Values the physics check withheld (contract/physics.py): a list of records
-    # {column, value, bound, kind, reason, derived_from}, each value emptied in its own
-    # column; JSON text in the CSV; None (absent in a run written before) when none
-    withheld: list[dict[str, Any]] | None
-    # Raw per-sample times (ms) of an ok row: in results.json only (a list per row), where
-    # the regression gate's rank test reads them; the CSV keeps one scalar per cell.
-    samples_ms: list[float]
 
+# One row of a run as the files hold it: the columns, in order, with their types, derived
+# from the row's record (contract/record.py: each column a field of the group that fills
+# it; adding a column means adding a field to one group).  The required columns
+# (docs/design.md) come first, through `reason`, then the ones this suite adds.  A row's
+# columns are all present in a written run (None where they do not apply); `samples_ms`
+# (an ok row's raw per-sample times, which the regression gate's rank test reads) is in
+# results.json only.  What each column means: the fields' docstrings in contract/record.py
+# and docs/results.md.
+Row = TypedDict(  # type: ignore[misc]
+    "Row", {c: _file_type(c, h) for c, h in column_types().items()}, total=False)
 
 SAMPLES = "samples_ms"
-ALL_COLUMNS: list[str] = [c for c in Row.__annotations__ if c != SAMPLES]
+ALL_COLUMNS: list[str] = list(RECORD_COLUMNS)
 # Required columns, in order (docs/design.md), then the extra ones this suite adds.
 COLUMNS: list[str] = ALL_COLUMNS[:ALL_COLUMNS.index("reason") + 1]
 EXTRA_COLUMNS: list[str] = ALL_COLUMNS[len(COLUMNS):]
 
-
-class RunMetadata(TypedDict, total=False):
-    """A run's metadata (results.json's "metadata"), by key.  Written by the sweep
-    (benches/sweep/results.py and job.py), read by every reader; a key that a run of an
-    older version lacks is absent, hence total=False."""
-
-    run_id: str
-    created: str  # ISO 8601, UTC
-    device_key: str  # the device model the rows are held against
-    device_name: str  # the device present
-    device_model: str
-    device_kind: str  # "cuda" or "cpu"
-    detected_key: str
-    capability: list[int] | None
-    sms: int | None
-    l2_mb: float | None
-    llc_mb: float | None
-    llc_rotation_mb: float | None
-    gpu_memory_gb: float | None
-    cpu_cores: int
-    threads: int
-    load_avg_1m: float
-    cuda: str | None
-    driver: str
-    python: str
-    torch: str
-    triton: str
-    triton_interpret: bool
-    platform: str
-    git_commit: str
-    command: str
-    version_warnings: list[str]
-    request: dict[str, Any]  # the typed request the run was made from
-    seed: int
-    sizes: str  # a preset, or "explicit"
-    explicit_shapes: list[str]
-    # --sizes model:NAME: the model, tokens, and each kernel shape's layer and count per
-    # forward pass (benches/sweep/results.py model_step)
-    model_step: dict[str, Any] | None
-    kernels: list[str]
-    dtypes: list[str]
-    providers: list[str]
-    check_only: bool
-    cache: list[str]
-    fp8_accum: str
-    timing: dict[str, Any]
-    run_budget_s: float | None
-    throttle_settings: dict[str, Any]
-    ceilings: dict[str, Any]  # contract/ceilings.py: datasheet and measured
-    ceilings_ready: bool
-    autotune_on_disk: bool
-    tuning_identity: str  # the GPU's identity its tunings are keyed by on disk
-    shipped_configs: dict[str, Any]  # the shipped configs file used, or why none
-    # benches/sweep/triton_cache.CompileAhead.record: counts (workers, cases, cases_done,
-    # cases_failed, kernels_compiled, kernels_built, started_early), waited_s (float) and
-    # worker_errors (list of str)
-    compiled_ahead: dict[str, Any]
-    nvml_start: dict[str, Any] | None
-    nvml_end: dict[str, Any] | None
-    clocks: dict[str, Any]
-    power: dict[str, Any]
-    throttle: dict[str, Any]
-    # Where the rows' energy and kernel_ms come from, or why they are empty:
-    # {"source": "nvml" | "rapl" | "torch.profiler" | None, "reason": str}
-    energy: dict[str, Any]
-    kernel_time: dict[str, Any]
-    interrupted: bool
-    aborted: bool
-    abort_reason: str | None
-    complete: bool
-    signal: str | None
-    cut_short: str
-    resumed: list[dict[str, Any]]
-    time_split_s: dict[str, float]
-    wall_s: float
-    # A serial sweep's (GPU, checks only, one CPU round) own split of each row:
-    # [{"row": [kernel, provider, dtype, shape, cache], "s": {phase: seconds}}], the
-    # phases that took none left out (benches/sweep/phases.py TimeSplit.since)
-    row_split_s: list[dict[str, Any]]
-    # Triton's compiles the sweep asked for: {"compiled": built, "from_cache": loaded}
-    triton_compiles: dict[str, int]
-    fleet: dict[str, Any]
-    promoted_at: str  # a baseline's: when and from which runs it was promoted
-    promoted_from: list[str]
-    promoted_from_device_key: str
-    promoted_with_force: bool
-    replaced_baseline_kept_at: str
-
 CUT_SHORT = "cut_short"
 ROW_SPLIT = "row_split_s"
-ALL_COLUMNS: list[str] = COLUMNS + EXTRA_COLUMNS
 # Names a case (kernel, provider, dtype, shape); a row across runs is KEY and its cache
 # mode (ROW_ID): a cold and a warm time of one case are different numbers, never compared.
 KEY: list[str] = ["kernel", "provider", "dtype", "shape"]
@@ -408,18 +251,19 @@ class RunDoc:
 
 
 def load_doc(path: str | os.PathLike) -> RunDoc:
-    """A run (folder or results.json) as a RunDoc, its rows checked (load_run)."""
+    """A run (folder or results.json) as a RunDoc: its metadata and rows as records, the
+    physics check applied to the rows (values no device can produce withheld, each
+    recorded on its row; the files are not touched)."""
     p = resolve_results_json(path)
-    meta, df = load_run(p)
-    rows = tuple(parse_row(r) for r in df.to_dict("records"))
-    return RunDoc(parse_meta(meta), rows, p)
+    meta, rows = _read_checked(p)
+    parsed = parse_meta(meta)
+    return RunDoc(parsed, tuple(withhold([parse_row(r) for r in rows], parsed)), p)
 
 
-def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Load a run (folder or results.json) as (metadata, rows DataFrame), the physics
-    check applied to its rows (values no device can produce withheld, each recorded in
-    the row's `withheld` column; the files are not touched)."""
-    p = resolve_results_json(path)
+def _read_checked(p: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A results.json's metadata and rows as the file holds them (with its journal's
+    rows when longer), refused (RunLoadError) where either is not an object or a row
+    lacks a required column."""
     doc = read_doc(p)
     meta = doc.get("metadata", {})
     if meta is None:
@@ -430,13 +274,23 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
     if bad is not None:
         raise RunLoadError(f"{p}: row {bad} is a {type(doc['rows'][bad]).__name__}, "
                            "not an object")
-    # The physics check (contract/physics.py): a value no device can produce is withheld
-    # wherever a saved run is shown, whatever version of the suite wrote it.
-    withhold(doc["rows"], meta)
-    df = pd.DataFrame(doc["rows"])
-    missing = [c for c in COLUMNS if c not in df.columns] if len(df) else []
+    present = {c for r in doc["rows"] for c in r}
+    missing = [c for c in COLUMNS if c not in present] if doc["rows"] else []
     if missing:
         raise RunLoadError(f"{p} lacks columns: {', '.join(missing)}")
+    return meta, doc["rows"]
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Load a run (folder or results.json) as (metadata, rows DataFrame), the physics
+    check applied to its rows (values no device can produce withheld, each recorded in
+    the row's `withheld` column; the files are not touched)."""
+    p = resolve_results_json(path)
+    meta, rows = _read_checked(p)
+    # The physics check (contract/physics.py): a value no device can produce is withheld
+    # wherever a saved run is shown, whatever version of the suite wrote it.
+    withhold_flat(rows, meta)
+    df = pd.DataFrame(rows)
     if not len(df):
         df = pd.DataFrame(columns=ALL_COLUMNS)
     return meta, df
@@ -446,8 +300,43 @@ def csv_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     """Rows as results.csv holds them: ALL_COLUMNS, one scalar per cell (the withheld
     records as JSON text)."""
     df = pd.DataFrame(list(rows), columns=ALL_COLUMNS)
-    df["withheld"] = [withheld_text(r.get("withheld")) for r in rows]
+    df[WITHHELD] = [withheld_text(r.get(WITHHELD)) for r in rows]
     return df
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return None  # JSON has no NaN/inf
+    return v
+
+
+def row_json(row: RunRow) -> dict[str, Any]:
+    """A row as results.json and the journal hold it (contract.record.flat, its raw
+    samples included), in strict JSON: no NaN or inf."""
+    out = {k: _finite_or_none(v) for k, v in flat(row, ALL_COLUMNS, samples=False).items()}
+    if row.timing.samples_ms:
+        out[SAMPLES] = [_finite_or_none(float(x)) for x in row.timing.samples_ms]
+    return out
+
+
+def journal_line(row: RunRow) -> str:
+    """A row as one line of the run's journal (ROWS_JOURNAL)."""
+    return json.dumps(row_json(row), separators=(",", ":")) + "\n"
+
+
+def csv_text(rows: Sequence[RunRow], header: bool = True) -> str:
+    """Rows as results.csv's text (csv_frame's form)."""
+    return csv_frame([flat(r, ALL_COLUMNS, samples=False) for r in rows]).to_csv(
+        index=False, header=header)
+
+
+def write_results(folder: Path, meta: RunMeta, rows: Sequence[RunRow]) -> None:
+    """A run's results.csv and results.json written whole, each atomically: the one
+    writer of a run's files from its records (the sweep's ResultWriter, a finalized
+    journal's run, a fleet's folder)."""
+    atomic_write_text(folder / RESULTS_CSV, csv_text(rows))
+    doc = {"metadata": meta_json(meta), "rows": [row_json(r) for r in rows]}
+    atomic_write_text(folder / RESULTS_JSON, json.dumps(doc, indent=1) + "\n")
 
 
 # Metric columns an ok row must carry as numbers (the roofline places a point by them),

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from contract.cli import Parser, UsageError
 
 if TYPE_CHECKING:
+    from contract.record import RunRow
+    from contract.run_meta import RunMeta
     from roofline.gate.rules import Retime
 
 PROG = "python -m roofline"
 
 
-def _retimer(device: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+def _retimer(device: str, meta: RunMeta, rows: Sequence[RunRow],
              budget_s: float | None = None) -> Retime:
     """`compare --retime [--retime-budget S]` and `history report --retime`: the
     harness's re-timing client (benches/sweep/retime.py), wired here as plan's

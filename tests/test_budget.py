@@ -23,9 +23,12 @@ from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from benches.timing.plan import OverBudget, TimingConfig, plan_cpu
 from contract.ceilings import Ceilings, no_roofs
+from contract.record import flat
 from contract.rows import positive_float, run_ceilings
+from contract.schema import ALL_COLUMNS
 from roofline.gate.stats import min_p_value, row_alpha
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 from tests.test_measurement import case, cpu_cfg
 
 TWO_S = TimingConfig(row_budget_s=2.0)
@@ -83,8 +86,8 @@ def test_a_row_over_its_budget_is_checked_then_skipped_with_its_call_time():
     cfg = cpu_cfg(timing=dataclasses.replace(TWO_S, cpu_rounds=1))
     budget = RowBudget()
     row = run_case(case(fn=_sleeper(0.3, calls)), cfg, InputCache(), budget)
-    assert row["status"] == "skipped" and row["correct"] is True
-    assert row["reason"].startswith("over the row budget: one call takes 0.3")
+    assert row.status == "skipped" and row.check.correct is True
+    assert row.reason.startswith("over the row budget: one call takes 0.3")
     assert len(calls) == 2  # the tuning call and the checked one, no timing
     assert budget.call_s >= 0.3
 
@@ -94,9 +97,9 @@ def test_a_path_over_budget_skips_its_larger_shapes_without_a_call():
     fn = _sleeper(0.3, calls)
     cases = [case(fn=fn, shape={"n": n}) for n in (1000, 2000, 4000)]
     rows = [r for _, r in iterate(cases, cpu_cfg(timing=TWO_S))]
-    assert [r["status"] for r in rows] == ["skipped"] * 3
+    assert [r.status for r in rows] == ["skipped"] * 3
     assert calls == [1000, 1000]  # the smallest shape's two calls, nothing more
-    assert rows[1]["reason"].startswith("over the row budget: the smaller n=1000 of this "
+    assert rows[1].reason.startswith("over the row budget: the smaller n=1000 of this "
                                         "kernel, provider and dtype already takes 0.3")
 
 
@@ -108,12 +111,12 @@ def test_a_warm_row_is_its_own_path_not_a_larger_shape_of_its_cold_twin():
     cases = [dataclasses.replace(case(fn=fn, shape={"n": n}), cache=mode)
              for n in (1000, 2000) for mode in ("cold", "warm")]
     rows = [r for _, r in iterate(cases, cpu_cfg(timing=TWO_S, cache=["cold", "warm"]))]
-    assert [(r["cache"], r["status"]) for r in rows] == [
+    assert [(r.case.cache, r.status) for r in rows] == [
         ("cold", "skipped"), ("warm", "skipped"), ("cold", "skipped"), ("warm", "skipped")]
     for r in rows[:2]:
-        assert r["reason"].startswith("over the row budget: one call takes 0.3"), r
+        assert r.reason.startswith("over the row budget: one call takes 0.3"), r
     for r in rows[2:]:
-        assert r["reason"].startswith("over the row budget: the smaller n=1000 "), r
+        assert r.reason.startswith("over the row budget: the smaller n=1000 "), r
     assert calls == [1000] * 4  # each mode's smallest shape: tuning call and check
     b = RunBudget(row_budget_s=2.0)
     cold, warm = case(shape={"n": 1000}), dataclasses.replace(case(shape={"n": 1000}),
@@ -139,16 +142,16 @@ def test_a_spent_run_budget_keeps_every_case_at_the_gates_minimum():
     cfg = cpu_cfg(timing=TimingConfig(), run_budget_s=1e-9)
     cases = [case(shape={"n": n}) for n in (1000, 2000)]
     rows = [r for _, r in iterate(cases, cfg)]
-    assert [r["status"] for r in rows] == ["ok", "ok"]
-    assert [r["n_samples"] for r in rows] == [10, 10]  # 2 in each of the 5 rounds
-    assert all(r["reason"].startswith("row budget applied: 10 of 50 samples") for r in rows)
+    assert [r.status for r in rows] == ["ok", "ok"]
+    assert [r.timing.n_samples for r in rows] == [10, 10]  # 2 in each of the 5 rounds
+    assert all(r.reason.startswith("row budget applied: 10 of 50 samples") for r in rows)
 
 
 def test_without_a_run_budget_a_fast_row_keeps_its_samples():
     # (the stopping rule off: it could end a quiet machine's row after 3 rounds)
     rows = [r for _, r in iterate([case()], cpu_cfg(timing=TimingConfig(ci_rel_width=0.0)))]
-    assert rows[0]["status"] == "ok" and rows[0]["n_samples"] == 50
-    assert rows[0]["reason"] == ""
+    assert rows[0].status == "ok" and rows[0].timing.n_samples == 50
+    assert rows[0].reason == ""
 
 
 def test_the_cli_refuses_a_budget_that_is_not_a_positive_time(capsys):
@@ -216,12 +219,12 @@ def test_rows_of_a_class_with_no_roof_report_no_mfu_and_say_why():
     cfg = cpu_cfg(timing=TimingConfig(), ceilings=Ceilings(None, MEASURED))
     mm = case("matmul", "fp16", {"M": 64, "N": 64, "K": 64})  # held against the fp16 roof
     row = [r for _, r in iterate([mm], cfg)][0]
-    assert row["status"] == "ok" and row["mfu"] is None and row["tflops"] > 0
-    assert "no fp16 compute roof here (measured under 0.1x fp32's): no MFU" in row["reason"]
+    assert row.status == "ok" and row.metrics.mfu is None and row.metrics.tflops > 0
+    assert "no fp16 compute roof here (measured under 0.1x fp32's): no MFU" in row.reason
     meta = {"device_name": "cpu", "ceilings": {"datasheet": None, "measured": MEASURED}}
     import pandas as pd
 
-    text = render_summary(meta, pd.DataFrame([row]))
+    text = render_summary(doc_of(meta, pd.DataFrame([flat(row, ALL_COLUMNS)])))
     assert "No fp8 roof: measured 3.8e-05 TFLOP/s, under 0.1x fp32's 0.2" in text
 
 

@@ -44,11 +44,12 @@ def test_fleet_figures_never_mix_a_cold_and_a_warm_row() -> None:
     r0 = device_figures(_rank(0), pd.DataFrame([_fleet_row(500.0, 100.0, 1980.0, "cold"),
                                                 _fleet_row(700.0, 300.0, 1700.0, "warm")]))
     r1 = device_figures(_rank(1), pd.DataFrame([_fleet_row(500.0, 100.0, 1980.0, None)]))
-    assert (r0["bf16_matmul_tflops"], r0["rows_gbps"], r0["sm_clock_mhz"]) == \
+    f0, f1 = r0.figures, r1.figures
+    assert (f0["bf16_matmul_tflops"], f0["rows_gbps"], f0["sm_clock_mhz"]) == \
         (500.0, 100.0, 1980.0)
-    assert (r0["bf16_matmul_tflops (warm)"], r0["rows_gbps (warm)"]) == (700.0, 300.0)
-    assert (r1["bf16_matmul_tflops"], r1["rows_gbps"]) == (500.0, 100.0)
-    assert "bf16_matmul_tflops (warm)" not in r1
+    assert (f0["bf16_matmul_tflops (warm)"], f0["rows_gbps (warm)"]) == (700.0, 300.0)
+    assert (f1["bf16_matmul_tflops"], f1["rows_gbps"]) == (500.0, 100.0)
+    assert "bf16_matmul_tflops (warm)" not in f1
     devices = [r0, r1]
     out, medians = find_outliers(devices, 5.0)
     assert out == []
@@ -68,8 +69,8 @@ def test_a_slow_warm_device_is_an_outlier_among_warm_figures_only() -> None:
         _fleet_row(500.0, 100.0, 1980.0, "cold"), _fleet_row(warm, 300.0, 1980.0, "warm")]))
         for i, warm in enumerate((700.0, 700.0, 600.0))]
     out, _ = find_outliers(devices, 5.0)
-    assert [o["rank"] for o in out] == [2]
-    assert out[0]["why"].startswith("bf16_matmul_tflops (warm) 600 = 0.86x the median 700")
+    assert [o.device.rank for o in out] == [2]
+    assert out[0].why.startswith("bf16_matmul_tflops (warm) 600 = 0.86x the median 700")
 
 
 def test_a_cpu_rows_native_mode_is_warm() -> None:
@@ -77,7 +78,7 @@ def test_a_cpu_rows_native_mode_is_warm() -> None:
     # they keep the plain names, and a cold CPU row is the tagged one.
     rows = pd.DataFrame([_fleet_row(0.5, 10.0, float("nan"), None, "cpu", "timeit blocks"),
                          _fleet_row(0.3, 5.0, float("nan"), "cold", "cpu", "timeit blocks")])
-    figures = device_figures(_rank(0), rows)
+    figures = device_figures(_rank(0), rows).figures
     assert (figures["bf16_matmul_tflops"], figures["bf16_matmul_tflops (cold)"]) == (0.5, 0.3)
     assert (figures["rows_gbps"], figures["rows_gbps (cold)"]) == (10.0, 5.0)
 

@@ -31,12 +31,16 @@ from benches.timing.clock import Dispatch, Rotation, flush_padding_us
 from benches.timing.graphs import GraphProbe, GraphSampler
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
+from contract.record import parse_row
+from contract.request import RunRequest, Selection
+from contract.run_meta import DeviceFacts, RunMeta, parse_meta
 from contract.schema import ALL_COLUMNS, load_run, row_key
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
 from roofline.report.plot import plot_roofline
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 from tests.test_dispatch import FakeGpu
 from tests.test_measurement import (
     FAST,
@@ -72,7 +76,7 @@ def _one_run(root: Path) -> tuple[dict[str, Any], pd.DataFrame]:
 def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
     assert run_bench.main([*TINY, "--cache", "cold,warm", "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
-    assert meta["cache"] == ["cold", "warm"]
+    assert RunRequest.from_json(meta["request"]).selection.cache == ("cold", "warm")
     rows = {r["cache"]: r for r in df.to_dict("records")}
     assert set(rows) == {"cold", "warm"} and len(df) == 2
     assert all(r["status"] == "ok" and r["shape"] == "n=4096" for r in rows.values())
@@ -84,13 +88,20 @@ def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
 
 
 def test_the_default_cpu_run_is_warm_only_and_a_gpus_cold(tmp_path: Path) -> None:
-    from benches.sweep import job
+    from benches.sweep.cases import SweepContext
+    from contract.devices import DEVICES, Present, host_cpu
+    from kernels import Target
 
-    assert job.cache_modes(None, gpu=True) == ["cold"]
+    h100 = Present("h100", "H100", "cuda", (9, 0))
+    assert SweepContext(RunRequest(), DEVICES["h100"], h100,
+                        Target("cuda", (9, 0))).cache_modes == ("cold",)
+    assert SweepContext(RunRequest(), DEVICES["cpu"], host_cpu(),
+                        Target("cpu")).cache_modes == ("warm",)
     assert run_bench.main([*TINY, "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
     # A CPU's default is what its timer always measured: blocks on the same buffers.
-    assert meta["cache"] == ["warm"] and list(df["cache"]) == ["warm"]
+    assert RunRequest.from_json(meta["request"]).selection.cache is None  # the default
+    assert list(df["cache"]) == ["warm"]
     (run,) = (tmp_path / "cpu").iterdir()
     assert "| warm |" not in (run / "summary.md").read_text()  # no gap: one mode
 
@@ -110,9 +121,12 @@ def test_a_resumed_run_keeps_its_cache_modes() -> None:
     req = run_bench.request_of(run_bench.parse_args([*TINY, "--cache", "warm"]))
     meta = {"kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"], "seed": 0,
             "device_key": "cpu", "sizes": "quick"}
-    assert resumed_request(req, {**meta, "cache": ["cold", "warm"]}).cache == ("cold", "warm")
+    assert resumed_request(req, parse_meta({**meta, "cache": ["cold", "warm"]})
+                           ).selection.cache == ("cold", "warm")
     # written before --cache: cold
-    assert resumed_request(req, meta).cache == ("cold",)
+    assert resumed_request(req, parse_meta(meta)).selection.cache == ("cold",)
+    stored = parse_meta({"request": RunRequest(Selection(cache=("warm",))).to_json()})
+    assert resumed_request(req, stored).selection.cache == ("warm",)
     # ... and its rows written before the column count as cold cases
     spec = REGISTRY["add"]
     old_row = {"kernel": "add", "provider": "torch", "dtype": "fp32", "shape": "n=4096"}
@@ -179,18 +193,19 @@ def test_reports_name_warm_rows_and_keep_cold_names() -> None:
     base = [_row("n=4096", 1.0), _row("n=4096", 0.2, "warm")]
     run = [_row("n=4096", 1.0), _row("n=4096", 0.6, "warm")]
     verdicts = compare_frames(pd.DataFrame(base), pd.DataFrame(run), 10.0)
-    names = {e["name"]: e["extra"] for e in benchmark_entries(pd.DataFrame(run), verdicts)}
+    entries = benchmark_entries([parse_row(r) for r in run], verdicts)
+    names = {e.name: e.extra for e in entries}
     # A cold row's series keeps its name (github-action-benchmark tracks it by name).
     assert set(names) == {"add/torch/fp32/n=4096", "add/torch/fp32/n=4096/warm"}
     assert "slower" in names["add/torch/fp32/n=4096/warm"]
     assert "same" in names["add/torch/fp32/n=4096"]
-    md = render_markdown(CompareResult(rows=verdicts, threshold=10.0,
-                                       run_meta={"device_key": "h100"}))
+    md = render_markdown(CompareResult(rows=verdicts, threshold=10.0, run_meta=RunMeta(
+        device=DeviceFacts(device_key="h100"))))
     assert "| n=4096 (warm) | **slower** |" in md
     # On a CPU the native mode is warm: its rows keep their names, cold ones say so.
     cpu = {"device": "cpu", "timer": timing_plan.TIMER_CPU}
     run = [_row("n=4096", 0.2, "warm", **cpu), _row("n=4096", 1.0, "cold", **cpu)]
-    names = {e["name"] for e in benchmark_entries(pd.DataFrame(run))}
+    names = {e.name for e in benchmark_entries([parse_row(r) for r in run])}
     assert names == {"add/torch/fp32/n=4096", "add/torch/fp32/n=4096/cold"}
 
 
@@ -280,8 +295,8 @@ def test_a_footprint_past_twice_the_cache_is_cold_by_size(monkeypatch: pytest.Mo
     log: list[tuple[int, int, float]] = []
     row = run_case(case(fn=_recording_add(log), shape={"n": 4096}),
                    cpu_cfg(timing=FAST), InputCache())
-    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_CPU
-    assert row["cache"] == "cold" and "cold by size" in row["reason"]
+    assert row.status == "ok" and row.timing.timer == timing_plan.TIMER_CPU
+    assert row.case.cache == "cold" and "cold by size" in row.reason
     assert len({x for x, _, _ in log}) <= FAST.cpu_rounds + 1  # no copies made
 
 
@@ -297,11 +312,11 @@ def test_the_sweep_keeps_a_rows_copies_for_its_rounds(monkeypatch: pytest.Monkey
     timing = dataclasses.replace(FAST, ci_rel_width=0.0)
     rows = [row for _, row in runner.iterate(cases, cpu_cfg(timing=timing))]
     rotated, blocks = timing_plan.TIMER_CPU_ROTATED, timing_plan.TIMER_CPU
-    assert [(r["shape"], r["cache"], r["timer"]) for r in rows] == [
+    assert [(r.case.shape, r.case.cache, r.timing.timer) for r in rows] == [
         ("n=4096", "cold", rotated), ("n=4096", "warm", blocks),
         ("n=8192", "cold", rotated), ("n=8192", "warm", blocks)]
     per_round = timing_plan.cpu_round_config(FAST).min_samples
-    assert all(r["n_samples"] >= FAST.cpu_rounds * per_round for r in rows)
+    assert all(r.timing.n_samples >= FAST.cpu_rounds * per_round for r in rows)
     assert len(made) == 2  # once per cold row, not once per round
 
 
@@ -330,7 +345,7 @@ def test_interleaved_cold_rows_share_memory_and_time_their_own_values(
     for _, row in runner.iterate(cases, cfg):
         frozen.append(gc.get_freeze_count())
         rows.append(row)
-    assert all(r["status"] == "ok" and r["timer"] == timing_plan.TIMER_CPU_ROTATED for r in rows)
+    assert all(r.status == "ok" and r.timing.timer == timing_plan.TIMER_CPU_ROTATED for r in rows)
     assert len(set(starts[1:])) == 1  # one block for all the rows' copies
     # The copies' objects were frozen out of the collector's way, and are unfrozen after.
     assert min(frozen) > 0 and gc.get_freeze_count() == 0
@@ -552,7 +567,7 @@ META = {"device_key": "h100", "device_kind": "cuda", "l2_mb": 50,
 
 def test_the_roofline_marks_warm_points_hollow_and_draws_the_l2_roof() -> None:
     df = _frame([{"n": 2**20, "ms": 0.02}, {"n": 2**20, "ms": 0.006, "cache": "warm"}])
-    fig = plot_roofline(META, df)
+    fig = plot_roofline(doc_of(META, df))
     ax = fig.axes[0]
     pts = {c.get_gid(): c for c in ax.collections}
     assert set(pts) == {"points:fp32:add:torch", "points:fp32:add:torch:warm"}
@@ -562,7 +577,7 @@ def test_the_roofline_marks_warm_points_hollow_and_draws_the_l2_roof() -> None:
     labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert any(t.startswith("warm") for t in labels)
     # A cold-only run has no warm legend entry.
-    cold = plot_roofline(META, _frame([{"n": 2**20, "ms": 0.02}]))
+    cold = plot_roofline(doc_of(META, _frame([{"n": 2**20, "ms": 0.02}])))
     assert not any(t.get_text().startswith("warm") for leg in cold.legends
                    for t in leg.get_texts())
 
@@ -570,7 +585,7 @@ def test_the_roofline_marks_warm_points_hollow_and_draws_the_l2_roof() -> None:
 def test_a_baseline_overlay_pairs_warm_with_warm_only() -> None:
     old = _frame([{"n": 2**20, "ms": 0.02}])
     new = _frame([{"n": 2**20, "ms": 0.02}, {"n": 2**20, "ms": 0.004, "cache": "warm"}])
-    fig = plot_roofline(META, new, baseline=({}, old))
+    fig = plot_roofline(doc_of(META, new), baseline=doc_of({}, old))
     arrows = [t.get_gid() for t in fig.axes[0].texts if str(t.get_gid()).startswith("arrow")]
     assert arrows == []  # the cold row did not move; the warm one has no baseline
 
@@ -581,7 +596,7 @@ def test_the_summary_lists_the_largest_warm_cold_gaps() -> None:
                  {"n": 2**25, "ms": 0.200}, {"n": 2**25, "ms": 0.190, "cache": "warm"},
                  {"n": 2**20, "ms": 0.010, "p": "triton"},
                  {"n": 2**20, "ms": 0.001, "p": "triton", "cache": "warm"}])
-    md = render_summary(META, df)
+    md = render_summary(doc_of(META, df))
     gap = md[md.index("## Warm vs cold"):]
     gap = gap[:gap.index("\n## ")]
     lines = [ln for ln in gap.splitlines() if ln.startswith("| add")]
@@ -594,19 +609,20 @@ def test_the_summary_lists_the_largest_warm_cold_gaps() -> None:
 
 
 def test_warm_rows_that_fit_are_held_against_the_cache_roof() -> None:
+    from contract.run_meta import parse_meta
     from roofline.report.findings import effective_roofs
 
     df = _frame([{"n": 2**16, "ms": 0.001}, {"n": 2**16, "ms": 0.0005, "cache": "warm"},
                  {"n": 2**25, "ms": 0.2, "cache": "warm"}])
     df["roof_tflops"] = df["intensity"] * 3000.0 / 1e3
     df["peak_tflops"] = 50.0
-    roofs = list(effective_roofs(df, META)["roof"])
+    roofs = list(effective_roofs(df, parse_meta(META))["roof"])
     # Cold (the L2 flushed): the HBM roof; warm and inside the 50 MiB L2: the L2 roof;
     # warm but 384 MiB: HBM again.
     assert roofs == ["HBM", "cache", "HBM"]
-    cpu = {"device_kind": "cpu", "device_key": "cpu", "llc_mb": 32,
-           "ceilings": {"measured": {"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
-                                     "l2_gbps": 150.0}}}
+    cpu = parse_meta({"device_kind": "cpu", "device_key": "cpu", "llc_mb": 32,
+                      "ceilings": {"measured": {"tflops": {"fp32": 1.0}, "hbm_gbps": 20.0,
+                                                "l2_gbps": 150.0}}})
     # A cold CPU row now rotates past the cache: the DRAM roof; a row written before the
     # cache column ran on the same buffers: the cache roof, as before.
     legacy = df.iloc[:1].assign(cache=None, device="cpu")

@@ -15,8 +15,9 @@ import pytest
 import torch.distributed as dist
 
 from benches.fleet import collectives
-from contract.schema import row_problems
-from roofline.report.fleet import plot_fleet, render_fleet_md
+from contract.record import RunRow, flat
+from contract.schema import ALL_COLUMNS, row_problems
+from roofline.report.fleet import DeviceFigures, plot_fleet, render_fleet_md
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +41,8 @@ def clock(fn, on_gpu):
 collectives.time_call_ms = clock
 row = collectives.measure("all_reduce", "fp32", 4096, "cpu", iters=len(patterns[rank]))
 with open(out, "w") as f:
-    json.dump({k: row[k] for k in ("ms_median", "samples_ms", "config", "status")}, f)
+    json.dump({"ms_median": row.timing.ms_median, "samples_ms": list(row.timing.samples_ms),
+               "config": row.build.config, "status": row.status}, f)
 dist.destroy_process_group()
 """
 
@@ -83,10 +85,11 @@ def one_rank(tmp_path: Path):
 
 
 def test_one_rank_runs_every_collective_with_algbw_and_no_busbw(one_rank) -> None:
-    rows: list[dict] = []
-    assert collectives.sweep("cpu", sizes=(4096,), dtypes=("fp32",), rows=rows) == 0
-    assert [r["kernel"] for r in rows] == list(collectives.OPS)
-    for r in rows:
+    records: list[RunRow] = []
+    assert collectives.sweep("cpu", sizes=(4096,), dtypes=("fp32",), rows=records) == 0
+    assert [r.case.kernel for r in records] == list(collectives.OPS)
+    # as the files hold them (contract.record.flat), each a Row (contract/schema.py)
+    for r in (flat(x, ALL_COLUMNS) for x in records):
         assert r["status"] == "ok" and r["correct"], r
         assert r["provider"] == "gloo" and r["shape"] == "bytes=4096,ranks=1"
         assert r["busbw_gbps"] is None  # no link crossed: not 0, not algbw
@@ -117,8 +120,8 @@ def _coll_rows(busbw: float | None) -> pd.DataFrame:
                                    _coll_rows(None).astype({"busbw_gbps": float})])
 def test_the_fleet_report_says_n_a_for_one_ranks_busbw(frame: pd.DataFrame,
                                                        tmp_path: Path) -> None:
-    devices = [{"rank": 0, "host": "h", "device": "H200", "copy_gbps": 4000.0,
-                "throttled_rows": 0, "exit_code": 0, "copy_gbps_ratio": 1.0}]
+    devices = [DeviceFigures(0, "h", "H200", figures={"copy_gbps": 4000.0},
+                             throttled_rows=0, exit_code=0, ratios={"copy_gbps": 1.0})]
     md = render_fleet_md(devices, [], {"copy_gbps": 4000.0}, 5.0, frame)
     assert "| all_reduce | nccl | bf16 | 1,048,576 | 0.01 | 104.9 | n/a |" in md
     assert "| broadcast | nccl | bf16 | 1,048,576 | 0.01 | 104.9 | n/a |" in md

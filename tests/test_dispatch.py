@@ -36,6 +36,7 @@ from benches.timing.graphs import GraphProbe, GraphSampler
 from benches.timing.plan import TimingConfig, graph_plan
 from benches.timing.stopping import STOP_CAP
 from contract.ceilings import Ceilings
+from contract.record import Build, CaseId, RunRow, Timing
 from contract.schema import ALL_COLUMNS
 from kernels import REGISTRY, Target, triton_utils
 from kernels.spec import TritonLaunch
@@ -48,6 +49,7 @@ from kernels.triton_utils import (
 )
 from roofline.report.findings import launch_bound_rows
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 from tests.test_measurement import cpu_cfg, gpu_cfg, steady_sampler
 
 
@@ -264,7 +266,7 @@ def test_gpu_rows_carry_host_us_and_the_flushed_timer_gets_it(monkeypatch):
 def test_cpu_rows_have_no_host_us():
     row = run_case(Case(REGISTRY["add"], "torch", "fp32", {"n": 4096}), cpu_cfg(),
                    InputCache())
-    assert row["status"] == "ok" and row["host_us"] is None
+    assert row.status == "ok" and row.timing.host_us is None
 
 
 # ---- CUDA-graph bounds -----------------------------------------------------------------
@@ -446,13 +448,13 @@ def test_summary_lists_launch_bound_rows():
          "bytes": 24576, "tflops": 1e-3, "gbps": 6.0},
     ]])
     assert list(launch_bound_rows(rows)["provider"]) == ["triton"]
-    md = render_summary({"device_key": "h100"}, rows)
+    md = render_summary(doc_of({"device_key": "h100"}, rows))
     assert "## Launch-bound rows (1)" in md
     section = md.split("## Launch-bound rows (1)")[1].split("\n## ")[0]
     assert "| add | triton | bf16 | `n=4096` | 22.0 | 4.0 | 5.5x |" in section
     assert "torch" not in section
     rows["host_us"] = None  # CPU rows: no dispatch measured, no section
-    assert "Launch-bound" not in render_summary({"device_key": "h100"}, rows)
+    assert "Launch-bound" not in render_summary(doc_of({"device_key": "h100"}, rows))
 
 
 # ---- Triton configs -------------------------------------------------------------------
@@ -462,12 +464,12 @@ def test_triton_rows_record_their_config():
     cfg = cpu_cfg(check_only=True, target=Target("cpu", None, True))
     row = run_case(Case(REGISTRY["matmul"], "triton", "fp32", {"M": 33, "N": 17, "K": 65}),
                    cfg, InputCache())
-    assert row["status"] == "ok", row["reason"]
+    assert row.status == "ok", row.reason
     # the interpreter's fixed config
-    assert row["config"] == ("matmul_kernel[BLOCK_M=32,BLOCK_N=32,BLOCK_K=32,GROUP_M=4,"
+    assert row.build.config == ("matmul_kernel[BLOCK_M=32,BLOCK_N=32,BLOCK_K=32,GROUP_M=4,"
                              "num_warps=4,num_stages=1]")
     row = run_case(Case(REGISTRY["dot"], "triton", "fp32", {"n": 1000}), cfg, InputCache())
-    assert row["config"] == "dot_kernel[STAGES=3,num_warps=8,num_stages=3]"
+    assert row.build.config == "dot_kernel[STAGES=3,num_warps=8,num_stages=3]"
 
 
 @pytest.mark.interpreter
@@ -486,8 +488,8 @@ def test_a_forced_config_runs_instead_of_tuning(monkeypatch):
     cfg = cpu_cfg(check_only=True, target=Target("cpu", None, True),
                   configs={key: forced})
     row = run_case(Case(spec, "triton", "fp32", shape), cfg, InputCache())
-    assert row["status"] == "ok", row["reason"]  # correct with the forced tile too
-    assert row["config"] == forced and ran == [launches[0].configs[-1]]
+    assert row.status == "ok", row.reason  # correct with the forced tile too
+    assert row.build.config == forced and ran == [launches[0].configs[-1]]
 
 
 class FakeKernel:
@@ -586,18 +588,17 @@ def test_retiming_children_get_the_rows_configs(monkeypatch):
                         stderr=""))[1])
     spec = REGISTRY["matmul"]
     case = Case(spec, "triton", "bf16", {"M": 64, "N": 64, "K": 64})
-    rows = [{"kernel": key[0], "provider": key[1], "dtype": key[2], "shape": key[3],
-             "config": text}]
+    rows = [RunRow(CaseId(*key), build=Build(config=text))]
     got = job.compare_retimer([case], cpu_cfg(), rows)([key])
     assert got == {key: [[1.0]]}
     assert sent[0]["configs"] == {retime.case_id(key): text}
 
-    # ... and the child runs them: its RunConfig carries them by case key
+    # ... and the child runs them: its context carries them by case key
     seen = {}
 
     def fake_run_case(case, cfg, cache):
         seen.update(cfg.configs)
-        return {"status": "ok", "samples_ms": [2.0]}
+        return RunRow(case.id, status="ok", timing=Timing(samples_ms=(2.0,)))
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)
     out = retime.retime({**sent[0], "device": "cpu"})

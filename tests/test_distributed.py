@@ -23,7 +23,7 @@ from benches.fleet.collectives import busbw, elements, fill_value
 from benches.fleet.dist import FleetRefused, cpu_threads
 from roofline.plan.comm import busbw_from_run
 from roofline.plan.model import PlanError
-from roofline.report.fleet import find_outliers
+from roofline.report.fleet import DeviceFigures, find_outliers
 
 ROOT = Path(__file__).resolve().parent.parent
 OPS = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"}
@@ -267,10 +267,11 @@ def test_the_timed_call_is_the_collective_alone(op, tmp_path, monkeypatch):
 def test_ranks_with_other_versions_are_refused_naming_what_differs(monkeypatch):
     from benches.fleet import dist as fdist
     from benches.fleet.folder import versions as _versions
-    from contract.request import RunRequest
+    from contract.request import DeviceChoice, RunRequest, Selection
 
-    mine = _versions(RunRequest(kernels=("add",), dtypes=("fp32",), providers=("torch",),
-                                sizes="explicit", shapes=({"n": 4096},), device="cpu"))
+    mine = _versions(RunRequest(Selection(kernels=("add",), dtypes=("fp32",),
+                                          providers=("torch",), sizes="explicit",
+                                          shapes=({"n": 4096},)), DeviceChoice("cpu")))
     assert {"suite commit", "suite package", "torch", "triton", "kernels"} <= mine.keys()
     other = {**mine, "torch": "2.11.0+cu128"}
     monkeypatch.setattr(fdist, "all_gather_object", lambda doing, obj: [
@@ -301,15 +302,15 @@ def test_more_processes_than_gpus_is_refused(monkeypatch):
 
 
 def test_outliers_are_below_the_median_by_more_than_the_tolerance():
-    devices = [{"rank": r, "host": "h", "copy_gbps": bw, "bf16_matmul_tflops": tf}
+    devices = [DeviceFigures(r, "h", figures={"copy_gbps": bw, "bf16_matmul_tflops": tf})
                for r, bw, tf in [(0, 100.0, 500.0), (1, 100.0, 470.0), (2, 94.0, 500.0),
                                  (3, 96.0, 500.0)]]
     out, medians = find_outliers(devices, 5.0)
     assert medians == {"copy_gbps": 98.0, "bf16_matmul_tflops": 500.0}
     # 94 / 98 = 0.959 (4.1% below: inside), 470 / 500 = 0.94 (6% below: outside)
-    assert [o["rank"] for o in out] == [1]
-    assert "bf16_matmul_tflops 470 = 0.94x the median 500" in out[0]["why"]
-    assert devices[2]["copy_gbps_ratio"] == pytest.approx(94 / 98)
+    assert [o.device.rank for o in out] == [1]
+    assert "bf16_matmul_tflops 470 = 0.94x the median 500" in out[0].why
+    assert devices[2].ratios["copy_gbps"] == pytest.approx(94 / 98)
 
 
 def test_resume_and_compare_are_refused_under_torchrun(monkeypatch, capsys, tmp_path):

@@ -25,12 +25,14 @@ from benches.sweep.gpu_monitor import GpuMonitor
 from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
+from contract.record import Accounting, CaseId, Profile, RunRow, Timing
 from contract.schema import load_run
 from kernels import REGISTRY, Target
 from roofline.__main__ import main as roofline_main
 from roofline.report.energy import at_power_limit, best_energy, launch_gap_rows
 from roofline.report.plot_energy import plot_energy
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 from tests.test_measurement import FakeNVML, _cuda_props, gpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,9 +83,9 @@ def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatc
     from benches.timing.interleave import Sampler
     from tests.test_measurement import ClockMonitor, gpu_faked
 
-    real_columns = kernel_time.row_columns
+    real_profile = kernel_time.row_profile
     gpu_faked(monkeypatch, ClockMonitor(1900.0), ms=1.5)
-    monkeypatch.setattr(kernel_time, "row_columns", real_columns)  # the profile faked
+    monkeypatch.setattr(kernel_time, "row_profile", real_profile)  # the profile faked
     monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None:
                         kernel_time.kernel_time(kernel_time.read_trace(TRACE), 5))
     monkeypatch.setattr(gpu_case.torch.cuda, "synchronize", lambda: None)
@@ -116,20 +118,20 @@ def test_a_metered_gpu_row_carries_energy_kernel_time_and_power_limit(monkeypatc
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
     row = run_case(Case(counted, "torch", "fp32", {"n": 4096}), gpu_cfg(), CpuInputs())
-    assert row["status"] == "ok"
+    assert row.status == "ok"
     window = log[log.index("window") + 1:log.index("end")]
-    assert log[:log.index("window")].count("sample") == row["n_samples"]
+    assert log[:log.index("window")].count("sample") == row.timing.n_samples
     assert window and set(window) == {"call" if timer == timing_plan.TIMER_FLUSHED
                                       else "sample"}
-    assert row["power_w"] == 500.0 and row["power_limit_w"] == 700.0
-    assert row["energy_j"] == pytest.approx(500.0 * 1.5e-3)
-    assert row["kernel_ms"] == pytest.approx(0.042)
-    assert row["kernels"] == "at::native::vectorized_elementwise_kernel; Memset (Device)"
+    assert row.energy.power_w == 500.0 and row.energy.power_limit_w == 700.0
+    assert row.energy.energy_j == pytest.approx(500.0 * 1.5e-3)
+    assert row.profile.kernel_ms == pytest.approx(0.042)
+    assert row.profile.kernels == "at::native::vectorized_elementwise_kernel; Memset (Device)"
     # --energy off: no window, the columns empty
     log.clear()
     off = run_case(Case(counted, "torch", "fp32", {"n": 4096}),
-                   dataclasses.replace(gpu_cfg(), energy="off"), CpuInputs())
-    assert off["power_w"] is None and "window" not in log
+                   gpu_cfg(energy="off"), CpuInputs())
+    assert off.energy.power_w is None and "window" not in log
 
 
 def test_energy_windows_go_to_each_series_largest_shape():
@@ -199,10 +201,12 @@ def test_rapl_sums_packages_and_counts_through_a_wrap(tmp_path):
         return "timing", ""
 
     assert meter.around(timed) == ("timing", "")
-    cols = meter.columns({"ms_median": 2.0, "flops": 4 * 10**9, "bytes": 10**9})
-    assert cols["power_w"] == pytest.approx(0.05 / 0.5)
-    assert cols["energy_j"] == pytest.approx(0.1 * 2e-3)
-    assert cols["power_limit_w"] is None
+    got = meter.group(RunRow(CaseId("add", "torch", "fp32", "n=1"),
+                             Accounting(flops=4 * 10**9, bytes=10**9),
+                             timing=Timing(ms_median=2.0)))
+    assert got.power_w == pytest.approx(0.05 / 0.5)
+    assert got.energy_j == pytest.approx(0.1 * 2e-3)
+    assert got.power_limit_w is None
     assert energy_metadata("cpu", rapl_root=tmp_path)["source"] == "rapl"
 
 
@@ -237,12 +241,12 @@ def test_a_recorded_trace_gives_kernel_ms_and_the_kernels():
 def test_the_library_column_comes_from_the_kernel_time_pass(monkeypatch):
     got = kernel_time.kernel_time(kernel_time.read_trace(TRACE), calls=5)
     monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None: got)
-    assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] == "aten"
+    assert kernel_time.row_profile(lambda: None, 1e-4, "torch")[0].library == "aten"
     # A Triton row is this project's Triton whatever else its call launched.
-    assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
+    assert kernel_time.row_profile(lambda: None, 1e-4, "triton")[0].library == "triton"
     monkeypatch.setattr(kernel_time, "profile_calls", lambda call, n, flush=None: None)
-    assert kernel_time.row_columns(lambda: None, 1e-4, "triton")[0]["library"] == "triton"
-    assert kernel_time.row_columns(lambda: None, 1e-4, "torch")[0]["library"] is None
+    assert kernel_time.row_profile(lambda: None, 1e-4, "triton")[0].library == "triton"
+    assert kernel_time.row_profile(lambda: None, 1e-4, "torch")[0].library is None
 
 
 def test_the_live_profilers_events_read_as_the_trace_does():
@@ -282,7 +286,7 @@ def test_events_at_1_5x_the_kernels_time_are_a_launch_gap():
     _, rows = load_run(ROOT / "results" / "cpu" / "example")
     gap = _gap_frame(1.5).iloc[0].to_dict()
     extra = {**rows.iloc[0].to_dict(), **gap, "flops": 1048576, "bytes": 12582912}
-    text = render_summary({}, pd.concat([rows, pd.DataFrame([extra])], ignore_index=True))
+    text = render_summary(doc_of({}, pd.concat([rows, pd.DataFrame([extra])], ignore_index=True)))
     assert "## Launch gaps (1)" in text
     line = next(x for x in text.splitlines() if x.startswith("| add ") and "1.50x" in x)
     assert "0.063" in line and "0.042" in line
@@ -331,7 +335,7 @@ def test_the_summary_has_the_best_tflop_per_joule_per_kernel_and_dtype(tmp_path)
         same = df[(df["kernel"] == "matmul") & (df["dtype"] == dtype) & (df["status"] == "ok")]
         assert r["tflop_per_j"] == pytest.approx(same["tflop_per_j"].astype(float).max())
     assert int(at_power_limit(df).sum()) == 1
-    text = render_summary(meta | {"energy": {"source": "rapl", "reason": "x"}}, df)
+    text = render_summary(doc_of(meta | {"energy": {"source": "rapl", "reason": "x"}}, df))
     assert "## Energy per call" in text and "1 of" in text and "| TFLOP/J |" in text
     assert "## Rows at the power limit (1)" in text
     capped = text.split("## Rows at the power limit (1)")[1].split("##")[0]
@@ -344,7 +348,7 @@ def test_plot_energy_draws_a_doctored_run(tmp_path, capsys):
     png = run / "energy.png"
     assert capsys.readouterr().out.strip() == str(png) and png.stat().st_size > 10_000
     meta, df = load_run(run)
-    fig = plot_energy(meta, df)
+    fig = plot_energy(doc_of(meta, df))
     gids = {a.get_gid() for ax in fig.axes for a in [*ax.lines, *ax.collections]}
     assert {"energy:roof:gemm:fp32", "energy:roof:copy"} <= gids
     hollow = [c for c in fig.axes[0].collections if str(c.get_gid()).endswith(":throttled")]
@@ -369,10 +373,10 @@ def test_a_profiler_failure_is_a_note_and_a_sticky_cuda_error_aborts(monkeypatch
         return profile
 
     monkeypatch.setattr(kernel_time, "profile_calls", fails("CUPTI_ERROR_NOT_INITIALIZED"))
-    cols, note = kernel_time.row_columns(lambda: None, 1e-4)
-    assert cols == {"kernel_ms": None, "kernels": None, "library": None}
+    got, note = kernel_time.row_profile(lambda: None, 1e-4)
+    assert got == Profile()
     assert note.startswith("kernel_ms: torch.profiler failed") and "CUPTI" in note
     monkeypatch.setattr(kernel_time, "profile_calls",
                         fails("CUDA error: an illegal memory access was encountered"))
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        kernel_time.row_columns(lambda: None, 1e-4)
+        kernel_time.row_profile(lambda: None, 1e-4)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from benches.sweep import energy_counter as ec
-from benches.sweep.energy import RaplMeter, RowEnergy, bounded, energy_columns
+from benches.sweep.energy import RaplMeter, RowEnergy, bounded, energy_of
 from benches.sweep.energy_counter import (
     CounterRead,
     GpuEnergyMeter,
@@ -36,6 +36,7 @@ from benches.sweep.energy_counter import (
     probe_counter,
 )
 from benches.sweep.gpu_monitor import GpuMonitor
+from contract.record import Accounting, CaseId, Energy, RunRow, Timing
 
 LIMIT_W = 700.0
 
@@ -394,9 +395,9 @@ def test_the_meter_gets_every_row_within_5_percent(period_s):
         assert e.method == "nvml counter edges" and e.reason == "" and e.note == ""
         assert e.steps >= 3 and e.error_rel <= 0.05 and e.power_limit_w == LIMIT_W
         assert e.window_s <= ec.MAX_WINDOW_S
-        cols = e.columns(1.5, 2 * 8192**3, 0.0)
-        assert cols["energy_j"] == pytest.approx(e.power_w * 1.5e-3)
-        assert cols["tflop_per_j"] == pytest.approx(2 * 8192**3 / cols["energy_j"] / 1e12)
+        got = e.group(1.5, 2 * 8192**3, 0.0)
+        assert got.energy_j == pytest.approx(e.power_w * 1.5e-3)
+        assert got.tflop_per_j == pytest.approx(2 * 8192**3 / got.energy_j / 1e12)
 
 
 def test_a_noisy_counter_is_replayed_longer():
@@ -430,8 +431,8 @@ def test_no_window_no_replay():
     meter = GpuEnergyMeter(nv, nv.handle, probe=_probe(1.0), clock=sim, sleep=sim.sleep)
     e = meter.measure(lambda s: pytest.fail("replayed without a window"))
     assert e.power_w is None and "over the 2 s limit" in e.reason
-    assert e.columns(1.0, 1.0, 1.0)["power_w"] is None and e.columns(1.0, 1, 1)[
-        "power_limit_w"] == LIMIT_W
+    assert e.group(1.0, 1.0, 1.0).power_w is None
+    assert e.group(1.0, 1, 1).power_limit_w == LIMIT_W
 
 
 def test_a_power_above_the_limit_is_not_written():
@@ -444,7 +445,7 @@ def test_a_power_above_the_limit_is_not_written():
     e = meter.measure(nv.replay(2100.0, log))
     assert e.power_w is None
     assert "is above 1.05 x the 700 W power limit: not written" in e.reason
-    assert e.columns(1.0, 1.0, 1.0)["energy_j"] is None
+    assert e.group(1.0, 1.0, 1.0).energy_j is None
 
 
 def test_the_meter_on_the_real_clock():
@@ -508,15 +509,13 @@ def test_the_old_windows_powers_are_bounded():
     e = bounded(power, "nvml timing window", LIMIT_W)
     assert e.power_w is None and e.power_limit_w == LIMIT_W
     assert e.note == "energy: 2333 W is above 1.05 x the 700 W power limit: not written"
-    cols = e.columns(1.0, 1e12, 0)
-    assert cols == {"energy_j": None, "tflop_per_j": None, "gb_per_j": None,
-                    "power_w": None, "power_limit_w": LIMIT_W}
+    assert e.group(1.0, 1e12, 0) == Energy(power_limit_w=LIMIT_W)  # the limit alone
     flat = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 1_000}]
     assert bounded(window_power_w(flat), "nvml timing window", LIMIT_W).reason == \
         "mean power 0 W is at or below zero: not written"
     # 735 W is 1.05 x 700 W: written; 736 W is not
-    assert energy_columns(735.0, 1.0, 0, 0, LIMIT_W)["power_w"] == 735.0
-    assert energy_columns(736.0, 1.0, 0, 0, LIMIT_W)["power_w"] is None
+    assert energy_of(735.0, 1.0, 0, 0, LIMIT_W).power_w == 735.0
+    assert energy_of(736.0, 1.0, 0, 0, LIMIT_W).power_w is None
 
 
 def test_rapl_keeps_its_lower_bound():
@@ -531,5 +530,7 @@ def test_rapl_keeps_its_lower_bound():
     assert meter.around(lambda: "timed") == "timed"
     e = meter.energy()
     assert e.power_w is None and e.method == "rapl" and "at or below zero" in e.reason
-    assert meter.columns({"ms_median": 1.0, "flops": 1.0, "bytes": 1.0})["energy_j"] is None
+    timed = RunRow(CaseId("add", "torch", "fp32", "n=1"), Accounting(flops=1, bytes=1),
+                   timing=Timing(ms_median=1.0))
+    assert meter.group(timed).energy_j is None
     assert RaplMeter(None).energy() == RowEnergy(None, "rapl")  # no RAPL: no note

@@ -30,6 +30,7 @@ from benches.estimate.runs import (
 )
 from benches.sweep.cases import Case
 from contract.devices import DEVICES, Present, resolve_device
+from contract.schema import COLUMNS
 from kernels import REGISTRY
 from kernels.spec import Target
 
@@ -54,9 +55,9 @@ def test_the_h200_runs_price_one_another_within_15_percent(source, target, estim
     times neither: the runs' record without it)."""
     src, tgt = load_run(DAY / source / "results.json"), load_run(DAY / target / "results.json")
     others = [r for r in _h200_runs() if r.path != tgt.path]
-    assert len(others) >= 10 and all(r.meta["device_key"] == "h200" for r in others)
+    assert len(others) >= 10 and all(r.meta.device.device_key == "h200" for r in others)
     walk = price_run(tgt, src, compile_times(others, FALLBACK_COMPILE))
-    wall = tgt.meta["wall_s"]
+    wall = tgt.meta.time.wall_s
     assert walk.total == pytest.approx(estimate, abs=0.5)
     assert 0.85 <= walk.total / wall <= 1.15, walk.total / wall
     assert walk.counts["priced from its own row"] == len(tgt.rows)  # the same cases
@@ -103,7 +104,10 @@ def _run(tmp: Path, name: str, split: dict[str, float], rows: list[dict], **meta
 
 
 def _row(n: int, provider: str = "torch", status: str = "ok", **extra) -> dict:
-    return {"kernel": "add", "provider": provider, "dtype": "fp32", "shape": f"n={n}",
+    """A row as a run writes it: every required column (contract.schema.COLUMNS, load_doc
+    refuses a run without them), those given set."""
+    return {**dict.fromkeys(COLUMNS), "kernel": "add", "provider": provider, "dtype": "fp32",
+            "shape": f"n={n}",
             "cache": "cold", "flops": n, "bytes": 12 * n, "roof_class": "fp32",
             "status": status, **extra}
 

@@ -17,7 +17,6 @@ from benches.sweep.phases import RowSplits, TimeSplit
 from benches.sweep.row_check import Checked
 from benches.timing import plan as timing_plan
 from benches.timing.interleave import Sampler
-from contract.schema import row_key
 from kernels import REGISTRY, Target
 from tests.test_measurement import ClockMonitor, gpu_cfg, gpu_faked
 
@@ -63,7 +62,7 @@ def test_the_providers_of_a_case_sample_in_turns_and_rows_come_in_case_order(mon
              for p in ("torch", "compile") for mode in ("cold", "warm")]
     rows, log, splits = _sweep(monkeypatch, cases)
     assert [c.key for c, _ in rows] == [c.key for c in cases]
-    assert all(r["status"] == "ok" and r["sm_clock_mhz"] == 1900.0 for _, r in rows)
+    assert all(r.status == "ok" and r.clocks.sm_clock_mhz == 1900.0 for _, r in rows)
     # The first shape's four cases are made ready before any of them samples, the cold
     # pair then the warm pair, and each pair's batches alternate.
     first = log[:log.index("ready torch/cold", 1)] if log.count("ready torch/cold") > 1 \
@@ -82,11 +81,11 @@ def test_a_provider_that_raises_while_sampling_fails_alone(monkeypatch):
     spec = _two_providers()
     cases = [Case(spec, p, "fp32", {"n": 4096}) for p in ("torch", "compile")]
     rows, log, _ = _sweep(monkeypatch, cases, fail="compile/cold")
-    by = {r["provider"]: r for _, r in rows}
-    assert by["torch"]["status"] == "ok" and by["torch"]["n_samples"] >= 10
-    assert by["compile"]["status"] == "failed"
-    assert by["compile"]["reason"].startswith("kernel raised while timing")
-    assert row_key(by["compile"]) == cases[1].key
+    by = {r.case.provider: r for _, r in rows}
+    assert by["torch"].status == "ok" and by["torch"].timing.n_samples >= 10
+    assert by["compile"].status == "failed"
+    assert (by["compile"].reason or "").startswith("kernel raised while timing")
+    assert by["compile"].key == cases[1].key
 
 
 def test_an_interrupt_keeps_the_rows_finished_before_it(monkeypatch):
@@ -109,7 +108,7 @@ def test_an_interrupt_keeps_the_rows_finished_before_it(monkeypatch):
     it = runner.iterate(cases, gpu_cfg(cache=["cold", "warm"]), TimeSplit())
     with pytest.raises(KeyboardInterrupt):
         for case, row in it:
-            got.append((case.key, row["status"]))
+            got.append((case.key, row.status))
             calls["n"] += 1
     # The cold pair was timed whole before the warm pair's interrupt: both kept.
     assert got == [(cases[0].key, "ok"), (cases[2].key, "ok")]

@@ -352,8 +352,10 @@ def write_ci_run(folder: Path, rows: list[dict[str, Any]], *, measured: bool = T
                               "l2_gbps": None},
                 "measured": {"tflops": {"fp32": 60.0, "bf16": 800.0, "fp8": 1300.0},
                              "hbm_gbps": COPY_GBPS, "l2_gbps": None} if measured else None}
+    # A finished run's metadata, as the sweep writes it: `complete` says so (a run without
+    # the key reads as not whole, contract/run_meta.py RunState).
     meta = {"run_id": folder.name, "device_key": "h100", "device_name": "NVIDIA H100 80GB HBM3",
-            "fp8_accum": fp8_accum, "ceilings": ceilings}
+            "fp8_accum": fp8_accum, "ceilings": ceilings, "complete": True}
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"metadata": meta, "rows": rows}))
     return folder

@@ -53,8 +53,8 @@ def test_rounds_alternate_between_the_cases_of_a_chunk() -> None:
     rounds = cfg.timing.cpu_rounds
     assert _order(calls) == [1000, 2000] * rounds
     for row in rows:
-        assert row["status"] == "ok", row["reason"]
-        assert row["n_samples"] == len(row["samples_ms"]) >= cfg.timing.min_samples
+        assert row.status == "ok", row.reason
+        assert row.timing.n_samples == len(row.timing.samples_ms) >= cfg.timing.min_samples
     # Each round of a case on its own output buffer (fresh inputs and output).
     outs_a = {i for n, i in calls if n == 1000}
     assert len(outs_a) >= 2
@@ -65,7 +65,7 @@ def test_a_zero_chunk_times_each_case_alone() -> None:
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=0.0))
     rows = [row for _, row in runner.iterate(_cases(fn), cfg)]
     assert _order(calls) == [1000, 2000]
-    assert all(r["n_samples"] >= cfg.timing.min_samples for r in rows)
+    assert all(r.timing.n_samples >= cfg.timing.min_samples for r in rows)
 
 
 def test_one_round_is_the_old_serial_sweep() -> None:
@@ -73,7 +73,7 @@ def test_one_round_is_the_old_serial_sweep() -> None:
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_rounds=1, cpu_chunk_s=60.0))
     rows = [row for _, row in runner.iterate(_cases(fn), cfg)]
     assert _order(calls) == [1000, 2000]
-    assert all(r["n_samples"] >= cfg.timing.min_samples for r in rows)
+    assert all(r.timing.n_samples >= cfg.timing.min_samples for r in rows)
 
 
 def test_a_kernel_raising_in_a_later_round_fails_its_row_only() -> None:
@@ -88,12 +88,12 @@ def test_a_kernel_raising_in_a_later_round_fails_its_row_only() -> None:
         return out.copy_(inputs["x"] + inputs["y"])
 
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))
-    rows = {row["shape"]: row for _, row in runner.iterate(_cases(fn), cfg)}
+    rows = {row.case.shape: row for _, row in runner.iterate(_cases(fn), cfg)}
     bad, good = rows["n=1000"], rows["n=2000"]
-    assert bad["status"] == "failed" and "while timing" in bad["reason"]
-    assert bad["ms_median"] is None and not bad.get("samples_ms")
-    assert bad["correct"] is True  # it was checked fine before it raised
-    assert good["status"] == "ok" and good["n_samples"] >= cfg.timing.min_samples
+    assert bad.status == "failed" and "while timing" in bad.reason
+    assert bad.timing.ms_median is None and not bad.timing.samples_ms
+    assert bad.check.correct is True  # it was checked fine before it raised
+    assert good.status == "ok" and good.timing.n_samples >= cfg.timing.min_samples
 
 
 def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,14 +117,15 @@ def test_an_interrupt_yields_the_rows_timed_so_far(monkeypatch: pytest.MonkeyPat
         for _, row in runner.iterate(_cases(fn), cfg):
             got.append(row)
     per_round = timing_plan.cpu_round_config(cfg.timing).min_samples
-    assert [r["shape"] for r in got] == ["n=1000", "n=2000"]
+    assert [r.case.shape for r in got] == ["n=1000", "n=2000"]
     for row in got:  # both cases finished rounds 1 and 2, neither round 3
-        assert row["status"] == "ok"
-        assert row["n_samples"] == len(row["samples_ms"]) == 2 * per_round
-        assert row["reason"] == "timed in 2 of 5 rounds only (stopped by SIGINT)"
-        assert row["cut_short"] == "2/5" and runner.cut_short(row)
+        assert row.status == "ok"
+        assert row.timing.n_samples == len(row.timing.samples_ms) == 2 * per_round
+        assert row.reason == "timed in 2 of 5 rounds only (stopped by SIGINT)"
+        assert row.timing.cut_short == "2/5" and runner.cut_short(row)
     # The state is the field, never read back out of the reason.
-    assert not runner.cut_short({**got[0], "cut_short": None})
+    assert not runner.cut_short(dataclasses.replace(
+        got[0], timing=dataclasses.replace(got[0].timing, cut_short=None)))
 
 
 def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:
@@ -139,9 +140,9 @@ def test_an_interrupt_while_the_caller_writes_a_row_keeps_the_chunk() -> None:
     with pytest.raises(KeyboardInterrupt):
         try:
             for _, row in rows:
-                got.append(row["shape"])
+                got.append(row.case.shape)
                 raise KeyboardInterrupt
         except KeyboardInterrupt as e:
-            got += [row["shape"] for _, row in job.drain_rows(rows, e)]
+            got += [row.case.shape for _, row in job.drain_rows(rows, e)]
             raise
     assert got == ["n=1000", "n=2000", "n=3000"]

@@ -19,7 +19,7 @@ import torch
 import run_bench
 from benches import measured_ceilings as ceil_mod
 from benches.sweep import failures, gpu_monitor, results, runner, timers
-from benches.sweep.cases import Case, InputCache, RunConfig
+from benches.sweep.cases import Case, InputCache, SweepContext
 from benches.sweep.failures import SweepAborted
 from benches.sweep.runner import run_case
 from benches.timing import graphs as graph_timing
@@ -30,6 +30,9 @@ from benches.timing.interleave import Sampler
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES, Present, host_cpu, match_sku
+from contract.record import Profile
+from contract.request import Measurement, RunRequest, Selection
+from contract.run_meta import meta_json
 from contract.schema import load_run
 from kernels import REGISTRY, Target
 from kernels.spec import DTYPES, UnsupportedShape
@@ -37,23 +40,33 @@ from kernels.spec import DTYPES, UnsupportedShape
 FAST = TimingConfig(cpu_min_run_time_s=0.005)
 
 
-def cpu_cfg(**kw: Any) -> RunConfig:
-    base = dict(kernels=["add"], dtypes=["fp32"], providers=["torch"], sizes="explicit",
-                explicit_shapes=None, seed=0, check_only=False, model=DEVICES["cpu"],
-                present=host_cpu(), target=Target("cpu"),
+_SELECTION = {f.name for f in dataclasses.fields(Selection)}
+
+
+def cpu_cfg(**kw: Any) -> SweepContext:
+    """A CPU sweep's context: add, torch, fp32, cold, FAST timing and made-up measured
+    ceilings; `kw` the request's selection fields (lists as tuples), `energy`, or the
+    context's own."""
+    sel: dict[str, Any] = dict(kernels=("add",), dtypes=("fp32",), providers=("torch",),
+                               sizes="explicit", cache=("cold",))
+    sel.update({k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()
+                if k in _SELECTION})
+    energy = kw.pop("energy", "largest")
+    base = dict(model=DEVICES["cpu"], present=host_cpu(), target=Target("cpu"),
                 ceilings=Ceilings(None, {"tflops": {"fp32": 0.1, "bf16": 0.2, "fp8": 0.3},
                                          "hbm_gbps": 10.0, "l2_gbps": 100.0}),
                 timing=FAST)
-    base.update(kw)
-    return RunConfig(**base)
+    base.update({k: v for k, v in kw.items() if k not in _SELECTION})
+    return SweepContext(RunRequest(Selection(**sel), measurement=Measurement(energy=energy)),
+                        **base)
 
 
-def gpu_cfg(key: str = "h100", **kw: Any) -> RunConfig:
+def gpu_cfg(key: str = "h100", **kw: Any) -> SweepContext:
     model = DEVICES[key]
     present = Present(key=key, name=model.name, kind="cuda", capability=(9, 0),
                       sms=model.sms, l2_mb=model.l2_mb)
-    return cpu_cfg(model=model, present=present, target=Target("cuda", (9, 0)),
-                   ceilings=Ceilings(datasheet_of(model), None), **kw)
+    return cpu_cfg(**{"model": model, "present": present, "target": Target("cuda", (9, 0)),
+                      "ceilings": Ceilings(datasheet_of(model), None), **kw})
 
 
 def with_torch_fn(kernel: str, fn) -> Any:
@@ -108,8 +121,8 @@ def _ptxas() -> BaseException:
 ])
 def test_kernel_errors_are_failed_rows(make, needle):
     row = run_case(case(fn=raising(make())), cpu_cfg(), InputCache())
-    assert row["status"] == "failed", row["reason"]
-    assert needle in row["reason"]
+    assert row.status == "failed", row.reason
+    assert needle in row.reason
 
 
 @pytest.mark.parametrize("exc, needle", [
@@ -118,7 +131,7 @@ def test_kernel_errors_are_failed_rows(make, needle):
 ])
 def test_only_oom_and_rejected_shapes_are_skipped(exc, needle):
     row = run_case(case(fn=raising(exc)), cpu_cfg(), InputCache())
-    assert row["status"] == "skipped" and needle in row["reason"]
+    assert row.status == "skipped" and needle in row.reason
 
 
 STICKY = [
@@ -138,7 +151,7 @@ def test_sticky_cuda_error_aborts_the_sweep(msg):
     with pytest.raises(SweepAborted) as info:
         run_case(c, cpu_cfg(), InputCache())
     row = info.value.row
-    assert row["status"] == "failed" and "sweep aborted" in row["reason"]
+    assert row.status == "failed" and "sweep aborted" in row.reason
     assert c.label in info.value.reason and msg.splitlines()[0][:20] in info.value.reason
 
 
@@ -162,7 +175,7 @@ def test_error_while_timing_is_a_failed_row(monkeypatch):
         return torch.add(inputs["x"], inputs["y"], out=out)
 
     row = run_case(case(fn=flaky), cpu_cfg(), InputCache())
-    assert row["status"] == "failed" and "while timing" in row["reason"]
+    assert row.status == "failed" and "while timing" in row.reason
 
 
 @pytest.fixture
@@ -218,7 +231,7 @@ def test_autotuned_kernel_is_checked_after_tuning():
         return out
 
     row = run_case(case(fn=tuned), cpu_cfg(check_only=True), InputCache())
-    assert row["status"] == "failed" and "NaN" in row["reason"]
+    assert row.status == "failed" and "NaN" in row.reason
 
 
 # ---- point 4: one timing method per (kernel, dtype, shape) -------------------------------
@@ -393,10 +406,10 @@ def test_cpu_rows_keep_at_least_min_samples_raw_samples():
 
     row = run_case(case(fn=slow), cpu_cfg(), InputCache())
     # Cold (the default): the calls rotate over copies past twice the last-level cache.
-    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_CPU_ROTATED
-    assert row["n_samples"] >= 25 and len(row["samples_ms"]) == row["n_samples"]
-    assert min(row["samples_ms"]) >= 2.0
-    assert row["ms_p20"] <= row["ms_median"] <= row["ms_p80"]
+    assert row.status == "ok" and row.timing.timer == timing_plan.TIMER_CPU_ROTATED
+    assert row.timing.n_samples >= 25 and len(row.timing.samples_ms) == row.timing.n_samples
+    assert min(row.timing.samples_ms) >= 2.0
+    assert row.timing.ms_p20 <= row.timing.ms_median <= row.timing.ms_p80
 
 
 # ---- point 7: device table, NVML device matching, clocks and throttling ------------------
@@ -551,8 +564,7 @@ def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:
 
     monkeypatch.setattr(row_check, "sync", lambda target: None)
     monkeypatch.setattr(gpu_case, "gpu_monitor", lambda: monitor)
-    monkeypatch.setattr(gpu_case.kernel_time, "row_columns", lambda *a, **k: (
-        {"kernel_ms": None, "kernels": None, "library": None}, ""))
+    monkeypatch.setattr(gpu_case.kernel_time, "row_profile", lambda *a, **k: (Profile(), ""))
     monkeypatch.setattr(gpu_case.clock, "flush_buffer",
                         lambda: SimpleNamespace(zero_=lambda: None))
     monkeypatch.setattr(timers.GpuTimer, "prepare", lambda self, row: timers.Prepared(
@@ -570,8 +582,8 @@ def test_gpu_rows_carry_clock_and_throttle(monkeypatch):
             return super().get(c, dataclasses.replace(cfg, target=Target("cpu")))
 
     row = run_case(case(shape={"n": 4096}), gpu_cfg(), CpuInputs())
-    assert row["status"] == "ok" and row["timer"] == timing_plan.TIMER_FLUSHED
-    assert row["sm_clock_mhz"] == 1400.0 and row["throttled"] is True
+    assert row.status == "ok" and row.timing.timer == timing_plan.TIMER_FLUSHED
+    assert row.clocks.sm_clock_mhz == 1400.0 and row.clocks.throttled is True
 
 
 # ---- metadata ---------------------------------------------------------------------------
@@ -580,10 +592,10 @@ def test_metadata_records_fp8_accumulation_and_llc():
     from kernels import spec as kernel_spec
 
     meta = results.collect_metadata(cpu_cfg(), "r", ["run_bench.py"])
-    assert meta["fp8_accum"] == kernel_spec.fp8_accum()
-    assert meta["fp8_accum"] in ("fast", "precise")
-    json.dumps(meta)
-    assert meta["llc_mb"] is None or meta["llc_mb"] > 0
+    assert meta.settings.fp8_accum == kernel_spec.fp8_accum()
+    assert meta.settings.fp8_accum in ("fast", "precise")
+    json.dumps(meta_json(meta))
+    assert meta.device.llc_mb is None or meta.device.llc_mb > 0
 
 
 # ---- point 8: above the roof, cache roof, fp8e5 on a CPU ---------------------------------
@@ -602,12 +614,12 @@ def test_fp8e5_matmul_on_cpu_is_not_held_against_the_e4m3_ceiling():
     shape = {"M": 32, "N": 32, "K": 32}
     e5 = runner.base_row(Case(REGISTRY["matmul"], "torch", "fp8e5", shape), cfg)
     e4 = runner.base_row(Case(REGISTRY["matmul"], "torch", "fp8", shape), cfg)
-    assert e4["meas_peak_tflops"] == 0.3 and e4["roof_tflops"] is not None
-    assert e5["meas_peak_tflops"] is None and e5["peak_tflops"] is None
-    assert e5["roof_tflops"] is None and e5["pct_roof"] is None
+    assert e4.accounting.meas_peak_tflops == 0.3 and e4.metrics.roof_tflops is not None
+    assert e5.accounting.meas_peak_tflops is None and e5.accounting.peak_tflops is None
+    assert e5.metrics.roof_tflops is None and e5.metrics.pct_roof is None
     # elementwise fp8e5 is held against the fp32 vector roof, as before
     add = runner.base_row(Case(REGISTRY["add"], "torch", "fp8e5", {"n": 64}), cfg)
-    assert add["roof_tflops"] is not None
+    assert add.metrics.roof_tflops is not None
 
 
 # ---- point 9: numbers that cannot be loosened unnoticed -------------------------------
@@ -623,8 +635,8 @@ def test_fp32_tolerance_is_2e_5(rel, status):
         return torch.add(x, y).mul_(1 + rel).float()
 
     row = run_case(case(fn=off), cpu_cfg(check_only=True), InputCache())
-    assert row["status"] == status
-    assert row["rel_err"] == pytest.approx(rel, rel=0.05)
+    assert row.status == status
+    assert row.check.rel_err == pytest.approx(rel, rel=0.05)
 
 
 def _fake_measure(monkeypatch, ms: float = 1.0, cache_ms: list[float] | None = None

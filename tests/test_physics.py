@@ -20,10 +20,12 @@ from contract.physics import (
     TFLOPS,
     UNEQUAL_CLOCKS,
     Withheld,
-    apply,
     check,
     withheld_of,
 )
+from contract.physics import withhold_flat as apply_flat
+from contract.record import RunRow, parse_row
+from contract.run_meta import parse_meta
 from contract.schema import ALL_COLUMNS, RESULTS_CSV, load_run, row_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +66,19 @@ def _row(**kw) -> dict:
     return r
 
 
-def _kinds(records: list[Withheld]) -> dict[str, str]:
+def _kinds(records: list[Withheld] | tuple[Withheld, ...]) -> dict[str, str]:
     return {w.column: w.kind for w in records}
+
+
+def apply(rows: list[dict], meta: dict) -> int:
+    """The check on rows as the files hold them, in place (the loader's path: load_run);
+    how many values it withheld now.  It checks their records (physics.checked)."""
+    return apply_flat(rows, meta)
+
+
+def records(*rows: dict, meta: dict = META) -> list[RunRow]:
+    """The rows as records, checked (physics.apply: the writer's and load_doc's path)."""
+    return physics.apply([parse_row(r) for r in rows], parse_meta(meta))
 
 
 def test_a_row_within_every_bound_keeps_every_value():
@@ -173,6 +186,30 @@ def test_providers_at_unequal_clocks_lose_their_speedup():
     assert near["speedup"] == 0.97 and torch_row["speedup"] == 1.0  # 1.96% apart: equal
 
 
+def test_each_group_checks_the_numbers_it_owns():
+    """The records' own checks: the clock, the energy (power first), the rates, the
+    kernel-only time, the speedup against its baseline row."""
+    b = physics.RunBounds.of(parse_meta(META))
+    hot = parse_row(_row(power_w=3594.0, energy_j=3594.0 * 0.004 / 1e3))
+    assert hot.energy.withheld(b, hot.timing.ms_median).kind == POWER
+    assert parse_row(_row(sm_clock_mhz=2100.0)).clocks.withheld(b).kind == CLOCK
+    fast = parse_row(_row(kernel_ms=0.00237))
+    assert fast.profile.withheld(b, fast.accounting, fast.case).kind == KERNEL_TIME
+    quick = parse_row(_row(ms_median=0.002, gbps=3 * 4 * 2**20 / 0.002 / 1e6))
+    assert quick.metrics.withheld(b, quick.accounting, quick.case).kind == GBPS
+    base = parse_row(_row(kernel="matmul", sm_clock_mhz=1770.0))
+    triton = parse_row(_row(kernel="matmul", provider="triton", sm_clock_mhz=1545.0,
+                            speedup=0.863))
+    assert triton.comparison.withheld(1545.0, base).kind == UNEQUAL_CLOCKS
+    # physics.apply on records: the value emptied in its group, the record on the row
+    (checked, torch_row) = records(_row(kernel="matmul", provider="triton",
+                                        sm_clock_mhz=1545.0, speedup=0.863),
+                                   _row(kernel="matmul", sm_clock_mhz=1770.0))
+    assert checked.comparison.speedup is None and torch_row.comparison.speedup == 1.0
+    assert _kinds(checked.withheld) == {"speedup": UNEQUAL_CLOCKS}
+    assert records(*[dict(_row())]) == [parse_row(_row())]  # within every bound
+
+
 def test_a_cpu_run_has_no_bound_it_lacks():
     meta = {"device_key": "cpu", "detected_key": "cpu", "device_kind": "cpu",
             "ceilings": {"datasheet": None, "measured": {"tflops": {"fp32": 0.35},
@@ -202,11 +239,11 @@ def test_idempotent_and_the_records_survive_the_csv(tmp_path):
 def test_the_writer_writes_no_failing_value(tmp_path):
     from benches.sweep.results import ResultWriter
 
-    w = ResultWriter(tmp_path / "run", dict(META))
-    w.add(_row(provider="triton", sm_clock_mhz=1545.0, ms_median=0.0046))
-    w.add(_row(power_w=4365.0, energy_j=4365 * 4e-6, sm_clock_mhz=1770.0))
+    w = ResultWriter(tmp_path / "run", parse_meta(META))
+    w.add(parse_row(_row(provider="triton", sm_clock_mhz=1545.0, ms_median=0.0046)))
+    w.add(parse_row(_row(power_w=4365.0, energy_j=4365 * 4e-6, sm_clock_mhz=1770.0)))
     # A row after its baseline row: its speedup checked before its line is written.
-    w.add(_row(provider="compile", sm_clock_mhz=1500.0, ms_median=0.0042))
+    w.add(parse_row(_row(provider="compile", sm_clock_mhz=1500.0, ms_median=0.0042)))
     journal = [json.loads(x) for x in (tmp_path / "run/rows.jsonl").read_text().splitlines()]
     assert journal[1]["power_w"] is None and journal[1]["withheld"]
     assert journal[2]["speedup"] is None

@@ -20,6 +20,7 @@ from contract.schema import ALL_COLUMNS
 from roofline.report import plot, plot_cli
 from roofline.report.plot_scaling import plot_scaling
 from roofline.report.style import fmt_tflops
+from tests.run_docs import doc_of
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
@@ -186,7 +187,7 @@ def h100_run() -> tuple[dict[str, Any], pd.DataFrame]:
 
 @pytest.fixture(scope="module")
 def h100_fig(h100_run):
-    return plot.plot_roofline(*h100_run)
+    return plot.plot_roofline(doc_of(*h100_run))
 
 
 # ------------------------------------------------------------------------------- roofline
@@ -264,7 +265,7 @@ def test_titles_and_legend(h100_fig):
 def test_cpu_metadata_measured_only():
     meta = cpu_meta()
     df = pd.DataFrame(cpu_rows(meta))
-    fig = plot.plot_roofline(meta, df)
+    fig = plot.plot_roofline(doc_of(meta, df))
     lines = gids(fig, "roof:", "lines")
     assert lines and all(ln.get_gid().split(":")[1] == "measured" for ln in lines)
     assert all(ln.get_linestyle() == "--" for ln in lines)
@@ -280,7 +281,7 @@ def test_a_cpu_class_with_no_roof_says_so_in_its_panel(cpu_ceilings):
     meta = {**cpu_meta(), "ceilings": {"datasheet": None, "measured": cpu_ceilings.measured}}
     rows = [make_row("matmul", "torch", dt, "M=64,N=64,K=64", 0.5, meta)
             for dt in cpu_ceilings.measured["tflops"]]
-    fig = plot.plot_roofline(meta, pd.DataFrame(rows))
+    fig = plot.plot_roofline(doc_of(meta, pd.DataFrame(rows)))
     texts = {t.get_gid(): t.get_text() for t in gids(fig, "ridge:", "texts")}
     lines = {ln.get_gid() for ln in gids(fig, "roof:", "lines")}
     assert cpu_ceilings.no_roofs
@@ -297,24 +298,24 @@ def test_a_cpu_class_with_no_roof_says_so_in_its_panel(cpu_ceilings):
 def test_missing_dtypes_and_zero_ok_rows(tmp_path):
     meta = h100_meta()
     only_bf16 = pd.DataFrame([r for r in h100_rows(meta) if r["dtype"] == "bf16"])
-    fig = plot.plot_roofline(meta, only_bf16)
+    fig = plot.plot_roofline(doc_of(meta, only_bf16))
     assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["bf16"]
 
     failed = pd.DataFrame([make_row("matmul", "triton", "bf16", "M=64,N=64,K=64", 0.5, meta,
                                     status="failed")])
-    fig = plot.plot_roofline(meta, failed)
+    fig = plot.plot_roofline(doc_of(meta, failed))
     assert n_points(fig) == 0
     assert gids(fig, "note:no-ok-rows", "texts")
     assert gids(fig, "roof:datasheet:bf16", "lines")
 
     empty = pd.DataFrame(columns=ALL_COLUMNS)
-    fig = plot.plot_roofline(meta, empty)
+    fig = plot.plot_roofline(doc_of(meta, empty))
     assert gids(fig, "note:no-ok-rows", "texts")
     # With no rows at all every known roof is drawn (fp16 and bf16 share one line).
     assert {ln.get_gid() for ln in gids(fig, "roof:datasheet", "lines")} >= {
         "roof:datasheet:fp32", "roof:datasheet:tf32", "roof:datasheet:fp16/bf16",
         "roof:datasheet:fp8", "roof:datasheet:hbm"}
-    fig = plot_scaling(meta, empty, tmp_path / "s.png")
+    fig = plot_scaling(doc_of(meta, empty), tmp_path / "s.png")
     assert gids(fig, "note:no-ok-rows", "texts") and (tmp_path / "s.png").exists()
 
 
@@ -326,7 +327,7 @@ def test_baseline_overlay_arrows():
     old.loc[ok, "tflops"] = old.loc[ok, "tflops"] * 0.9  # the new run is 11% faster...
     slower = ok & (old["kernel"] == "dot")
     old.loc[slower, "tflops"] = new.loc[slower, "tflops"] * 1.5  # ...except dot
-    fig = plot.plot_roofline(meta, new, baseline=(h100_meta(run_id="old"), old))
+    fig = plot.plot_roofline(doc_of(meta, new), baseline=doc_of(h100_meta(run_id="old"), old))
     arrows = gids(fig, "arrow:", "texts")
     assert len(arrows) == ok.sum()
     n_slower = sum(a.arrow_patch.get_edgecolor()[0] > 0.5 for a in arrows)  # red
@@ -340,7 +341,7 @@ def test_baseline_overlay_arrows():
 
 def test_scaling_panels_lines_and_l2(h100_run):
     meta, df = h100_run
-    fig = plot_scaling(meta, df)
+    fig = plot_scaling(doc_of(meta, df))
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["add", "mul", "gelu", "gelu_erf", "dot", "matvec", "matmul"]
     lines = gids(fig, "scaling:", "lines")
@@ -363,7 +364,7 @@ def test_scaling_close_ceilings_share_a_label():
     meta["ceilings"]["measured"]["tflops"] = {"fp32": 0.36, "fp16": 1.46, "bf16": 1.38}
     rows = [make_row("matmul", "torch", dt, f"M={s},N={s},K={s}", 0.5, meta)
             for dt in ("fp32", "fp16", "bf16") for s in (64, 256)]
-    fig = plot_scaling(meta, pd.DataFrame(rows))
+    fig = plot_scaling(doc_of(meta, pd.DataFrame(rows)))
     labels = {t.get_gid(): t.get_text() for t in gids(fig, "ceiling-label:", "texts")}
     assert labels == {"ceiling-label:fp16;bf16": "fp16 meas. 1.46; bf16 meas. 1.38",
                       "ceiling-label:fp32": "fp32 meas. 0.36"}

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
 from contract.devices import DEVICES
 from roofline.report import plot_cli
 from roofline.report.plot_devices import plot_devices
+from tests.run_docs import doc_of
 from tests.test_plot import (
     cpu_meta,
     cpu_rows,
@@ -62,7 +62,7 @@ def three():
     """H100, H200 and a CPU, as `plot A B C --devices` loads them."""
     metas = [h100_meta(), h200_meta(), cpu_meta()]
     rows = [small_run(metas[0]), small_run(metas[1]), cpu_rows(metas[2])]
-    return [(m, pd.DataFrame(r)) for m, r in zip(metas, rows, strict=True)]
+    return [doc_of(m, r) for m, r in zip(metas, rows, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +117,8 @@ def test_ridges_are_each_devices_own(three_fig):
 
 def test_points_per_device_in_its_colour(three, three_fig):
     colours = {}
-    for tag, (_meta, df) in zip(("h100", "h200", "cpu"), three, strict=True):
-        assert n_points(three_fig, f"points:{tag}:") == (df["status"] == "ok").sum(), tag
+    for tag, doc in zip(("h100", "h200", "cpu"), three, strict=True):
+        assert n_points(three_fig, f"points:{tag}:") == sum(r.ok for r in doc.rows), tag
         roof = [ln for ax in three_fig.axes for ln in ax.lines
                 if (ln.get_gid() or "").startswith(f"roof:{tag}:")]
         colour = {to_rgba(ln.get_color()) for ln in roof}
@@ -142,8 +142,7 @@ def test_fp4_roof_drawn_for_blackwell_only():
     """A B200 run's 4-bit GEMM held against its fp4 roof; the H100 beside it has none:
     the panel says so instead of drawing a roof the device lacks."""
     h100, b200 = h100_meta(), b200_meta()
-    runs = [(h100, pd.DataFrame(small_run(h100))),
-            (b200, pd.DataFrame(small_run(b200) + [fp4_row(b200)]))]
+    runs = [doc_of(h100, small_run(h100)), doc_of(b200, small_run(b200) + [fp4_row(b200)])]
     fig = plot_devices(runs)
     ax = panel(fig, "mxfp4")
     assert set(line(ax, "roof:b200:datasheet:fp4").get_ydata()) == {9000.0}
@@ -162,8 +161,7 @@ def test_fp4_roof_drawn_for_blackwell_only():
 def test_two_runs_of_one_device_get_their_own_tags():
     meta = h100_meta()
     again = h100_meta(run_id="again")
-    fig = plot_devices([(meta, pd.DataFrame(small_run(meta))),
-                        (again, pd.DataFrame(small_run(again)))])
+    fig = plot_devices([doc_of(meta, small_run(meta)), doc_of(again, small_run(again))])
     assert n_points(fig, "points:h100:") == n_points(fig, "points:h100-2:") == 16
     assert "h100 vs h100-2" in fig._suptitle.get_text()
 

@@ -16,9 +16,11 @@ from benches.sweep.cases import Case, InputCache, build_cases
 from benches.sweep.runner import run_case
 from contract.ceilings import Ceilings
 from contract.libraries import library_of, library_of_kernel
+from contract.record import Accounting, CaseId, RunRow, Timing
 from contract.request import RequestError, validated
-from contract.schema import load_run
-from contract.speedup import set_speedups
+from contract.run_meta import RunMeta
+from contract.schema import RunDoc, load_run
+from contract.speedup import with_speedups
 from kernels import ALL_PROVIDERS, DEFAULT_PROVIDERS, REGISTRY
 from kernels.compiled import Compiled, compile_count, compiled_fn
 from roofline.report.providers import provider_tables
@@ -69,9 +71,13 @@ def test_a_rows_library_leaves_aten_beside_a_library_out() -> None:
 # ---- speedup against the baseline provider ---------------------------------------------
 
 def _row(provider: str, ms: float | None, status: str = "ok", cache: str = "warm",
-         shape: str = "n=4") -> dict:
-    return {"kernel": "add", "dtype": "fp32", "shape": shape, "provider": provider,
-            "ms_median": ms, "status": status, "cache": cache, "device": "cpu"}
+         shape: str = "n=4") -> RunRow:
+    return RunRow(CaseId("add", provider, "fp32", shape, cache), Accounting(device="cpu"),
+                  status=status, timing=Timing(ms_median=ms))
+
+
+def _speedups(rows: list[RunRow]) -> list[float | None]:
+    return [r.comparison.speedup for r in rows]
 
 
 def test_speedup_is_the_baseline_time_over_the_rows_per_case_and_cache_mode() -> None:
@@ -79,18 +85,18 @@ def test_speedup_is_the_baseline_time_over_the_rows_per_case_and_cache_mode() ->
             _row("torch", 8.0, cache="cold"), _row("compile", 2.0, cache="cold"),
             _row("compile", 1.0, shape="n=8"),  # no baseline row for this shape
             _row("torch", 3.0, shape="n=16", status="failed"), _row("compile", 1.0, shape="n=16")]
-    set_speedups(rows, "torch")
-    assert [r["speedup"] for r in rows] == [1.0, 4.0, 0.5, 1.0, 4.0, None, None, None]
-    set_speedups(rows, "compile")
-    assert rows[0]["speedup"] == 0.25 and rows[2]["speedup"] == 0.125
+    assert _speedups(with_speedups(rows, "torch")) == [1.0, 4.0, 0.5, 1.0, 4.0, None, None,
+                                                        None]
+    by_compile = _speedups(with_speedups(rows, "compile"))
+    assert by_compile[0] == 0.25 and by_compile[2] == 0.125
 
 
 def test_a_row_appended_after_its_baseline_row_carries_its_speedup(tmp_path: Path) -> None:
     from benches.sweep.results import ResultWriter
     from contract.schema import read_doc
 
-    w = ResultWriter(tmp_path / "run", {"run_id": "x", "request": {
-        "baseline_provider": "torch"}})
+    w = ResultWriter(tmp_path / "run", RunMeta(request={
+        "selection": {"baseline_provider": "torch"}}))
     w.flush()
     for r in (_row("compile", 1.0, shape="n=8"), _row("torch", 2.0), _row("compile", 0.5)):
         w.add(r)
@@ -102,10 +108,10 @@ def test_a_row_appended_after_its_baseline_row_carries_its_speedup(tmp_path: Pat
 
 
 def test_an_unknown_baseline_provider_is_refused() -> None:
-    from contract.request import RunRequest
+    from contract.request import RunRequest, Selection
 
-    req = RunRequest(kernels=("add",), dtypes=("fp32",), providers=("torch",),
-                     baseline_provider="cublas")
+    req = RunRequest(Selection(kernels=("add",), dtypes=("fp32",), providers=("torch",),
+                               baseline_provider="cublas"))
     with pytest.raises(RequestError, match="unknown baseline provider 'cublas'"):
         validated(req)
 
@@ -113,11 +119,11 @@ def test_an_unknown_baseline_provider_is_refused() -> None:
 # ---- which providers a selection means -------------------------------------------------
 
 def test_all_leaves_compile_max_out_and_the_default_is_torch_and_triton() -> None:
-    from contract.request import RunRequest
+    from contract.request import RunRequest, Selection
 
     def provs(sel: str) -> tuple[str, ...]:
-        return validated(RunRequest(kernels=("add",), dtypes=("fp32",),
-                                    providers=sel)).providers
+        return validated(RunRequest(Selection(kernels=("add",), dtypes=("fp32",),
+                                              providers=(sel,)))).selection.providers
     assert "compile-max" not in provs("all") and "compile" in provs("all")
     assert provs("all") == ALL_PROVIDERS and provs("default") == DEFAULT_PROVIDERS
     assert provs("compile-max") == ("compile-max",)
@@ -135,7 +141,7 @@ def test_every_family_has_compile_providers_and_attention_the_sdpa_backends() ->
 
 def test_a_provider_a_kernel_lacks_makes_no_case() -> None:
     cfg = cpu_cfg(kernels=["add", "attention"], providers=["torch", "sdpa-math"],
-                  explicit_shapes=[{"n": 64}, TINY_ATTN])
+                  shapes=({"n": 64}, TINY_ATTN))
     got = [(c.spec.name, c.provider) for c in build_cases(cfg)]
     assert got == [("add", "torch"), ("attention", "torch"), ("attention", "sdpa-math")]
 
@@ -188,10 +194,10 @@ def test_a_recompile_while_timed_is_said_in_the_row() -> None:
     spec = dataclasses.replace(spec, providers={**spec.providers, "compile": prov})
     row = run_case(Case(spec, "compile", "fp32", {"n": 64}, "warm"),
                    cpu_cfg(cache=["warm"]), InputCache())
-    assert row["status"] == "ok", row["reason"]
-    assert row["compile_s"] is not None and row["compile_s"] >= 0
-    assert "recompiled while timed" in row["reason"]
-    assert row["library"] is None  # a CPU row
+    assert row.status == "ok", row.reason
+    assert row.build.compile_s is not None and row.build.compile_s >= 0
+    assert "recompiled while timed" in row.reason
+    assert row.profile.library is None  # a CPU row
 
 
 def test_a_compile_run_has_compile_s_speedup_and_the_provider_table(
@@ -226,7 +232,7 @@ def test_each_sdpa_backend_runs_or_is_skipped_with_the_reason(provider: str, sta
                                                             says: str) -> None:
     row = run_case(Case(REGISTRY["attention"], provider, "fp32", TINY_ATTN, "warm"),
                    cpu_cfg(kernels=["attention"], cache=["warm"]), InputCache())
-    assert row["status"] == status and says in row["reason"], row["reason"]
+    assert row.status == status and says in row.reason, row.reason
 
 
 # ---- the provider table ------------------------------------------------------------------
@@ -234,8 +240,8 @@ def test_each_sdpa_backend_runs_or_is_skipped_with_the_reason(provider: str, sta
 def test_the_provider_table_puts_providers_side_by_side_with_the_winner() -> None:
     rows = [_row("torch", 2.0), _row("compile", 0.5), _row("triton", 4.0),
             _row("torch", 1.0, shape="n=8"), _row("compile", 3.0, shape="n=8")]
-    set_speedups(rows, "torch")
-    (table,) = provider_tables(pd.DataFrame(rows).assign(layer=None), "torch")
+    (table,) = provider_tables(RunDoc(RunMeta(), tuple(with_speedups(rows, "torch"))),
+                               "torch")
     # baseline first, then kernels.PROVIDERS' order
     assert table.header == ["shape", "torch ms", "triton ms", "compile ms", "winner",
                             "winner vs torch"]

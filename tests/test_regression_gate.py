@@ -646,11 +646,11 @@ def test_baseline_without_ok_rows_is_an_error(tmp_path: Path) -> None:
 
 
 def test_check_baseline_device(base: Path) -> None:
-    meta, df = check_baseline(base, "h100")
-    assert meta["device_key"] == "h100" and len(df) == 4
+    read = check_baseline(base, "h100")
+    assert read.doc.meta.device.device_key == "h100" and len(read.doc.rows) == 4
     with pytest.raises(CompareError, match="'h100'.*'a100'"):
         check_baseline(base, "a100")
-    assert check_baseline(base, "a100", allow_device_mismatch=True)[0] == meta
+    assert check_baseline(base, "a100", allow_device_mismatch=True).doc.meta == read.doc.meta
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "x"])
@@ -1080,17 +1080,18 @@ def test_a_gpu_baseline_sampled_one_provider_at_a_time_is_method_changed(tmp_pat
     memory-bound ones judged as ever, and the report says why."""
     import json
 
+    from contract.run_meta import parse_meta
     from roofline.gate.runs import INTERLEAVED, ONE_AT_A_TIME, compare_runs, gpu_sampling
 
     base = ROOT / "results" / "h200" / "2026-11-27" / "cache-modes"  # add and matmul
     doc = json.loads((base / "results.json").read_text())
-    assert gpu_sampling(doc["metadata"]) == ONE_AT_A_TIME
+    assert gpu_sampling(parse_meta(doc["metadata"])) == ONE_AT_A_TIME
     doc["metadata"]["timing"]["interleave_ms"] = 10.0
     doc["metadata"]["created"] = "2026-12-01T00:00:00+00:00"
     run = tmp_path / "run"
     run.mkdir()
     (run / "results.json").write_text(json.dumps(doc))
-    assert gpu_sampling(doc["metadata"]) == INTERLEAVED
+    assert gpu_sampling(parse_meta(doc["metadata"])) == INTERLEAVED
     result = compare_runs(str(base), str(run))
     changed = result.rows["verdict"] == "method-changed"
     ok = result.rows["base_status"] == "ok"

@@ -11,8 +11,11 @@ import pytest
 
 from contract.devices import DEVICES, ROOF_CLASS
 from contract.metrics import derive
+from contract.record import Accounting, CaseId, RunRow, Timing
+from contract.run_meta import parse_meta
 from contract.schema import ALL_COLUMNS, SUMMARY_MD
 from roofline.report import summary as report
+from tests.run_docs import doc_of
 
 H100 = DEVICES["h100"]
 BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8e5": 1}
@@ -120,7 +123,7 @@ def test_provider_ratios(df):
 
 
 def test_write_summary(tmp_path, df):
-    path = report.write_summary(tmp_path, meta(), df)
+    path = report.write_summary(tmp_path, doc_of(meta(), df))
     assert path == tmp_path / SUMMARY_MD
     assert [p.name for p in tmp_path.iterdir()] == [SUMMARY_MD]  # atomic: no temp file left
     text = path.read_text()
@@ -163,19 +166,19 @@ def test_write_summary(tmp_path, df):
 
 
 def test_summary_cpu_style_and_empty(tmp_path, df):
-    text = report.write_summary(tmp_path, meta(datasheet=False), df).read_text()
+    text = report.write_summary(tmp_path, doc_of(meta(datasheet=False), df)).read_text()
     ceil = {r[0]: r for r in table_rows(section(text, "Ceilings"))}
     assert ceil["bf16"][1] == "-" and ceil["bf16"][2].endswith("FLOP/B)")
     assert "No datasheet" in section(text, "Ceilings")
 
-    empty = report.render_summary({}, pd.DataFrame(columns=ALL_COLUMNS))
+    empty = report.render_summary(doc_of({}, pd.DataFrame(columns=ALL_COLUMNS)))
     assert "0 rows: 0 ok, 0 failed, 0 skipped" in empty
     assert "No ok rows." in empty and "No ceilings" in empty
 
 
 def test_summary_without_both_providers(df):
     torch_only = df[df["provider"] == "torch"]
-    text = report.render_summary(meta(), torch_only)
+    text = report.render_summary(doc_of(meta(), torch_only))
     assert "No (kernel, dtype, shape) has ok rows from both providers." in text
     assert report.provider_ratios(torch_only).empty
     assert not math.isnan(report.best_points(torch_only)["pct_roof"].iloc[0])
@@ -186,12 +189,12 @@ def test_summary_flags_partial_runs_and_cache_resident_points(df):
     m.update(interrupted=True, complete=False, device_model="NVIDIA H100 SXM5 80GB")
     within = df.assign(pct_roof=df["pct_roof"].clip(upper=99.0),
                        pct_meas_roof=df["pct_meas_roof"].clip(upper=99.0), above_roof=False)
-    text = report.render_summary(m, within)
+    text = report.render_summary(doc_of(m, within))
     assert "- **status**: **interrupted**" in text.split("## ")[0]
     assert "- **device model**: NVIDIA H100 SXM5 80GB" in text
     assert "Above 100% of roof" not in text
     within.loc[0, "pct_roof"] = 250.0  # a footprint that fit in cache
-    assert "Above 100% of roof" in report.render_summary(meta(), within)
+    assert "Above 100% of roof" in report.render_summary(doc_of(meta(), within))
 
 
 def cpu_meta() -> dict[str, Any]:
@@ -220,42 +223,47 @@ def test_cpu_cache_resident_rows_use_the_cache_roof():
     big = cpu_row(1 << 24, 12 * (1 << 24) / 3e9 * 1e3)
     assert small["above_roof"] is True and small["pct_roof"] == pytest.approx(500)
     df = pd.DataFrame([small, big])
-    best = report.best_points(df, cpu_meta())
+    best = report.best_points(df, parse_meta(cpu_meta()))
     assert len(best) == 1
     r = best.iloc[0]
     assert r["shape"] == "n=65536" and r["roof"] == "cache"
     assert r["pct_roof"] == pytest.approx(50.0)
     # Without an LLC size (older runs) nothing is cache-resident: the DRAM row is best.
-    no_llc = report.best_points(df, {**cpu_meta(), "llc_mb": None})
+    no_llc = report.best_points(df, parse_meta({**cpu_meta(), "llc_mb": None}))
     assert list(no_llc["shape"]) == ["n=16777216"] and no_llc["roof"].iloc[0] == "DRAM"
-    text = report.render_summary(cpu_meta(), df)
+    text = report.render_summary(doc_of(cpu_meta(), df))
     above = section(text, "Above 100% of roof")
     assert "`n=65536`" in above and "cache-resident footprint" in above
     assert "roof `cache`" in section(text, "Best point")
 
 
+def _above(nbytes: int, ms: float, peak: float | None) -> RunRow:
+    return RunRow(CaseId("add", "torch", "fp32", "n=1"),
+                  Accounting(bytes=nbytes, peak_tflops=peak), timing=Timing(ms_median=ms))
+
+
 def test_above_roof_causes():
-    gpu = meta()
+    gpu = parse_meta({**meta(), "l2_mb": 50})
     # GPU, 64 MiB footprint (past the 50 MiB L2), 3 us: timer resolution
-    r = {"bytes": 64 * 2**20, "ms_median": 0.003, "peak_tflops": 66.9}
-    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("timer resolution")
-    r = {"bytes": 1 * 2**20, "ms_median": 0.003, "peak_tflops": 66.9}
-    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("cache-resident")
-    r = {"bytes": 64 * 2**20, "ms_median": 1.0, "peak_tflops": 66.9}
-    assert report.above_roof_cause(r, {**gpu, "l2_mb": 50}).startswith("wrong FLOP or byte")
-    r = {"bytes": 64 * 2**30, "ms_median": 10.0, "peak_tflops": None}
-    assert "measured ceiling" in report.above_roof_cause(r, cpu_meta())
+    r = _above(64 * 2**20, 0.003, 66.9)
+    assert report.above_roof_cause(r, gpu).startswith("timer resolution")
+    r = _above(1 * 2**20, 0.003, 66.9)
+    assert report.above_roof_cause(r, gpu).startswith("cache-resident")
+    r = _above(64 * 2**20, 1.0, 66.9)
+    assert report.above_roof_cause(r, gpu).startswith("wrong FLOP or byte")
+    r = _above(64 * 2**30, 10.0, None)
+    assert "measured ceiling" in report.above_roof_cause(r, parse_meta(cpu_meta()))
 
 
 def test_summary_states_fp8_accumulation_and_abort_reason():
     m = {**meta(), "fp8_accum": "precise", "aborted": True, "complete": False,
          "abort_reason": "matmul triton fp8 M=8192,N=8192,K=8192: CUDA error: an illegal "
                          "memory access was encountered"}
-    head = report.render_summary(m, pd.DataFrame(columns=ALL_COLUMNS)).split("## ")[0]
+    head = report.render_summary(doc_of(m, pd.DataFrame(columns=ALL_COLUMNS))).split("## ")[0]
     assert "- **status**: **aborted**" in head and "illegal memory access" in head
     assert "- **fp8 accumulation**: precise" in head and "use_fast_accum=False" in head
-    fast = report.render_summary({**meta(), "fp8_accum": "fast"},
-                                 pd.DataFrame(columns=ALL_COLUMNS))
+    fast = report.render_summary(doc_of({**meta(), "fp8_accum": "fast"},
+                                        pd.DataFrame(columns=ALL_COLUMNS)))
     assert "- **fp8 accumulation**: fast" in fast
 
 
@@ -265,7 +273,7 @@ def test_rows_without_a_roof_get_no_cache_roof():
     r.update(peak_tflops=None, peak_gbps=None, meas_peak_tflops=None, meas_peak_gbps=None,
              roof_tflops=None, meas_roof_tflops=None, pct_roof=None, pct_meas_roof=None,
              mfu=None, above_roof=None)
-    best = report.best_points(pd.DataFrame([r]), cpu_meta())
+    best = report.best_points(pd.DataFrame([r]), parse_meta(cpu_meta()))
     assert len(best) == 1 and pd.isna(best.iloc[0]["pct_roof"]) and best.iloc[0]["roof"] is None
 
 

@@ -19,7 +19,8 @@ from contract.request import (
     request_from_old_metadata,
     resumed_request,
 )
-from contract.schema import RESULTS_JSON
+from contract.run_meta import parse_meta
+from contract.schema import RESULTS_JSON, format_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--sizes", "n=4096;n=8192", "--kernels", "add", "--providers",
@@ -40,7 +41,14 @@ def _cut_short(run: Path, drop_request: bool = False) -> dict:
     doc = json.loads((run / RESULTS_JSON).read_text())
     meta = dict(doc["metadata"])
     if drop_request:
-        del doc["metadata"]["request"]
+        # As written before the request was stored: its selection flattened beside the
+        # metadata's own keys.
+        sel = RunRequest.from_json(doc["metadata"].pop("request")).selection
+        doc["metadata"].update(
+            kernels=list(sel.kernels), dtypes=list(sel.dtypes), providers=list(sel.providers),
+            # the cache modes as the run resolved them (TINY's CPU: warm)
+            seed=sel.seed, check_only=sel.check_only, cache=list(sel.cache or ["warm"]),
+            sizes=sel.sizes, explicit_shapes=[format_shape(x) for x in sel.shapes or ()])
     doc["rows"] = doc["rows"][:1]
     doc["metadata"].update(complete=False, interrupted=True)
     (run / RESULTS_JSON).write_text(json.dumps(doc))
@@ -51,14 +59,48 @@ def _cut_short(run: Path, drop_request: bool = False) -> dict:
 def test_the_request_is_typed_frozen_and_survives_json() -> None:
     req = _request(*TINY, "--cache", "warm,cold", "--run-budget", "inf",
                    "--fp8-accum", "precise")
-    assert req.kernels == ("add",) and req.cache == ("warm", "cold")
-    assert req.sizes == "explicit" and req.shapes == ({"n": 4096}, {"n": 8192})
-    assert math.isinf(req.run_budget) and not req.plots and req.check_only
+    sel = req.selection
+    assert sel.kernels == ("add",) and sel.cache == ("warm", "cold")
+    assert sel.sizes == "explicit" and sel.shapes == ({"n": 4096}, {"n": 8192})
+    assert math.isinf(req.budgets.run) and not req.output.plots and sel.check_only
+    assert req.device.fp8_accum == "precise" and sel.seed == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
-        req.seed = 1  # type: ignore[misc]
+        sel.seed = 1  # type: ignore[misc]
     text = json.dumps(req.to_json(), allow_nan=False)  # strict JSON: inf as "inf"
     assert RunRequest.from_json(json.loads(text)) == req
-    assert _request("--kernels", "all").kernels == _request().kernels
+    # Stored once, one object per concern: the groups, nothing flattened beside them.
+    assert set(json.loads(text)) == {"selection", "device", "measurement", "budgets",
+                                     "ceilings", "output", "gate", "fleet", "triton"}
+    assert _request("--kernels", "all").selection.kernels == _request().selection.kernels
+
+
+def test_a_request_stored_flat_by_an_earlier_version_reads_back_the_same() -> None:
+    """results.json files written before the request was nested keep one key per field:
+    they read back as the request they were, a renamed field under its new name."""
+    req = _request(*TINY, "--run-budget", "30", "--fleet-tolerance", "7",
+                   "--no-measure-ceilings")
+    flat = {**{k: v for g in req.to_json().values() for k, v in g.items()}}
+    flat = {{"key": "device", "row": "row_budget", "run": "run_budget",
+             "measure": "measure_ceilings", "remeasure": "remeasure_ceilings",
+             "cache_dir": "ceilings_dir", "tolerance": "fleet_tolerance"}.get(k, k): v
+            for k, v in flat.items()}
+    assert "row_budget" in flat and "device" in flat and len(flat) == 34  # its fields
+    back = RunRequest.from_json(flat)
+    assert back.budgets.run == 30.0 and back.fleet.tolerance == 7.0
+    assert not back.ceilings.measure and back.device.key == "cpu"
+    assert back.selection == req.selection
+    with pytest.raises(RequestError, match="unknown field"):
+        RunRequest.from_json({**flat, "from_the_future": 1})
+
+
+def test_the_parsers_defaults_are_the_requests() -> None:
+    """The command line's defaults come from the request's own (one place)."""
+    req = _request()
+    default = RunRequest()
+    for group in ("measurement", "budgets", "ceilings", "gate", "fleet", "triton"):
+        assert getattr(req, group) == getattr(default, group), group
+    assert req.output == dataclasses.replace(default.output)
+    assert req.device == default.device
 
 
 @pytest.mark.parametrize("flags, word", [(["--kernels", "add,nope"], "kernel 'nope'"),
@@ -81,14 +123,17 @@ def test_a_resumed_run_rebuilds_the_request_it_stored(tmp_path: Path) -> None:
     # what a resume may change (its folder, gate, figures, ...) comes from it.
     cli = _request("--resume", str(run), "--out", out, "--kernels", "mul", "--seed", "1",
                    "--sizes", "quick", "--compare", "BASE", "--no-plots")
-    resumed = resumed_request(cli, _meta(run))
-    assert dataclasses.replace(resumed, resume=None, run_id="r1", compare=None) == original
-    assert resumed.resume == str(run) and resumed.compare == "BASE"
+    resumed = resumed_request(cli, parse_meta(_meta(run)))
+    assert dataclasses.replace(
+        resumed, output=dataclasses.replace(resumed.output, resume=None, run_id="r1"),
+        gate=dataclasses.replace(resumed.gate, compare=None)) == original
+    assert resumed.output.resume == str(run) and resumed.gate.compare == "BASE"
     # ... and a real resume keeps the stored request and its rows' settings.
     _cut_short(run)
     assert run_bench.main(["--resume", str(run), "--out", out, "--kernels", "mul"]) == 0
     meta = _meta(run)
-    assert meta["request"] == stored and meta["kernels"] == ["add"] and meta["seed"] == 7
+    assert meta["request"] == stored and "kernels" not in meta and "seed" not in meta
+    assert RunRequest.from_json(meta["request"]).selection.kernels == ("add",)
     assert [r["shape"] for r in json.loads((run / RESULTS_JSON).read_text())["rows"]] == \
         ["n=4096", "n=8192"]
 
@@ -103,10 +148,10 @@ def test_a_run_stored_without_a_request_resumes_from_its_old_keys(tmp_path: Path
     after = json.loads((run / RESULTS_JSON).read_text())
     assert [r["shape"] for r in after["rows"]] == ["n=4096", "n=8192"]
     rebuilt = RunRequest.from_json(after["metadata"]["request"])
-    settings = ("kernels", "dtypes", "providers", "sizes", "shapes", "seed", "check_only",
-                "device", "throttle_threshold", "throttle_recovery_delay")
-    assert {k: getattr(rebuilt, k) for k in settings} == \
-        {k: getattr(original, k) for k in settings}
+    # The run's own; its cache modes as its old keys held them, resolved (a CPU's warm).
+    assert rebuilt.selection == dataclasses.replace(original.selection, cache=("warm",))
+    assert rebuilt.device.key == original.device.key  # its fp8 mode: the one it ran
+    assert rebuilt.measurement == original.measurement
 
 
 @pytest.mark.parametrize("run", ["results/cpu/example", "results/h200/2026-11-26/quick",
@@ -114,19 +159,20 @@ def test_a_run_stored_without_a_request_resumes_from_its_old_keys(tmp_path: Path
 def test_the_saved_runs_rebuild_a_request_from_their_old_keys(run: str) -> None:
     meta = _meta(ROOT / run)
     assert "request" not in meta  # written before the request was stored
-    req = request_from_old_metadata(meta, _request("--resume", run))
-    assert list(req.kernels) == meta["kernels"] and req.device == meta["device_key"]
-    assert req.cache == tuple(meta.get("cache") or ["cold"]) and req.seed == meta["seed"]
+    req = request_from_old_metadata(parse_meta(meta), _request("--resume", run))
+    sel = req.selection
+    assert list(sel.kernels) == meta["kernels"] and req.device.key == meta["device_key"]
+    assert sel.cache == tuple(meta.get("cache") or ["cold"]) and sel.seed == meta["seed"]
     if meta["sizes"] == "explicit":  # '*=8192': one size in every dimension
-        assert req.shapes == ({"*": 8192},)
-    assert req.fp8_accum == (meta.get("fp8_accum") or None)
+        assert sel.shapes == ({"*": 8192},)
+    assert req.device.fp8_accum == (meta.get("fp8_accum") or None)
 
 
 def test_old_metadata_with_explicit_sizes_it_does_not_list_cannot_resume() -> None:
     meta = {"kernels": ["add"], "dtypes": ["fp32"], "providers": ["torch"], "seed": 0,
             "device_key": "cpu", "sizes": "explicit"}
     with pytest.raises(RequestError, match="does not list"):
-        request_from_old_metadata(meta, _request())
+        request_from_old_metadata(parse_meta(meta), _request())
 
 
 def test_the_device_is_resolved_in_one_place(monkeypatch) -> None:
@@ -171,7 +217,7 @@ def test_retune_is_a_request_field_a_resume_may_set() -> None:
     selection)."""
     from contract.request import RESUME_FROM_COMMAND_LINE
 
-    assert _request("--retune").retune is True
-    assert _request().retune is False
-    assert RunRequest.from_json(_request("--retune").to_json()).retune is True
-    assert "retune" in RESUME_FROM_COMMAND_LINE
+    assert _request("--retune").triton.retune is True
+    assert _request().triton.retune is False
+    assert RunRequest.from_json(_request("--retune").to_json()).triton.retune is True
+    assert "triton" in RESUME_FROM_COMMAND_LINE

@@ -92,8 +92,8 @@ def test_a_case_larger_than_memory_is_skipped_before_allocating(monkeypatch):
         c.spec, make_inputs=lambda *a: made.append(a)))
     row = run_case(c, cpu_cfg(), InputCache())
     assert made == []
-    assert row["status"] == "skipped"
-    assert "out of memory at this shape" in row["reason"] and "120000 GB" in row["reason"]
+    assert row.status == "skipped"
+    assert "out of memory at this shape" in row.reason and "120000 GB" in row.reason
 
 
 def test_a_cpu_allocation_failure_is_out_of_memory():
@@ -101,7 +101,7 @@ def test_a_cpu_allocation_failure_is_out_of_memory():
                        "can't allocate memory: you tried to allocate 40000000000000 bytes. "
                        "Error code 12 (Cannot allocate memory)")
     row = run_case(case(fn=raising(err)), cpu_cfg(), InputCache())
-    assert row["status"] == "skipped" and "out of memory" in row["reason"]
+    assert row.status == "skipped" and "out of memory" in row.reason
 
 
 def test_n_1e13_is_a_skipped_row_and_exit_0(tmp_path, capsys):
@@ -147,11 +147,12 @@ def test_compare_writes_a_report_to_a_fresh_path(tmp_path):
 @pytest.mark.parametrize("field, value", [("tflops", "abc"), ("flops", None),
                                           ("mfu", "high")])
 def test_plot_refuses_metrics_that_are_not_numbers(tmp_path, capsys, field, value):
+    from contract.schema import row_json
     from tests.test_writes import written_row
 
-    row = written_row(0)
-    row.update(intensity=1 / 12, tflops=1e-6, gbps=1.0, mfu=0.01)
-    row[field] = value
+    # A hand-edited file: the row as written, then one cell replaced.
+    row = row_json(written_row(0)) | {"intensity": 1 / 12, "tflops": 1e-6, "gbps": 1.0,
+                                      "mfu": 0.01, field: value}
     p = tmp_path / "results.json"
     p.write_text(json.dumps({"metadata": {"device_key": "cpu"}, "rows": [row]}))
     code = plot_cli.main([str(p), "--out", str(tmp_path / "r.png")])

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from benches.sweep.shapes import CPU_PRESETS, GPU_PRESETS, parse_sizes, preset_shapes, shapes_for
 from kernels import REGISTRY
 from kernels import rowops as ro
+from tests.run_docs import doc_of
 
 NAMES = ("softmax", "layernorm", "rmsnorm")
 # Unit roundoff of the output formats: both providers compute in fp32 and round y once,
@@ -282,7 +283,7 @@ def test_small_run_rows_figure_summary_and_gate(small_run, capsys):
     assert math.isclose(row.gbps.iloc[0], row["bytes"].iloc[0] / row.ms_median.iloc[0] / 1e6,
                         rel_tol=1e-9)
     # The roofline figure: one point per ok row of each family.
-    fig = plot.plot_roofline(meta, df)
+    fig = plot.plot_roofline(doc_of(meta, df))
     for name in NAMES:
         pts = sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections
                   if f":{name}:" in (c.get_gid() or "") and (c.get_gid() or "")

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 
 import run_bench
+from contract.request import RunRequest
+from contract.run_meta import REQUEST_COPY
 from contract.schema import ALL_COLUMNS, COLUMNS, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +40,11 @@ def test_run_folder_honours_the_contract(cpu_run):
     assert list(pd.read_csv(cpu_run / "results.csv").columns) == ALL_COLUMNS
     assert set(COLUMNS) <= set(df.columns)
     for key in ("device_key", "device_name", "cpu_cores", "python", "torch", "triton",
-                "git_commit", "command", "seed", "timing", "ceilings", "threads"):
+                "git_commit", "command", "request", "timing", "ceilings", "threads"):
         assert key in meta, key
+    # The request stored once (its seed among it), no flattened copy beside it.
+    assert not set(REQUEST_COPY) & set(meta)
+    assert RunRequest.from_json(meta["request"]).selection.seed == 0
     assert meta["ceilings"]["measured"]["hbm_gbps"] > 0
     assert meta["complete"] is True
     # one row per (kernel, provider, dtype, shape)
@@ -282,12 +287,14 @@ def test_a_busy_cpu_is_said_before_the_run(load, cores, threads, warns):
 
 def test_every_written_row_and_metadata_key_is_declared(cpu_run):
     """The run's rows are Rows (contract/schema.py) column by column and type by type,
-    and each metadata key is one RunMetadata declares: a column or key added without
-    its declaration fails here."""
-    from contract.schema import RunMetadata, row_problems
+    and each metadata key is one of RunMeta's parts (contract/run_meta.py): a column or
+    key added without its declaration fails here."""
+    from contract.run_meta import meta_json, parse_meta
+    from contract.schema import row_problems
 
     doc = json.loads((cpu_run / "results.json").read_text())
     problems = {p for row in doc["rows"] for p in row_problems(row)}
     assert not problems
-    assert set(doc["metadata"]) <= set(RunMetadata.__annotations__), (
-        set(doc["metadata"]) - set(RunMetadata.__annotations__))
+    meta = parse_meta(doc["metadata"])
+    assert not meta.unknown, set(meta.unknown)
+    assert meta_json(meta) == doc["metadata"]  # read back as written

@@ -14,6 +14,7 @@ from benches.timing.plan import TimingConfig
 from contract.schema import ALL_COLUMNS, RESULTS_JSON
 from roofline.report.summary import render_summary
 from roofline.report.timing_settings import TIMING_MEANINGS
+from tests.run_docs import doc_of
 from tests.test_measurement import cpu_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def settings_table(text: str) -> list[str]:
 
 def test_the_h200_runs_settings_are_a_table_with_their_meanings():
     meta = json.loads((H200_QUICK / RESULTS_JSON).read_text())["metadata"]
-    text = render_summary(meta, no_rows())
+    text = render_summary(doc_of(meta, no_rows()))
     assert "- **timing**" not in text  # no longer one bullet of every setting
     table = settings_table(text)
     assert table[:2] == ["| setting | value | what it means |", "| --- | --- | --- |"]
@@ -53,16 +54,16 @@ def test_the_h200_runs_settings_are_a_table_with_their_meanings():
 
 def test_every_setting_a_run_records_has_a_meaning():
     meta = results.collect_metadata(cpu_cfg(timing=TimingConfig()), "r", ["run_bench.py"])
-    assert set(meta["timing"]) - set(TIMING_MEANINGS) == set()
+    assert set(meta.settings.timing) - set(TIMING_MEANINGS) == set()
 
 
 def test_an_unknown_setting_has_no_meaning_and_a_pipe_is_escaped():
-    text = render_summary({"device_key": "cpu", "timing": {"new_knob": "a|b"}}, no_rows())
+    text = render_summary(doc_of({"device_key": "cpu", "timing": {"new_knob": "a|b"}}, no_rows()))
     assert settings_table(text)[2:] == ["| `new_knob` | a\\|b | - |"]
 
 
 def test_settings_not_recorded_as_a_mapping_stay_a_fact():
-    text = render_summary({"device_key": "cpu", "timing": "do_bench defaults"}, no_rows())
+    text = render_summary(doc_of({"device_key": "cpu", "timing": "do_bench defaults"}, no_rows()))
     assert "- **timing**: do_bench defaults" in text
     assert "## Timing settings" not in text
-    assert "## Timing settings" not in render_summary({"device_key": "cpu"}, no_rows())
+    assert "## Timing settings" not in render_summary(doc_of({"device_key": "cpu"}, no_rows()))

@@ -31,7 +31,9 @@ from benches.sweep.throttle import (
 )
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
-from contract.schema import ALL_COLUMNS, parse_row_key
+from contract.record import CaseId, Clocks, RunRow, Timing, parse_row
+from contract.run_meta import parse_meta
+from contract.schema import ALL_COLUMNS, RunDoc, parse_row_key
 from kernels import Target
 from roofline.gate.cli import main
 from roofline.gate.promote import promote
@@ -115,7 +117,7 @@ def test_a_throttled_timing_is_taken_again_after_the_delay():
     t, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(recovery_delay_s=0.25),
                                          sleep=slept.append))
     assert t == "timing 2" and slept == [0.25]
-    assert cols == {"sm_clock_mhz": 1980.0, "throttled": False}
+    assert cols == Clocks(sm_clock_mhz=1980.0, throttled=False)
     assert "timed again 1x" in note
 
 
@@ -125,7 +127,7 @@ def test_a_row_that_stays_throttled_is_kept_and_marked():
     t, note, cols = one(time_unthrottled(time_fn, WindowMonitor([CAPPED]),
                                          ThrottleConfig(retries=3), sleep=slept.append))
     assert len(calls) == 4 and slept == [0.05] * 3 and t == "timing 4"
-    assert cols["throttled"] is True and cols["sm_clock_mhz"] == 1400.0
+    assert cols.throttled is True and cols.sm_clock_mhz == 1400.0
     assert "throttled in all 4 timings" in note and "sw_power_cap" in note
 
 
@@ -133,7 +135,7 @@ def test_a_clean_timing_is_taken_once():
     time_fn, calls = _timer()
     _, note, cols = one(time_unthrottled(time_fn, WindowMonitor([CLEAN]), ThrottleConfig(),
                                          sleep=lambda s: pytest.fail("no pause needed")))
-    assert len(calls) == 1 and note == "" and cols["throttled"] is False
+    assert len(calls) == 1 and note == "" and cols.throttled is False
 
 
 def test_the_window_covers_the_timing_only(monkeypatch):
@@ -164,7 +166,7 @@ def test_the_window_covers_the_timing_only(monkeypatch):
             return ref
 
     row = run_case(case(shape={"n": 4096}), gpu_cfg(), Cache())
-    assert row["status"] == "ok" and row["throttled"] is False
+    assert row.status == "ok" and row.clocks.throttled is False
     (t0, t1), = mon.calls
     assert marks["inputs"] < marks["reference"] <= t0 <= marks["timing"] <= t1
 
@@ -213,7 +215,8 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
     def fake_run_case(c, cfg, cache):
         seen.append(cfg.throttle)
         hot = c.shape["n"] == 8192
-        return {"status": "ok", "samples_ms": [2.0], "throttled": hot}
+        return RunRow(c.id, status="ok", timing=Timing(samples_ms=(2.0,)),
+                      clocks=Clocks(throttled=hot))
     monkeypatch.setattr(runner, "run_case", fake_run_case)
     cfg = dataclasses.replace(cpu_cfg(), throttle=ThrottleConfig(90.0, 0.5))
     sent: list[dict] = []
@@ -235,14 +238,17 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
     assert "throttled in 1 rows' timings" in capsys.readouterr().out
 
 
+def _marked(throttled: bool) -> RunRow:
+    return RunRow(CaseId("add", "torch", "fp32", "n=1"), clocks=Clocks(throttled=throttled))
+
+
 def test_run_clock_facts_count_throttled_rows():
     during = {"readings": 50, "readings_idle": 4, "sm_clock_mhz_min": 1400,
               "sm_clock_mhz_median": 1980,
               "sm_clock_mhz_max": 1980, "power_w_max": 690.0, "throttled_fraction": 0.1,
               "throttle_reasons_seen": ["sw_power_cap"]}
     start = {"max_sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": 700.0}
-    facts = run_clock_facts(during, start, [{"throttled": True}, {"throttled": False}],
-                            ThrottleConfig())
+    facts = run_clock_facts(during, start, [_marked(True), _marked(False)], ThrottleConfig())
     assert facts["throttle"]["throttled_rows"] == 1
     assert facts["clocks"]["sm_mhz_median"] == 1980 and facts["power"]["limit_w"] == 700.0
     assert facts["throttle"]["threshold_pct"] == 75.0
@@ -273,12 +279,16 @@ def test_summary_shows_clocks_power_and_throttled_rows():
                                "sm_clock_mhz_max": 1980, "power_w_max": 690.0,
                                "throttle_reasons_seen": ["sw_power_cap"]},
                               {"max_sm_clock_mhz": 1980, "power_limit_w": 700.0},
-                              [{"throttled": True}], ThrottleConfig())}
-    md = render_summary(meta, pd.DataFrame(_rows(True)))
+                              [_marked(True)], ThrottleConfig())}
+
+    def doc(throttled_run: bool) -> RunDoc:
+        return RunDoc(parse_meta(meta), tuple(parse_row(r) for r in _rows(throttled_run)))
+
+    md = render_summary(doc(True))
     assert "SM 1980 MHz median while timing (1400 MHz to 1980 MHz)" in md
     assert "690 W peak of a 700 W limit" in md
     assert "## Throttled rows (1)" in md and "`n=8192`" in md and "1400 MHz" in md
-    assert "## Throttled rows" not in render_summary(meta, pd.DataFrame(_rows(False)))
+    assert "## Throttled rows" not in render_summary(doc(False))
 
 
 # ---- the gate ---------------------------------------------------------------------------
@@ -371,7 +381,7 @@ def test_a_power_capped_timing_at_full_clock_is_timed_once_and_not_marked():
     time_fn, calls = _timer()
     _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(),
                                          sleep=lambda s: pytest.fail("re-timed at full clock")))
-    assert len(calls) == 1 and cols == {"sm_clock_mhz": 1755.0, "throttled": False}
+    assert len(calls) == 1 and cols == Clocks(sm_clock_mhz=1755.0, throttled=False)
     assert note == "clock-event reasons sw_power_cap at SM clock 1755 MHz, above 75% of " \
                    "1980 MHz: not throttled"
     assert mon.summary()["throttle_reasons_seen"] == ["sw_power_cap"]
@@ -383,7 +393,7 @@ def test_a_power_capped_timing_below_the_threshold_is_throttled():
     time_fn, calls = _timer()
     slept: list[float] = []
     _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(), sleep=slept.append))
-    assert len(calls) == 4 and cols == {"sm_clock_mhz": 1300.0, "throttled": True}
+    assert len(calls) == 4 and cols == Clocks(sm_clock_mhz=1300.0, throttled=True)
     assert "SM clock 1300 MHz, below 75% of its 1980 MHz maximum" in note
     assert "hw_slowdown, sw_power_cap" in note
 
@@ -415,7 +425,7 @@ def test_a_window_of_an_idle_gpu_only_cannot_be_throttled():
     time_fn, calls = _timer()
     _, note, cols = one(time_unthrottled(time_fn, mon, ThrottleConfig(),
                                          sleep=lambda s: pytest.fail("an idle clock re-timed")))
-    assert cols == {"sm_clock_mhz": None, "throttled": False} and note == ""
+    assert cols == Clocks(sm_clock_mhz=None, throttled=False) and note == ""
 
 
 def test_a_rows_readings_are_its_own_batches_or_span():
@@ -520,8 +530,8 @@ def test_slow_samples_are_left_out_and_the_row_is_not_throttled():
     out, note, cols = one(time_unthrottled(lambda: [(t, "")], ReadingsMonitor(reads),
                                            ThrottleConfig(),
                                            sleep=lambda s: pytest.fail("no re-timing needed")))
-    assert out.ms_median == 1.0 and cols["throttled"] is False
-    assert cols["throttled_samples"] == 4
+    assert out.ms_median == 1.0 and cols.throttled is False
+    assert cols.throttled_samples == 4
     assert "4 of 20 samples left out: SM clock below 75% of 1980 MHz" in note
 
 
@@ -551,7 +561,7 @@ def test_mostly_slow_samples_are_timed_again_whole():
 
     _, note, cols = one(time_unthrottled(lambda: [(t, "")], ReadingsMonitor(reads),
                                          ThrottleConfig(retries=2), sleep=slept.append))
-    assert cols["throttled"] is True and len(slept) == 2 and "throttled in all 3" in note
+    assert cols.throttled is True and len(slept) == 2 and "throttled in all 3" in note
 
 
 def _capped_timing():

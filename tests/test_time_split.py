@@ -31,6 +31,7 @@ from roofline.report.run_time import (
     time_split_line,
 )
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg, gpu_faked, steady_sampler
 
 # The timers' own set-up, where a test keeps it under gpu_faked's other fakes.
@@ -122,7 +123,7 @@ def test_a_serial_sweep_records_each_rows_own_split(tmp_path):
                            "--out", str(tmp_path / "b")])
     assert code == 0
     doc = json.loads(next((tmp_path / "b").glob("*/*/results.json")).read_text())
-    assert ROW_SPLIT not in doc["metadata"]
+    assert not doc["metadata"].get(ROW_SPLIT)  # interleaved CPU rounds: no row's own
 
 
 def test_the_summary_says_where_the_rows_time_went():
@@ -153,7 +154,7 @@ def test_the_summary_says_where_the_rows_time_went():
     assert "| 2 more | 2 | 3.00 | 3.00 |" in text  # k0 and k1, the smallest
     assert row_time_sections({}) == []
     assert row_time_sections({ROW_SPLIT: []}) == []
-    md = render_summary({ROW_SPLIT: own, "device_key": "h200"}, pd_rows())
+    md = render_summary(doc_of({ROW_SPLIT: own, "device_key": "h200"}))
     assert "## Where the rows' time went" in md
 
 
@@ -198,7 +199,7 @@ def test_the_split_line_says_timing_of_wall():
                              "write": 2.5, "other": 5.3}, "wall_s": 30.0}
     assert time_split_line(meta) == "timing 12 s of 30 s (ceilings 10, other 5, write 2)"
     assert time_split_line({}) is None
-    md = render_summary({**meta, "device_key": "cpu"}, pd_rows())
+    md = render_summary(doc_of({**meta, "device_key": "cpu"}))
     assert "- **time**: timing 12 s of 30 s (ceilings 10, other 5, write 2)" in md
 
 
@@ -212,7 +213,7 @@ def test_the_summary_says_how_many_kernels_were_built_or_loaded_from_the_cache()
             "compiled_ahead": {"kernels_built": 40}}
     assert compiles_line(cold) == ("93 built, 40 loaded from Triton's cache; 40 built "
                                    "ahead by the compile workers")
-    md = render_summary({**cold, "device_key": "h200"}, pd_rows())
+    md = render_summary(doc_of({**cold, "device_key": "h200"}))
     assert "- **Triton compiles**: 93 built, 40 loaded from Triton's cache; 40" in md
 
 
@@ -274,7 +275,7 @@ def test_inputs_and_reference_are_made_once_for_every_row_of_a_case():
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_rounds=2, cpu_chunk_s=0.0),
                   cache=["cold", "warm"])
     rows = [row for _, row in runner.iterate(cases, cfg)]
-    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert [r.status for r in rows] == ["ok"] * 4
     assert made == ["inputs", "reference"]
 
 
@@ -301,7 +302,7 @@ def test_a_graph_cases_copies_are_one_block_shared_by_its_providers(monkeypatch)
     cache = runner.InputCache()
     for prov in ("torch", "twin"):
         row = runner.run_case(runner.Case(spec, prov, "fp32", {"n": 4096}), cfg, cache)
-        assert row["status"] == "ok", row["reason"]
+        assert row.status == "ok", row.reason
     copies = timers.rotation_of(runner.Case(spec, "torch", "fp32", {"n": 4096}), cfg) - 1
     assert blocks == [copies] and made == ["inputs", "reference"]
     assert len(seen) == 2 and len(seen[0]) == len(seen[1]) == copies + 1
@@ -317,9 +318,9 @@ def test_a_gpu_rows_profiler_pass_is_booked_to_profile_with_no_call_before_it(mo
     from benches.sweep import kernel_time
 
     events: list[str] = []
-    real_columns = kernel_time.row_columns
+    real_profile = kernel_time.row_profile
     gpu_faked(monkeypatch)
-    monkeypatch.setattr(kernel_time, "row_columns", real_columns)  # the pass under test
+    monkeypatch.setattr(kernel_time, "row_profile", real_profile)  # the pass under test
     monkeypatch.setattr(timers.GpuTimer, "prepare", REAL_PREPARE)
     monkeypatch.setattr(timers, "cudagraph_sampler", lambda calls, cfg, total=None,
                         call_ms=None: GraphSampler(steady_sampler(1e-3, 10), "", 0.0))
@@ -343,7 +344,7 @@ def test_a_gpu_rows_profiler_pass_is_booked_to_profile_with_no_call_before_it(mo
     split = TimeSplit()
     row = runner.run_case(runner.Case(spec, "torch", "fp32", {"n": 4096}), gpu_cfg(),
                           runner.InputCache(), split=split)
-    assert row["status"] == "ok", row["reason"]
+    assert row.status == "ok", row.reason
     got = split.split()
     assert got["profile"] >= 0.05 > got["timing"]
     # the pass: a sync, then the profiled calls only (5 at most, kernel_time); the
@@ -370,5 +371,5 @@ def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
     warm = {**now, "waited_s": 2.04, "wait_ended": "cache warm", "worker_errors": []}
     assert compiled_ahead_line({"compiled_ahead": warm}).endswith(
         "2.0 s after the ceilings (ended: cache warm)")
-    md = render_summary({"compiled_ahead": now, "device_key": "h200"}, pd_rows())
+    md = render_summary(doc_of({"compiled_ahead": now, "device_key": "h200"}))
     assert "- **compiled ahead**: 183 of 183 cases (178 kernels, 170 built) by 8" in md

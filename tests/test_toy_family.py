@@ -22,6 +22,7 @@ from benches.sweep.shapes import ShapeError, parse_sizes, preset_shapes, shapes_
 from contract.rows import canonical_order, compute_kernels, kernel_order, row_roof_class
 from contract.schema import load_run
 from kernels.spec import DTYPES, Inputs, KernelSpec, Provider, Shape, ShapeGroup, randn
+from tests.run_docs import doc_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,7 +154,7 @@ def test_the_toy_is_swept_checked_and_plotted(toy, tmp_path):
 
     from roofline.report.plot import plot_roofline
 
-    fig = plot_roofline(meta, df)
+    fig = plot_roofline(doc_of(meta, df))
     points = {c.get_gid(): len(c.get_offsets()) for ax in fig.axes for c in ax.collections}
     for dtype in TOY_DTYPES:  # a CPU times warm: the gid ends in ":warm"
         assert points[f"points:{dtype}:toy:torch:warm"] == (df["dtype"] == dtype).sum()

@@ -20,6 +20,7 @@ from roofline.gate.runs import compare_runs
 from roofline.report import targets, targets_cli
 from roofline.report.energy import launch_gap_rows
 from roofline.report.summary import render_summary
+from tests.run_docs import doc_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY = ROOT / "results" / "h200" / "2026-11-27"
@@ -53,7 +54,7 @@ def _gpu_runs() -> list[Path]:
 @pytest.mark.parametrize("run", _gpu_runs(), ids=lambda p: str(p.relative_to(DAY)))
 def test_no_summary_of_a_committed_run_shows_a_power_past_the_limit(run):
     meta, df = load_run(run)
-    text = render_summary(meta, df)
+    text = render_summary(doc_of(meta, df))
     watts = [float(r[h.index("W")]) for h, body in _tables(text) if "W" in h
              for r in body if r[h.index("W")] not in ("-", "")]
     assert all(w <= 700 * 1.05 for w in watts)
@@ -64,7 +65,7 @@ def test_no_summary_of_a_committed_run_shows_a_power_past_the_limit(run):
 
 def test_the_summary_says_what_was_withheld_and_prints_none_of_it():
     meta, df = load_run(DAY / "quick-warm2")
-    text = render_summary(meta, df)
+    text = render_summary(doc_of(meta, df))
     sec = _section(text, "Numbers withheld")
     # The powers held to the 700 W limit itself (a run before the energy meter).
     assert text.index("## Numbers withheld (164)") < text.index("## Best point")
@@ -80,7 +81,7 @@ def test_the_summary_says_what_was_withheld_and_prints_none_of_it():
 
 def test_provider_ratios_carry_both_clocks_and_unequal_ones_are_marked():
     meta, df = load_run(DAY / "matmul-8192")
-    text = render_summary(meta, df)
+    text = render_summary(doc_of(meta, df))
     provs = _section(text, "Providers (against torch)")
     assert "| `M=8192,N=8192,K=8192` | 1.418 | 1.643, unequal clocks: 0.86x (1,545 vs 1,770 " \
            "MHz) | torch (unequal clocks) | 1.00x |" in provs
@@ -90,7 +91,7 @@ def test_provider_ratios_carry_both_clocks_and_unequal_ones_are_marked():
     assert bf16[2:] == ["1", "1", "-", "-", "-", "`M=8192,N=8192,K=8192`",
                         "unequal clocks: 0.86x (1,545 vs 1,770 MHz)"]
     meta, df = load_run(DAY / "quick")
-    eq = _section(render_summary(meta, df), "Providers (against torch)")
+    eq = _section(render_summary(doc_of(meta, df)), "Providers (against torch)")
     assert re.search(r"\| \d\.\d+x \(1,980 vs 1,980 MHz\) \|", eq)  # equal: read as code
 
 

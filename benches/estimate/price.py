@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from benches.estimate.runs import COUNTED, CompileTimes, Item, Row, Run
 from benches.sweep.cases import Case
 from benches.timing.plan import bound_ms
+from contract.ceilings import Ceilings
 from contract.phases import PHASES
 from kernels.spec import Target
 
@@ -119,6 +120,6 @@ def price(items: list[Item], run: Run | None, times: CompileTimes, cache: Cache,
 def price_run(target: Run, source: Run, times: CompileTimes) -> Walk:
     """`target` priced from `source` as it ran: its rows (as far as it got), its cache's
     state, its ceilings measured by it or loaded (measured before it started)."""
-    measured = (target.meta.get("ceilings") or {}).get("measured") or {}
-    fresh = str(measured.get("measured_at") or "") >= str(target.meta.get("created") or "~")
+    at = Ceilings.from_json(target.meta.ceilings).measured_at
+    fresh = at >= str(target.meta.provenance.created or "~")
     return price(list(target.rows.values()), source, times, cache_of(target), fresh)

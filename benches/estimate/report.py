@@ -4,58 +4,52 @@ device's newest run measured (price.py, runs.py); nothing is measured or written
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
 from benches.estimate.price import COLD, FALLBACK_COMPILE, WARM, Walk, item_of, price
 from benches.estimate.runs import compile_times, device_runs, source_run
-from benches.measured_ceilings import cache_dir_of, cache_key, cache_problem
+from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device
 from contract.request import RunRequest
+from contract.run_meta import DeviceFacts
 
 
-def target_device(req: RunRequest, meta: dict[str, Any] | None = None
+def target_device(req: RunRequest, facts: DeviceFacts | None = None
                   ) -> tuple[DeviceModel, Present]:
     """The model estimated for and what is present there: this machine for `auto` and
-    `cpu`; for a GPU model, the GPU its run (`meta`) had, else the model's own."""
-    model = DEVICES.get(req.device)
+    `cpu`; for a GPU model, the GPU its run had (`facts`), else the model's own."""
+    model = DEVICES.get(req.device.key)
     if model is None or model.kind == "cpu":  # None: auto
-        dev = resolve_device(req.device)
+        dev = resolve_device(req.device.key)
         return dev.model, dev.present
-    m = meta if (meta or {}).get("device_key") == model.key else {}
-    cap = m.get("capability")
-    return model, Present(model.key, str(m.get("device_name") or model.name), "cuda",
-                          tuple(cap) if cap else None, m.get("sms") or model.sms,
-                          m.get("l2_mb") or model.l2_mb, m.get("gpu_memory_gb"))
+    d = facts if facts is not None and facts.device_key == model.key else DeviceFacts()
+    return model, Present(model.key, str(d.device_name or model.name), "cuda",
+                          d.capability or None, d.sms or model.sms, d.l2_mb or model.l2_mb,
+                          d.gpu_memory_gb)
 
 
 def _ceilings_measured(req: RunRequest, model: DeviceModel, present: Present) -> bool:
     """Whether the run would measure its ceilings: asked to, or none cached that it
     would use (read only, as job.run finds them)."""
-    if not req.measure_ceilings and model.kind == "cuda":
+    if not req.ceilings.measure and model.kind == "cuda":
         return False
-    path = cache_dir_of(Path(req.out)) / f"ceilings-{cache_key(present)}.json"
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return True
-    return req.remeasure_ceilings or cache_problem(cached) is not None
+    _, cached = cached_entry(cache_dir_of(Path(req.output.out)), present)
+    return cached is None or req.ceilings.remeasure or cache_problem(cached) is not None
 
 
 def run_estimate(req: RunRequest) -> int:
     from benches.sweep import job
 
     model, present = target_device(req)
-    runs = device_runs(Path(req.out), model, present)
+    runs = device_runs(Path(req.output.out), model, present)
     source = source_run(runs, model)
     if source is not None and model.kind == "cuda":
-        model, present = target_device(req, source.meta)
-    cfg = job.run_config(req, model, present, interpret=False)
+        model, present = target_device(req, source.meta.device)
+    cfg = job.sweep_context(req, model, present, interpret=False)
     cases = build_cases(cfg)
     if not cases:
         raise job.RequestError("nothing to estimate: no selected kernel has a selected "
@@ -67,11 +61,12 @@ def run_estimate(req: RunRequest) -> int:
     columns = {"Triton cache cold": COLD, "Triton cache warm": WARM} if model.kind == "cuda" \
         else {"Triton cache warm": WARM}
     walks = {k: price(items, source, times, cache, measured) for k, cache in columns.items()}
-    sizes = cfg.sizes if cfg.explicit_shapes is None else "explicit sizes"
+    sel = cfg.selection
+    sizes = sel.sizes if sel.shapes is None else "explicit sizes"
     console.print(f"estimate: {len(cases)} cases ({sizes}) on {present.name} as "
                   f"'{model.key}', nothing measured; " + (
                       f"priced from run {source.name} ({source.path.parent}, "
-                      f"wall {source.meta.get('wall_s')} s)" if source else
+                      f"wall {source.meta.time.wall_s} s)" if source else
                       "no run of this device: priced by the fallback (FALLBACK_* in "
                       "benches/estimate/price.py)") + ("" if measured else "; ceilings cached"))
     if model.kind == "cuda":

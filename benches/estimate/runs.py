@@ -4,17 +4,19 @@ per load, build and tuning its runs measured.  The method: docs/measurement.md."
 
 from __future__ import annotations
 
-import json
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from contract.ceilings import Ceilings
 from contract.devices import DeviceModel, Present
+from contract.request import RunRequest
 from contract.rows import Ceiling, TritonBuilds, run_ceilings
-from contract.schema import ROW_SPLIT, parse_row_key, row_key
+from contract.run_meta import DeviceFacts, RunMeta
+from contract.schema import load_doc, parse_row_key
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
 # Priced from the compile counts and the cache's state (price.py), and once: not a row's.
@@ -51,7 +53,7 @@ class Run:
     outside its rows (known where it recorded its rows' own split)."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: RunMeta
     phases: list[str]
     rows: dict[Key, Row] = field(default_factory=dict)
     once: dict[str, float] = field(default_factory=dict)
@@ -61,16 +63,21 @@ class Run:
 
     @property
     def name(self) -> str:
-        return str(self.meta.get("run_id") or self.path.parent.name)
+        return self.meta.provenance.run_id or self.path.parent.name
 
     def split(self, phase: str) -> float:
-        return float((self.meta.get("time_split_s") or {}).get(phase) or 0.0)
+        return float(self.meta.time.time_split_s.get(phase) or 0.0)
 
     @property
     def ceilings_s(self) -> float:
         """What measuring its ceilings took (when it or an earlier run measured them)."""
-        measured = (self.meta.get("ceilings") or {}).get("measured") or {}
-        return float(measured.get("seconds") or 0.0) or self.split("ceilings")
+        return Ceilings.from_json(self.meta.ceilings).measured_s or self.split("ceilings")
+
+    @property
+    def check_only(self) -> bool:  # the stored request's (parse_meta rebuilds an old run's)
+        with suppress(TypeError, ValueError):  # RequestError: one this version cannot read
+            return RunRequest.from_json(self.meta.request).selection.check_only
+        return False
 
     @cached_property
     def roofs(self) -> Ceiling | None:
@@ -79,63 +86,62 @@ class Run:
 
 
 def load_run(path: Path) -> Run | None:
-    """The run of a results.json, None where unreadable or without a time split."""
+    """The run of a results.json (load_doc), None where unreadable or without a time split."""
     try:
-        doc = json.loads(path.read_text())
-        meta, rows = doc["metadata"], doc["rows"]
-        split = {str(k): float(v or 0.0) for k, v in meta["time_split_s"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        doc = load_doc(path)
+        split = {str(k): float(v or 0.0) for k, v in doc.meta.time.time_split_s.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # RunLoadError too
         return None
-    run = Run(path, meta, list(split), builds=TritonBuilds.of(meta))
+    if not split:
+        return None
+    run, rows = Run(path, doc.meta, list(split), builds=TritonBuilds.of(doc.meta)), doc.rows
     # The run's Triton compiles, spread over the rows that compile (a Triton launch's
     # config, torch.compile's compile_s); its phases, without its rows' own split, over
     # the rows that ran
-    ran = [r.get("status") != "skipped" for r in rows]
-    compiling = [go and bool(r.get("config") or r.get("compile_s") is not None)
+    ran = [r.status != "skipped" for r in rows]
+    compiling = [go and bool(r.build.config or r.build.compile_s is not None)
                  for r, go in zip(rows, ran, strict=True)]
     each = (run.builds.built + run.builds.from_cache) / max(1, sum(compiling))
-    own = {parse_row_key(e["row"]): e["s"] for e in meta.get(ROW_SPLIT) or []}
+    own = {parse_row_key(e["row"]): e["s"] for e in doc.meta.time.row_split_s}
     weights = ran if any(ran) else [True] * len(rows)
     for r, go, builds, w in zip(rows, ran, compiling, weights, strict=True):
-        cost = {p: float(own.get(row_key(r), {}).get(p, 0.0)) if own
+        cost = {p: float(own.get(r.key, {}).get(p, 0.0)) if own
                 else split[p] * w / sum(weights) for p in split if p not in COUNTED}
-        tunable = sum(s in ("tuned", "cached") for s in str(r.get("config_source")).split("; "))
-        timed = float(r.get("ms_median") or 0) * float(r.get("n_samples") or 0) / 1e3
-        run.rows[row_key(r)] = Row(row_key(r), float(r.get("flops") or 0),
-                                   float(r.get("bytes") or 0), r.get("roof_class"), cost, go,
-                                   each * builds, tunable, timed)
+        tunable = sum(s in ("tuned", "cached") for s in str(r.build.config_source).split("; "))
+        timed = float(r.timing.ms_median or 0) * float(r.timing.n_samples or 0) / 1e3
+        run.rows[r.key] = Row(r.key, float(r.accounting.flops or 0),
+                              float(r.accounting.bytes or 0), r.accounting.roof_class, cost,
+                              go, each * builds, tunable, timed)
     if own:
         run.once = {p: max(0.0, split[p] - sum(x.cost.get(p, 0.0) for x in run.rows.values()))
                     for p in split if p not in COUNTED}
-    sources = [s for r in rows for s in str(r.get("config_source")).split("; ")]
+    sources = [s for r in rows for s in str(r.build.config_source).split("; ")]
     run.tuned, run.found = sources.count("tuned"), sources.count("cached")
     return run
-
-
-def _of(m: dict[str, Any], model: DeviceModel, present: Present) -> bool:
-    """A run of `model`; for a CPU, of this machine (its CPU model and core count)."""
-    return m.get("device_key") == model.key and (model.kind != "cpu" or (
-        m.get("device_name") == present.name and m.get("cpu_cores") == present.cores))
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
     """The runs of the device under `out`, oldest first; a fleet rank's own run left out
     (its split holds the fleet's waits)."""
+    def of(d: DeviceFacts) -> bool:  # `model`'s; a CPU's: this machine's (model, cores)
+        return d.device_key == model.key and (model.kind != "cpu" or (
+            d.device_name == present.name and d.cpu_cores == present.cores))
+
     paths = (p for p in out.glob("**/results.json")
              if "ranks" not in p.relative_to(out).parts[:-1])
-    runs = [r for p in paths if (r := load_run(p)) and _of(r.meta, model, present)]
-    return sorted(runs, key=lambda r: str(r.meta.get("created") or ""))
+    runs = [r for p in paths if (r := load_run(p)) and of(r.meta.device)]
+    return sorted(runs, key=lambda r: str(r.meta.provenance.created or ""))
 
 
 def source_run(runs: list[Run], model: DeviceModel) -> Run | None:
     """The newest whole run (complete, in one process) among `runs`, else the committed
     baseline of the model (the run it names, else the baseline itself)."""
-    whole = [r for r in runs if r.meta.get("complete") is True and not (
-        r.meta.get("resumed") or r.meta.get("check_only") or r.meta.get("fleet"))]
+    whole = [r for r in runs if r.meta.state.complete is True and not (
+        r.meta.state.resumed or r.check_only or r.meta.fleet)]
     if whole or model.kind == "cpu":  # a CPU's baseline is another machine's
         return whole[-1] if whole else None
     base = load_run(BASELINES / f"{model.key}.json")
-    origin = Path(str(base.meta.get("promoted_from") if base else ""))
+    origin = Path(str(base.meta.promotion.promoted_from) if base else "")
     return load_run(origin) or load_run(BASELINES.parents[1] / origin) or base
 
 

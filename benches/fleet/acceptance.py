@@ -120,7 +120,7 @@ def run_acceptance(req: RunRequest, argv: list[str]) -> int:
     from benches.fleet.rank_io import say_line
 
     try:
-        me = fdist.start(req.dist_timeout, req.device)
+        me = fdist.start(req.fleet.dist_timeout, req.device.key)
     except FleetError as e:
         fdist.stop()
         say_line(f"error: {e}")
@@ -140,9 +140,9 @@ def _folder(me: Any, req: RunRequest) -> Path:
     from benches.fleet import dist as fdist
     from benches.fleet.dist import FleetRefused
 
-    run_id = fdist.broadcast_object("sharing the run id", req.run_id
+    run_id = fdist.broadcast_object("sharing the run id", req.output.run_id
                                     or datetime.now().strftime("%Y%m%d-%H%M%S"))
-    folder = Path(req.out) / "acceptance" / run_id
+    folder = Path(req.output.out) / "acceptance" / run_id
     problem = None
     if me.rank == 0:
         try:
@@ -195,7 +195,7 @@ def _run(me: Any, req: RunRequest, argv: list[str]) -> int:
     from benches.fleet.folder import versions
 
     t_begin = time.monotonic()
-    opts = req.acceptance
+    opts = req.fleet.acceptance
     if opts is None:
         raise ValueError("run_acceptance needs a request with --acceptance's options")
     fdist.agree("versions and request", {**versions(req), **asdict(opts)})
@@ -213,7 +213,7 @@ def _run(me: Any, req: RunRequest, argv: list[str]) -> int:
     doc = AcceptanceDoc(folder.name, " ".join(["run_bench.py", *argv]), me.world, me.backend,
                         opts, tuple(dtypes), seconds, time.monotonic() - t_begin, judged,
                         tuple(every))
-    return finish(folder, doc, t, plot_png=req.plots)
+    return finish(folder, doc, t, plot_png=req.output.plots)
 
 
 def _measure(me: Any, mine: RankRecord, dtypes: tuple[str, ...], seconds: float

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -38,7 +39,8 @@ import torch.distributed as dist
 
 from benches.timing.clock import summarize, time_call_ms
 from contract.metrics import BUSBW_FACTOR
-from contract.schema import ALL_COLUMNS, SAMPLES
+from contract.modes import DEFAULT_CACHE, WARM
+from contract.record import Accounting, Build, CaseId, Check, Fleet, Metrics, RunRow, Timing
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -187,41 +189,44 @@ def elements(size_bytes: int, itemsize: int, world: int) -> int:
 
 
 def measure(op: str, dtype: str, size_bytes: int, device: str, iters: int = 10,
-            warmup: int = WARMUP, group: Any = None) -> dict[str, Any]:
+            warmup: int = WARMUP, group: Any = None) -> RunRow:
     """One collective at one size among the ranks of `group` (None: every rank): a row
-    (on each of them; the times are the slowest rank's, sample by sample)."""
+    (on each of them; the times are the slowest rank's, sample by sample).  Its cache
+    mode is the device's native one: a collective moves an array over links, never a
+    flushed cache."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     backend = str(dist.get_backend(group))
     t = DTYPES[dtype]
     itemsize = torch.empty((), dtype=t).element_size()
     n = elements(size_bytes, itemsize, world)
     size = n * itemsize
-    row: dict[str, Any] = dict.fromkeys(ALL_COLUMNS)
-    row.update(kernel=op, provider=backend, dtype=dtype, shape=f"bytes={size},ranks={world}",
-               flops=0, bytes=size, intensity=0.0, n_samples=0,
-               timer=TIMER.get(backend, backend), roof_class="link")
+    timer = TIMER.get(backend, backend)
+    row = RunRow(CaseId(op, backend, dtype, f"bytes={size},ranks={world}",
+                        DEFAULT_CACHE if device == "cuda" else WARM),
+                 Accounting(flops=0, bytes=size, intensity=0.0, roof_class="link"),
+                 timing=Timing(n_samples=0, timer=timer))
     reset, call, check = collective_buffers(op, n, t, device, rank, world, group)
     reset()
     call()
     ok = torch.tensor([1.0 if check() else 0.0], device=device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # correct only if on every rank
-    row["correct"] = bool(ok.item() == 1.0)
-    if not row["correct"]:
-        row.update(status="failed", reason="a rank received wrong values")
-        return row
+    if ok.item() != 1.0:
+        return replace(row, status="failed", reason="a rank received wrong values",
+                       check=Check(correct=False))
     on_gpu = device == "cuda"
     batch = _sized_batch(call, on_gpu, device, max(1, warmup), group)
     mine = torch.tensor(_time(call, on_gpu, iters, batch, group), dtype=torch.float64,
                         device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
-    timing = summarize([float(x) for x in mine.cpu()], row["timer"])
+    timing = summarize([float(x) for x in mine.cpu()], timer)
     algbw = size / (timing.ms_median / 1e3) / 1e9
-    row.update(status="ok", reason="", rel_err=0.0, ms_median=timing.ms_median,
-               ms_p20=timing.ms_p20, ms_p80=timing.ms_p80, n_samples=timing.n_samples,
-               config=f"{batch} calls per sample", gbps=algbw, algbw_gbps=algbw,
-               busbw_gbps=busbw(op, algbw, world))
-    row[SAMPLES] = list(timing.samples_ms)
-    return row
+    return replace(
+        row, status="ok", reason="", check=Check(correct=True, rel_err=0.0),
+        timing=Timing(ms_median=timing.ms_median, ms_p20=timing.ms_p20,
+                      ms_p80=timing.ms_p80, n_samples=timing.n_samples, timer=timer,
+                      samples_ms=tuple(timing.samples_ms)),
+        build=Build(config=f"{batch} calls per sample"), metrics=Metrics(gbps=algbw),
+        fleet=Fleet(algbw_gbps=algbw, busbw_gbps=busbw(op, algbw, world)))
 
 
 def stop_agreed(stop: Callable[[], int], device: str) -> int:
@@ -237,7 +242,7 @@ def sweep(device: str, sizes: tuple[int, ...] | None = None,
           dtypes: tuple[str, ...] = ("bf16", "fp32"), ops: tuple[str, ...] = OPS,
           log: Callable[[str], None] = lambda m: None,
           stop: Callable[[], int] = lambda: 0,
-          rows: list[dict[str, Any]] | None = None) -> int:
+          rows: list[RunRow] | None = None) -> int:
     """Every op x dtype x size, in the same order on every rank, appended to `rows`.
     Before each row the ranks agree on whether to go on: a rank whose `stop` gives a
     non-zero code (an interrupt's exit code) ends the sweep on every rank, with the rows

@@ -36,7 +36,9 @@ from benches.fleet.dist import Rank
 from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
 from benches.fleet.rank_io import say_line
 from contract.cli import UsageError, one_path_and_plots
+from contract.record import RunRow, parse_row
 from contract.request import RunRequest
+from contract.run_meta import RunMeta, parse_meta
 from contract.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
 from roofline.report.finalize import FinalizeError, finalize
 
@@ -139,11 +141,45 @@ def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
     before: dict[str, Any] = {"metadata": {}, "rows": []}
     if (fleet / RESULTS_JSON).exists():
         before = read_doc(fleet / RESULTS_JSON)
-    old_meta = before.get("metadata") or {}
-    old_infos = {i.get("rank"): i for i in (old_meta.get("fleet") or {}).get("ranks") or []}
-    gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    old_meta = parse_meta(before.get("metadata"))
+    fleet_old = old_meta.fleet or {}
+    old_infos = {i.get("rank"): i for i in fleet_old.get("ranks") or []}
+    gathered, ident, meta = _rank_folders(fleet, run_id, old_infos)
+    here = {info["rank"] for info, _ in gathered}
+    gathered += _elsewhere([parse_row(r) for r in before.get("rows") or []], here, old_infos)
+    coll_rows = [r for r in (parse_row(r) for r in before.get("rows") or [])
+                 if r.fleet.rank is None]
+    gathered.sort(key=lambda g: g[0]["rank"])
+    if not gathered:
+        raise FinalizeError(f"{fleet}: no rank has a run folder with rows ({run_id})")
+    meta = meta or old_meta
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cut = (f"killed before rank 0 wrote the fleet folder; written from {len(here)} rank "
+           f"folder(s) on {when}")
+    meta = meta.updated(state__cut_short=cut)
+    world = int(ident.get("world") or fleet_old.get("world")
+                or max(g[0]["rank"] for g in gathered) + 1)
+    me = Rank(rank=0, world=world, local_rank=0, local_world=1,
+              host=str(ident.get("host") or "unknown"),
+              backend=str(ident.get("backend") or fleet_old.get("backend") or "unknown"),
+              timeout_s=0.0, device=str(meta.device.device_kind or "cpu"))
+    problem = fleet_old.get("problem") or "the fleet was killed before rank 0 finished"
+    write_folder(fleet, me, _request_of(meta, plots), _argv(meta.provenance.command or ""),
+                 meta, gathered, coll_rows, final=True, problem=f"{problem}; {cut}")
+    return sum(len(g[1]) for g in gathered) + len(coll_rows)
+
+
+Gathered = list[tuple[dict[str, Any], list[RunRow]]]
+
+
+def _rank_folders(fleet: Path, run_id: str, old_infos: dict[Any, dict[str, Any]]
+                  ) -> tuple[Gathered, dict[str, Any], RunMeta | None]:
+    """Each rank folder's rows with its rank, host and GPU (from the rank.json it wrote
+    before its sweep, else what the fleet folder said of it), the first rank file found,
+    and the first rank's metadata."""
+    gathered: Gathered = []
     ident: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
+    meta: RunMeta | None = None
     for r, rank_dir in _rank_dirs(fleet):
         found = sorted(rank_dir.glob(f"*/{run_id}/{RESULTS_JSON}"))
         if not found:
@@ -151,47 +187,27 @@ def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
         doc = read_doc(found[0])
         me = _rank_file(rank_dir)
         ident = ident or me
-        meta = meta or dict(doc.get("metadata") or {})
-        m = doc.get("metadata") or {}
+        m = parse_meta(doc.get("metadata"))
+        meta = meta or m
         old = old_infos.get(r) or {}
         info = rank_info(m, r, str(me.get("host") or old.get("host") or "unknown"),
                          me.get("local_rank", old.get("local_rank")),
-                         (m.get("nvml_start") or {}).get("nvml_uuid") or old.get("gpu_uuid"),
-                         old.get("exit_code"))
-        rows = doc["rows"]
-        mark_rows(rows, info)
-        gathered.append((info, rows))
-    here = {info["rank"] for info, _ in gathered}
-    # Rows rank 0 had gathered from ranks whose folders are elsewhere (another node's
-    # disk) are kept, and so are collective rows (rank None) it had written.
-    elsewhere: dict[int, list[dict[str, Any]]] = {}
-    coll_rows = []
-    for row in before.get("rows") or []:
-        if row.get("rank") is None:
-            coll_rows.append(row)
-        elif row["rank"] not in here:
-            elsewhere.setdefault(int(row["rank"]), []).append(row)
-    for r, rows in sorted(elsewhere.items()):
-        gathered.append((old_infos.get(r) or {"rank": r, "host": rows[0].get("host"),
-                                              "exit_code": None}, rows))
-    gathered.sort(key=lambda g: g[0]["rank"])
-    if not gathered:
-        raise FinalizeError(f"{fleet}: no rank has a run folder with rows ({run_id})")
-    meta = meta or dict(old_meta)
-    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    meta["cut_short"] = (f"killed before rank 0 wrote the fleet folder; written from "
-                         f"{len(here)} rank folder(s) on {when}")
-    fleet_old = old_meta.get("fleet") or {}
-    world = int(ident.get("world") or fleet_old.get("world")
-                or max(g[0]["rank"] for g in gathered) + 1)
-    me = Rank(rank=0, world=world, local_rank=0, local_world=1,
-              host=str(ident.get("host") or "unknown"),
-              backend=str(ident.get("backend") or fleet_old.get("backend") or "unknown"),
-              timeout_s=0.0, device=str(meta.get("device_kind") or "cpu"))
-    problem = fleet_old.get("problem") or "the fleet was killed before rank 0 finished"
-    write_folder(fleet, me, _request_of(meta, plots), _argv(str(meta.get("command") or "")),
-                 meta, gathered, coll_rows, final=True, problem=f"{problem}; {meta['cut_short']}")
-    return sum(len(g[1]) for g in gathered) + len(coll_rows)
+                         (m.telemetry.nvml_start or {}).get("nvml_uuid")
+                         or old.get("gpu_uuid"), old.get("exit_code"))
+        gathered.append((info, mark_rows([parse_row(x) for x in doc["rows"]], info)))
+    return gathered, ident, meta
+
+
+def _elsewhere(rows: list[RunRow], here: set[int], old_infos: dict[Any, dict[str, Any]]
+               ) -> Gathered:
+    """Rows rank 0 had gathered from ranks whose folders are elsewhere (another node's
+    disk), kept with what the fleet folder said of their rank."""
+    by_rank: dict[int, list[RunRow]] = {}
+    for row in rows:
+        if row.fleet.rank is not None and row.fleet.rank not in here:
+            by_rank.setdefault(int(row.fleet.rank), []).append(row)
+    return [(old_infos.get(r) or {"rank": r, "host": rs[0].fleet.host, "exit_code": None},
+             rs) for r, rs in sorted(by_rank.items())]
 
 
 def main(argv: list[str]) -> int:
@@ -222,15 +238,9 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-def _request_of(meta: dict[str, Any], plots: bool) -> RunRequest:
-    """The request the killed fleet was made with: the one its rank stored, else what its
-    older metadata says of the selection; the fleet's tolerance is the report's default."""
-    if meta.get("request"):
-        return replace(RunRequest.from_json(meta["request"]), plots=plots,
-                       fleet_tolerance=None)
-    return RunRequest(kernels=tuple(meta.get("kernels") or ()),
-                      dtypes=tuple(meta.get("dtypes") or ()),
-                      providers=tuple(meta.get("providers") or ()),
-                      sizes=str(meta.get("sizes") or "default"), seed=int(meta.get("seed") or 0),
-                      device=str(meta.get("device_key") or "auto"),
-                      check_only=bool(meta.get("check_only")), plots=plots)
+def _request_of(meta: RunMeta, plots: bool) -> RunRequest:
+    """The request the killed fleet was made with: the one its rank stored (or rebuilt
+    from its older metadata's keys); the fleet's tolerance is the report's default."""
+    req = RunRequest.from_json(meta.request) if meta.request else RunRequest()
+    return replace(req, output=replace(req.output, plots=plots),
+                   fleet=replace(req.fleet, tolerance=None))

@@ -5,12 +5,15 @@ share, one rank's rows and device as gathered, and the fleet folder written from
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from benches.fleet.dist import Rank
+from contract.record import RunRow, flat, parse_row
 from contract.request import RunRequest
+from contract.run_meta import RunMeta, parse_meta
 from contract.schema import format_shape
 
 SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet/run.py)
@@ -44,35 +47,40 @@ def versions(req: RunRequest) -> dict[str, Any]:
         package: str | None = importlib.metadata.version("gpubench")
     except importlib.metadata.PackageNotFoundError:
         package = None
+    sel = req.selection
     return {"suite commit": head_commit(), "suite package": package,
             "torch": torch.__version__, "triton": triton_v,
-            "kernels": list(req.kernels), "dtypes": list(req.dtypes),
-            "providers": list(req.providers), "sizes": req.sizes,
-            "shapes": None if req.shapes is None else [format_shape(s) for s in req.shapes],
-            "seed": req.seed, "device": req.device, "check only": req.check_only}
+            "kernels": list(sel.kernels), "dtypes": list(sel.dtypes),
+            "providers": list(sel.providers), "sizes": sel.sizes,
+            "shapes": None if sel.shapes is None else [format_shape(s) for s in sel.shapes],
+            "seed": sel.seed, "device": req.device.key, "check only": sel.check_only}
 
 
-def slow_down(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+def slow_down(rows: Sequence[RunRow], info: dict[str, Any]) -> list[RunRow]:
     """Test-only: this rank's timings SLOW_FACTOR times longer (GPUBENCH_TEST_SLOW_RANK)."""
+    out = []
     for r in rows:
-        if r.get("status") != "ok" or r.get("ms_median") is None:
-            continue
-        for k in ("ms_median", "ms_p20", "ms_p80"):
-            r[k] = r[k] * SLOW_FACTOR
-        for k in ("tflops", "gbps"):
-            if r.get(k):
-                r[k] = r[k] / SLOW_FACTOR
-        r["samples_ms"] = [x * SLOW_FACTOR for x in r.get("samples_ms") or []]
+        t, m = r.timing, r.metrics
+        if r.ok and t.ms_median is not None:
+            r = replace(r, timing=replace(
+                t, ms_median=t.ms_median * SLOW_FACTOR,
+                ms_p20=None if t.ms_p20 is None else t.ms_p20 * SLOW_FACTOR,
+                ms_p80=None if t.ms_p80 is None else t.ms_p80 * SLOW_FACTOR,
+                samples_ms=tuple(x * SLOW_FACTOR for x in t.samples_ms)),
+                metrics=replace(m, tflops=m.tflops / SLOW_FACTOR if m.tflops else m.tflops,
+                                gbps=m.gbps / SLOW_FACTOR if m.gbps else m.gbps))
+        out.append(r)
     if info.get("copy_gbps"):
         info["copy_gbps"] /= SLOW_FACTOR
+    return out
 
 
-def gpu_uuid(meta: dict[str, Any], me: Rank) -> str | None:
+def gpu_uuid(meta: RunMeta, me: Rank) -> str | None:
     """NVML's UUID of this rank's GPU, else torch's (None for a rank on a CPU, GPUs
     present or not)."""
     if me.device != "cuda":
         return None
-    uuid = (meta.get("nvml_start") or {}).get("nvml_uuid")
+    uuid = (meta.telemetry.nvml_start or {}).get("nvml_uuid")
     if uuid:
         return str(uuid)
     import torch
@@ -82,73 +90,85 @@ def gpu_uuid(meta: dict[str, Any], me: Rank) -> str | None:
 
 
 def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = False
-             ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+             ) -> tuple[list[RunRow], RunMeta, dict[str, Any]]:
     """(rows, metadata, device info) of this rank's own run folder; `slow`: the test-only
     slow-rank hook's 10x longer times."""
     from contract.schema import read_doc
 
     found = sorted(run_root.glob(f"*/{run_id}/results.json"))
     doc = read_doc(found[0]) if found else {"metadata": {}, "rows": []}
-    rows, meta = doc["rows"], doc["metadata"]
+    rows, meta = [parse_row(r) for r in doc["rows"]], parse_meta(doc["metadata"])
     uuid = gpu_uuid(meta, me)
     info = rank_info(meta, me.rank, me.host, me.local_rank, uuid, code)
     if slow:
-        slow_down(rows, info)
-    mark_rows(rows, info)
-    return rows, meta, info
+        rows = slow_down(rows, info)
+    return mark_rows(rows, info), meta, info
 
 
-def rank_info(meta: dict[str, Any], rank: int, host: str, local_rank: int | None,
+def rank_info(meta: RunMeta, rank: int, host: str, local_rank: int | None,
               uuid: str | None, code: int | None) -> dict[str, Any]:
-    """What the fleet keeps of one rank: who it was, its device, its measured copy
-    bandwidth, its exit code (None: not known, as for a rank a kill ended) and where
-    its time went (benches/sweep/phases.py), from its run's metadata."""
-    measured = (meta.get("ceilings") or {}).get("measured") or {}
+    """What the fleet keeps of one rank (a JSON document: posted to rank 0, kept in the
+    fleet's metadata.fleet.ranks, read by roofline/report/fleet.py): who it was, its
+    device, its measured copy bandwidth, its exit code (None: not known, as for a rank a
+    kill ended) and where its time went (benches/sweep/phases.py), from its run's
+    metadata."""
+    measured = meta.ceilings.get("measured") or {}
     return {"rank": rank, "host": host, "local_rank": local_rank,
-            "device_name": meta.get("device_name"), "device_key": meta.get("device_key"),
+            "device_name": meta.device.device_name, "device_key": meta.device.device_key,
             "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
-            "time_split_s": meta.get("time_split_s"), "wall_s": meta.get("wall_s")}
+            "time_split_s": meta.time.time_split_s or None, "wall_s": meta.time.wall_s}
 
 
-def mark_rows(rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+def mark_rows(rows: Sequence[RunRow], info: dict[str, Any]) -> list[RunRow]:
     """Every row of a rank names its rank, host and GPU."""
-    for r in rows:
-        r.update(rank=info["rank"], host=info["host"], gpu_uuid=info["gpu_uuid"])
+    return [replace(r, fleet=replace(r.fleet, rank=info["rank"], host=info["host"],
+                                     gpu_uuid=info["gpu_uuid"])) for r in rows]
 
 
 def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
-                 meta: dict[str, Any],
-                 gathered: list[tuple[dict[str, Any], list[dict[str, Any]]]],
-                 coll_rows: list[dict[str, Any]], *, final: bool, problem: str | None = None,
+                 meta: RunMeta, gathered: list[tuple[dict[str, Any], list[RunRow]]],
+                 coll_rows: list[RunRow], *, final: bool, problem: str | None = None,
                  signal_name: str | None = None) -> list[dict[str, Any]]:
     """The fleet folder from the rows gathered so far: results.csv/json always; with
     `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
-    import pandas as pd
-
     from benches.sweep.job import finish_run
     from benches.sweep.results import ResultWriter
-    from contract.devices import DEVICES
-    from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
 
     infos = [g[0] for g in gathered]
     rows = [r for g in gathered for r in g[1]] + coll_rows
     missing = sorted(set(range(me.world)) - {i["rank"] for i in infos})
     complete = problem is None and all(i["exit_code"] in (0, 1) for i in infos)
-    fleet_meta = {**meta, "run_id": fleet_dir.name, "complete": complete and final,
-                  "interrupted": signal_name is not None, "signal": signal_name,
-                  "fleet": {"world": me.world, "backend": me.backend, "ranks": infos,
-                            "missing_ranks": missing, "problem": problem,
-                            "command": " ".join(["run_bench.py", *argv])}}
+    fleet_meta = meta.updated(
+        provenance__run_id=fleet_dir.name, state__complete=complete and final,
+        state__interrupted=signal_name is not None, state__signal=signal_name,
+        fleet={"world": me.world, "backend": me.backend, "ranks": infos,
+               "missing_ranks": missing, "problem": problem,
+               "command": " ".join(["run_bench.py", *argv])})
     writer = ResultWriter(fleet_dir, fleet_meta, rows)
     writer.close()
     if not final:
         return []
-    finish_run(writer, fleet_dir, plots=req.plots)
-    frame = writer.frame()
-    tol = req.fleet_tolerance if req.fleet_tolerance is not None \
+    finish_run(writer, fleet_dir, plots=req.output.plots)
+    return _fleet_report(fleet_dir, me, req, writer.frame(), infos, coll_rows, missing,
+                         problem)
+
+
+def _fleet_report(fleet_dir: Path, me: Rank, req: RunRequest, frame: Any,
+                  infos: list[dict[str, Any]], coll_rows: list[RunRow], missing: list[int],
+                  problem: str | None) -> list[dict[str, Any]]:
+    """fleet.md and fleet.png: each device's key figures, the collectives, the outliers
+    (returned)."""
+    import pandas as pd
+
+    from contract.devices import DEVICES
+    from contract.schema import ALL_COLUMNS
+    from roofline.report.fleet import DEFAULT_TOLERANCE, device_figures, write_fleet
+
+    tol = req.fleet.tolerance if req.fleet.tolerance is not None \
         else DEFAULT_TOLERANCE[me.device]
     devices = [device_figures(i, frame[frame["rank"] == i["rank"]]) for i in infos]
-    coll = pd.DataFrame(coll_rows) if coll_rows else pd.DataFrame(columns=["status"])
+    coll = pd.DataFrame([flat(r, ALL_COLUMNS) for r in coll_rows]) if coll_rows \
+        else pd.DataFrame(columns=["status"])
     note = None
     if problem or missing:
         note = (f"Incomplete: {problem or 'rows missing'}"
@@ -156,5 +176,5 @@ def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
     # The collectives' roof: the device's NVLink bandwidth per direction (device models).
     model = DEVICES.get(str(infos[0].get("device_key"))) if infos else None
     link = model.nvlink_gbps if model is not None else None
-    return write_fleet(fleet_dir, devices, coll, tol, link, plot=req.plots,
+    return write_fleet(fleet_dir, devices, coll, tol, link, plot=req.output.plots,
                        note=note)

@@ -56,7 +56,9 @@ from benches.fleet.folder import own_rows, versions, write_folder, write_rank_fi
 from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
+from contract.record import RunRow
 from contract.request import RunRequest
+from contract.run_meta import RunMeta
 from roofline.report.run_time import time_split_line
 
 TEST_SLOW = "GPUBENCH_TEST_SLOW_RANK"
@@ -78,7 +80,7 @@ def run_fleet(req: RunRequest, argv: list[str], started: float | None = None) ->
     from benches.sweep.job import USER_ERRORS
 
     try:
-        me = fdist.start(req.dist_timeout, req.device)
+        me = fdist.start(req.fleet.dist_timeout, req.device.key)
     except FleetError as e:
         fdist.stop()
         say_line(f"error: {e}")  # every rank: nothing else has been said
@@ -130,7 +132,7 @@ class _Fleet:
             raise FleetError("torch does not expose the rendezvous store the fleet needs")
         self.live: Liveness = live
         self.run_id = ""
-        self.fleet_dir = self.rank_dir = Path(req.out)
+        self.fleet_dir = self.rank_dir = Path(req.output.out)
 
     def where(self) -> str:
         """Where a rank other than 0 left its console (for its one line on stderr)."""
@@ -149,14 +151,17 @@ class _Fleet:
 
         me, req = self.me, self.req
         fdist.agree("versions and request", versions(req))
-        self.run_id = fdist.broadcast_object("sharing the run id", req.run_id
+        self.run_id = fdist.broadcast_object("sharing the run id", req.output.run_id
                                              or datetime.now().strftime("%Y%m%d-%H%M%S"))
-        self.fleet_dir = Path(req.out) / "fleet" / self.run_id
+        self.fleet_dir = Path(req.output.out) / "fleet" / self.run_id
         self.rank_dir = self.fleet_dir / "ranks" / f"rank-{me.rank}"
         # This rank's own sweep: its folder and ceiling cache, no gate, no figures.
-        mine = replace(req, out=str(self.rank_dir), run_id=self.run_id, compare=None,
-                       plots=False, ceilings_dir=str(Path(req.out) / ".ceilings"
-                                                     / f"{me.host}-rank{me.local_rank}"))
+        mine = replace(
+            req, output=replace(req.output, out=str(self.rank_dir), run_id=self.run_id,
+                                plots=False),
+            gate=replace(req.gate, compare=None),
+            ceilings=replace(req.ceilings, cache_dir=str(
+                Path(req.output.out) / ".ceilings" / f"{me.host}-rank{me.local_rank}")))
         t0 = time.monotonic()
         try:
             with self.live.armed():
@@ -219,13 +224,13 @@ class _Fleet:
 
     # ---- after the sweep: rows to rank 0, the collectives, the fleet folder --------
 
-    def _interrupt(self, meta: dict[str, Any], noted: Noted) -> str | None:
+    def _interrupt(self, meta: RunMeta, noted: Noted) -> str | None:
         """SIGINT or SIGTERM if this rank was signalled (in its sweep, or since)."""
-        if meta.get("interrupted") and meta.get("signal") in SIGNAL_CODES:
-            return str(meta["signal"])
+        if meta.state.interrupted and meta.state.signal in SIGNAL_CODES:
+            return str(meta.state.signal)
         return noted()
 
-    def _stop_reason(self, meta: dict[str, Any], noted: Noted) -> tuple[str, int] | None:
+    def _stop_reason(self, meta: RunMeta, noted: Noted) -> tuple[str, int] | None:
         """(why, exit code) once the fleet stops: this rank's own signal (posted for
         the others), else the stop another rank posted or a lost rank."""
         mine = self._interrupt(meta, noted)
@@ -236,8 +241,8 @@ class _Fleet:
             return self.live.problem, self.live.problem_code
         return None
 
-    def _after_sweep(self, code: int, sweep_s: float, rows: list[dict[str, Any]],
-                     meta: dict[str, Any], info: dict[str, Any], noted: Noted) -> int:
+    def _after_sweep(self, code: int, sweep_s: float, rows: list[RunRow],
+                     meta: RunMeta, info: dict[str, Any], noted: Noted) -> int:
         me = self.me
         stopped = self._stop_reason(meta, noted)
         if me.rank != 0:
@@ -256,7 +261,7 @@ class _Fleet:
             return stopped[1] if stopped else code
         return self._rank0(code, sweep_s, rows, meta, info, noted)
 
-    def _wait_for_rank0(self, limit_s: float, meta: dict[str, Any], noted: Noted) -> str:
+    def _wait_for_rank0(self, limit_s: float, meta: RunMeta, noted: Noted) -> str:
         """What rank 0 decided after gathering: "collectives" or "done".  A rank that
         stops first decides "done" itself, unless rank 0 decided before: then it joins
         the collectives, which its stop ends at once on every rank."""
@@ -273,7 +278,7 @@ class _Fleet:
             time.sleep(POLL_S)
         return step
 
-    def _gather(self, limit_s: float, meta: dict[str, Any], noted: Noted
+    def _gather(self, limit_s: float, meta: RunMeta, noted: Noted
                 ) -> tuple[dict[int, Any], dict[int, str]]:
         """Rank 0: the rows every other rank posts, {rank: (info, rows)}, and the ranks
         that posted none, with why.  Waits while they are alive, up to `limit_s`; once
@@ -320,7 +325,7 @@ class _Fleet:
         silent = self.live.silent_s(r)
         return silent is not None and silent >= 3 * self.live.period_s
 
-    def _collectives(self, noted: Noted, rows: list[dict[str, Any]] | None = None) -> int:
+    def _collectives(self, noted: Noted, rows: list[RunRow] | None = None) -> int:
         """The collectives, every rank together, into `rows` (kept up to a failure);
         returns the stop code the ranks agreed on (0: the sweep ran to its end)."""
         from benches.fleet import collectives
@@ -334,8 +339,8 @@ class _Fleet:
         return fdist.collective("timing the collectives", collectives.sweep, self.me.device,
                                 stop=stop, rows=[] if rows is None else rows)
 
-    def _rank0(self, code: int, sweep_s: float, rows: list[dict[str, Any]],
-               meta: dict[str, Any], info: dict[str, Any], noted: Noted) -> int:
+    def _rank0(self, code: int, sweep_s: float, rows: list[RunRow],
+               meta: RunMeta, info: dict[str, Any], noted: Noted) -> int:
         me, req = self.me, self.req
         got, missing = self._gather(sweep_s + me.timeout_s, meta, noted)
         gathered = [(info, rows)] + [got[r] for r in sorted(got)]
@@ -348,11 +353,11 @@ class _Fleet:
                          if stopped is None or m != stopped[0])  # said once
         if lost:
             stop = (f"{stopped[0]}; {lost}", stopped[1]) if stopped else (lost, 1)
-        coll_rows: list[dict[str, Any]] = []
+        coll_rows: list[RunRow] = []
         # One rank too: NCCL and gloo take a world of one, so every op is run and
         # checked on the node's own backend (its rows then carry no busbw).
-        step = fdist.decide(self.key("next"), "collectives" if req.collectives
-                            and not req.check_only and stop is None else "done")
+        step = fdist.decide(self.key("next"), "collectives" if req.fleet.collectives
+                            and not req.selection.check_only and stop is None else "done")
         if step == "collectives":
             try:
                 agreed = self._collectives(noted, coll_rows)
@@ -362,9 +367,11 @@ class _Fleet:
                 stopped = self._stop_reason(meta, noted)
                 stop = (f"{stopped[0] if stopped else 'a rank was interrupted'} during the "
                         "collectives", agreed)
-            for r in coll_rows:  # the fleet's rows, not one rank's
-                r.update(rank=None, host="fleet", device=info["device_key"],
-                         gpu_name=info["device_name"])
+            # the fleet's rows, not one rank's
+            coll_rows = [replace(r, fleet=replace(r.fleet, rank=None, host="fleet"),
+                                 accounting=replace(r.accounting, device=info["device_key"],
+                                                    gpu_name=info["device_name"]))
+                         for r in coll_rows]
         signal_name = next((n for n, c in SIGNAL_CODES.items() if stop and c == stop[1]),
                            None)
         outliers = write_folder(self.fleet_dir, me, req, self.argv, meta, gathered,

@@ -59,7 +59,15 @@ from benches.inspect.read import (
     tma_of,
 )
 from benches.sweep.interrupt import python_handlers_back
-from contract.request import RequestError, RunRequest, validated
+from contract.request import (
+    DeviceChoice,
+    Output,
+    RequestError,
+    RunRequest,
+    Selection,
+    TritonChoice,
+    validated,
+)
 
 # Architectures inspect compiles for: compute capability, the device model whose SM
 # count sizes the launches (dot's number of partial sums), and the per-block shared
@@ -422,25 +430,26 @@ def _meta(rows: list[Inspected], arch: str, fp8_mode: str, notes: list[str],
 
 def run_inspect(req: RunRequest) -> int:
     """Entry point of `run_bench.py --inspect`: the request's kernels and dtypes for
-    req.arch, written under req.out, with req.fp8_accum when given."""
+    req.triton.arch, written under req.output.out, with req.device.fp8_accum when given."""
     from kernels.spec import fp8_accum, interpreter_enabled, set_fp8_accum
 
-    if req.arch not in ARCHES:
-        print(f"error: unknown --arch '{req.arch}' (choose from {', '.join(ARCHES)})",
+    if req.triton.arch not in ARCHES:
+        print(f"error: unknown --arch '{req.triton.arch}' (choose from {', '.join(ARCHES)})",
               file=sys.stderr)
         return 2
-    if req.fp8_accum:
-        set_fp8_accum(req.fp8_accum)
+    if req.device.fp8_accum:
+        set_fp8_accum(req.device.fp8_accum)
     if interpreter_enabled():
         # The interpreter swapped every @triton.jit function for an interpreted one at
         # import time: compile in a fresh process without it, given the request itself.
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        child = replace(req, fp8_accum=fp8_accum())
+        child = replace(req, device=replace(req.device, fp8_accum=fp8_accum()))
         cmd = [sys.executable, "-m", "benches.inspect", "--request",
                json.dumps(child.to_json())]
         root = Path(__file__).resolve().parents[2]  # the repository root
         return subprocess.run(cmd, env=env, cwd=root).returncode
-    code, _ = inspect(list(req.kernels), list(req.dtypes), req.arch, Path(req.out),
+    code, _ = inspect(list(req.selection.kernels), list(req.selection.dtypes),
+                      req.triton.arch, Path(req.output.out),
                       fp8_accum(), workers=int(os.environ.get("GPUBENCH_INSPECT_WORKERS", 2)))
     return code
 
@@ -463,9 +472,11 @@ def main(argv: list[str] | None = None) -> int:
         if ns.request is not None:
             req = validated(RunRequest.from_json(json.loads(ns.request)))
         else:
-            req = validated(RunRequest(kernels=ns.kernels, dtypes=ns.dtypes,
-                                       providers=("all",), out=ns.out,
-                                       fp8_accum=ns.fp8_accum, arch=ns.arch))
+            req = validated(RunRequest(
+                Selection(kernels=tuple(ns.kernels.split(",")),
+                          dtypes=tuple(ns.dtypes.split(",")), providers=("all",)),
+                DeviceChoice(fp8_accum=ns.fp8_accum), output=Output(out=ns.out),
+                triton=TritonChoice(arch=ns.arch)))
     except (RequestError, ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

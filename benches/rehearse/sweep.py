@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS, GpuModel, StandInDriver
-from benches.sweep.cases import RunConfig
+from benches.sweep.cases import SweepContext
 from contract.devices import Present
 
 
@@ -24,22 +24,23 @@ def present_of(model: GpuModel) -> Present:
 
 
 def run_config(model: GpuModel, kernels: list[str], dtypes: list[str], sizes: str = "quick",
-               cache: list[str] | None = None) -> RunConfig:
-    """A GPU sweep's RunConfig on `model` (compiled Triton, the datasheet's ceilings), as
+               cache: list[str] | None = None) -> SweepContext:
+    """A GPU sweep's context on `model` (compiled Triton, the datasheet's ceilings), as
     benches/sweep/job.py builds it on that GPU."""
     from contract.ceilings import Ceilings, datasheet_of
     from contract.devices import DEVICES
+    from contract.request import RunRequest, Selection
     from contract.schema import DEFAULT_CACHE
     from kernels.spec import Target
 
     present = present_of(model)
     device = DEVICES[present.key]
-    return RunConfig(kernels=list(kernels), dtypes=list(dtypes), providers=["torch", "triton"],
-                     sizes=sizes, explicit_shapes=None, seed=0, check_only=False,
-                     model=device, present=present,
-                     target=Target("cuda", model.capability, False, model.name),
-                     ceilings=Ceilings(datasheet_of(device), None),
-                     cache=list(cache or [DEFAULT_CACHE]))
+    request = RunRequest(Selection(kernels=tuple(kernels), dtypes=tuple(dtypes),
+                                   providers=("torch", "triton"), sizes=sizes,
+                                   cache=tuple(cache or [DEFAULT_CACHE])))
+    return SweepContext(request, device, present,
+                        Target("cuda", model.capability, False, model.name),
+                        ceilings=Ceilings(datasheet_of(device), None))
 
 
 # The stand-in a compile-ahead worker compiles under (GPU_MODELS key); unset, the one

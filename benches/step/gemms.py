@@ -22,10 +22,13 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
     lacks, or a dtype or provider it does not have, are left out.  `native_cache`: in
     the device's native cache mode, as run_bench.py times by default (cold on a GPU,
     warm on a CPU); else the sweep's default mode."""
+    from contract.record import flat
+    from contract.request import RunRequest, Selection
+    from contract.schema import ALL_COLUMNS, DEFAULT_CACHE
     from contract.schema import native_cache as native_mode
 
     model, present, ceilings = device
-    from benches.sweep.cases import Case, RunConfig
+    from benches.sweep.cases import Case, SweepContext
     from benches.sweep.runner import iterate
     from benches.timing.plan import TimingConfig
     from kernels import REGISTRY
@@ -41,25 +44,25 @@ def _sweep(requests: list[dict[str, Any]], device: tuple[Any, Any, Any], provide
                 "cpu_min_run_time_s": rep_ms / 1e3}
         have = {f.name for f in fields(timing)}
         timing = replace(timing, **{k: v for k, v in want.items() if k in have})
-    cfg = RunConfig(kernels=sorted({r["kernel"] for r in requests}),
-                    dtypes=sorted({r["dtype"] for r in requests}), providers=[provider],
-                    sizes="explicit", explicit_shapes=[r["shape"] for r in requests],
-                    seed=0, check_only=False, model=model, present=present, target=target,
-                    ceilings=ceilings, timing=timing)
-    if native_cache:
-        cfg = replace(cfg, cache=[native_mode({"device": present.kind})])
+    mode = native_mode({"device": present.kind}) if native_cache else DEFAULT_CACHE
+    cfg = SweepContext(RunRequest(Selection(
+        kernels=tuple(sorted({r["kernel"] for r in requests})),
+        dtypes=tuple(sorted({r["dtype"] for r in requests})), providers=(provider,),
+        sizes="explicit", shapes=tuple(r["shape"] for r in requests), cache=(mode,))),
+        model, present, target, ceilings=ceilings, timing=timing)
     cases, seen = [], set()
     for r in requests:
         spec = REGISTRY.get(r["kernel"])
         if spec is None or r["dtype"] not in spec.dtypes or provider not in spec.providers:
             continue
         case = Case(spec, provider, r["dtype"], {d: r["shape"][d] for d in spec.dims},
-                    cfg.cache[0])
+                    cfg.cache_modes[0])
         if (case.spec.name, case.dtype, case.shape_str) not in seen:
             seen.add((case.spec.name, case.dtype, case.shape_str))
             cases.append(case)
     log(f"timing {len(cases)} {what} ({provider}) on {present.name}")
-    rows = {(case.spec.name, case.dtype, case.shape_str): row
+    # The planner reads the rows as the files hold them (contract.record.flat).
+    rows = {(case.spec.name, case.dtype, case.shape_str): flat(row, ALL_COLUMNS)
             for case, row in iterate(cases, cfg)}
     for r in requests:  # each request's row, by its case's key (shape in the spec's order)
         spec = REGISTRY.get(r["kernel"])

@@ -1,7 +1,8 @@
 """What one benchmark case is, and what its row starts as: the (kernel, provider, dtype,
-shape, cache mode) cases of a run in order, the run's configuration, the row's analytic
-columns, the inputs and float64 reference its providers share, and the copies of them a
-cold CPU row's calls rotate over.
+shape, cache mode) cases of a run in order, the sweep's context (the request and what
+the run resolved), the row's identity and accounting (a contract.record.RunRow), the
+inputs and float64 reference its providers share, and the copies of them a cold CPU
+row's calls rotate over.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -22,13 +23,9 @@ from benches.timing.plan import TimingConfig
 from contract import metrics
 from contract.ceilings import NO_ROOF_BELOW_FP32, Ceilings
 from contract.devices import DeviceModel, Present
-from contract.schema import (
-    ALL_COLUMNS,
-    DEFAULT_CACHE,
-    SAMPLES,
-    RowKey,
-    format_shape,
-)
+from contract.record import Accounting, CaseId, Check, RunRow
+from contract.request import RunRequest, Selection
+from contract.schema import DEFAULT_CACHE, WARM, RowKey, format_shape
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
 from kernels.spec import Shape
 
@@ -55,40 +52,58 @@ class Case:
         return (self.spec.name, self.provider, self.dtype, self.shape_str, self.cache)
 
     @property
+    def id(self) -> CaseId:
+        """The identity its row carries (contract.record.CaseId)."""
+        return CaseId(self.spec.name, self.provider, self.dtype, self.shape_str, self.cache,
+                      self.layer)
+
+    @property
     def label(self) -> str:
         warm = "" if self.cache == DEFAULT_CACHE else f" {self.cache}"
         return f"{self.spec.name} {self.provider} {self.dtype} {self.shape_str}{warm}"
 
 
-@dataclass
-class RunConfig:
-    kernels: list[str]
-    dtypes: list[str]
-    providers: list[str]
-    sizes: str  # preset name
-    explicit_shapes: list[Shape] | None
-    seed: int
-    check_only: bool
+@dataclass(frozen=True)
+class SweepContext:
+    """What a sweep runs with: the request (its selection and settings are read from
+    there, never copied) and what the run resolved: the device model the rows are held
+    against and the device present, the target the kernels run on, the ceilings
+    (measured or cached: set once they are known, `dataclasses.replace`), the timing
+    and throttle configurations the request derives, the run budget (None: none; see
+    benches/sweep/budget.py), and the Triton configs to run instead of autotuning, by
+    case key (re-timing children get the confirmed row's own: its `config` column)."""
+
+    request: RunRequest
     model: DeviceModel
     present: Present
     target: Target
-    ceilings: Ceilings
+    ceilings: Ceilings = field(default_factory=lambda: Ceilings(None, None))
     timing: TimingConfig = field(default_factory=TimingConfig)
-    throttle: ThrottleConfig = field(default_factory=lambda: ThrottleConfig())
-    # Seconds the sweep's timing may take in all (None: no run budget; rows keep theirs,
-    # timing.row_budget_s).  See benches/sweep/budget.py.
+    throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     run_budget_s: float | None = None
-    # Triton configs to run instead of autotuning, by case key (kernel, provider, dtype,
-    # shape, cache): re-timing children get the confirmed row's own (its `config` column).
-    configs: dict[tuple[str, ...], str] = field(default_factory=dict)
-    # Cache modes each case is timed in (--cache), in order; check-only runs check each
-    # case once, in the first.
-    cache: list[str] = field(default_factory=lambda: [DEFAULT_CACHE])
-    # Which GPU rows get an energy window (--energy: contract.request.ENERGY_ROWS).
-    energy: str = "largest"
+    configs: Mapping[RowKey, str] = field(default_factory=dict)
+
+    @property
+    def selection(self) -> Selection:
+        return self.request.selection
+
+    @property
+    def check_only(self) -> bool:
+        return self.request.selection.check_only
+
+    @property
+    def cache_modes(self) -> tuple[str, ...]:
+        """The cache modes each case is timed in (--cache), in order; by default cold on
+        a GPU (L2 flushed or rotated past), warm on a CPU (what its timer has always
+        measured: blocks of calls on the same buffers).  Check-only runs check each case
+        once, in the first."""
+        asked = self.request.selection.cache
+        if asked is not None:
+            return asked
+        return (DEFAULT_CACHE,) if self.target.kind == "cuda" else (WARM,)
 
 
-def build_cases(cfg: RunConfig) -> list[Case]:
+def build_cases(cfg: SweepContext) -> list[Case]:
     """Cases in run order: kernel, dtype, shape, provider, then cache mode, so that both
     providers of a (kernel, dtype, shape) share one set of inputs, and a row's cold and
     warm times are taken next to each other (the same autotuned config, the same spell
@@ -96,17 +111,19 @@ def build_cases(cfg: RunConfig) -> list[Case]:
     backends for matmul) makes no case: --list says which kernel has which."""
     cases = []
     on_gpu = cfg.target.kind == "cuda"
-    modes = cfg.cache[:1] if cfg.check_only else cfg.cache
-    for name in cfg.kernels:
+    sel = cfg.selection
+    modes = cfg.cache_modes[:1] if sel.check_only else cfg.cache_modes
+    shapes = None if sel.shapes is None else [dict(s) for s in sel.shapes]
+    for name in sel.kernels:
         spec = REGISTRY[name]
-        layers = {format_shape(s.shape): s.layer for s in model_layers(cfg.sizes, name)} \
-            if is_model_sizes(cfg.sizes) else {}
-        for dtype in cfg.dtypes:
+        layers = {format_shape(s.shape): s.layer for s in model_layers(sel.sizes, name)} \
+            if is_model_sizes(sel.sizes) else {}
+        for dtype in sel.dtypes:
             if dtype not in spec.dtypes:
                 continue  # e.g. tf32 exists for matmul only
-            for shape in shapes_for(spec, cfg.sizes, on_gpu, cfg.explicit_shapes):
+            for shape in shapes_for(spec, sel.sizes, on_gpu, shapes):
                 layer = layers.get(format_shape(shape))
-                for prov in cfg.providers:
+                for prov in sel.providers:
                     if prov not in spec.providers:
                         continue
                     cases += [Case(spec, prov, dtype, shape, mode, layer) for mode in modes]
@@ -136,7 +153,7 @@ def case_seed(base: int, spec: KernelSpec, dtype: str, shape: Shape) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{spec.name}|{dtype}|{shape}".encode())) % 2**31
 
 
-def roofs_of(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
+def roofs_of(case: Case, cfg: SweepContext) -> tuple[float | None, float | None,
                                                 float | None, float | None]:
     """(peak_tflops, peak_gbps, meas_peak_tflops, meas_peak_gbps) a row is held against.
 
@@ -152,24 +169,24 @@ def roofs_of(case: Case, cfg: RunConfig) -> tuple[float | None, float | None,
     return ceil.peak_tflops(rc), ceil.peak_gbps(), ceil.meas_tflops(rc), ceil.meas_gbps()
 
 
-def base_row(case: Case, cfg: RunConfig) -> dict[str, Any]:
+def base_row(case: Case, cfg: SweepContext) -> RunRow:
+    """A case's row before it runs: its identity, its accounting (FLOPs, bytes, the roofs
+    it is held against), its dtype's tolerance, the roofline bounds it has untimed."""
     spec, dtype = case.spec, case.dtype
     flops = spec.flops(case.shape, dtype)
     nbytes = spec.nbytes(case.shape, dtype)
-    rc = spec.roof_class(dtype, cfg.target)
-    row: dict[str, Any] = {c: None for c in ALL_COLUMNS}
-    row.update(
-        kernel=spec.name, provider=case.provider, dtype=dtype, shape=case.shape_str,
-        flops=flops, bytes=nbytes, device=cfg.model.key, gpu_name=cfg.present.name,
-        roof_class=rc, tolerance=DTYPES[dtype].tol, n_samples=0, cache=case.cache,
-        layer=case.layer,
-    )
-    row.update(metrics.derive(flops, nbytes, None, *roofs_of(case, cfg)))
-    return row
+    peak_tflops, peak_gbps, meas_tflops, meas_gbps = roofs_of(case, cfg)
+    acc = Accounting(flops=flops, bytes=nbytes, intensity=metrics.intensity(flops, nbytes),
+                     roof_class=spec.roof_class(dtype, cfg.target), device=cfg.model.key,
+                     gpu_name=cfg.present.name, peak_tflops=peak_tflops,
+                     peak_gbps=peak_gbps, meas_peak_tflops=meas_tflops,
+                     meas_peak_gbps=meas_gbps)
+    return RunRow(case=case.id, accounting=acc, check=Check(tolerance=DTYPES[dtype].tol),
+                  metrics=metrics.row_metrics(acc, None))
 
 
-def set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
-               note: str) -> dict[str, Any]:
+def set_timing(row: RunRow, case: Case, cfg: SweepContext, timing: Timing,
+               note: str) -> RunRow:
     """The row ok with its timing: times, samples, timer, metrics, the reason's notes (the
     roof's, and why it has no MFU where its roof class has no compute roof here)."""
     rc = case.spec.roof_class(case.dtype, cfg.target)
@@ -180,13 +197,11 @@ def set_timing(row: dict[str, Any], case: Case, cfg: RunConfig, timing: Timing,
                    "fp32's): no MFU")
         if no_roof not in note:
             note = "; ".join(x for x in (note, no_roof) if x)
-    row.update(ms_median=timing.ms_median, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80,
-               n_samples=timing.n_samples, timer=timing.timer, status="ok", reason=note,
-               host_us=timing.host_us)
-    row[SAMPLES] = list(timing.samples_ms)
-    row.update(metrics.derive(row["flops"], row["bytes"], timing.ms_median,
-                              *roofs_of(case, cfg)))
-    return row
+    timed = replace(row.timing, ms_median=timing.ms_median, ms_p20=timing.ms_p20,
+                    ms_p80=timing.ms_p80, n_samples=timing.n_samples, timer=timing.timer,
+                    host_us=timing.host_us, samples_ms=tuple(timing.samples_ms))
+    return replace(row, status="ok", reason=note, timing=timed,
+                   metrics=metrics.row_metrics(row.accounting, timing.ms_median))
 
 
 class InputCache:
@@ -202,11 +217,11 @@ class InputCache:
         self.copies: Copies | None = None
         self.scratch = scratch  # where copies' memory comes from (the sweep's)
 
-    def get(self, case: Case, cfg: RunConfig) -> dict[str, Any]:
+    def get(self, case: Case, cfg: SweepContext) -> dict[str, Any]:
         key = (case.spec.name, case.dtype, case.shape_str)
         if key != self.key:
             self.clear()
-            seed = case_seed(cfg.seed, case.spec, case.dtype, case.shape)
+            seed = case_seed(cfg.selection.seed, case.spec, case.dtype, case.shape)
             self.inputs = case.spec.make_inputs(case.shape, case.dtype, seed,
                                                 cfg.target.device)
             self.key = key

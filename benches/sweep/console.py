@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
+from contract.record import RunRow
 from kernels import REGISTRY
 
 # Piped output (CI logs, files) gets a wide console instead of rich's 80-column default,
@@ -103,32 +105,34 @@ def _fmt(v: Any, spec: str) -> str:
     return format(v, spec)
 
 
-def print_summary(rows: list[dict[str, Any]]) -> None:
-    ok = [r for r in rows if r["status"] == "ok"]
-    t = Table(title=f"{len(ok)} ok, {sum(r['status'] == 'failed' for r in rows)} failed, "
-                    f"{sum(r['status'] == 'skipped' for r in rows)} skipped")
+def print_summary(rows: Sequence[RunRow]) -> None:
+    ok = [r for r in rows if r.ok]
+    t = Table(title=f"{len(ok)} ok, {sum(r.status == 'failed' for r in rows)} failed, "
+                    f"{sum(r.status == 'skipped' for r in rows)} skipped")
     for col in ("kernel", "provider", "dtype", "shape", "ms", "TFLOP/s", "GB/s", "MFU",
                 "% roof", "rel_err"):
         t.add_column(col, justify="right" if col not in ("kernel", "provider", "dtype",
                                                          "shape") else "left")
     # Largest shape per (kernel, provider, dtype): the headline number of each series.
-    best: dict[tuple, dict[str, Any]] = {}
+    best: dict[tuple[str, str, str], RunRow] = {}
     for r in ok:
-        key = (r["kernel"], r["provider"], r["dtype"])
-        if key not in best or r["flops"] >= best[key]["flops"]:
+        key = (r.case.kernel, r.case.provider, r.case.dtype)
+        if key not in best or r.accounting.flops >= best[key].accounting.flops:
             best[key] = r
     for r in best.values():
-        t.add_row(r["kernel"], r["provider"], r["dtype"], r["shape"],
-                  _fmt(r["ms_median"], ".4f"), _fmt(r["tflops"], ".3f"), _fmt(r["gbps"], ".1f"),
-                  _fmt(r["mfu"], ".1%"), _fmt(r["pct_roof"], ".1f"), _fmt(r["rel_err"], ".1e"))
+        c, m = r.case, r.metrics
+        t.add_row(c.kernel, c.provider, c.dtype, c.shape, _fmt(r.timing.ms_median, ".4f"),
+                  _fmt(m.tflops, ".3f"), _fmt(m.gbps, ".1f"), _fmt(m.mfu, ".1%"),
+                  _fmt(m.pct_roof, ".1f"), _fmt(r.check.rel_err, ".1e"))
     console.print(t)
-    bad = [r for r in rows if r["status"] == "failed"]
-    for r in bad:
-        console.print(f"[red]FAILED[/red] {r['kernel']} {r['provider']} {r['dtype']} "
-                      f"{r['shape']}: {r['reason']}")
-    reasons: dict[str, int] = {}
     for r in rows:
-        if r["status"] == "skipped":
-            reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+        if r.status == "failed":
+            c = r.case
+            console.print(f"[red]FAILED[/red] {c.kernel} {c.provider} {c.dtype} "
+                          f"{c.shape}: {r.reason}")
+    reasons: dict[str | None, int] = {}
+    for r in rows:
+        if r.status == "skipped":
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         console.print(f"skipped x{n}: {reason}")

@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from contract.record import Energy, RunRow
 
 T = TypeVar("T")
 
 RAPL_ROOT = Path("/sys/class/powercap")
-ENERGY_COLUMNS = ("energy_j", "tflop_per_j", "gb_per_j", "power_w", "power_limit_w")
 # A board draws at most its enforced limit over any window the counter resolves; the
 # slack covers the limit's own regulation (it holds the average, not every millisecond).
 POWER_LIMIT_SLACK = 1.05
@@ -97,18 +98,17 @@ def power_bounds_reason(power_w: float, power_limit_w: float | None) -> str:
     return ""
 
 
-def energy_columns(power_w: float | None, ms_median: float | None, flops: float,
-                   nbytes: float, power_limit_w: float | None = None) -> dict[str, Any]:
-    """The row's energy columns from its mean power and median time per call; empty
-    where the power is missing or out of its bounds (power_bounds_reason)."""
-    cols: dict[str, Any] = dict.fromkeys(ENERGY_COLUMNS)
-    cols["power_limit_w"] = power_limit_w
+def energy_of(power_w: float | None, ms_median: float | None, flops: float,
+              nbytes: float, power_limit_w: float | None = None) -> Energy:
+    """The row's Energy group from its mean power and median time per call; empty (but
+    for the limit) where the power is missing or out of its bounds
+    (power_bounds_reason)."""
     if power_w is None or not ms_median or power_bounds_reason(power_w, power_limit_w):
-        return cols
+        return Energy(power_limit_w=power_limit_w)
     joules = power_w * ms_median / 1e3
-    cols.update(energy_j=joules, power_w=power_w, tflop_per_j=flops / joules / 1e12,
-                gb_per_j=nbytes / joules / 1e9)
-    return cols
+    return Energy(energy_j=joules, tflop_per_j=flops / joules / 1e12,
+                  gb_per_j=nbytes / joules / 1e9, power_w=power_w,
+                  power_limit_w=power_limit_w)
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,9 @@ class RowEnergy:
     error_rel: float | None = None
     power_limit_w: float | None = None
 
-    def columns(self, ms_median: float | None, flops: float,
-                nbytes: float) -> dict[str, Any]:
-        """ENERGY_COLUMNS for a row of this median time (ms), FLOPs and bytes."""
-        return energy_columns(self.power_w, ms_median, flops, nbytes, self.power_limit_w)
+    def group(self, ms_median: float | None, flops: float, nbytes: float) -> Energy:
+        """The Energy group of a row of this median time (ms), FLOPs and bytes."""
+        return energy_of(self.power_w, ms_median, flops, nbytes, self.power_limit_w)
 
     @property
     def note(self) -> str:
@@ -178,9 +177,10 @@ class RaplMeter:
         return bounded(self.power_w, "rapl", span_s=self.span_s,
                        missing="" if self.rapl is None else "RAPL read no timing")
 
-    def columns(self, row: dict[str, Any]) -> dict[str, Any]:
-        return self.energy().columns(row.get("ms_median"), float(row.get("flops") or 0),
-                                     float(row.get("bytes") or 0))
+    def group(self, row: RunRow) -> Energy:
+        """The timed row's Energy group."""
+        return self.energy().group(row.timing.ms_median, float(row.accounting.flops or 0),
+                                   float(row.accounting.bytes or 0))
 
 
 def rapl_meter() -> RaplMeter:

@@ -4,16 +4,16 @@ the sweep (SweepAborted), and its one-line message.  The runner turns it into a 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from contract.record import RunRow
 
 
 class SweepAborted(Exception):
     """A kernel error left the CUDA context unusable (illegal address, launch failure):
     `row` is that case's failed row, `reason` the error; the sweep cannot go on."""
 
-    def __init__(self, row: dict[str, Any], reason: str) -> None:
+    def __init__(self, row: RunRow, reason: str) -> None:
         super().__init__(reason)
         self.row = row
         self.reason = reason

@@ -14,14 +14,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from benches.sweep import kernel_time
 from benches.sweep.budget import RowBudget
-from benches.sweep.cases import Copies, InputCache, RunConfig, set_timing
+from benches.sweep.cases import Copies, InputCache, SweepContext, set_timing
 from benches.sweep.energy import RowEnergy
 from benches.sweep.energy_counter import GpuEnergyMeter
 from benches.sweep.gpu_monitor import gpu_monitor
@@ -32,11 +32,12 @@ from benches.sweep.timers import GpuTimer, Prepared, RowCall, timer_for, timing_
 from benches.timing import clock
 from benches.timing.interleave import Sampler, Sustained, batch_size, sample_case
 from benches.timing.plan import TIMER_FLUSHED, TIMER_GRAPH, bound_ms
-from contract.schema import DEFAULT_CACHE, Row, RowKey
+from contract.record import Clocks, RunRow
+from contract.schema import DEFAULT_CACHE, RowKey
 from kernels.compiled import compile_mark, recompile_note
 
 
-def warms_up(item: Checked, cfg: RunConfig) -> bool:
+def warms_up(item: Checked, cfg: SweepContext) -> bool:
     """Whether the case warms up to a sustained clock before its samples: compute-bound
     and timed by events, at least 20 us a call at the roof (a CUDA-graph case's whole
     sampling lasts about as long as the GPU takes to lower its clock: its providers,
@@ -44,7 +45,7 @@ def warms_up(item: Checked, cfg: RunConfig) -> bool:
     return compute_bound(item, cfg) and timing_method(item.case, cfg) == TIMER_FLUSHED
 
 
-def compute_bound(item: Checked, cfg: RunConfig) -> bool:
+def compute_bound(item: Checked, cfg: SweepContext) -> bool:
     """Whether the case's roofline bound on the device model is its FLOPs (its clock
     matters most, and a sustained load lowers it) rather than its bytes."""
     case = item.case
@@ -84,13 +85,13 @@ def _guarded(index: int, sampler: Sampler) -> Sampler:
     return Sampler(take, sampler.cap, sampler.per_sample_ms, sampler.close)
 
 
-def time_gpu_case(items: Sequence[Checked], budgets: Sequence[RowBudget], cfg: RunConfig,
+def time_gpu_case(items: Sequence[Checked], budgets: Sequence[RowBudget], cfg: SweepContext,
                   cache: InputCache, split: TimeSplit, splits: RowSplits,
-                  metered: frozenset[RowKey] = frozenset()) -> list[Row]:
+                  metered: frozenset[RowKey] = frozenset()) -> list[RunRow]:
     """The finished rows of a case's checked rows, in their order (see the module's
     docstring).  `splits` gets each row's own share of the time split; the rows in
     `metered` get an energy window."""
-    done: dict[int, Row] = {}
+    done: dict[int, RunRow] = {}
     ready: dict[int, _Ready] = {}
     try:
         for i, (item, budget) in enumerate(zip(items, budgets, strict=True)):
@@ -109,8 +110,8 @@ def time_gpu_case(items: Sequence[Checked], budgets: Sequence[RowBudget], cfg: R
     return [done[i] for i in range(len(items))]
 
 
-def _prepare(item: Checked, cfg: RunConfig, cache: InputCache, split: TimeSplit
-             ) -> Prepared | Row:
+def _prepare(item: Checked, cfg: SweepContext, cache: InputCache, split: TimeSplit
+             ) -> Prepared | RunRow:
     """The row's timer ready to sample (its copies made), or its error row."""
     try:
         timer = timer_for(item.case, cfg)
@@ -126,12 +127,12 @@ def _prepare(item: Checked, cfg: RunConfig, cache: InputCache, split: TimeSplit
         return error_row(item.row, e, item.case, cfg, cache, " while timing")
 
 
-def _sample_and_finish(ready: dict[int, _Ready], cfg: RunConfig, cache: InputCache,
+def _sample_and_finish(ready: dict[int, _Ready], cfg: SweepContext, cache: InputCache,
                        split: TimeSplit, splits: RowSplits, metered: frozenset[RowKey]
-                       ) -> dict[int, Row]:
+                       ) -> dict[int, RunRow]:
     """Sample the ready rows together (again without a provider that raised), then finish
     each: {its place: its row}."""
-    done: dict[int, Row] = {}
+    done: dict[int, RunRow] = {}
     monitor = gpu_monitor()
     while ready:
         order = list(ready)
@@ -148,19 +149,19 @@ def _sample_and_finish(ready: dict[int, _Ready], cfg: RunConfig, cache: InputCac
                                              cache, " while timing")
             continue
         _share(split.since(mark), [ready[i] for i in order], timed, splits)
-        for i, (timing, note, cols) in zip(order, timed, strict=True):
+        for i, (timing, note, clocks) in zip(order, timed, strict=True):
             mark = split.mark()
             done[i] = _finish(ready[i], timing, "; ".join(
-                x for x in (note, sustained.note()) if x), cols, cfg, cache, split,
+                x for x in (note, sustained.note()) if x), clocks, cfg, cache, split,
                 ready[i].item.case.key in metered)
             splits.add(ready[i].item.case.key, split.since(mark))
         break
     return done
 
 
-def _sample(rows: list[_Ready], cfg: RunConfig, monitor: Any, compute: bool
-            ) -> tuple[list[tuple[Any, str, dict[str, Any]]], Sustained]:
-    """The rows' timings (timing, note, clock columns) from samples taken in turns, under
+def _sample(rows: list[_Ready], cfg: SweepContext, monitor: Any, compute: bool
+            ) -> tuple[list[tuple[Any, str, Clocks]], Sustained]:
+    """The rows' timings (timing, note, Clocks) from samples taken in turns, under
     the throttle rule where the run has an NVML monitor, and what the warm-up did."""
     samplers = [_guarded(i, r.prep.sampler) for i, r in enumerate(rows)]
     warmed: list[Sustained] = []
@@ -174,12 +175,12 @@ def _sample(rows: list[_Ready], cfg: RunConfig, monitor: Any, compute: bool
         return [(r.prep.timing(g), r.prep.note) for r, g in zip(rows, got, strict=True)]
 
     if monitor is None:
-        return [(t, n, {}) for t, n in time_fn()], warmed[0]
+        return [(t, n, Clocks()) for t, n in time_fn()], warmed[0]
     return time_unthrottled(time_fn, monitor, cfg.throttle, sustained=compute), warmed[0]
 
 
 def _share(seconds: dict[str, float], rows: list[_Ready],
-           timed: list[tuple[Any, str, dict[str, Any]]], splits: RowSplits) -> None:
+           timed: list[tuple[Any, str, Clocks]], splits: RowSplits) -> None:
     """The case's shared sampling time split among its rows by their samples' time."""
     spent = [sum(t.samples_ms) for t, _, _ in timed]
     total = sum(spent)
@@ -187,18 +188,19 @@ def _share(seconds: dict[str, float], rows: list[_Ready],
         splits.add(r.item.case.key, seconds, s / total if total > 0 else 1 / len(rows))
 
 
-def _finish(r: _Ready, timing: Any, note: str, cols: dict[str, Any], cfg: RunConfig,
-            cache: InputCache, split: TimeSplit, metered: bool) -> Row:
-    """One row after the case's samples: its kernel-only time (in its cache mode), its
-    energy (`metered`: in a window of its own, _energy), its metrics."""
+def _finish(r: _Ready, timing: Any, note: str, clocks: Clocks, cfg: SweepContext,
+            cache: InputCache, split: TimeSplit, metered: bool) -> RunRow:
+    """One row after the case's samples, each stage its own group: its timing and
+    metrics, its clocks (`clocks`, from the samples), its kernel profile (in its cache
+    mode), its energy (`metered`: in a window of its own, _energy)."""
     item = r.item
     compiles = item.case.spec.providers[item.case.provider].compiles
     try:
         flush: Callable[[], object] | None = clock.flush_buffer().zero_ \
             if item.case.cache == DEFAULT_CACHE else None
         with split.phase("profile"):
-            kcols, knote = kernel_time.row_columns(item.call, r.budget.call_s,
-                                                   item.case.provider, flush)
+            profile, knote = kernel_time.row_profile(item.call, r.budget.call_s,
+                                                     item.case.provider, flush)
         with split.phase("energy"):
             spent = _energy(r, cfg, timing.ms_median) if metered else None
     except Exception as e:
@@ -206,11 +208,11 @@ def _finish(r: _Ready, timing: Any, note: str, cols: dict[str, Any], cfg: RunCon
     row = set_timing(item.row, item.case, cfg, timing, "; ".join(
         x for x in (note, knote, item.ran, recompile_note(compiles, r.compiled),
                     spent.note if spent is not None else "") if x))
-    row.update(cols)
-    row.update(kcols)
+    row = replace(row, clocks=clocks, profile=profile)
     if spent is not None:
-        row.update(spent.columns(row["ms_median"], float(row["flops"] or 0),
-                                 float(row["bytes"] or 0)))
+        row = replace(row, energy=spent.group(row.timing.ms_median,
+                                              float(row.accounting.flops or 0),
+                                              float(row.accounting.bytes or 0)))
     return row
 
 
@@ -220,7 +222,7 @@ def energy_meter(monitor: Any) -> GpuEnergyMeter:
     return GpuEnergyMeter(monitor.pynvml, monitor.handle)
 
 
-def _energy(r: _Ready, cfg: RunConfig, call_ms: float) -> RowEnergy | None:
+def _energy(r: _Ready, cfg: SweepContext, call_ms: float) -> RowEnergy | None:
     """The row's energy over a replay of its call long enough for NVML's energy counter;
     None without NVML (metadata.energy says why).  The replay is the row's call without
     its timer's flush and padding, which would stand in the window beside it (a 256 MB

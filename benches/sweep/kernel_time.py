@@ -24,6 +24,7 @@ from typing import Any
 from benches.step.profile import is_device_event, profile_events
 from benches.sweep.failures import error_message, is_sticky_cuda_error
 from contract.libraries import library_of
+from contract.record import Profile
 
 # Device work in an exported trace's "cat" (kineto's activity types); GPU user
 # annotations ("gpu_user_annotation", record_function ranges) are spans, not work.
@@ -184,10 +185,10 @@ def profile_calls(call: Callable[[], object], calls: int,
     return kernel_time(events, calls)
 
 
-def row_columns(call: Callable[[], object], call_s: float | None, provider: str = "",
-                flush: Callable[[], object] | None = None) -> tuple[dict[str, Any], str]:
-    """A GPU row's (kernel_ms, kernels, library) columns and a note for its reason: why
-    they are empty, where the profiler failed or saw no device work.  A Triton row's
+def row_profile(call: Callable[[], object], call_s: float | None, provider: str = "",
+                flush: Callable[[], object] | None = None) -> tuple[Profile, str]:
+    """A GPU row's Profile group (kernel_ms, kernels, library) and a note for its reason:
+    why it is empty, where the profiler failed or saw no device work.  A Triton row's
     library is this project's Triton whatever the profiler names.  `flush`: a cold row's
     L2 flush, run before each profiled call (profile_calls)."""
     known = "triton" if provider == "triton" else None
@@ -196,13 +197,10 @@ def row_columns(call: Callable[[], object], call_s: float | None, provider: str 
     except Exception as e:
         if is_sticky_cuda_error(e):
             raise  # run_case aborts the sweep on it (SweepAborted), as on a timing error
-        return {"kernel_ms": None, "kernels": None, "library": known}, \
-            f"kernel_ms: torch.profiler failed ({error_message(e)})"
+        return Profile(library=known), f"kernel_ms: torch.profiler failed ({error_message(e)})"
     if got is None:
-        return {"kernel_ms": None, "kernels": None, "library": known}, \
-            "kernel_ms: the profiler saw no kernel"
-    return {"kernel_ms": got.kernel_ms, "kernels": got.kernels,
-            "library": known or got.library}, ""
+        return Profile(library=known), "kernel_ms: the profiler saw no kernel"
+    return Profile(got.kernel_ms, got.kernels, known or got.library), ""
 
 
 def kernel_time_metadata(kind: str) -> dict[str, Any]:

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.record import RunRow, parse_row
 from contract.retimed import Retimed
-from contract.schema import DEFAULT_CACHE, ROW_SPLIT, RowKey, parse_row_key, row_key
+from contract.run_meta import RunMeta, parse_meta
+from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key
 
 # The repository's root, the child's working directory: `python -m benches...` finds the
 # project there where it is not installed (a GPU runner runs it from a checkout).
@@ -71,12 +73,12 @@ def _warn(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr)
 
 
-def row_costs(meta: Mapping[str, Any]) -> dict[RowKey, float]:
+def row_costs(meta: RunMeta) -> dict[RowKey, float]:
     """Seconds each row of a run would take in a re-timing child, from the run's own
     split of each row (metadata.row_split_s, a serial sweep's): its phases but those a
     child does not repeat.  {} for a run without it."""
     out: dict[RowKey, float] = {}
-    for item in meta.get(ROW_SPLIT) or []:
+    for item in meta.time.row_split_s:
         try:
             key = parse_row_key(item["row"])
             out[key] = float(sum(v for k, v in item["s"].items() if k not in _NOT_REPEATED))
@@ -177,12 +179,12 @@ class Retimer:
     measured cost.  The rows left out, and why, are in the answer's left_out.  A SIGINT
     stops the re-timing with what it has (`interrupted`)."""
 
-    def __init__(self, device: str, settings: dict[str, Any], rows: list[dict[str, Any]],
+    def __init__(self, device: str, settings: dict[str, Any], rows: Sequence[RunRow],
                  say: Callable[[str], None] = _warn, budget_s: float | None = None,
                  costs: Mapping[RowKey, float] | None = None) -> None:
         self.device = device
-        self.settings = settings
-        self.configs = {case_id(row_key(r)): r["config"] for r in rows if r.get("config")}
+        self.settings = settings  # the child's spec (the module's docstring), in JSON
+        self.configs = {case_id(r.key): r.build.config for r in rows if r.build.config}
         self.say = say
         self.budget_s = budget_s
         self.costs = Costs(row_s=dict(costs or {}))
@@ -306,22 +308,26 @@ class Retimer:
         return answer
 
 
-def retimer_of_run(device: str, meta: dict[str, Any], rows: list[dict[str, Any]],
+def retimer_of_run(device: str, meta: Mapping[str, Any] | RunMeta,
+                   rows: Sequence[Mapping[str, Any] | RunRow],
                    budget_s: float | None = None) -> Retimer:
-    """The Retimer of a saved run's rows, with the run's own settings from its metadata
-    and its rows' costs (row_costs); refuses (ForeignRun) a run of another device than
-    this machine's."""
+    """The Retimer of a saved run's rows (records, or as the files hold them), with the
+    run's own settings from its metadata and its rows' costs (row_costs); refuses
+    (ForeignRun) a run of another device than this machine's."""
     from contract.devices import detect
+    from contract.request import RunRequest
 
     here = detect().key
     if device != here:
         raise ForeignRun(f"--retime times rows on this machine, a '{here}'; the rows are "
                          f"'{device}'")
-    return Retimer(device, {"seed": meta.get("seed", 0),
-                            "fp8_accum": meta.get("fp8_accum") or "fast",
-                            "ceilings": meta.get("ceilings") or {},
-                            "throttle": meta.get("throttle_settings") or {}}, rows,
-                   budget_s=budget_s, costs=row_costs(meta))
+    m = meta if isinstance(meta, RunMeta) else parse_meta(meta)
+    seed = RunRequest.from_json(m.request).selection.seed if m.request else 0
+    records = [r if isinstance(r, RunRow) else parse_row(r) for r in rows]
+    return Retimer(device, {"seed": seed, "fp8_accum": m.settings.fp8_accum or "fast",
+                            "ceilings": m.ceilings,
+                            "throttle": m.settings.throttle_settings}, records,
+                   budget_s=budget_s, costs=row_costs(m))
 
 
 def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None = None
@@ -330,13 +336,14 @@ def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None =
     `emit` is given {"ready_s"} once the child is set up (seconds since the spec's
     "sent_at", where it has one) and {"case", "s", ...} as each case ends, so that a
     client that stops the child at a deadline keeps what it timed and learns the costs."""
-    from benches.sweep.cases import Case, RunConfig
+    from benches.sweep.cases import Case, SweepContext
     from benches.sweep.runner import run_case
     from benches.sweep.throttle import ThrottleConfig
     from benches.sweep.timers import sweep_cache
     from benches.timing.plan import TimingConfig
     from contract.ceilings import Ceilings
     from contract.devices import resolve_device
+    from contract.request import Measurement, RunRequest, Selection
     from contract.schema import parse_shape
     from kernels import REGISTRY
     from kernels.spec import Target, interpreter_enabled, set_fp8_accum
@@ -345,19 +352,18 @@ def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None =
     dev = resolve_device(spec["device"])
     model, present = dev.model, dev.present
     c = spec.get("ceilings") or {}
-    cfg = RunConfig(kernels=[], dtypes=[], providers=[], sizes="explicit",
-                    explicit_shapes=None, seed=int(spec["seed"]), check_only=False,
-                    model=model, present=present,
-                    target=Target(present.kind, present.capability, interpreter_enabled(),
-                                  present.name),
-                    ceilings=Ceilings(c.get("datasheet"), c.get("measured")),
-                    timing=TimingConfig(),
-                    throttle=ThrottleConfig(**(spec.get("throttle") or {})),
-                    configs={parse_row_key(k.split(SEP)): v
-                             for k, v in (spec.get("configs") or {}).items()},
-                    # Re-timing confirms times: no energy window (its rows are kept for
-                    # their samples only).
-                    energy="off")
+    # Re-timing confirms times: no energy window (its rows are kept for their samples
+    # only); each case is timed in the cache mode its key names.
+    request = RunRequest(Selection(seed=int(spec["seed"])),
+                         measurement=Measurement(energy="off"))
+    cfg = SweepContext(request, model, present,
+                       Target(present.kind, present.capability, interpreter_enabled(),
+                              present.name),
+                       ceilings=Ceilings(c.get("datasheet"), c.get("measured")),
+                       timing=TimingConfig(),
+                       throttle=ThrottleConfig(**(spec.get("throttle") or {})),
+                       configs={parse_row_key(k.split(SEP)): v
+                                for k, v in (spec.get("configs") or {}).items()})
     out: dict[str, Any] = {}
     throttled: list[str] = []
     inputs = sweep_cache(cfg)  # inputs shared as in the sweep, copies' memory reused
@@ -370,13 +376,13 @@ def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None =
         t0 = time.perf_counter()
         row = run_case(case, cfg, inputs)
         said: dict[str, Any] = {"case": case_id(key), "s": round(time.perf_counter() - t0, 3)}
-        if row.get("throttled") is True:
+        if row.clocks.throttled is True:
             throttled.append(case_id(key))
             said["throttled"] = True
-        elif row["status"] == "ok" and row.get("samples_ms"):
-            out[case_id(key)] = said["samples"] = list(row["samples_ms"])
+        elif row.ok and row.timing.samples_ms:
+            out[case_id(key)] = said["samples"] = list(row.timing.samples_ms)
         else:
-            said["status"] = row["status"]
+            said["status"] = row.status
         say(said)
     if throttled:
         out["throttled"] = throttled

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from benches.sweep.budget import RowBudget
-from benches.sweep.cases import Case, InputCache, MakeCall, RunConfig, base_row
+from benches.sweep.cases import Case, InputCache, MakeCall, SweepContext, base_row
 from benches.sweep.failures import (
     SweepAborted,
     compile_error_types,
@@ -30,7 +30,7 @@ from benches.sweep.row_setup import (
     shipped_configs_of,
     triton_launches_of,
 )
-from contract.schema import Row
+from contract.record import Build, RunRow
 from kernels import DTYPES, Target
 from kernels.compiled import first_call
 from kernels.shipped import retune_requested
@@ -46,7 +46,7 @@ class Checked:
     (a library provider's backend, a config note) for the row's reason."""
 
     case: Case
-    row: Row
+    row: RunRow
     inputs: dict[str, Any]
     out: torch.Tensor
     call: Callable[[], object]
@@ -67,7 +67,7 @@ def plain_call(case: Case) -> MakeCall:
     return lambda ins, o: (lambda: prov.fn(ins, o))
 
 
-def skip_reason(case: Case, cfg: RunConfig) -> str | None:
+def skip_reason(case: Case, cfg: SweepContext) -> str | None:
     """Why a case cannot run here at all (no such variant, Triton outside the
     interpreter on a CPU, a footprint past the device's memory), None when it may."""
     reason = case.spec.skip_reason(case.provider, case.dtype, cfg.target)
@@ -77,46 +77,46 @@ def skip_reason(case: Case, cfg: RunConfig) -> str | None:
     return reason or footprint_reason(case, cfg)
 
 
-def check_case(case: Case, cfg: RunConfig, cache: InputCache, budget: RowBudget,
-               split: TimeSplit) -> Checked | Row:
+def check_case(case: Case, cfg: SweepContext, cache: InputCache, budget: RowBudget,
+               split: TimeSplit) -> Checked | RunRow:
     """The case checked: a Checked case, or its finished row (skipped, failed, or ok
     under --check-only).  The checked call's time goes to `budget.call_s` (it sizes a
     CPU row's samples); SweepAborted on a sticky CUDA error."""
     row = base_row(case, cfg)
     reason = skip_reason(case, cfg)
     if reason:
-        row.update(status="skipped", reason=reason)
-        return row
+        return replace(row, status="skipped", reason=reason)
     try:
         with split.phase("inputs"):
             inputs = cache.get(case, cfg)
             out = case.spec.alloc_out(inputs, case.dtype)
-        call, make_call, config_note = _first_call(case, cfg, inputs, out, row, split)
+        call, make_call, config_note, build = _first_call(case, cfg, inputs, out, split)
+        row = replace(row, build=build)
         with split.phase("check"):
             rel_err, ran = _checked_call(case, cfg, cache, inputs, out, call, budget, split)
     except Exception as e:
         return error_row(row, e, case, cfg, cache, "")
     ran = "; ".join(x for x in (ran, config_note) if x)
     finite = rel_err != float("inf")
-    row["rel_err"] = rel_err if finite else None
-    row["correct"] = bool(rel_err <= DTYPES[case.dtype].tol)
-    if not row["correct"]:
-        why = (f"rel_err {rel_err:.3g} > tolerance {DTYPES[case.dtype].tol:g}" if finite else
+    tol = DTYPES[case.dtype].tol
+    row = replace(row, check=replace(row.check, rel_err=rel_err if finite else None,
+                                     correct=bool(rel_err <= tol)))
+    if not row.check.correct:
+        why = (f"rel_err {rel_err:.3g} > tolerance {tol:g}" if finite else
                "output holds NaN/inf (unwritten or overflowed elements)")
-        row.update(status="failed", reason=why)
-        return row
+        return replace(row, status="failed", reason=why)
     if cfg.check_only:
-        row.update(status="ok", reason="; ".join(
+        return replace(row, status="ok", reason="; ".join(
             x for x in ("check-only: not timed", ran,
                         case.spec.roof_note(case.dtype, cfg.target)) if x))
-        return row
     return Checked(case, row, inputs, out, call, make_call, ran)
 
 
-def _first_call(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
-                row: Row, split: TimeSplit
-                ) -> tuple[Callable[[], object], MakeCall | None, str]:
-    """The untimed first call, then the row's call: (call, make_call, config note).
+def _first_call(case: Case, cfg: SweepContext, inputs: dict[str, Any], out: torch.Tensor,
+                split: TimeSplit
+                ) -> tuple[Callable[[], object], MakeCall | None, str, Build]:
+    """The untimed first call, then the row's call: (call, make_call, config note, the
+    row's Build: a compiled provider's compile seconds, a Triton row's configs).
 
     An autotuned kernel tunes in the first call, running every candidate config into
     `out`; only then is `out` poisoned (by the checked call), so an element the chosen
@@ -134,8 +134,8 @@ def _first_call(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.T
     call: Callable[[], object] = lambda: fn(inputs, out)  # noqa: E731
     with split.phase("tune" if tunes else "check"):
         if launches is None:
-            row["compile_s"] = first_call(call, compiles, lambda: sync(cfg.target))
-            return call, None, ""
+            return call, None, "", Build(
+                compile_s=first_call(call, compiles, lambda: sync(cfg.target)))
         # A Triton row runs (and records) its chosen configs; re-timing passes the
         # confirmed row's configs in, so it never tunes to another one; a shipped config
         # (kernels/shipped.py) runs untuned unless --retune.
@@ -149,14 +149,13 @@ def _first_call(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.T
         not_shipped if any(r.source in ("tuned", "cached") for r in ran_with) else "",
         *(r.note for r in ran_with)) if x)
     if not all(c is not None for c in chosen):
-        return call, None, note
-    row["config"] = configs_text(launches, chosen)
-    row["config_source"] = sources_text(ran_with)
+        return call, None, note, Build()
+    build = Build(config=configs_text(launches, chosen), config_source=sources_text(ran_with))
     make_call = bound_triton_call(case, cfg, chosen)
-    return make_call(inputs, out), make_call, note
+    return make_call(inputs, out), make_call, note, build
 
 
-def _checked_call(case: Case, cfg: RunConfig, cache: InputCache, inputs: dict[str, Any],
+def _checked_call(case: Case, cfg: SweepContext, cache: InputCache, inputs: dict[str, Any],
                   out: torch.Tensor, call: Callable[[], object], budget: RowBudget,
                   split: TimeSplit) -> tuple[float, str]:
     """The call on a NaN-filled output, timed (budget.call_s), compared with the
@@ -176,27 +175,26 @@ def _checked_call(case: Case, cfg: RunConfig, cache: InputCache, inputs: dict[st
     return rel_err, (backend(call) if backend is not None else "")
 
 
-def error_row(row: Row, e: BaseException, case: Case, cfg: RunConfig,
-              cache: InputCache, stage: str) -> Row:
+def error_row(row: RunRow, e: BaseException, case: Case, cfg: SweepContext,
+              cache: InputCache, stage: str) -> RunRow:
     """The row of a case whose kernel raised.  Only a shape the library rejects and
     out-of-memory are `skipped` (cannot run here by design); a compile error, a CUDA
     error or any other exception is `failed`.  A sticky CUDA error raises SweepAborted."""
     msg = error_message(e)
     if is_sticky_cuda_error(e):
-        row.update(status="failed",
-                   reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
+        row = replace(row, status="failed",
+                      reason=f"CUDA error{stage} (context unusable, sweep aborted): {msg}")
         raise SweepAborted(row, f"{case.label}: {msg}") from e
     if isinstance(e, UnsupportedShape):
-        row.update(status="skipped", reason=str(e))
-    elif is_oom(e) and not isinstance(e, compile_error_types()):
+        return replace(row, status="skipped", reason=str(e))
+    if is_oom(e) and not isinstance(e, compile_error_types()):
         cache.clear()
         if cfg.target.kind == "cuda":
             torch.cuda.empty_cache()
-        row.update(status="skipped", reason=f"out of memory at this shape{stage} ({msg})")
-    elif isinstance(e, compile_error_types()):
-        row.update(status="failed", reason=f"Triton compile error: {msg}")
-    elif "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
-        row.update(status="failed", reason=f"CUDA error{stage}: {msg}")
-    else:
-        row.update(status="failed", reason=f"kernel raised{stage}: {msg}")
-    return row
+        return replace(row, status="skipped",
+                       reason=f"out of memory at this shape{stage} ({msg})")
+    if isinstance(e, compile_error_types()):
+        return replace(row, status="failed", reason=f"Triton compile error: {msg}")
+    if "cuda" in str(e).lower() or type(e).__name__ == "AcceleratorError":
+        return replace(row, status="failed", reason=f"CUDA error{stage}: {msg}")
+    return replace(row, status="failed", reason=f"kernel raised{stage}: {msg}")

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from benches.sweep.cases import Case, MakeCall, RunConfig
+from benches.sweep.cases import Case, MakeCall, SweepContext
 from kernels.shipped import shipped_for
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import prepared_call
 
 
-def device_memory_bytes(cfg: RunConfig) -> float | None:
+def device_memory_bytes(cfg: SweepContext) -> float | None:
     """Memory of the device the cases run on: the GPU's total, or the host's RAM."""
     if cfg.target.kind == "cuda":
         gb = cfg.present.memory_gb
@@ -29,7 +29,7 @@ def device_memory_bytes(cfg: RunConfig) -> float | None:
         return None
 
 
-def footprint_reason(case: Case, cfg: RunConfig) -> str | None:
+def footprint_reason(case: Case, cfg: SweepContext) -> str | None:
     """Why a case cannot fit, decided before anything is allocated: its compulsory bytes
     (inputs and output once, the spec's byte count) exceed the device's memory."""
     need = case.spec.nbytes(case.shape, case.dtype)
@@ -41,14 +41,14 @@ def footprint_reason(case: Case, cfg: RunConfig) -> str | None:
 
 
 def first_call_tunes(launches: list[TritonLaunch] | None, forced: str | None,
-                     cfg: RunConfig) -> bool:
+                     cfg: SweepContext) -> bool:
     """Whether a row's first call autotunes (a Triton launch with candidates on a GPU,
     no config forced): its time is the run's `tune`."""
     return bool(launches) and not forced and cfg.target.kind == "cuda" \
         and any(len(ln.configs) > 1 for ln in launches)
 
 
-def shipped_configs_of(case: Case, cfg: RunConfig, launches: list[TritonLaunch] | None,
+def shipped_configs_of(case: Case, cfg: SweepContext, launches: list[TritonLaunch] | None,
                        forced: str | None) -> tuple[list[Any], str]:
     """The shipped config of each launch of a GPU row (None where none applies) and why
     none applied (kernels/shipped.py: the file of the device present, never another's)."""
@@ -64,7 +64,7 @@ def shipped_configs_of(case: Case, cfg: RunConfig, launches: list[TritonLaunch] 
     return [c for c, _ in picks], "; ".join(why for _, why in picks if why)
 
 
-def triton_launches_of(case: Case, cfg: RunConfig, inputs: dict[str, Any],
+def triton_launches_of(case: Case, cfg: SweepContext, inputs: dict[str, Any],
                      out: torch.Tensor) -> list[TritonLaunch] | None:
     """The declared launches of a Triton row (None for torch rows)."""
     if case.provider != "triton" or case.spec.triton_launches is None:
@@ -73,7 +73,7 @@ def triton_launches_of(case: Case, cfg: RunConfig, inputs: dict[str, Any],
     return case.spec.triton_launches(inputs, out, sms)
 
 
-def bound_triton_call(case: Case, cfg: RunConfig, configs: list[Any]) -> MakeCall:
+def bound_triton_call(case: Case, cfg: SweepContext, configs: list[Any]) -> MakeCall:
     def make(ins: dict[str, Any], o: torch.Tensor) -> Callable[[], object]:
         launches = triton_launches_of(case, cfg, ins, o)
         assert launches is not None

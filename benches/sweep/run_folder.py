@@ -7,8 +7,9 @@ import os
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from contract.record import RunRow, parse_row
+from contract.run_meta import RunMeta, parse_meta
 from contract.schema import RunLoadError, read_doc, resolve_results_json
 
 
@@ -63,8 +64,9 @@ def new_run_dir(parent: Path, run_id: str | None) -> Path:
     raise RequestError(f"no free run folder name under {parent}")
 
 
-def read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
-    """(run folder, metadata, rows) of a run to resume, validated."""
+def read_run_doc(path: str) -> tuple[Path, RunMeta, list[RunRow]]:
+    """(run folder, metadata, rows) of a run to resume, validated: its request stored,
+    or one its old metadata keys rebuild (contract/run_meta.py)."""
     p = resolve_results_json(path)
     try:
         doc = read_doc(p)  # with the rows of its journal, if it was killed mid-run
@@ -75,9 +77,15 @@ def read_run_doc(path: str) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]
     if not isinstance(meta, dict) or not isinstance(rows, list) \
             or not all(isinstance(r, dict) for r in rows):
         raise RequestError(f"cannot resume {path}: not a results.json written by run_bench")
-    for key in ("kernels", "dtypes", "providers", "sizes", "seed", "device_key"):
-        if key not in meta:
-            raise RequestError(f"cannot resume {path}: its metadata lacks '{key}'")
-    if meta.get("complete"):
+    parsed = parse_meta(meta)
+    if not parsed.request:
+        raise RequestError(f"cannot resume {path}: its metadata holds no request (nor "
+                           "the kernels, dtypes and providers of one)")
+    if parsed.state.complete:
         raise RequestError(f"{path} is a complete run: nothing to resume")
-    return p.parent, meta, rows
+    try:
+        records = [parse_row(r) for r in rows]
+    except (KeyError, TypeError, ValueError) as e:
+        raise RequestError(f"cannot resume {path}: a row is not one run_bench writes "
+                           f"({type(e).__name__}: {e})") from None
+    return p.parent, parsed, records

@@ -22,7 +22,7 @@ from benches.sweep.cases import (
     Copies,
     InputCache,
     MakeCall,
-    RunConfig,
+    SweepContext,
     base_row,
     clone_inputs,
     copies_frozen,
@@ -42,13 +42,14 @@ from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, tim
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
 from benches.timing.stopping import cpu_settled
-from contract.schema import CUT_SHORT, DEFAULT_CACHE, SAMPLES, Row, RowKey, row_key
+from contract.record import RunRow
+from contract.schema import DEFAULT_CACHE, RowKey
 from kernels.compiled import compile_mark, recompile_note
 
 
-def run_case(case: Case, cfg: RunConfig, cache: InputCache,
+def run_case(case: Case, cfg: SweepContext, cache: InputCache,
              budget: RowBudget | None = None, split: TimeSplit | None = None
-             ) -> Row:
+             ) -> RunRow:
     """One row on its own: skipped, failed (wrong result or the kernel raised) or ok
     (correct and timed).  Raises SweepAborted (carrying the failed row) on a sticky CUDA
     error.  (A sweep times the providers of a case together: iterate.)
@@ -64,12 +65,12 @@ def run_case(case: Case, cfg: RunConfig, cache: InputCache,
         return got
     if cfg.target.kind == "cuda":
         return time_gpu_case([got], [budget], cfg, cache, split, RowSplits(),
-                         energy_keys([case], cfg.energy))[0]
+                             energy_keys([case], cfg.request.measurement.energy))[0]
     return _time_cpu(got, cfg, cache, budget, split)
 
 
-def _time_cpu(item: Checked, cfg: RunConfig, cache: InputCache, budget: RowBudget,
-              split: TimeSplit) -> Row:
+def _time_cpu(item: Checked, cfg: SweepContext, cache: InputCache, budget: RowBudget,
+              split: TimeSplit) -> RunRow:
     """A checked CPU row timed: its samples planned within its budget (skipped when its
     minimum cannot fit), its energy from RAPL around the timing where readable."""
     case, row = item.case, item.row
@@ -80,8 +81,7 @@ def _time_cpu(item: Checked, cfg: RunConfig, cache: InputCache, budget: RowBudge
             else budget.share_s / round_cfg.cpu_rounds_of_row
         budget.plan = plan_cpu(budget.call_s or 0.0, round_cfg, share)
     except OverBudget as e:
-        row.update(status="skipped", reason=str(e))
-        return row
+        return replace(row, status="skipped", reason=str(e))
     compiles = case.spec.providers[case.provider].compiles
     try:
         timer = timer_for(case, cfg)
@@ -97,11 +97,10 @@ def _time_cpu(item: Checked, cfg: RunConfig, cache: InputCache, budget: RowBudge
         return error_row(row, e, case, cfg, cache, " while timing")
     row = set_timing(row, case, cfg, timing, "; ".join(
         x for x in (note, item.ran, recompile_note(compiles, before)) if x))
-    row.update(meter.columns(row))
-    return row
+    return replace(row, energy=meter.group(row))
 
 
-def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Tensor,
+def time_case(case: Case, cfg: SweepContext, inputs: dict[str, Any], out: torch.Tensor,
               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
               copies: Copies | None = None, split: TimeSplit | None = None,
               timer: RowTimer | None = None) -> tuple[Timing, str]:
@@ -118,15 +117,15 @@ def time_case(case: Case, cfg: RunConfig, inputs: dict[str, Any], out: torch.Ten
     return (timer or timer_for(case, cfg)).time(row)
 
 
-def one_by_one(cfg: RunConfig) -> bool:
+def one_by_one(cfg: SweepContext) -> bool:
     """Whether `iterate` runs each case whole before the next (a GPU sweep, checks only,
     one CPU round), so that the time between two rows is the later row's own; else the
     CPU rounds interleave over chunks of cases."""
     return cfg.target.kind == "cuda" or cfg.check_only or cfg.timing.cpu_rounds <= 1
 
 
-def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None,
-            splits: RowSplits | None = None) -> Iterator[tuple[Case, Row]]:
+def iterate(cases: list[Case], cfg: SweepContext, split: TimeSplit | None = None,
+            splits: RowSplits | None = None) -> Iterator[tuple[Case, RunRow]]:
     """Run the cases in order, yielding each finished row.  A case whose error leaves
     the CUDA context unusable yields its failed row, then SweepAborted is raised: no
     later case could run, and hundreds of follow-on rows would hide the first error.
@@ -148,7 +147,7 @@ def iterate(cases: list[Case], cfg: RunConfig, split: TimeSplit | None = None,
     if one_by_one(cfg):
         yield from _iterate_serial(cases, cfg, budget, split,
                                    splits if splits is not None else RowSplits(),
-                                   energy_keys(cases, cfg.energy))
+                                   energy_keys(cases, cfg.request.measurement.energy))
         return
     with copies_frozen():
         yield from _iterate_chunks(cases, cfg, budget, split)
@@ -161,7 +160,7 @@ class Pending:
     and a cold row's rotated copies.  `row` is replaced if a later round fails."""
 
     case: Case
-    row: Row
+    row: RunRow
     inputs: dict[str, Any] | None
     plan: CpuPlan | None
     copies: Copies | None
@@ -170,8 +169,8 @@ class Pending:
     settled: bool = False
 
 
-def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit
-                    ) -> Iterator[tuple[Case, Row]]:
+def _iterate_chunks(cases: list[Case], cfg: SweepContext, budget: RunBudget, split: TimeSplit
+                    ) -> Iterator[tuple[Case, RunRow]]:
     """iterate's CPU sweep, its rounds interleaved over chunks of cases."""
     cache = sweep_cache(cfg)
     one_round = replace(cfg, timing=cpu_round_config(cfg.timing))
@@ -208,24 +207,27 @@ def _iterate_chunks(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
         cache.clear()
 
 
-def _budgeted(case: Case, cfg: RunConfig, cache: InputCache, budget: RunBudget,
-              cases_left: int, split: TimeSplit) -> tuple[Row, CpuPlan | None]:
+def _budgeted(case: Case, cfg: SweepContext, cache: InputCache, budget: RunBudget,
+              cases_left: int, split: TimeSplit) -> tuple[RunRow, CpuPlan | None]:
     """run_case within the run's budget (benches/sweep/budget.py): on a CPU a case whose path
     cannot fit the row budget is skipped without a call; (row, its CPU rounds' plan)."""
     if cfg.target.kind != "cuda" and not cfg.check_only:
         why = budget.skip_reason(case)
         if why is not None:
-            row = base_row(case, cfg)
-            row.update(status="skipped", reason=why)
-            return row, None
+            return replace(base_row(case, cfg), status="skipped", reason=why), None
     granted = budget.row(cases_left)
     row = run_case(case, cfg, cache, granted, split)
     python_handlers_back()  # a compile the hook did not see (e.g. async) left LLVM's
-    budget.record(case, row, granted)
+    budget.record(case, _outcome(row), granted)
     return row, granted.plan
 
 
-def blocks(cases: list[Case], cfg: RunConfig) -> Iterator[list[Case]]:
+def _outcome(row: RunRow) -> dict[str, Any]:
+    """What RunBudget.record reads of a finished row: its status and reason."""
+    return {"status": row.status, "reason": row.reason}
+
+
+def blocks(cases: list[Case], cfg: SweepContext) -> Iterator[list[Case]]:
     """The cases in runs that are checked, then timed, together: on a GPU every case of
     one (kernel, dtype, shape), consecutive in run order (cases.build_cases), whose rows
     of one cache mode are timed together; elsewhere one case at a time."""
@@ -247,9 +249,9 @@ def _block_key(case: Case) -> tuple[str, str, str]:
     return case.spec.name, case.dtype, case.shape_str
 
 
-def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split: TimeSplit,
+def _iterate_serial(cases: list[Case], cfg: SweepContext, budget: RunBudget, split: TimeSplit,
                     splits: RowSplits, metered: frozenset[RowKey]
-                    ) -> Iterator[tuple[Case, Row]]:
+                    ) -> Iterator[tuple[Case, RunRow]]:
     cache = sweep_cache(cfg)
     left = len(cases)
     try:
@@ -260,21 +262,20 @@ def _iterate_serial(cases: list[Case], cfg: RunConfig, budget: RunBudget, split:
         cache.clear()
 
 
-def _run_block(block: list[Case], cfg: RunConfig, cache: InputCache, budget: RunBudget,
+def _run_block(block: list[Case], cfg: SweepContext, cache: InputCache, budget: RunBudget,
                cases_left: int, split: TimeSplit, splits: RowSplits,
-               metered: frozenset[RowKey] = frozenset()) -> Iterator[tuple[Case, Row]]:
+               metered: frozenset[RowKey] = frozenset()) -> Iterator[tuple[Case, RunRow]]:
     """A block's rows (blocks), in case order: each case checked, then the checked ones
     timed (on a GPU the providers of each cache mode together, benches/sweep/gpu_case.py).
     An interrupt or an abort yields the rows finished so far (and an aborted case's own
     failed row) before it propagates."""
-    rows: dict[int, Row] = {}
+    rows: dict[int, RunRow] = {}
     checked: dict[int, tuple[Checked, RowBudget]] = {}
     try:
         for i, case in enumerate(block):
             if cfg.target.kind != "cuda" and not cfg.check_only and \
                     (why := budget.skip_reason(case)) is not None:
-                rows[i] = base_row(case, cfg)
-                rows[i].update(status="skipped", reason=why)
+                rows[i] = replace(base_row(case, cfg), status="skipped", reason=why)
                 continue
             granted = budget.row(cases_left - i)
             mark = split.mark()
@@ -285,15 +286,15 @@ def _run_block(block: list[Case], cfg: RunConfig, cache: InputCache, budget: Run
                 checked[i] = (got, granted)
             else:
                 rows[i] = got
-                budget.record(case, got, granted)
+                budget.record(case, _outcome(got), granted)
         _time_checked(block, checked, rows, cfg, cache, split, splits, metered)
         for i, (_, granted) in checked.items():
-            budget.record(block[i], rows[i], granted)
+            budget.record(block[i], _outcome(rows[i]), granted)
     except GeneratorExit:
         raise
     except SweepAborted as e:
         yield from ((block[i], rows[i]) for i in sorted(rows))
-        yield next((c for c in block if c.key == row_key(e.row)), block[0]), e.row
+        yield next((c for c in block if c.key == e.row.key), block[0]), e.row
         raise
     except BaseException:
         yield from ((block[i], rows[i]) for i in sorted(rows))
@@ -302,7 +303,7 @@ def _run_block(block: list[Case], cfg: RunConfig, cache: InputCache, budget: Run
 
 
 def _time_checked(block: list[Case], checked: dict[int, tuple[Checked, RowBudget]],
-                  rows: dict[int, Row], cfg: RunConfig, cache: InputCache,
+                  rows: dict[int, RunRow], cfg: SweepContext, cache: InputCache,
                   split: TimeSplit, splits: RowSplits, metered: frozenset[RowKey]) -> None:
     """Time a block's checked cases into `rows`: on a GPU those of each cache mode
     together, in the order the modes come; on a CPU each alone."""
@@ -321,7 +322,7 @@ def _time_checked(block: list[Case], checked: dict[int, tuple[Checked, RowBudget
         rows.update(zip(idx, got, strict=True))
 
 
-def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
+def _later_rounds(chunk: list[Pending], cfg: SweepContext, one_round: SweepContext,
                   cache: InputCache, split: TimeSplit) -> None:
     """Rounds 2..cpu_rounds of a chunk's CPU-timed rows, round by round over the chunk,
     each on fresh copies of the case's inputs and a fresh output.  A row's samples grow
@@ -329,55 +330,65 @@ def _later_rounds(chunk: list[Pending], cfg: RunConfig, one_round: RunConfig,
     other provider or cache mode, whose inputs and float64 reference it shares."""
     for _ in range(1, cfg.timing.cpu_rounds):
         for item in chunk:
-            case, row = item.case, item.row
-            if row["status"] != "ok" or row.get("timer") not in CPU_TIMERS \
+            row = item.row
+            if not row.ok or row.timing.timer not in CPU_TIMERS \
                     or item.inputs is None or item.settled:
                 continue
-            if cpu_settled(row[SAMPLES], item.rounds, cfg.timing):
+            if cpu_settled(list(row.timing.samples_ms), item.rounds, cfg.timing):
                 item.settled = True  # its later rounds are skipped
                 continue
-            compiles = case.spec.providers[case.provider].compiles
-            try:
-                with split.phase("inputs"):
-                    ins = clone_inputs(item.inputs)
-                    out = case.spec.alloc_out(ins, case.dtype)
-                before = compile_mark(compiles)
-                with split.phase("timing"):
-                    timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
-                                          copies=item.copies)
-                if (again := recompile_note(compiles, before)) not in (row["reason"] or ""):
-                    row["reason"] = "; ".join(x for x in (row["reason"], again) if x)
-            except Exception as e:
-                # A kernel that raises in a later round failed: no timing is kept.
-                failed = base_row(case, cfg)
-                failed.update(rel_err=row["rel_err"], correct=row["correct"])
-                item.row = error_row(failed, e, case, cfg, cache, " while timing")
-                continue
-            row[SAMPLES] = row[SAMPLES] + list(timing.samples_ms)
-            item.rounds += 1
+            _one_more_round(item, cfg, one_round, cache, split)
 
 
-def cut_short(row: Row) -> bool:
-    """An ok row whose CPU rounds were cut short by an interrupt (its CUT_SHORT field, see
-    _emit): --resume times it again in full."""
-    return row.get("status") == "ok" and bool(row.get(CUT_SHORT))
+def _one_more_round(item: Pending, cfg: SweepContext, one_round: SweepContext,
+                    cache: InputCache, split: TimeSplit) -> None:
+    """One later round of a pending row: its samples grown, or the row failed."""
+    case, row = item.case, item.row
+    assert item.inputs is not None
+    compiles = case.spec.providers[case.provider].compiles
+    try:
+        with split.phase("inputs"):
+            ins = clone_inputs(item.inputs)
+            out = case.spec.alloc_out(ins, case.dtype)
+        before = compile_mark(compiles)
+        with split.phase("timing"):
+            timing, _ = time_case(case, one_round, ins, out, plan=item.plan,
+                                  copies=item.copies)
+        if (again := recompile_note(compiles, before)) not in (row.reason or ""):
+            row = row.with_note(again)
+    except Exception as e:
+        # A kernel that raises in a later round failed: no timing is kept.
+        failed = replace(base_row(case, cfg), check=row.check)
+        item.row = error_row(failed, e, case, cfg, cache, " while timing")
+        return
+    item.row = replace(row, timing=replace(
+        row.timing, samples_ms=row.timing.samples_ms + tuple(timing.samples_ms)))
+    item.rounds += 1
 
 
-def _emit(chunk: list[Pending], cfg: RunConfig, stopped_by: str = ""
-          ) -> Iterator[tuple[Case, Row]]:
+def cut_short(row: RunRow) -> bool:
+    """An ok row whose CPU rounds were cut short by an interrupt (its Timing.cut_short,
+    see _emit): --resume times it again in full."""
+    return row.ok and bool(row.timing.cut_short)
+
+
+def _emit(chunk: list[Pending], cfg: SweepContext, stopped_by: str = ""
+          ) -> Iterator[tuple[Case, RunRow]]:
     """Yield (and remove) the chunk's rows, each CPU-timed one summarised over all its
-    samples; a row cut short (by `stopped_by`) records its rounds in CUT_SHORT and says
-    so in its reason.  A row leaves the chunk only as it is yielded, so an interrupt
-    while one is summarised loses none."""
+    samples; a row cut short (by `stopped_by`) records its rounds in its Timing's
+    cut_short and says so in its reason.  A row leaves the chunk only as it is yielded,
+    so an interrupt while one is summarised loses none."""
     while chunk:
         case, row, rounds = chunk[0].case, chunk[0].row, chunk[0].rounds
-        if row["status"] == "ok" and row.get("timer") in CPU_TIMERS:
-            reason = row["reason"]
+        if row.ok and row.timing.timer in CPU_TIMERS:
+            reason = row.reason or ""
             planned = cfg.timing.cpu_rounds
             if rounds < planned and not chunk[0].settled:
-                row[CUT_SHORT] = f"{rounds}/{planned}"
+                row = replace(row, timing=replace(row.timing,
+                                                  cut_short=f"{rounds}/{planned}"))
                 reason = (f"timed in {rounds} of {planned} rounds only "
                           f"(stopped by {stopped_by or 'an error'})")
-            set_timing(row, case, cfg, summarize(row[SAMPLES], row["timer"]), reason)
+            row = set_timing(row, case, cfg,
+                             summarize(list(row.timing.samples_ms), row.timing.timer), reason)
         chunk.pop(0)
         yield case, row

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from benches.sweep.gpu_monitor import SLOWDOWN_MASK, SLOWDOWN_REASONS, throttle_names
 from benches.sweep.sample_clocks import BATCH_SLACK_S, keep_unthrottled, sample_clocks
 from benches.timing.clock import Timing
+from contract.record import Clocks, RunRow
 
 # The rule, as nvbench's: a timing is throttled when the SM clock it ran at sat below
 # threshold_pct of the GPU's maximum SM clock, and only then.  nvbench times the clock
@@ -165,13 +166,13 @@ def judge(timing: Any, readings: list[dict[str, Any]], max_clock: float | None,
 
 def time_unthrottled(time_fn: Callable[[], list[tuple[Any, str]]], monitor: Any,
                      cfg: ThrottleConfig, sleep: Callable[[float], None] = time.sleep,
-                     sustained: bool = False) -> list[tuple[Any, str, dict[str, Any]]]:
+                     sustained: bool = False) -> list[tuple[Any, str, Clocks]]:
     """The rows of one case timed by `time_fn` (each (timing, note)), under the
     monitor's readings, and the whole case timed again after a pause while any row is
     throttled (ThrottleConfig): its providers share the GPU's state, so they are timed
     again together.  Each row's window is its own samples' (row_readings).  Gives per
-    row (timing, note, columns): its clock, whether it was throttled, the samples left
-    out; the note says what was done and which clock-event reasons NVML gave."""
+    row (timing, note, its Clocks group): its clock, whether it was throttled, the
+    samples left out; the note says what was done and which clock-event reasons NVML gave."""
     max_clock = getattr(monitor, "max_sm_clock_mhz", None)
     fast = getattr(monitor, "fast", contextlib.nullcontext)
     now = getattr(monitor, "clock", time.monotonic)  # the readings' time base
@@ -191,13 +192,13 @@ def time_unthrottled(time_fn: Callable[[], list[tuple[Any, str]]], monitor: Any,
             break
         attempt += 1
         sleep(cfg.recovery_delay_s)
-    return [(v.timing, _said(note, v, attempt, max_clock, cfg), _columns(v))
+    return [(v.timing, _said(note, v, attempt, max_clock, cfg), _clocks(v))
             for (_, note), v in zip(got, verdicts, strict=True)]
 
 
-def _columns(v: RowVerdict) -> dict[str, Any]:
-    cols = {"sm_clock_mhz": v.window.get("sm_clock_mhz"), "throttled": v.why is not None}
-    return cols | ({"throttled_samples": v.dropped} if v.dropped is not None else {})
+def _clocks(v: RowVerdict) -> Clocks:
+    return Clocks(sm_clock_mhz=v.window.get("sm_clock_mhz"), throttled=v.why is not None,
+                  throttled_samples=v.dropped)
 
 
 def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
@@ -230,12 +231,12 @@ def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
 
 
 def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,
-                    rows: list[dict[str, Any]], cfg: ThrottleConfig) -> dict[str, Any]:
+                    rows: Sequence[RunRow], cfg: ThrottleConfig) -> dict[str, Any]:
     """The run's metadata keys `clocks`, `power` and `throttle` (what summary.md shows):
     from the sampler's summary over the run (`during`), the NVML snapshot at its start,
     and the rows' own `throttled` marks."""
     during, start = during or {}, start or {}
-    throttled = [r for r in rows if r.get("throttled") is True]
+    throttled = [r for r in rows if r.clocks.throttled is True]
     return {
         "clocks": {
             "sm_mhz_min": during.get("sm_clock_mhz_min"),

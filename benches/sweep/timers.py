@@ -31,8 +31,8 @@ from benches.sweep.cases import (
     Copies,
     InputCache,
     MakeCall,
-    RunConfig,
     Scratch,
+    SweepContext,
     clone_inputs,
     gc_paused,
     make_copies,
@@ -81,7 +81,7 @@ class RowCall:
     of samples per round, and the run's time split (a CUDA graph's capture is booked)."""
 
     case: Case
-    cfg: RunConfig
+    cfg: SweepContext
     inputs: dict[str, Any]
     out: torch.Tensor
     make_call: MakeCall
@@ -129,7 +129,7 @@ def _cached_copies(cache: InputCache, row: RowCall, count: int,
 
 # ---- GPU -------------------------------------------------------------------------------
 
-def timing_method(case: Case, cfg: RunConfig) -> str:
+def timing_method(case: Case, cfg: SweepContext) -> str:
     """Events (TIMER_FLUSHED) or CUDA graphs (TIMER_GRAPH) for a (kernel, dtype, shape)
     on this device, CPU blocks (TIMER_CPU) on a CPU: one answer for both providers and
     both cache modes, from the case's roofline bound under the device model's ceilings."""
@@ -142,12 +142,12 @@ def timing_method(case: Case, cfg: RunConfig) -> str:
                          c.peak_tflops(rc), c.peak_gbps(), cfg.timing)
 
 
-def l2_bytes(cfg: RunConfig) -> int | None:
+def l2_bytes(cfg: SweepContext) -> int | None:
     mb = cfg.present.l2_mb or cfg.model.l2_mb
     return int(mb * 2**20) if mb else None
 
 
-def rotation_of(case: Case, cfg: RunConfig) -> int | None:
+def rotation_of(case: Case, cfg: SweepContext) -> int | None:
     """Calls in one round of a cold graph row's rotation (its own buffers and the
     copies), None when the L2 size is unknown."""
     return rotation_copies(case.spec.nbytes(case.shape, case.dtype), l2_bytes(cfg))
@@ -296,7 +296,7 @@ def host_llc_bytes() -> int:
     return cpu_cache_bytes()
 
 
-def sweep_cache(cfg: RunConfig) -> InputCache:
+def sweep_cache(cfg: SweepContext) -> InputCache:
     """A sweep's input cache, with the memory its cold CPU rows' copies share: room for
     the largest rotation (twice the last-level cache plus a footprint of at most twice
     it, cpu_rotation), touched only as far as the rows use it."""
@@ -368,7 +368,7 @@ class CpuRotated(CpuBlocks):
         return extra
 
 
-def timer_for(case: Case, cfg: RunConfig) -> RowTimer:
+def timer_for(case: Case, cfg: SweepContext) -> RowTimer:
     """The one place a row's timing method is chosen: by device, cache mode and (on a GPU)
     the case's roofline bound, or (on a CPU) whether a cold case is cold by size."""
     cold = case.cache == DEFAULT_CACHE

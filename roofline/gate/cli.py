@@ -14,7 +14,7 @@ from contract.devices import DeviceError
 from contract.schema import (
     RESULTS_JSON,
     RunLoadError,
-    load_run,
+    load_doc,
 )
 from roofline.gate.promote import promote
 from roofline.gate.render import (
@@ -32,7 +32,7 @@ from roofline.gate.rules import (
     RetimerFactory,
     check_threshold,
     cli_exit_code,
-    status_column,
+    status_of,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
 
@@ -133,12 +133,13 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
         raise CompareError(problem)
     result = compare_runs(args.baseline, args.run, threshold,
                           args.allow_device_mismatch, allow=args.allow)
+    assert result.run_doc is not None
     if args.retime:
-        assert retimer is not None and result.run_df is not None
+        assert retimer is not None
         bound = {} if args.retime_budget is None else {"budget_s": args.retime_budget}
         try:
-            retime = retimer(str(result.run_meta.get("device_key")), result.run_meta,
-                             result.run_df.to_dict("records"), **bound)
+            retime = retimer(str(result.run_meta.device.device_key), result.run_meta,
+                             result.run_doc.rows, **bound)
         except ValueError as e:  # a run of another device than this machine's
             raise CompareError(str(e)) from None
         confirm_slower(result, retime)
@@ -146,8 +147,8 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
     if args.md:
         write_report(args.md, markdown)
     if args.json:
-        assert result.run_df is not None
-        write_report(args.json, json_text(benchmark_entries(result.run_df, result.rows)))
+        write_report(args.json, json_text(benchmark_entries(result.run_doc.rows,
+                                                            result.rows)))
     append_step_summary(markdown)
     print(markdown)
     return result.exit_code
@@ -155,8 +156,7 @@ def _cmd_compare(args: argparse.Namespace, retimer: RetimerFactory | None) -> in
 
 def _cmd_promote(args: argparse.Namespace) -> int:
     dest, kept = promote(args.run, args.device, args.baselines, force=args.force)
-    _, df = load_run(dest)
-    failed = int((status_column(df) == "failed").sum())
+    failed = sum(status_of(row) == "failed" for row in load_doc(dest).rows)
     if failed:
         print(f"note: {failed} rows of this baseline failed correctness", file=sys.stderr)
     if kept is not None:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -
         args = _parser().parse_args(argv)
         return _cmd_compare(args, retimer) if args.cmd == "compare" else _cmd_promote(args)
 
-    return cli_exit_code(command, (CompareError, UsageError, RunLoadError, DeviceError))
+    return cli_exit_code(command, (UsageError, RunLoadError, DeviceError))
 
 
 if __name__ == "__main__":

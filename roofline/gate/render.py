@@ -7,40 +7,42 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from contract.markdown import md_table_lines
 from contract.physics import ratio_text
+from contract.record import RunRow
+from contract.rows import compute_kernels
 from contract.schema import (
     DEFAULT_CACHE,
-    ROW_ID,
+    RowKey,
     RunLoadError,
     atomic_write_text,
     native_cache,
     resolve_results_json,
-    row_name,
 )
 from roofline.gate.rules import (
     ALLOWABLE_VERDICTS,
     BENCHMARK_JSON,
     COMPARE_MD,
     REGRESSION_VERDICTS,
-    TFLOPS_KERNELS,
     CompareError,
     Retime,
     one_line,
+    row_label,
     rows_text,
+    status_of,
 )
 from roofline.gate.runs import compare_runs, confirm_slower
-from roofline.gate.verdicts import CompareResult, normalise_rows
+from roofline.gate.verdicts import CompareResult, RowVerdict, verdict_rows
 
 
-def _fmt_ms(x: float) -> str:
-    return f"{x:.4g}" if math.isfinite(x) else "-"
+def _fmt_ms(x: float | None) -> str:
+    return f"{x:.4g}" if x is not None and math.isfinite(x) else "-"
 
 
 def _fmt_spread(lo: float, hi: float) -> str:
@@ -51,14 +53,13 @@ def _fmt_ratio(r: float) -> str:
     return f"{r:.3f}x" if math.isfinite(r) else "-"
 
 
-def _fmt_ratio_clocks(r: dict[str, Any]) -> str:
+def _fmt_ratio_clocks(r: RowVerdict) -> str:
     """The row's time ratio with the run's SM clock, then the baseline's, where known:
     '1.150x (1,545 vs 1,770 MHz)'; clocks more than 2% apart: 'unequal clocks: ...' (a
     ratio of the clocks as much as of the code; the verdict is the rule's, unchanged)."""
-    ratio = r["ratio"]
-    if not math.isfinite(ratio):
+    if not math.isfinite(r.ratio):
         return "-"
-    return ratio_text(ratio, r.get("new_mhz"), r.get("base_mhz"), digits=3)
+    return ratio_text(r.ratio, r.new_mhz, r.base_mhz, digits=3)
 
 
 def _fmt_n(a: float, b: float) -> str:
@@ -72,26 +73,26 @@ def _md_cell(text: str) -> str:
 
 def _native(result: CompareResult) -> str:
     """The run's native cache mode (schema.native_cache: warm on a CPU, cold on a GPU)."""
-    return native_cache({"device": result.run_meta.get("device_key")
-                         or result.base_meta.get("device_key")})
+    return native_cache({"device": result.run_meta.device.device_key
+                         or result.base_meta.device.device_key})
 
 
-def _shape(r: dict[str, Any], native: str = DEFAULT_CACHE) -> str:
+def _shape(r: RowVerdict, native: str = DEFAULT_CACHE) -> str:
     """The shape as the tables show it: a row timed in another mode than the device's
     native one says so ("n=4096 (warm)" on a GPU); a native row's is the shape alone."""
-    cache = str(r.get("cache") or native)
-    return str(r["shape"]) if cache == native else f"{r['shape']} ({cache})"
+    cache = str(r.cache or native)
+    return str(r.shape) if cache == native else f"{r.shape} ({cache})"
 
 
 def _md_table(df: pd.DataFrame, native: str = DEFAULT_CACHE) -> list[str]:
     return md_table_lines(
         ["kernel", "provider", "dtype", "shape", "verdict", "base ms", "new ms",
          "ratio (MHz)", "base p20–p80", "new p20–p80", "n base/new", "note"],
-        [[_md_cell(r["kernel"]), _md_cell(r["provider"]), _md_cell(r["dtype"]),
-          _md_cell(_shape(r, native)), f"**{r['verdict']}**", _fmt_ms(r["base_ms"]),
-          _fmt_ms(r["new_ms"]), _fmt_ratio_clocks(r), _fmt_spread(r["base_p20"], r["base_p80"]),
-          _fmt_spread(r["new_p20"], r["new_p80"]), _fmt_n(r["n_base"], r["n_new"]),
-          _md_cell(r["note"])] for r in df.to_dict("records")], "lllllrrrrrrl")
+        [[_md_cell(r.kernel), _md_cell(r.provider), _md_cell(r.dtype),
+          _md_cell(_shape(r, native)), f"**{r.verdict}**", _fmt_ms(r.base_ms),
+          _fmt_ms(r.new_ms), _fmt_ratio_clocks(r), _fmt_spread(r.base_p20, r.base_p80),
+          _fmt_spread(r.new_p20, r.new_p80), _fmt_n(r.n_base, r.n_new),
+          _md_cell(r.note)] for r in verdict_rows(df)], "lllllrrrrrrl")
 
 
 # (title, verdicts) of the listed sections, in report order; "same" and "skipped" rows
@@ -186,43 +187,61 @@ def render_markdown(result: CompareResult) -> str:
     return "\n".join(lines)
 
 
-def benchmark_entries(run_df: pd.DataFrame,
-                      verdicts: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class BenchmarkEntry:
+    """One series point of github-action-benchmark's `customBiggerIsBetter` format (the
+    tool's benchmark.json: a list of these objects)."""
+
+    name: str
+    unit: str
+    value: float
+    extra: str
+
+
+def _last_of_each_key(rows: Sequence[RunRow]) -> list[RunRow]:
+    """One row per key, the last written (a key written twice: a resumed run's), in the
+    order of those last rows."""
+    last = {row.key: i for i, row in enumerate(rows)}
+    return [rows[i] for i in sorted(last.values())]
+
+
+def benchmark_entries(rows: Sequence[RunRow],
+                      verdicts: pd.DataFrame | None = None) -> list[BenchmarkEntry]:
     """The run's ok rows in github-action-benchmark's `customBiggerIsBetter` format.
 
     name = "kernel/provider/dtype/shape" (schema.row_name: "/warm" appended for a warm
-    row on a GPU, "/cold" for a cold one on a CPU); value =
-    achieved TFLOP/s for kernels in TFLOPS_KERNELS (matmul), achieved GB/s for every
-    other kernel; extra = the median time and spread, plus the verdict when `verdicts`
-    (compare_frames output) is given.
+    row on a GPU, "/cold" for a cold one on a CPU); value = achieved TFLOP/s for the
+    kernels on the matrix units (contract.rows.compute_kernels: the spec's
+    matrix_unit), achieved GB/s for every other kernel, so that a series never changes
+    unit between runs (the tool tracks each name as one series); extra = the median
+    time and spread, plus the verdict when `verdicts` (compare_frames output) is given.
     """
-    df = normalise_rows(run_df)
-    by_key: dict[tuple[str, ...], dict[str, Any]] = {}
+    by_key: dict[RowKey, RowVerdict] = {}
     if verdicts is not None:
-        by_key = {tuple(r[k] for k in ROW_ID): r for r in verdicts.to_dict("records")}
-    entries: list[dict[str, Any]] = []
-    for r in df[df["status"] == "ok"].to_dict("records"):
-        if r["kernel"] in TFLOPS_KERNELS:
-            unit, value = "TFLOP/s", r["tflops"]
+        by_key = {(v.kernel, v.provider, v.dtype, v.shape, v.cache): v
+                  for v in verdict_rows(verdicts)}
+    compute = compute_kernels()
+    entries = []
+    for row in _last_of_each_key(rows):
+        if status_of(row) != "ok":
+            continue
+        if row.case.kernel in compute:
+            unit, value = "TFLOP/s", row.metrics.tflops
         else:
-            unit, value = "GB/s", r["gbps"]
-        if not math.isfinite(value):
+            unit, value = "GB/s", row.metrics.gbps
+        if value is None or not math.isfinite(value):
             continue  # the format needs a number; a row without one cannot be tracked
-        extra = (f"median {_fmt_ms(r['ms_median'])} ms "
-                 f"(p20 {_fmt_ms(r['ms_p20'])}, p80 {_fmt_ms(r['ms_p80'])})")
-        if math.isfinite(r["n_samples"]):
-            extra += f", n={int(r['n_samples'])}"
-        v = by_key.get(tuple(r[k] for k in ROW_ID))
+        t = row.timing
+        extra = (f"median {_fmt_ms(t.ms_median)} ms "
+                 f"(p20 {_fmt_ms(t.ms_p20)}, p80 {_fmt_ms(t.ms_p80)})")
+        if t.n_samples:  # 0: the row does not say
+            extra += f", n={t.n_samples}"
+        v = by_key.get(row.key)
         if v is not None:
-            extra += f"; vs baseline: {v['verdict']}"
-            if math.isfinite(v["ratio"]):
-                extra += f" ({_fmt_ratio(v['ratio'])} time)"
-        entries.append({
-            "name": row_name(r),
-            "unit": unit,
-            "value": float(value),
-            "extra": extra,
-        })
+            extra += f"; vs baseline: {v.verdict}"
+            if math.isfinite(v.ratio):
+                extra += f" ({_fmt_ratio(v.ratio)} time)"
+        entries.append(BenchmarkEntry(row_label(row), unit, float(value), extra))
     return entries
 
 
@@ -250,8 +269,9 @@ def write_report(path: str | os.PathLike, text: str) -> None:
         raise CompareError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def json_text(entries: Iterable[dict[str, Any]]) -> str:
-    return json.dumps(list(entries), indent=2) + "\n"
+def json_text(entries: Iterable[BenchmarkEntry]) -> str:
+    """benchmark.json's text."""
+    return json.dumps([asdict(e) for e in entries], indent=2) + "\n"
 
 
 def short_summary(result: CompareResult, limit: int = 20) -> str:
@@ -262,14 +282,14 @@ def short_summary(result: CompareResult, limit: int = 20) -> str:
     lines += _gate_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
     bad = result.failing_rows
-    for r in bad.head(limit).to_dict("records"):
-        what = f"{r['kernel']} {r['provider']} {r['dtype']} {_shape(r, _native(result))}"
-        if math.isfinite(r["ratio"]):
-            detail = f"{_fmt_ms(r['base_ms'])} -> {_fmt_ms(r['new_ms'])} ms " \
+    for r in verdict_rows(bad.head(limit)):
+        what = f"{r.kernel} {r.provider} {r.dtype} {_shape(r, _native(result))}"
+        if math.isfinite(r.ratio):
+            detail = f"{_fmt_ms(r.base_ms)} -> {_fmt_ms(r.new_ms)} ms " \
                      f"({_fmt_ratio_clocks(r)})"
         else:
-            detail = r["note"] or r["new_status"] or r["base_status"]
-        lines.append(f"  {r['verdict']:<14} {what}: {_md_cell(detail)}")
+            detail = r.note or r.new_status or r.base_status
+        lines.append(f"  {r.verdict:<14} {what}: {_md_cell(detail)}")
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more")
     return "\n".join(lines)
@@ -299,8 +319,9 @@ def compare_and_report(baseline: str | Path, run_dir: str | Path,
         raise CompareError(f"run: {one_line(e)}") from None
     markdown = render_markdown(result)
     write_report(out_dir / COMPARE_MD, markdown)
-    assert result.run_df is not None
-    write_report(out_dir / BENCHMARK_JSON, json_text(benchmark_entries(result.run_df, result.rows)))
+    assert result.run_doc is not None
+    write_report(out_dir / BENCHMARK_JSON,
+                 json_text(benchmark_entries(result.run_doc.rows, result.rows)))
     append_step_summary(markdown)
     print(short_summary(result))
     print(f"comparison report: {out_dir / COMPARE_MD}")

@@ -14,10 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract.cli import UsageError
 from contract.devices import DeviceError, get_device_model
+from contract.record import RunRow
 from contract.schema import (
+    CACHE,
     SAMPLES,
     RowKey,
+    row_name,
 )
 
 # Default threshold (percent, on the ratio of median times) by device kind.  It has to sit
@@ -61,13 +65,6 @@ GROSS_RATIO_FLOOR = 1.5
 ALLOWABLE: tuple[str, ...] = ("missing", "method-change", "incomplete", "newer-baseline",
                               "throttled", "slower")
 
-
-# Kernels whose benchmark.json value is achieved TFLOP/s; every other kernel reports GB/s.
-# Keyed on the kernel, not on a row's intensity, so a series never changes unit between
-# runs (github-action-benchmark tracks each name as one series).  Only matmul is
-# compute-bound at the suite's shapes; add/mul/gelu/dot/matvec are bandwidth-bound.
-TFLOPS_KERNELS: frozenset[str] = frozenset({"matmul"})
-
 FP8_DTYPES: frozenset[str] = frozenset({"fp8", "fp8e5"})
 
 REGRESSION_VERDICTS: tuple[str, ...] = ("slower", "failed", "now-skipped", "invalid")
@@ -93,14 +90,18 @@ SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # run_bench.py's re-timing callback: for each key, several fresh sample lists (ms).
 Retime = Callable[[list[RowKey]], Mapping[RowKey, list[list[float]]]]
-# (device key, a run's metadata, its rows[, budget_s=seconds]) -> the Retime of that
-# run's rows on this machine, bounded in time when budget_s is given (compare
-# --retime-budget); the command line wires the harness's (roofline/__main__.py).
+# (device key, a run's metadata (RunMeta), its rows (RunRow records)[, budget_s=seconds])
+# -> the Retime of that run's rows on this machine, bounded in time when budget_s is
+# given (compare --retime-budget); the command line wires the harness's
+# (roofline/__main__.py).
 RetimerFactory = Callable[..., Retime]
 
 
-class CompareError(ValueError):
-    """A usage error (bad arguments, unusable baseline, device mismatch): one-line message."""
+# A usage error of the gate (bad arguments, an unusable baseline, a device mismatch): one
+# line, exit 2.  It means what every command line's bad input means, so it is that one
+# type (contract.cli.UsageError, as history's HistoryError); the name stays for the
+# callers that import it.
+CompareError = UsageError
 
 
 def check_threshold(x: float | str | None) -> float | None:
@@ -227,3 +228,17 @@ def join_notes(a: str, b: str) -> str:
 
 def rows_text(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def status_of(row: RunRow) -> str:
+    """A row's status as the gate reads it (status_column's: stripped, lower case)."""
+    return row.status.strip().lower()
+
+
+def row_label(row: RunRow, sep: str = "/") -> str:
+    """schema.row_name of a row record: kernel/provider/dtype/shape, and its cache mode
+    where that is not its device's native one."""
+    case = row.case
+    return row_name({"kernel": case.kernel, "provider": case.provider, "dtype": case.dtype,
+                     "shape": case.shape, CACHE: case.cache, "device": row.accounting.device,
+                     "timer": row.timing.timer}, sep)

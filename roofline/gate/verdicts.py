@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
 from contract.rows import is_throttled
+from contract.run_meta import RunMeta
 from contract.schema import (
     CACHE,
     KEY,
     ROW_ID,
     SAMPLES,
     RowKey,
+    RunDoc,
     cache_column,
     row_key,
     row_name,
@@ -113,6 +115,23 @@ def judge(base: Timing | None, new: Timing | None,
         on the quantiles: slower (faster) only when r >= G and the p20..p80 spreads are
         disjoint, with at least 2 samples a side when n_samples is known; else ambiguous.
     """
+    by_status = _status_verdict(base, new)
+    if by_status is not None:
+        return by_status
+    assert base is not None and new is not None  # both ok: _status_verdict's None
+    base_problem = base.problem()
+    if base_problem:
+        raise CompareError(f"baseline row has unusable times: {base_problem}")
+    new_problem = new.problem()
+    if new_problem:
+        return "invalid", f"the run's {new_problem}"
+    if base.timer and new.timer and base.timer != new.timer:
+        return "method-changed", f"timed by {base.timer} -> {new.timer}"
+    return _speed_verdict(base, new, threshold_pct, alpha)
+
+
+def _status_verdict(base: Timing | None, new: Timing | None) -> tuple[str, str] | None:
+    """judge's status rules; None when both sides are ok (a verdict on their times)."""
     if new is None:
         return "missing", "" if base is None or base.status == "ok" else f"was {base.status}"
     if new.status == "failed":
@@ -129,15 +148,7 @@ def judge(base: Timing | None, new: Timing | None,
         return "fixed", ""
     if base.status != "ok":
         return "new", f"was {base.status}"
-    base_problem = base.problem()
-    if base_problem:
-        raise CompareError(f"baseline row has unusable times: {base_problem}")
-    new_problem = new.problem()
-    if new_problem:
-        return "invalid", f"the run's {new_problem}"
-    if base.timer and new.timer and base.timer != new.timer:
-        return "method-changed", f"timed by {base.timer} -> {new.timer}"
-    return _speed_verdict(base, new, threshold_pct, alpha)
+    return None
 
 
 def _speed_verdict(base: Timing, new: Timing, threshold_pct: float,
@@ -205,30 +216,61 @@ def normalise_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop_duplicates(subset=ROW_ID, keep="last").reset_index(drop=True)
 
 
-def _timing(row: dict[str, Any], suffix: str, fp8_mode: str | None) -> Timing | None:
-    if not row.get(f"_in{suffix}"):
-        return None
-    timer = row[f"timer{suffix}"]
-    if fp8_mode and row["dtype"] in FP8_DTYPES:
-        # fp8 rows of runs with different accumulation modes measure different kernels:
-        # a method change, not a speed change.
+def _sides(merged: pd.DataFrame, suffix: str, fp8_mode: str | None) -> list[Timing | None]:
+    """Each joined row's side `suffix` ("_b" the baseline's, "_n" the run's) as the verdict
+    reads it; None where that run lacks the row.  With `fp8_mode` (the runs' modes
+    differ), an fp8 row's timer names the mode: fp8 rows of runs with different
+    accumulation modes measure different kernels, a method change, not a speed change."""
+    def col(name: str) -> pd.Series:
+        return merged[f"{name}{suffix}"]
+
+    timers = list(col("timer"))
+    if fp8_mode:
         tag = f"fp8 accumulation {fp8_mode}"
-        timer = f"{timer}, {tag}" if timer else tag
-    return Timing(
-        status=row[f"status{suffix}"],
-        median=float(row[f"ms_median{suffix}"]),
-        p20=float(row[f"ms_p20{suffix}"]),
-        p80=float(row[f"ms_p80{suffix}"]),
-        reason=row[f"reason{suffix}"],
-        samples=row[f"{SAMPLES}{suffix}"],
-        timer=timer,
-        n_samples=float(row[f"n_samples{suffix}"]),
-    )
+        timers = [(f"{t}, {tag}" if t else tag) if fp8 else t
+                  for t, fp8 in zip(timers, merged["dtype"].isin(FP8_DTYPES), strict=True)]
+    return [Timing(status=status, median=float(med), p20=float(lo), p80=float(hi),
+                   reason=why, samples=samples, timer=timer, n_samples=float(n))
+            if present else None
+            for present, status, med, lo, hi, why, samples, timer, n in zip(
+                col("_in"), col("status"), col("ms_median"), col("ms_p20"), col("ms_p80"),
+                col("reason"), col(SAMPLES), timers, col("n_samples"), strict=True)]
 
 
-_OUT_COLUMNS = [*ROW_ID, "verdict", "note", "ratio", "base_ms", "new_ms", "base_p20",
-                "base_p80", "new_p20", "new_p80", "n_base", "n_new", "base_status",
-                "new_status", "base_mhz", "new_mhz"]
+@dataclass(frozen=True)
+class RowVerdict:
+    """One row of compare_frames' answer: the row's key (ROW_ID), its verdict and note,
+    the time ratio (new / base median), each side's median, p20 and p80 (ms), sample
+    count and status, and each side's SM clock (MHz, for the report)."""
+
+    kernel: str
+    provider: str
+    dtype: str
+    shape: str
+    cache: str
+    verdict: str
+    note: str
+    ratio: float
+    base_ms: float
+    new_ms: float
+    base_p20: float
+    base_p80: float
+    new_p20: float
+    new_p80: float
+    n_base: float
+    n_new: float
+    base_status: str
+    new_status: str
+    base_mhz: float
+    new_mhz: float
+
+
+_OUT_COLUMNS = [f.name for f in fields(RowVerdict)]
+
+
+def verdict_rows(df: pd.DataFrame) -> list[RowVerdict]:
+    """compare_frames' rows (or some of them) as records, in their order."""
+    return [RowVerdict(*t) for t in df[_OUT_COLUMNS].itertuples(index=False, name=None)]
 
 
 def sort_by_verdict(df: pd.DataFrame) -> pd.DataFrame:
@@ -237,66 +279,97 @@ def sort_by_verdict(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["_order", *ROW_ID]).drop(columns="_order").reset_index(drop=True)
 
 
-def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
-             alpha: float | None, fp8_accum: tuple[str | None, str | None],
-             ) -> tuple[pd.DataFrame, dict[RowKey, Timing], float]:
-    for row in base_df[status_column(base_df) == "ok"].to_dict("records"):
-        problem = time_problem(row)
-        if problem:
-            raise CompareError(f"baseline row {row_name(row)}: {problem}")
-    invalid = {row_key(r): time_problem(r) for r in run_df[status_column(run_df) == "ok"]
-               .to_dict("records") if time_problem(r)}
-    cols = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
-            SAMPLES, "throttled", "sm_clock_mhz"]
-    b = normalise_rows(base_df)[ROW_ID + cols].assign(_in=True)
-    n = normalise_rows(run_df)[ROW_ID + cols].assign(_in=True)
+# The columns of each run's rows the join keeps (each side's gets its suffix).
+_JOINED = ["status", "reason", "ms_median", "ms_p20", "ms_p80", "n_samples", "timer",
+           SAMPLES, "throttled", "sm_clock_mhz"]
+
+
+def _time_problems(df: pd.DataFrame) -> dict[RowKey, str]:
+    """The ok rows of a frame whose times are unusable, by key (the last row of a key
+    written twice wins)."""
+    return {row_key(r): problem for r in df[status_column(df) == "ok"].to_dict("records")
+            if (problem := time_problem(r))}
+
+
+def _joined(base_df: pd.DataFrame, run_df: pd.DataFrame) -> pd.DataFrame:
+    """The two runs' rows joined on ROW_ID (outer), each side's columns suffixed "_b" and
+    "_n", and "_in_b" / "_in_n" saying which run has the row."""
+    b = normalise_rows(base_df)[ROW_ID + _JOINED].assign(_in=True)
+    n = normalise_rows(run_df)[ROW_ID + _JOINED].assign(_in=True)
     merged = b.merge(n, on=ROW_ID, how="outer", suffixes=("_b", "_n"))
     # After the outer join, a row absent from one side has NaN in that side's marker.
     merged["_in_b"] = merged["_in_b"].eq(True)
     merged["_in_n"] = merged["_in_n"].eq(True)
-    records = merged.to_dict("records")
-    both_ok = sum(1 for r in records if r["_in_b"] and r["_in_n"]
-                  and r["status_b"] == "ok" and r["status_n"] == "ok")
+    return merged
+
+
+def _throttled_sides(merged: pd.DataFrame) -> list[list[tuple[str, Any]]]:
+    """Per joined row, the sides ("baseline", "run") that timed it while the GPU
+    throttled (the row's `throttled` cell, set by the sweep after its re-timing), each
+    with its SM clock."""
+    return [[(name, clock) for name, throttled, clock in
+             (("baseline", b_thr, b_mhz), ("run", n_thr, n_mhz)) if is_throttled(throttled)]
+            for b_thr, b_mhz, n_thr, n_mhz in zip(
+                merged["throttled_b"], merged["sm_clock_mhz_b"], merged["throttled_n"],
+                merged["sm_clock_mhz_n"], strict=True)]
+
+
+def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
+                 alpha: float | None, fp8_accum: tuple[str | None, str | None],
+                 unusable: Mapping[RowKey, str] | None = None,
+                 ) -> tuple[pd.DataFrame, dict[RowKey, Timing], float]:
+    """compare_frames' verdicts, with each baseline row's Timing and the alpha used.
+    `unusable`: the run's ok rows whose times as its file holds them are unusable
+    (runs.GateRun), invalid as those run_df's cells show."""
+    for row in base_df[status_column(base_df) == "ok"].to_dict("records"):
+        problem = time_problem(row)
+        if problem:
+            raise CompareError(f"baseline row {row_name(row)}: {problem}")
+    invalid = {**_time_problems(run_df), **(unusable or {})}
+    merged = _joined(base_df, run_df)
+    both_ok = int((merged["_in_b"] & merged["_in_n"] & merged["status_b"].eq("ok")
+                   & merged["status_n"].eq("ok")).sum())
     if alpha is None:
         alpha = row_alpha(both_ok)
     base_mode, run_mode = fp8_accum
-    modes_differ = bool(base_mode and run_mode and base_mode != run_mode)
-    out: list[dict[str, Any]] = []
-    base_timings: dict[RowKey, Timing] = {}
-    for row in records:
-        base = _timing(row, "_b", base_mode if modes_differ else None)
-        new = _timing(row, "_n", run_mode if modes_differ else None)
-        key = row_key(row)
-        if base is not None:
-            base_timings[key] = base
-        if new is not None and new.status == "ok" and key in invalid and (
-                base is None or base.status == "ok"):
-            verdict, note = "invalid", f"the run's {invalid[key]}"
-        else:
-            verdict, note = judge(base, new, threshold, alpha)
-            verdict, note = _throttle_verdict(row, verdict, note)
-        ratio = math.nan
-        if base and new and base.status == new.status == "ok" and verdict != "invalid":
-            ratio = new.center / base.center
-        b_lo, b_hi = base.spread if base else (math.nan, math.nan)
-        n_lo, n_hi = new.spread if new else (math.nan, math.nan)
-        out.append({
-            **{k: row[k] for k in ROW_ID},
-            "verdict": verdict,
-            "note": note,
-            "ratio": ratio,
-            "base_ms": base.center if base else math.nan,
-            "new_ms": new.center if new else math.nan,
-            "base_p20": b_lo, "base_p80": b_hi, "new_p20": n_lo, "new_p80": n_hi,
-            "n_base": base.count if base else math.nan,
-            "n_new": new.count if new else math.nan,
-            "base_status": base.status if base else "",
-            "new_status": new.status if new else "",
-            # Each side's SM clock, for the report (a ratio at unequal clocks is marked)
-            "base_mhz": row.get("sm_clock_mhz_b", math.nan),
-            "new_mhz": row.get("sm_clock_mhz_n", math.nan),
-        })
-    return sort_by_verdict(pd.DataFrame(out, columns=_OUT_COLUMNS)), base_timings, alpha
+    differ = bool(base_mode and run_mode and base_mode != run_mode)
+    bases = _sides(merged, "_b", base_mode if differ else None)
+    news = _sides(merged, "_n", run_mode if differ else None)
+    keys: list[RowKey] = list(zip(*(merged[k].astype(str) for k in ROW_ID), strict=True))
+    out = [_row_verdict(key, base, new, invalid.get(key), throttled, threshold, alpha,
+                        clocks)
+           for key, base, new, throttled, clocks in zip(
+               keys, bases, news, _throttled_sides(merged),
+               zip(merged["sm_clock_mhz_b"], merged["sm_clock_mhz_n"], strict=True),
+               strict=True)]
+    base_timings = {key: b for key, b in zip(keys, bases, strict=True) if b is not None}
+    frame = pd.DataFrame([astuple(v) for v in out], columns=_OUT_COLUMNS)
+    return sort_by_verdict(frame), base_timings, alpha
+
+
+def _row_verdict(key: RowKey, base: Timing | None, new: Timing | None, invalid: str | None,
+                 throttled: list[tuple[str, Any]], threshold: float, alpha: float,
+                 clocks: tuple[float, float]) -> RowVerdict:
+    """One joined row's verdict (judge, then the throttle rule) with its figures;
+    `invalid`: why the run's times of the row are unusable, if they are."""
+    if new is not None and new.status == "ok" and invalid is not None and (
+            base is None or base.status == "ok"):
+        verdict, note = "invalid", f"the run's {invalid}"
+    else:
+        verdict, note = judge(base, new, threshold, alpha)
+        verdict, note = _throttle_verdict(throttled, verdict, note)
+    ratio = math.nan
+    if base and new and base.status == new.status == "ok" and verdict != "invalid":
+        ratio = new.center / base.center
+    b_lo, b_hi = base.spread if base else (math.nan, math.nan)
+    n_lo, n_hi = new.spread if new else (math.nan, math.nan)
+    return RowVerdict(
+        *key, verdict=verdict, note=note, ratio=ratio,
+        base_ms=base.center if base else math.nan, new_ms=new.center if new else math.nan,
+        base_p20=b_lo, base_p80=b_hi, new_p20=n_lo, new_p80=n_hi,
+        n_base=base.count if base else math.nan, n_new=new.count if new else math.nan,
+        base_status=base.status if base else "", new_status=new.status if new else "",
+        base_mhz=clocks[0], new_mhz=clocks[1])
 
 
 # Timing verdicts that a throttled GPU makes meaningless: the clock, not the code, may
@@ -305,11 +378,10 @@ def judge_frames(base_df: pd.DataFrame, run_df: pd.DataFrame, threshold: float,
 _TIMING_VERDICTS = frozenset({"slower", "faster", "same", "ambiguous"})
 
 
-def _throttle_verdict(row: Mapping[str, Any], verdict: str, note: str) -> tuple[str, str]:
+def _throttle_verdict(sides: list[tuple[str, Any]], verdict: str, note: str
+                      ) -> tuple[str, str]:
     """`throttled` for a timing verdict of a row that either run timed while the GPU
-    throttled (the row's `throttled` column, set by the sweep after its re-timing)."""
-    sides = [(name, row.get(f"sm_clock_mhz{sfx}")) for name, sfx in
-             (("baseline", "_b"), ("run", "_n")) if is_throttled(row.get(f"throttled{sfx}"))]
+    throttled (`sides`: which, each with its SM clock)."""
     if verdict not in _TIMING_VERDICTS or not sides:
         return verdict, note
     where = " and ".join(
@@ -352,11 +424,11 @@ class CompareResult:
     rows: pd.DataFrame  # compare_frames() output
     threshold: float
     alpha: float = ROW_ALPHA_MAX
-    base_meta: dict[str, Any] = field(default_factory=dict)
-    run_meta: dict[str, Any] = field(default_factory=dict)
+    base_meta: RunMeta = field(default_factory=RunMeta)
+    run_meta: RunMeta = field(default_factory=RunMeta)
     base_label: str = "baseline"
     run_label: str = "run"
-    run_df: pd.DataFrame | None = None  # the run's own rows, for benchmark.json
+    run_doc: RunDoc | None = None  # the run, for benchmark.json and re-timing
     warnings: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     allow: frozenset[str] = frozenset()

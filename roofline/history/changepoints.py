@@ -239,6 +239,63 @@ def young_runs(min_size: int, alpha: float) -> int:
     return n - 1
 
 
+class _Tests:
+    """The test of a change point at b between the segments x[a:b] and x[b:c] of one
+    detection (log values `x`, each run's own noise `own`), cached: (p-value, log ratio
+    of the medians).  In a young history (`short`), a pair of segments too short for a
+    rank test is tested by level (noise.level_p_value)."""
+
+    def __init__(self, x: np.ndarray, own: np.ndarray | None, threshold: float,
+                 alpha: float, short: bool) -> None:
+        self.x, self.own, self.threshold, self.alpha, self.short = (x, own, threshold,
+                                                                    alpha, short)
+        ranks = rankdata(x)
+        self.ranks = ranks
+        self.sums = (np.concatenate(([0.0], np.cumsum(ranks))),
+                     np.concatenate(([0.0], np.cumsum(ranks * ranks))))
+        self.cache: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+    def by_level(self, a: int, b: int, c: int) -> bool:
+        return self.short and not rank_test_can_pass(b - a, c - b, self.alpha)
+
+    def __call__(self, a: int, b: int, c: int) -> tuple[float, float]:
+        if (a, b, c) not in self.cache:
+            x = self.x
+            if self.by_level(a, b, c):
+                log_ratio = float(np.median(x[b:c]) - np.median(x[a:b]))
+                self.cache[(a, b, c)] = (level_p_value(x, self.own, a, b, c), log_ratio)
+            else:
+                self.cache[(a, b, c)] = _test(x, self.sums, a, b, c, self.threshold)
+        return self.cache[(a, b, c)]
+
+
+def _search(test: _Tests, min_size: int, previous: bool) -> list[int]:
+    """The change points that pass, from the candidates: refined once before any test
+    too (a candidate a run or two off a step is tested against a segment holding both
+    levels, fails and would be pruned before it moved).  Then one drop at a time, each
+    followed by an unchecked refinement (a checked one drops every candidate whose
+    better split fails, which with spurious neighbours still standing is most of them):
+    the newest candidate can sit one segment behind a spurious one (balanced splits of
+    ranks: 8 | 18 | 21 of 24 runs, a step at 20), and only once that one is gone can it
+    move onto the step; pruning to the end first dropped it there and lost the step for
+    a run or two.  Once all pass, the checked refinement as before."""
+    x, n, alpha, threshold = test.x, len(test.x), test.alpha, test.threshold
+    kept = _refine(x, _candidates(x, test.ranks, min_size, test.short), min_size, test,
+                   alpha, threshold, check=False)
+    for _ in range(3 * MAX_CANDIDATES):  # prune, refine, again until nothing moves
+        pruned = _prune(kept, n, test, alpha, threshold, one=not previous)
+        if pruned != kept and not previous:  # one dropped: the rest move, unchecked
+            kept = _refine(x, pruned, min_size, test, alpha, threshold, check=False)
+            continue
+        refined = _refine(x, pruned, min_size, test, alpha, threshold)
+        if refined == kept:
+            break
+        kept = refined
+    if not previous:  # should the loop run out, only change points that pass are kept
+        kept = _prune(kept, n, test, alpha, threshold)
+    return kept
+
+
 def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
            alpha: float = DEFAULT_ALPHA, min_size: int = DEFAULT_MIN_SIZE,
            window: int | None = DEFAULT_WINDOW, noise: Sequence[float] | None = None,
@@ -263,57 +320,17 @@ def detect(values: Sequence[float], min_change: float = DEFAULT_MIN_CHANGE,
     n = len(x)
     if n < 2 * min_size:
         return []
-    threshold = math.log1p(min_change)
-    ranks = rankdata(x)
-    sums = (np.concatenate(([0.0], np.cumsum(ranks))),
-            np.concatenate(([0.0], np.cumsum(ranks * ranks))))
-    cache: dict[tuple[int, int, int], tuple[float, float]] = {}
-
-    short = not previous and young(n, min_size, alpha)
-
-    def by_level(a: int, b: int, c: int) -> bool:
-        return short and not rank_test_can_pass(b - a, c - b, alpha)
-
-    def test(a: int, b: int, c: int) -> tuple[float, float]:
-        if (a, b, c) not in cache:
-            if by_level(a, b, c):
-                log_ratio = float(np.median(x[b:c]) - np.median(x[a:b]))
-                cache[(a, b, c)] = (level_p_value(x, own, a, b, c), log_ratio)
-            else:
-                cache[(a, b, c)] = _test(x, sums, a, b, c, threshold)
-        return cache[(a, b, c)]
-
-    # Refined once before any test too: a candidate a run or two off a step is tested
-    # against a segment holding both levels, fails and would be pruned before it moved.
-    # Then one drop at a time, each followed by an unchecked refinement (a checked one
-    # drops every candidate whose better split fails, which with spurious neighbours
-    # still standing is most of them): the newest candidate can sit one segment behind
-    # a spurious one (balanced splits of ranks: 8 | 18 | 21 of 24 runs, a step at 20),
-    # and only once that one is gone can it move onto the step; pruning to the end
-    # first dropped it there and lost the step for a run or two.  Once all pass, the
-    # checked refinement as before.
-    kept = _refine(x, _candidates(x, ranks, min_size, short), min_size, test, alpha,
-                   threshold, check=False)
-    for _ in range(3 * MAX_CANDIDATES):  # prune, refine, again until nothing moves
-        pruned = _prune(kept, n, test, alpha, threshold, one=not previous)
-        if pruned != kept and not previous:  # one dropped: the rest move, unchecked
-            kept = _refine(x, pruned, min_size, test, alpha, threshold, check=False)
-            continue
-        refined = _refine(x, pruned, min_size, test, alpha, threshold)
-        if refined == kept:
-            break
-        kept = refined
-    if not previous:  # should the loop run out, only change points that pass are kept
-        kept = _prune(kept, n, test, alpha, threshold)
+    test = _Tests(x, own, math.log1p(min_change), alpha,
+                  not previous and young(n, min_size, alpha))
+    bounds = [0, *_search(test, min_size, previous), n]
     out = []
-    bounds = [0, *kept, n]
     for i in range(1, len(bounds) - 1):
         a, b, c = bounds[i - 1], bounds[i], bounds[i + 1]
         p, _ = test(a, b, c)
         out.append(ChangePoint(index=offset + b, before=float(np.exp(np.median(x[a:b]))),
                                after=float(np.exp(np.median(x[b:c]))), p_value=p,
                                n_before=b - a, n_after=c - b,
-                               test="level" if by_level(a, b, c) else "rank"))
+                               test="level" if test.by_level(a, b, c) else "rank"))
     return out
 
 

@@ -123,9 +123,9 @@ def _cmd_report(args: argparse.Namespace, retimer: RetimerFactory | None) -> int
             raise HistoryError("--retime is not available here")
         for d in devices:
             if d.new_slower:
-                meta, df = run_document(d.history.path, int(d.runs["seq"].iloc[-1]))
+                doc = run_document(d.history.path, int(d.runs["seq"].iloc[-1]))
                 try:
-                    retime = retimer(d.device, meta, df.to_dict("records"))
+                    retime = retimer(d.device, doc.meta, doc.rows)
                 except ValueError as e:  # a store of another device than this machine's
                     raise HistoryError(str(e)) from None
                 confirmations[d.device] = confirm(d, retime)
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None, retimer: RetimerFactory | None = None) -
             return _cmd_report(args, retimer)
         return _cmd_html(args)
 
-    return cli_exit_code(command, (HistoryError, UsageError))
+    return cli_exit_code(command, (UsageError,))

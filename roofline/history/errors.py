@@ -1,17 +1,21 @@
-"""The history commands' one error type, and the check for their optional libraries."""
+"""The history commands' error type, and the check for their optional libraries."""
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
+from contract.cli import UsageError
+
 # The extra that installs the libraries below (pyproject.toml); `dev` includes it.
 EXTRA = "history"
 
 
-class HistoryError(ValueError):
-    """A usage error of a history command (bad store, bad run, a run added twice, a
-    missing library): one line, exit 2."""
+# A usage error of a history command (a bad store, a bad run, a run added twice, a missing
+# library): one line, exit 2.  It means what every command line's bad input means, so it
+# is that one type (contract.cli.UsageError, as the gate's CompareError); the name stays
+# for the callers that import it.
+HistoryError = UsageError
 
 
 def require(module: str, what: str) -> ModuleType:

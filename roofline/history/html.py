@@ -73,19 +73,19 @@ def _label(s: Series, i: int) -> str:
 
 def _figure(s: Series):  # -> plotly Figure
     go = require("plotly.graph_objects", "history html")
-    r = s.runs
-    x = r["pos"].tolist()
-    commits = [str(c) if isinstance(c, str) else "?" for c in r["git_commit"]]
+    runs = s.runs
+    x = runs["pos"].tolist()
+    commits = [str(c) if isinstance(c, str) else "?" for c in runs["git_commit"]]
     hover = [f"run {rid} (#{seq})<br>commit {c[:10]}<br>{created}<br>median {m:.4g} ms"
              f"<br>p20-p80 {lo:.4g}-{hi:.4g} ms<br>{n} samples"
              for rid, seq, c, created, m, lo, hi, n in zip(
-                 r["run_id"], r["seq"], commits, r["created"], r["median"], r["p20"],
-                 r["p80"], r["n"], strict=True)]
+                 runs["run_id"], runs["seq"], commits, runs["created"], runs["median"], runs["p20"],
+                 runs["p80"], runs["n"], strict=True)]
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x + x[::-1], y=r["p80"].tolist() + r["p20"].tolist()[::-1],
+    fig.add_trace(go.Scatter(x=x + x[::-1], y=runs["p80"].tolist() + runs["p20"].tolist()[::-1],
                              fill="toself", mode="none", name="p20-p80", hoverinfo="skip",
                              fillcolor="rgba(31,119,180,0.18)"))
-    fig.add_trace(go.Scatter(x=x, y=r["median"].tolist(), mode="lines+markers",
+    fig.add_trace(go.Scatter(x=x, y=runs["median"].tolist(), mode="lines+markers",
                              name="median", text=hover, hoverinfo="text",
                              line={"color": "rgb(31,119,180)"}, marker={"size": 6}))
     for word, color, symbol in (("slower", "#c0392b", "triangle-up"),
@@ -100,7 +100,7 @@ def _figure(s: Series):  # -> plotly Figure
                          f"ms<br>commits {a[:10]}..{b[:10]}<br>p = {c.p_value:.1e}"
                          + ("<br>new" if c in s.new else ""))
         fig.add_trace(go.Scatter(
-            x=[x[c.index] for c in cps], y=[float(r["median"].iloc[c.index]) for c in cps],
+            x=[x[c.index] for c in cps], y=[float(runs["median"].iloc[c.index]) for c in cps],
             mode="markers", name=word, text=texts, hoverinfo="text",
             marker={"symbol": symbol, "size": 14, "color": color,
                     "line": {"width": 1, "color": "black"}}))
@@ -120,17 +120,17 @@ def _figure(s: Series):  # -> plotly Figure
 
 def _roofline(d: DeviceSeries, folder: Path) -> str:
     """The latest run's roofline PNG (roofline.report.plot), or why there is none."""
-    newest = d.runs.iloc[-1]
+    newest = d.newest()
     try:
-        meta, df = run_document(d.history.path, int(newest["seq"]))
+        doc = run_document(d.history.path, newest.seq)
         import matplotlib.pyplot as plt
 
         from roofline.report.plot import plot_roofline
 
-        plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
+        plt.close(plot_roofline(doc, folder / ROOFLINE_PNG))
     except Exception as e:  # a figure problem must not cost the dashboard
         return f"<p>No roofline of the latest run: {html.escape(' '.join(str(e).split()))}</p>"
-    run_id = html.escape(str(newest["run_id"]))
+    run_id = html.escape(str(newest.run_id))
     return (f"<h2>Roofline of the latest run ({run_id})</h2>\n"
             f'<img src="{ROOFLINE_PNG}" alt="roofline of run {run_id}">')
 
@@ -169,8 +169,8 @@ def _device_index(d: DeviceSeries, pages: dict[str, str], anchors: dict[int, int
             f"<td class=\"num\">{len(s.runs)}</td></tr>")
     body = (f'<p><a href="../index.html">devices</a> / {html.escape(d.device)}</p>'
             f"<h1>Performance history: {html.escape(d.device)}</h1>"
-            f"<p>{len(d.runs)} runs, newest {html.escape(str(newest.get('run_id')))} "
-            f"({html.escape(str(newest.get('created')))}). Change points: a step of at least "
+            f"<p>{len(d.runs)} runs, newest {html.escape(str(newest.run_id))} "
+            f"({html.escape(str(newest.created))}). Change points: a step of at least "
             f"{o.min_change * 100:g}%, rank test p &lt; {o.alpha:g}, at least {o.min_size} "
             "runs a side. Trend: the newest run against the median of its level.</p>"
             "<p>Kernel families: " + ", ".join(

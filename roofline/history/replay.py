@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from contract.schema import SAMPLES, load_run, row_name
+from contract.schema import load_doc
+from roofline.gate.rules import row_label
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -55,13 +56,12 @@ WARMUP = 20  # runs before the first detection
 
 def record_noise(runs: Sequence[str | os.PathLike], note: str = "") -> dict[str, Any]:
     """A noise fixture from identical runs: {row name: [samples of each run]}, the ok
-    rows present in every run, samples rounded to 4 significant digits."""
+    rows present in every run, samples rounded to 4 significant digits.  The fixture's
+    JSON document (load_noise reads it back)."""
     per_run = []
     for run in runs:
-        _, df = load_run(run)
-        per_run.append({row_name(r): [float(f"{x:.4g}") for x in r[SAMPLES]]
-                        for r in df.to_dict("records")
-                        if r.get("status") == "ok" and isinstance(r.get(SAMPLES), list)})
+        per_run.append({row_label(r): [float(f"{x:.4g}") for x in r.timing.samples_ms]
+                        for r in load_doc(run).rows if r.ok and r.timing.samples_ms})
     names = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
     return {"note": note, "runs": len(per_run),
             "rows": {n: [p[n] for p in per_run] for n in names}}
@@ -117,29 +117,44 @@ class Replay:
     evaluated: int = 0
 
 
-def _detect(series: tuple[np.ndarray, np.ndarray], t: int, options: dict[str, Any]
-            ) -> list[ChangePoint]:
-    values, noise = series
-    return detect(values[:t], noise=noise[:t], **options)
+@dataclass(frozen=True)
+class Detection:
+    """The detection a replay runs after each run (changepoints.detect's settings, its
+    defaults the report's)."""
+
+    min_change: float = DEFAULT_MIN_CHANGE
+    alpha: float = DEFAULT_ALPHA
+    min_size: int = DEFAULT_MIN_SIZE
+    window: int | None = DEFAULT_WINDOW
+    previous: bool = False
+
+    def __call__(self, series: tuple[np.ndarray, np.ndarray], t: int) -> list[ChangePoint]:
+        """The change points of the first t runs of a synthetic series."""
+        values, noise = series
+        return detect(values[:t], self.min_change, self.alpha, self.min_size, self.window,
+                      noise=noise[:t], previous=self.previous)
 
 
 Alarm = Callable[[int, ChangePoint], bool]
 
 
 def replay(series: tuple[np.ndarray, np.ndarray], start: int = WARMUP,
-           stop: int | None = None, until: Alarm | None = None, **options: Any) -> Replay:
+           stop: int | None = None, until: Alarm | None = None,
+           detection: Detection | None = None, **options: Any) -> Replay:
     """Detect after each run, with t = start .. stop runs seen, and keep every new
     slower change point as an alarm; with `until`, stop after the first run that raises
     an alarm it accepts (a delay needs no later run, and a replay of CPU noise costs
-    ~20 ms a detection)."""
+    ~20 ms a detection).  The detection: `detection`, else one of `options`
+    (Detection's fields)."""
     stop = len(series[0]) if stop is None else stop
     out = Replay()
+    detection = detection or Detection(**options)
     # The detections a change point is known from, newest first (one for the
     # detection before, as it was).
-    known = 1 if options.get("previous") else KNOWN_RUNS
-    before = [_detect(series, max(0, start - k), options) for k in range(1, known + 1)]
+    known = 1 if detection.previous else KNOWN_RUNS
+    before = [detection(series, max(0, start - k)) for k in range(1, known + 1)]
     for t in range(start, stop + 1):
-        now = _detect(series, t, options)
+        now = detection(series, t)
         raised = [(t, c) for c in new_changes(now, *before) if c.slower]
         out.alarms += raised
         before = [now, *before[:-1]]
@@ -161,19 +176,14 @@ class Figures:
     drift_detected: float = float("nan")  # share of trials with an alarm in 100 runs
 
 
-def _options(options: dict[str, Any]) -> dict[str, Any]:
-    return {"min_change": DEFAULT_MIN_CHANGE, "alpha": DEFAULT_ALPHA,
-            "min_size": DEFAULT_MIN_SIZE, "window": DEFAULT_WINDOW, **options}
-
-
-def _delay(series: tuple[np.ndarray, np.ndarray], at: int, options: dict[str, Any]
+def _delay(series: tuple[np.ndarray, np.ndarray], at: int, detection: Detection
            ) -> float:
     """Runs after the step at `at` until the first alarm at it (inf: none within
     HORIZON runs)."""
     def at_step(t: int, c: ChangePoint) -> bool:
         return abs(c.index - at) <= SAME_CHANGE_RUNS and t > at
 
-    r = replay(series, start=at, stop=at + HORIZON, until=at_step, **options)
+    r = replay(series, start=at, stop=at + HORIZON, until=at_step, detection=detection)
     hit = [t - at for t, c in r.alarms if at_step(t, c)]
     return min(hit) if hit else np.inf
 
@@ -182,26 +192,27 @@ def measure(noise_runs: Sequence[np.ndarray], trials: int, seed: int = 0,
             null_trials: int | None = None, steps: Sequence[float] = STEPS,
             within: int = 3, **options: Any) -> Figures:
     """Replay `trials` synthetic series per scenario (null_trials of unchanged code,
-    default `trials`) from one row's noise; options go to detect()."""
-    options = _options(options)
+    default `trials`) from one row's noise; options go to detect() (Detection)."""
+    detection = Detection(**options)
     rng = np.random.default_rng(seed)
     fig = Figures()
     alarms = runs = 0
     for _ in range(null_trials if null_trials is not None else trials):
-        r = replay(synthetic(noise_runs, levels("none"), rng), **options)
+        r = replay(synthetic(noise_runs, levels("none"), rng), detection=detection)
         alarms += len(r.alarms)
         runs += r.evaluated
     fig.false_per_100 = 100.0 * alarms / max(1, runs)
     for size in steps:
         d = np.asarray([_delay(synthetic(noise_runs, levels("step", size), rng), STEP_AT,
-                               options) for _ in range(trials)])
+                               detection) for _ in range(trials)])
         fig.detected[size] = float(np.mean(d <= within))
         fig.detected_ever[size] = float(np.mean(np.isfinite(d)))
         fig.delay[size] = float(np.median(d))
     delays = []
     for _ in range(trials):
         s = synthetic(noise_runs, levels("drift", DRIFT_PER_RUN), rng)
-        r = replay(s, start=STEP_AT - 5, until=lambda t, _: t > STEP_AT, **options)
+        r = replay(s, start=STEP_AT - 5, until=lambda t, _: t > STEP_AT,
+                   detection=detection)
         hit = [t - STEP_AT for t, _ in r.alarms if t > STEP_AT]
         delays.append(min(hit) if hit else np.inf)
     d = np.asarray(delays)
@@ -217,19 +228,19 @@ def measure_short(noise_runs: Sequence[np.ndarray], length: int, trials: int,
     `length`-th run of unchanged code raises (null_trials histories); a step has
     SHORT_AFTER runs after it when the history is `length` runs long, `detected` is the
     share seen by then, `detected_ever` within HORIZON runs, `delay` the median."""
-    options = _options(options)
+    detection = Detection(**options)
     rng = np.random.default_rng(seed)
     fig = Figures()
     alarms = 0
     for _ in range(null_trials):
         r = replay(synthetic(noise_runs, levels("none", runs=length), rng), start=length,
-                   **options)
+                   detection=detection)
         alarms += len(r.alarms)
     fig.false_per_100 = 100.0 * alarms / max(1, null_trials)
     at = length - SHORT_AFTER
     for size in steps:
         lv = levels("step", size, runs=at + HORIZON, at=at)
-        d = np.asarray([_delay(synthetic(noise_runs, lv, rng), at, options)
+        d = np.asarray([_delay(synthetic(noise_runs, lv, rng), at, detection)
                         for _ in range(trials)])
         fig.detected[size] = float(np.mean(d <= SHORT_AFTER))
         fig.detected_ever[size] = float(np.mean(np.isfinite(d)))

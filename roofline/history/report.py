@@ -135,11 +135,11 @@ def render(devices: Sequence[DeviceSeries], confirmation: Confirmation | None = 
         newest = d.newest()
         o = d.options
         window = f"the newest {o.window} runs" if o.window else "every run"
-        commit = newest.get("git_commit")
+        commit = newest.git_commit
         where = f"commit `{str(commit)[:10]}`, " if isinstance(commit, str) else ""
         out += [f"## Performance history: {d.device}", "",
                 f"{len(runs)} run{'s' if len(runs) != 1 else ''} in `{d.history.path}`; "
-                f"newest `{newest.get('run_id')}` ({where}{newest.get('created')}). "
+                f"newest `{newest.run_id}` ({where}{newest.created}). "
                 f"{len(d.series)} series. Change points: a step of at least "
                 f"{o.min_change * 100:g}% between the medians of at least {o.min_size} runs "
                 f"on each side, significant at p < {o.alpha:g} (rank: a rank test of one "

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -120,6 +119,17 @@ class Series:
         return bool(t.iloc[c.index - 1] != t.iloc[c.index])
 
 
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as the store lists it (table `runs`): its number in the device's file, its
+    id, when it started and its commit, as stored (None where the run did not say)."""
+
+    seq: int
+    run_id: str | None
+    created: str | None
+    git_commit: str | None
+
+
 @dataclass
 class DeviceSeries:
     """A device's series and what the report needs about its runs."""
@@ -137,8 +147,11 @@ class DeviceSeries:
     def runs(self) -> pd.DataFrame:
         return self.history.runs
 
-    def newest(self) -> dict[str, Any]:
-        return self.history.runs.iloc[-1].to_dict()
+    def newest(self) -> StoredRun:
+        """The device's newest run."""
+        runs = self.history.runs
+        return StoredRun(int(runs["seq"].iloc[-1]), runs["run_id"].iloc[-1],
+                         runs["created"].iloc[-1], runs["git_commit"].iloc[-1])
 
     @property
     def new_slower(self) -> list[tuple[Series, ChangePoint]]:
@@ -164,8 +177,8 @@ def build_series(history: History, options: Options, since: int = 1) -> DeviceSe
     last_pos = int(history.runs["pos"].max())
     cutoff = last_pos + 1 - since  # runs at pos >= cutoff are the newest `since`
     newest = rows[rows["pos"] == last_pos]
-    newest_status = {tuple(r[k] for k in ROW_ID): r["status"]
-                     for r in newest.to_dict("records")}
+    newest_status = dict(zip(zip(*(newest[k] for k in ROW_ID), strict=True),
+                             newest["status"], strict=True))
     out = []
     ok = rows[(rows["status"] == "ok") & (rows["throttled"].fillna(0) == 0)]
     for key, group in ok.groupby(ROW_ID, sort=True):

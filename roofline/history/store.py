@@ -25,36 +25,24 @@ artifact expires).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 import sqlite3
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, astuple, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from contract.schema import (
-    KEY,
-    ROW_ID,
-    SAMPLES,
-    STATUSES,
-    RunLoadError,
-    load_run,
-    row_cache,
-    row_name,
-)
-from roofline.gate.rules import time_problem
-from roofline.gate.runs import incomplete_reasons, run_device_key
-from roofline.gate.stats import fast_end
+from contract.record import parse_row
+from contract.run_meta import parse_meta
+from contract.schema import ROW_ID, STATUSES, RunDoc, row_name
 from roofline.history.errors import HistoryError
+from roofline.history.intake import ROW_COLUMNS, StoredRow, finite, take_in
 
 DEFAULT_STORE = "results/history"
 MARKER = "HISTORY_STORE"
@@ -90,12 +78,6 @@ _SCHEMA: tuple[str, ...] = (
     *(_TRIGGER.format(t=t, op=op, OP=op.upper()) for t in ("runs", "rows")
       for op in ("update", "delete")),
 )
-
-ROW_COLUMNS = ("kernel", "provider", "dtype", "shape", "cache", "status", "reason", "timer",
-               "median", "p20", "p80", "n", "fast_end", "fastest", "slowest", "tflops",
-               "gbps", "throttled")
-VERSION_KEYS = ("python", "torch", "triton", "cuda", "fp8_accum")
-
 
 @dataclass(frozen=True)
 class Added:
@@ -237,59 +219,6 @@ def _open_for_append(db: sqlite3.Connection, path: Path) -> None:
 # ---- adding a run ---------------------------------------------------------------------------
 
 
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def _summary(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A run row as the store keeps it: key, status, times and its samples' summary."""
-    out: dict[str, Any] = {k: str(row.get(k)) for k in KEY}
-    out["cache"] = row_cache(row)
-    status = str(row.get("status") or "").strip().lower()
-    out.update(status=status, reason=str(row.get("reason") or ""),
-               timer=str(row.get("timer") or ""))
-    samples = row.get(SAMPLES)
-    has_samples = isinstance(samples, list | tuple) and len(samples) > 0
-    for col, name in (("ms_median", "median"), ("ms_p20", "p20"), ("ms_p80", "p80")):
-        out[name] = _num(row.get(col)) if status == "ok" else None
-    n = _num(row.get("n_samples"))
-    out["n"] = len(samples) if has_samples else (int(n) if n else None)
-    if status == "ok" and has_samples:
-        s = np.asarray(samples, dtype=np.float64)
-        out.update(fast_end=fast_end(s) if len(s) >= 2 else float(s[0]),
-                   fastest=float(s.min()), slowest=float(s.max()))
-    else:
-        out.update(fast_end=None, fastest=None, slowest=None)
-    out["tflops"], out["gbps"] = _num(row.get("tflops")), _num(row.get("gbps"))
-    thr = row.get("throttled")
-    out["throttled"] = 1 if thr is True or str(thr).lower() == "true" else 0
-    return out
-
-
-def _run_key(device: str, meta: Mapping[str, Any], raw: bytes) -> str:
-    """A run's identity: device, run id and start time (a run folder is created
-    exclusively, so these name one run wherever its folder is copied); a hand-made run
-    without them is known by its content's hash."""
-    run_id, created = meta.get("run_id"), meta.get("created")
-    if isinstance(run_id, str) and run_id and isinstance(created, str) and created:
-        return f"{device}|{run_id}|{created}"
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
-
-
-def _read_run(run: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame, bytes]:
-    try:
-        meta, df = load_run(run)
-    except RunLoadError as e:
-        raise HistoryError(" ".join(str(e).split())) from None
-    except OSError as e:
-        raise HistoryError(f"cannot read {run}: {e.strerror or e}") from None
-    path = Path(run) / "results.json" if Path(run).is_dir() else Path(run)
-    return meta, df, path.read_bytes()
-
-
 def add_run(run: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE,
             allow_incomplete: bool = False) -> Added:
     """Append a run's rows to its device's file in `store` (created if absent).
@@ -298,66 +227,44 @@ def add_run(run: str | os.PathLike, store: str | os.PathLike = DEFAULT_STORE,
     (no times), an incomplete one unless allow_incomplete, one without a device key, an
     ok row with unusable times, a store that is not one, or a run already in the store.
     """
-    meta, df, raw = _read_run(run)
-    if meta.get("check_only"):
-        raise HistoryError(f"{run} is a --check-only run: it has no times to keep")
-    reasons = incomplete_reasons(meta)
-    if reasons and not allow_incomplete:
-        raise HistoryError(f"{run} is {', '.join(reasons)}: resume it first (run_bench.py "
-                           "--resume RUN), or pass --allow-incomplete")
-    device = run_device_key(meta, df)
-    if not device:
-        raise HistoryError(f"{run} names no device (no metadata device_key, no single "
-                           "'device' in its rows)")
-    if not all(c.isalnum() or c in "._-" for c in device):
-        raise HistoryError(f"{run}: device key {device!r} is not a plain name")
-    records = df.to_dict("records")
-    if not records:
-        raise HistoryError(f"{run} has no rows")
-    by_key: dict[tuple, dict[str, Any]] = {}
-    for r in records:
-        status = str(r.get("status") or "").strip().lower()
-        if status not in STATUSES:
-            raise HistoryError(f"{run}: row {row_name(r)} has status {r.get('status')!r}")
-        if status == "ok":
-            problem = time_problem(r)
-            if problem:
-                raise HistoryError(f"{run}: row {row_name(r)}: {problem}")
-        s = _summary(r)
-        by_key[tuple(s[k] for k in ROW_ID)] = s  # a key twice (resumed): the last row
-    doc = zlib.compress(json.dumps({
-        "metadata": meta,
-        "rows": [{k: v for k, v in r.items() if k != SAMPLES} for r in records],
-    }, default=str).encode("utf-8"), 9)
-    versions = json.dumps({k: meta.get(k) for k in VERSION_KEYS}, sort_keys=True)
-    key = _run_key(device, meta, raw)
-    path = prepare_store(store) / f"{device}{SUFFIX}"
+    got = take_in(run, allow_incomplete)
+    made = got.doc.meta.provenance
+    entry = (got.key, _text(made.run_id or None), _text(made.created),
+             datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             _text(made.git_commit), got.device, _text(got.doc.meta.device.device_name),
+             got.versions(), 0 if got.incomplete else 1, str(Path(run).resolve()),
+             got.document())
+    path = prepare_store(store) / f"{got.device}{SUFFIX}"
+    seq = _append(path, entry, got.rows, made.run_id or str(run))
+    return Added(got.device, path, seq, len(got.rows), str(made.run_id or ""))
+
+
+def _append(path: Path, entry: tuple[Any, ...], stored: list[StoredRow], name: str) -> int:
+    """Insert a run (`entry`: the runs table's values) and its rows in one transaction;
+    its seq.  HistoryError, nothing written, for a run already in the file."""
     with _connect(path, readonly=False) as db:
         try:
             _open_for_append(db, path)
             old = db.execute("SELECT seq, added FROM runs WHERE run_key = ?",
-                             (key,)).fetchone()
+                             (entry[0],)).fetchone()
             if old:
-                raise HistoryError(f"run {meta.get('run_id') or run} is already in {path} "
+                raise HistoryError(f"run {name} is already in {path} "
                                    f"(run #{old[0]}, added {old[1]}): a run is added once")
             cur = db.execute(
                 "INSERT INTO runs (run_key, run_id, created, added, git_commit, device, "
                 "device_name, versions, complete, source, doc) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (key, _text(meta.get("run_id")), _text(meta.get("created")),
-                 datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 _text(meta.get("git_commit")), device, _text(meta.get("device_name")),
-                 versions, 0 if reasons else 1, str(Path(run).resolve()), doc))
+                entry)
             seq = int(cur.lastrowid)
             db.executemany(
                 f"INSERT INTO rows (seq, {', '.join(ROW_COLUMNS)}) VALUES "
                 f"({', '.join('?' * (len(ROW_COLUMNS) + 1))})",
-                [(seq, *(s[c] for c in ROW_COLUMNS)) for s in by_key.values()])
+                [(seq, *astuple(s)) for s in stored])
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
-    return Added(device, path, seq, len(by_key), str(meta.get("run_id") or ""))
+    return seq
 
 
 def _text(v: Any) -> str | None:
@@ -367,25 +274,27 @@ def _text(v: Any) -> str | None:
 # ---- reading --------------------------------------------------------------------------------
 
 
-def _bad_row(path: Path, r: Mapping[str, Any]) -> str | None:
-    """Why a stored row is corrupt (None when it is usable)."""
+def _bad_row(r: StoredRow) -> str | None:
+    """Why a stored row is corrupt (None when it is usable); its values as SQLite holds
+    them (a text in a REAL column stays text)."""
     for k in ROW_ID:
-        if not isinstance(r[k], str) or not r[k]:
-            return f"'{k}' is {r[k]!r}"
-    if r["status"] not in STATUSES:
-        return f"status is {r['status']!r}"
-    if r["status"] != "ok":
+        v = getattr(r, k)
+        if not isinstance(v, str) or not v:
+            return f"'{k}' is {v!r}"
+    if r.status not in STATUSES:
+        return f"status is {r.status!r}"
+    if r.status != "ok":
         return None
     for col in ("median", "p20", "p80"):
-        v = r[col]
-        if _num(v) is None or v <= 0:
+        v = getattr(r, col)
+        if finite(v) is None or v <= 0:
             return f"'{col}' is {v!r}, not a positive time"
     for col in ("fast_end", "fastest", "slowest"):
-        v = r[col]
-        if v is not None and (_num(v) is None or v <= 0):
+        v = getattr(r, col)
+        if v is not None and (finite(v) is None or v <= 0):
             return f"'{col}' is {v!r}, not a positive time"
-    if r["n"] is not None and (not isinstance(r["n"], int) or r["n"] < 1):
-        return f"'n' is {r['n']!r}, not a sample count"
+    if r.n is not None and (not isinstance(r.n, int) or r.n < 1):
+        return f"'n' is {r.n!r}, not a sample count"
     return None
 
 
@@ -398,18 +307,19 @@ def load_history(path: Path) -> History:
             "SELECT seq, run_id, created, added, git_commit, device, device_name, versions, "
             "complete FROM runs ORDER BY coalesce(created, added), seq", db)
         cur = db.execute(f"SELECT seq, {', '.join(ROW_COLUMNS)} FROM rows ORDER BY seq")
-        records = [dict(zip(("seq", *ROW_COLUMNS), r, strict=True)) for r in cur.fetchall()]
+        stored = [(seq, StoredRow(*values)) for seq, *values in cur.fetchall()]
     if runs.empty:
         raise HistoryError(f"{path} holds no run: add one first")
     run_ids = dict(zip(runs["seq"], runs["run_id"], strict=True))
-    for r in records:  # as stored (SQLite keeps a text in a REAL column as text)
-        problem = _bad_row(path, r)
-        if problem is None and r["seq"] not in run_ids:
+    for seq, r in stored:
+        problem = _bad_row(r)
+        if problem is None and seq not in run_ids:
             problem = "it belongs to no run"
         if problem:
-            raise HistoryError(f"{path}: a corrupt row (run #{r['seq']} "
-                               f"{run_ids.get(r['seq']) or ''}, {row_name(r)}): {problem}")
-    rows = pd.DataFrame(records, columns=["seq", *ROW_COLUMNS])
+            raise HistoryError(f"{path}: a corrupt row (run #{seq} "
+                               f"{run_ids.get(seq) or ''}, {row_name(asdict(r))}): {problem}")
+    rows = pd.DataFrame([(seq, *astuple(r)) for seq, r in stored],
+                        columns=["seq", *ROW_COLUMNS])
     runs["pos"] = range(len(runs))
     rows = rows.merge(runs[["seq", "pos"]], on="seq", how="left")
     for col in ("median", "p20", "p80", "fast_end", "fastest", "slowest", "tflops", "gbps"):
@@ -423,14 +333,16 @@ def load_store(store: str | os.PathLike, device: str | None = None) -> list[Hist
     return [load_history(f) for f in store_files(store, device)]
 
 
-def run_document(path: Path, seq: int) -> tuple[dict[str, Any], pd.DataFrame]:
-    """(metadata, rows) of a stored run, as load_run gives them (without raw samples)."""
+def run_document(path: Path, seq: int) -> RunDoc:
+    """A stored run as records (its rows without raw samples), as add_run kept it."""
     with _connect(path, readonly=True) as db:
         got = db.execute("SELECT doc FROM runs WHERE seq = ?", (int(seq),)).fetchone()
     if got is None:
         raise HistoryError(f"{path} has no run #{seq}")
     try:
         doc = json.loads(zlib.decompress(got[0]).decode("utf-8"))
-    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError) as e:
+        return RunDoc(parse_meta(doc.get("metadata")),
+                      tuple(parse_row(r) for r in doc.get("rows") or []))
+    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError,
+            KeyError, AttributeError) as e:
         raise HistoryError(f"{path}: run #{seq}'s document is corrupt ({e})") from None
-    return doc.get("metadata") or {}, pd.DataFrame(doc.get("rows") or [])

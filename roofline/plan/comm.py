@@ -26,6 +26,7 @@ without.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from contract.metrics import BUSBW_FACTOR
@@ -91,60 +92,61 @@ FLEET_HINT = ("collectives are timed by a fleet run: `torchrun --nproc-per-node=
 BACKEND = {"cuda": "nccl", "cpu": "gloo"}
 
 
-def busbw_row(run: str, op: str = "all_reduce", size: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BusbwRow:
+    """A saved run's collective row a plan takes its busbw from: the busbw (GB/s), a
+    source line, and where it was measured (device key, backend, ranks)."""
+
+    busbw_gbps: float
+    source: str
+    device: str | None
+    backend: str | None
+    ranks: int | None
+
+
+def busbw_row(run: str, op: str = "all_reduce", size: int | None = None) -> BusbwRow:
     """The saved run's ok `op` collective row at `size` bytes (the whole array, as the
-    rows' shape says), else at its largest size, the higher of its dtypes' rows there:
-    its busbw (GB/s), a source line, and where it was measured (device key, backend,
-    ranks)."""
-    import pandas as pd
+    rows' shape says), else at its largest size, the higher of its dtypes' rows there."""
+    from contract.schema import load_doc, parse_shape
 
-    from contract.schema import load_run, parse_shape
-
-    _, df = load_run(run)
-    if df.empty or "busbw_gbps" not in df.columns:
+    doc = load_doc(run)
+    if not doc.rows:
         raise PlanError(f"{run} has no collective rows ({FLEET_HINT})")
-    rows = df[(df["kernel"] == op) & (df["status"] == "ok")].copy()
-    rows["busbw_gbps"] = pd.to_numeric(rows["busbw_gbps"], errors="coerce")
-    rows = rows[rows["busbw_gbps"] > 0]
-    if rows.empty:
+    rows = [r for r in doc.rows if r.case.kernel == op and r.status == "ok"
+            and (r.fleet.busbw_gbps or 0) > 0]
+    if not rows:
         raise PlanError(f"{run} has no ok {op} rows with a busbw ({FLEET_HINT})")
-    shapes = [parse_shape(s) for s in rows["shape"]]
-    rows["size"] = [sh.get("bytes", 0) for sh in shapes]
-    rows["ranks"] = [sh.get("ranks") for sh in shapes]
+    shapes = [parse_shape(r.case.shape) for r in rows]
+    sized = [(sh.get("bytes", 0), float(r.fleet.busbw_gbps or 0), i, r, sh.get("ranks"))
+             for i, (r, sh) in enumerate(zip(rows, shapes, strict=True))]
     if size is not None:
-        if not (rows["size"] == size).any():
+        if not any(s[0] == size for s in sized):
             raise PlanError(f"{run} has no ok {op} row of {size:,} bytes (it has "
-                            f"{', '.join(f'{s:,}' for s in sorted(set(rows['size'])))})")
-        rows = rows[rows["size"] == size]
-    best = rows.sort_values(["size", "busbw_gbps"]).iloc[-1]
-
-    def text(v: Any) -> str | None:
-        return None if v is None or (isinstance(v, float) and v != v) else str(v)
-
-    ranks = best["ranks"]
-    return {"busbw_gbps": float(best["busbw_gbps"]),
-            "source": f"{run}: {op} {best['dtype']} at {int(best['size']):,} bytes",
-            "device": text(best.get("device")), "backend": text(best.get("provider")),
-            "ranks": int(ranks) if ranks is not None and ranks == ranks else None}
+                            f"{', '.join(f'{s:,}' for s in sorted({s[0] for s in sized}))})")
+        sized = [s for s in sized if s[0] == size]
+    nbytes, busbw, _, best, ranks = max(sized, key=lambda s: (s[0], s[1], s[2]))
+    return BusbwRow(busbw, f"{run}: {op} {best.case.dtype} at {int(nbytes):,} bytes",
+                    best.accounting.device or None, best.case.provider,
+                    int(ranks) if ranks is not None else None)
 
 
 def busbw_from_run(run: str, op: str = "all_reduce", size: int | None = None
                    ) -> tuple[float, str]:
     """(busbw GB/s, source) of busbw_row."""
     row = busbw_row(run, op, size)
-    return row["busbw_gbps"], row["source"]
+    return row.busbw_gbps, row.source
 
 
-def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: bool,
+def _check_origin(row: BusbwRow, run: str, device: str, gpus: int, force: bool,
                   warnings: list[str]) -> None:
     """Refuse a busbw measured on another kind of device than the plan's (unless
     forced); warn when its backend or rank count is not what the plan's would be."""
     from contract.devices import DEVICES
 
-    where = (f"{row['device'] or 'an unnamed device'}"
-             + (f", {row['backend']}" if row["backend"] else "")
-             + (f", {row['ranks']} ranks" if row["ranks"] else ""))
-    if row["device"] != device:
+    where = (f"{row.device or 'an unnamed device'}"
+             + (f", {row.backend}" if row.backend else "")
+             + (f", {row.ranks} ranks" if row.ranks else ""))
+    if row.device != device:
         if not force:
             raise PlanError(f"{run} measured its collectives on {where}; the plan is for "
                             f"{gpus} x {device}: that busbw says nothing about {device} "
@@ -154,11 +156,11 @@ def _check_origin(row: dict[str, Any], run: str, device: str, gpus: int, force: 
                         f"{gpus} x {device}")
     kind = DEVICES[device].kind if device in DEVICES else None
     want = BACKEND.get(kind or "")
-    if want and row["backend"] and row["backend"] != want:
-        warnings.append(f"the busbw of {run} was measured over {row['backend']}; "
+    if want and row.backend and row.backend != want:
+        warnings.append(f"the busbw of {run} was measured over {row.backend}; "
                         f"{device} trains over {want}")
-    if row["ranks"] and row["ranks"] < gpus:
-        warnings.append(f"the busbw of {run} was measured on {row['ranks']} ranks, the "
+    if row.ranks and row.ranks < gpus:
+        warnings.append(f"the busbw of {run} was measured on {row.ranks} ranks, the "
                         f"plan has {gpus} devices: past one node the collectives cross "
                         "the network, usually slower than within it")
 
@@ -184,7 +186,7 @@ def plan_communication(hw: HardwareRequest, micro_batch: int, shape: ModelShape 
         assert hw.busbw_run is not None  # one of the two, above
         row = busbw_row(hw.busbw_run)
         _check_origin(row, hw.busbw_run, device, hw.gpus, hw.force_busbw_run, warnings)
-        busbw, source = row["busbw_gbps"], row["source"]
+        busbw, source = row.busbw_gbps, row.source
     seq = shape.seq_len if shape else DEFAULT_SEQ_LEN
     tokens_per_step = micro_batch * seq  # per device
     per_token = 6 * params + (attention_score_flops(shape, 1.0) if shape else 0.0)

@@ -13,6 +13,7 @@ from roofline.plan.model import PlanError
 
 if TYPE_CHECKING:
     from contract.ceilings import Ceilings
+    from contract.record import RunRow
     from roofline.plan.harness import DeviceCeilings
 
 
@@ -73,32 +74,51 @@ def _log_distance(a: dict[str, int], b: dict[str, int]) -> tuple[float, float]:
 
 def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> dict[str, Any]:
     """Give each step GEMM the TFLOP/s of the run's matmul row nearest its shape (in log
-    space over M, N, K); MFU is that row's TFLOP/s over the peak the run held it to."""
-    import pandas as pd
+    space over M, N, K); MFU is that row's TFLOP/s over the peak the run held it to.
+    Returns the plan's "measurement" (a part of the plan's JSON document, as the GEMMs
+    timed by --measure give it): the run's device, its ceilings and the worst shape
+    ratio."""
+    from contract.schema import load_doc
 
-    from contract.schema import load_run, parse_shape
-
-    meta, df = load_run(run)
-    if df.empty or "kernel" not in df.columns:
+    doc = load_doc(run)
+    if not doc.rows:
         raise PlanError(f"{run} has no rows")
-    mm = df[(df["kernel"] == "matmul") & (df["status"] == "ok")].copy()
-    mm["tflops"] = pd.to_numeric(mm["tflops"], errors="coerce")
-    mm["peak_tflops"] = pd.to_numeric(mm["peak_tflops"], errors="coerce")
-    mm = mm[(mm["tflops"] > 0) & (mm["peak_tflops"] > 0)]
-    if mm.empty:
+    timed = [r for r in doc.rows if r.case.kernel == "matmul" and r.status == "ok"
+             and (r.metrics.tflops or 0) > 0 and (r.accounting.peak_tflops or 0) > 0]
+    rows = _matmul_rows(run, timed, dtype, provider)
+    worst = _nearest(gemms, rows)
+    peaks = sorted({float(r.accounting.peak_tflops or 0) for r in rows})
+    meta = doc.meta
+    return {"device_key": meta.device.device_key, "device_name": meta.device.device_name,
+            "peak_tflops": peaks[-1], "ceilings": meta.ceilings or None,
+            "worst_shape_ratio": worst, "run_id": meta.provenance.run_id or None}
+
+
+def _matmul_rows(run: str, timed: list[RunRow], dtype: str, provider: str
+                 ) -> list[RunRow]:
+    """The run's timed matmul rows of `dtype` and `provider`, or PlanError naming what
+    it has instead."""
+    if not timed:
         raise PlanError(f"{run} has no timed (ok) matmul rows")
-    sel = mm[mm["dtype"] == dtype]
-    if sel.empty:
-        have = ", ".join(sorted(mm["dtype"].unique()))
+    sel = [r for r in timed if r.case.dtype == dtype]
+    if not sel:
+        have = ", ".join(sorted({r.case.dtype for r in timed}))
         raise PlanError(f"{run} has no ok {dtype} matmul rows (it has {have}; use --dtype)")
-    sel2 = sel[sel["provider"] == provider]
-    if sel2.empty:
-        have = ", ".join(sorted(sel["provider"].unique()))
+    sel2 = [r for r in sel if r.case.provider == provider]
+    if not sel2:
+        have = ", ".join(sorted({r.case.provider for r in sel}))
         raise PlanError(f"{run} has no ok {provider} {dtype} matmul rows (it has {have}; "
                         "use --provider)")
-    cands = [(parse_shape(s), float(t), float(pk))
-             for s, t, pk in zip(sel2["shape"], sel2["tflops"], sel2["peak_tflops"],
-                                 strict=True)]
+    return sel2
+
+
+def _nearest(gemms: list[Gemm], rows: list[RunRow]) -> float:
+    """Each GEMM given the figures of the row nearest its shape; the worst per-dimension
+    ratio of a GEMM's shape to its row's."""
+    from contract.schema import parse_shape
+
+    cands = [(parse_shape(r.case.shape), float(r.metrics.tflops or 0),
+              float(r.accounting.peak_tflops or 0)) for r in rows]
     worst = 1.0
     for g in gemms:
         want = {"M": g.M, "N": g.N, "K": g.K}
@@ -109,7 +129,4 @@ def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> di
         g.ms = g.flops / (tflops * 1e12) * 1e3
         g.measured_shape = ",".join(f"{k}={shape[k]}" for k in ("M", "N", "K"))
         g.note = "exact" if ratio == 1.0 else f"nearest, up to {ratio:.1f}x off"
-    peaks = sorted(set(float(p) for p in sel2["peak_tflops"]))
-    return {"device_key": meta.get("device_key"), "device_name": meta.get("device_name"),
-            "peak_tflops": peaks[-1], "ceilings": meta.get("ceilings"),
-            "worst_shape_ratio": worst, "run_id": meta.get("run_id")}
+    return worst

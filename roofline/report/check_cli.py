@@ -1,6 +1,6 @@
 """`python -m roofline check RUN [RUN ...]`: the physics check (contract/physics.py) over
 saved runs, one line per withheld value (run, row, column, value, bound, kind and why),
-then a count by kind.  The runs are read as every reader reads them (schema.load_run,
+then a count by kind.  The runs are read as every reader reads them (schema.load_doc,
 which applies the check), so the lines are what summary.md, the targets, the gate and
 the figures leave out; nothing is written.  Exit 0 when it ran (withheld values are
 findings, not errors), 2 on bad input."""
@@ -11,8 +11,9 @@ import sys
 from dataclasses import dataclass
 
 from contract.cli import Parser
-from contract.physics import Withheld, counts, value_text, withheld_of
-from contract.schema import RunLoadError, load_run, row_name
+from contract.physics import Withheld, counts, value_text
+from contract.rows import row_label
+from contract.schema import RunLoadError, load_doc
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,7 @@ class Found:
 def run_findings(run: str) -> list[Found]:
     """Every withheld value of a run, in row order (RunLoadError for a run that cannot
     be read)."""
-    _, df = load_run(run)
-    return [Found(run, row_name(r), w) for r in df.to_dict("records")
-            for w in withheld_of(r)]
+    return [Found(run, row_label(r), w) for r in load_doc(run).rows for w in r.withheld]
 
 
 def count_line(found: list[Found]) -> str:

@@ -15,13 +15,15 @@ wins.  Runs of different device models are refused.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from contract.schema import RunLoadError, load_run, parse_shape
+from contract.record import RunRow
+from contract.run_meta import RunMeta
+from contract.schema import RunDoc, RunLoadError, load_doc, parse_shape
 from kernels import REGISTRY
 from kernels.shipped import ShippedDevice, ShippedEntry, bucket_text, document, find_candidate
 from kernels.spec import Target, TritonLaunch, fp8_accum, interpreter_enabled, set_fp8_accum
@@ -49,12 +51,13 @@ class Collected:
             self.entries[entry.key] = (rank, entry)
 
 
-def _device_of(meta: dict[str, Any], where: str) -> ShippedDevice:
-    name, sms, mem = meta.get("device_name"), meta.get("sms"), meta.get("gpu_memory_gb")
-    if meta.get("device_kind") != "cuda" or not name or not sms or not mem:
+def _device_of(meta: RunMeta, where: str) -> ShippedDevice:
+    dev = meta.device
+    name, sms, mem = dev.device_name, dev.sms, dev.gpu_memory_gb
+    if dev.device_kind != "cuda" or not name or not sms or not mem:
         raise ConfigsError(f"{where} is not a GPU run (its metadata lacks device_name, "
                            "sms or gpu_memory_gb)")
-    return ShippedDevice(str(name), int(sms), float(mem), meta.get("tuning_identity"))
+    return ShippedDevice(str(name), int(sms), float(mem), meta.compiles.tuning_identity)
 
 
 def _launches(kernel: str, dtype: str, shape: str, sms: int,
@@ -77,9 +80,9 @@ def _parts(text: str) -> list[tuple[str, str]]:
 
 def collect(runs: list[str]) -> Collected:
     """The winning configs of `runs` (module docstring)."""
-    loaded = [(run, *load_run(run)) for run in runs]
-    devices = [_device_of(meta, run) for run, meta, _ in loaded]
-    for (run, _, _), device in zip(loaded, devices, strict=True):
+    loaded = [(run, load_doc(run)) for run in runs]
+    devices = [_device_of(doc.meta, run) for run, doc in loaded]
+    for (run, _), device in zip(loaded, devices, strict=True):
         why = devices[0].mismatch(device.device_name, device.sms, device.gpu_memory_gb)
         if why is not None:
             raise ConfigsError(f"{run} is another device model than {runs[0]} ({why})")
@@ -93,31 +96,34 @@ def collect(runs: list[str]) -> Collected:
     collected = Collected(replace(devices[0], tuning_identity=identity), [])
     mode = fp8_accum()
     try:
-        for (run, meta, df), device in zip(loaded, devices, strict=True):
-            run_id = str(meta.get("run_id") or Path(run).name)
+        for (run, doc), device in zip(loaded, devices, strict=True):
+            run_id = str(doc.meta.provenance.run_id or Path(run).name)
             collected.runs.append(run_id)
-            cap = meta.get("capability") or [9, 0]
-            set_fp8_accum(str(meta.get("fp8_accum") or "fast"))
-            _collect_run(collected, df, run_id, device.sms, (int(cap[0]), int(cap[1])))
+            cap = doc.meta.device.capability or (9, 0)
+            set_fp8_accum(str(doc.meta.settings.fp8_accum or "fast"))
+            _collect_run(collected, doc, run_id, device.sms, (int(cap[0]), int(cap[1])))
     finally:
         set_fp8_accum(mode)
     return collected
 
 
-def _collect_run(collected: Collected, df: Any, run_id: str, sms: int,
+def _triton_rows(doc: RunDoc) -> list[RunRow]:
+    """The run's ok Triton rows that recorded their configs."""
+    return [r for r in doc.rows if r.case.provider == "triton" and r.ok and r.build.config]
+
+
+def _collect_run(collected: Collected, doc: RunDoc, run_id: str, sms: int,
                  capability: tuple[int, int]) -> None:
-    rows = df[(df["provider"] == "triton") & (df["status"] == "ok")]
-    for row in rows.to_dict("records"):
-        text = row.get("config")
-        if not isinstance(text, str) or not text:
-            continue
-        if row["kernel"] not in REGISTRY:
+    for row in _triton_rows(doc):
+        case = row.case
+        if case.kernel not in REGISTRY:
             collected.dropped["kernel no longer registered"] += 1
             continue
-        today = {ln.name: ln for ln in _launches(row["kernel"], row["dtype"], row["shape"],
+        today = {ln.name: ln for ln in _launches(case.kernel, case.dtype, case.shape,
                                                  sms, capability)}
-        rank = (row.get("cache") not in (None, "cold"), float(row["ms_median"]))
-        for name, cfg_text in _parts(text):
+        ms = float(row.timing.ms_median) if row.timing.ms_median is not None else math.nan
+        rank = (case.cache != "cold", ms)
+        for name, cfg_text in _parts(row.build.config or ""):
             launch = today.get(name)
             if launch is None:
                 collected.dropped["launch no longer made"] += 1
@@ -129,9 +135,8 @@ def _collect_run(collected: Collected, df: Any, run_id: str, sms: int,
                 except ValueError:
                     collected.dropped["config no longer a candidate"] += 1
                     continue
-                collected.add(ShippedEntry(row["kernel"], name, row["dtype"],
-                                           bucket_text(launch), cfg_text, run_id,
-                                           float(row["ms_median"])), rank)
+                collected.add(ShippedEntry(case.kernel, name, case.dtype,
+                                           bucket_text(launch), cfg_text, run_id, ms), rank)
 
 
 def write(collected: Collected, out: Path) -> int:

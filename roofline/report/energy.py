@@ -2,7 +2,8 @@
 best TFLOP/J per kernel and dtype, the rows at the power limit, the rows whose events'
 time holds launch gaps (`kernel_ms`, torch.profiler's kernel time, well under
 `ms_median`), and the energy roof of the run (its best GEMM's FLOP/J, its best
-memory-bound row's bytes/J).
+memory-bound row's bytes/J).  The rows are picked on the run's frame; a table's cells
+come from the typed rows.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 import pandas as pd
 
 from contract.modes import launches_from_host
+from contract.record import RunRow
 from contract.rows import compute_kernels
-from roofline.report.findings import as_dict, in_canonical_order
+from contract.schema import RunDoc
+from roofline.report.findings import as_dict, in_canonical_order, records
 
 # Events' time above the kernels' by more than this share: a launch gap (the GPU waited
 # between kernels for the host or for launches; tritonbench's latency vs cuda_time).
@@ -107,26 +110,52 @@ def _f(x: Any, fmt: str) -> str:
     return "-" if x is None or pd.isna(x) else format(float(x), fmt)
 
 
-def _shape(r: Any) -> str:
-    return str(r.get("shape", "")).replace(",", ", ")
+def _mj(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
 
 
-def energy_table(df: pd.DataFrame) -> list[list[str]]:
+def _name(r: RunRow) -> list[str]:
+    """A row's kernel, provider, dtype and shape cells."""
+    return [r.case.kernel, r.case.provider, r.case.dtype, r.case.shape.replace(",", ", ")]
+
+
+def energy_table(doc: RunDoc, df: pd.DataFrame) -> list[list[str]]:
+    """The best TFLOP/J (GB/J) row per kernel and dtype of `df` (the run's frame)."""
     limit = at_power_limit(df)
-    return [[r["kernel"], r["provider"], r["dtype"], _shape(r), _f(r["tflop_per_j"], ".4g"),
-             _f(r["gb_per_j"], ".4g"), _f(r["energy_j"] * 1e3, ".4g"), _f(r["power_w"], ".0f"),
-             _f(r["sm_clock_mhz"], ".0f"), "yes" if limit.get(i, False) else ""]
-            for i, r in best_energy(df).iterrows()]
+    best = best_energy(df)
+    return [[*_name(r), _f(r.energy.tflop_per_j, ".4g"), _f(r.energy.gb_per_j, ".4g"),
+             _f(_mj(r.energy.energy_j), ".4g"), _f(r.energy.power_w, ".0f"),
+             _f(r.clocks.sm_clock_mhz, ".0f"), "yes" if limit.get(i, False) else ""]
+            for i, r in zip(best.index, records(doc.rows, best), strict=True)]
 
 
-def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
-                    table: Any) -> list[str]:
+def _capped_table(doc: RunDoc, capped: pd.DataFrame, table: Any) -> str:
+    return table(["kernel", "provider", "dtype", "shape", "W", "limit W", "SM MHz",
+                  "TFLOP/J"],
+                 [[*_name(r), _f(r.energy.power_w, ".0f"), _f(r.energy.power_limit_w, ".0f"),
+                   _f(r.clocks.sm_clock_mhz, ".0f"), _f(r.energy.tflop_per_j, ".4g")]
+                  for r in records(doc.rows, capped)], "llllrrrr")
+
+
+def _gaps_table(doc: RunDoc, gaps: pd.DataFrame, table: Any) -> str:
+    def ratio(r: RunRow) -> str:
+        return f"{(r.timing.ms_median or 0.0) / (r.profile.kernel_ms or 0.0):.2f}x"
+
+    return table(["kernel", "provider", "dtype", "shape", "events ms", "kernel ms",
+                  "events / kernel", "kernels"],
+                 [[*_name(r), _f(r.timing.ms_median, ".4g"), _f(r.profile.kernel_ms, ".4g"),
+                   ratio(r), r.profile.kernels or ""] for r in records(doc.rows, gaps)],
+                 "llllrrrl")
+
+
+def energy_sections(doc: RunDoc, table: Any) -> list[str]:
     """summary.md's energy and launch-gap sections (`table`: its md_table): the best
     TFLOP/J per kernel and dtype, the rows at the power limit, the launch gaps; for a
     run whose rows have no energy, the metadata's reason."""
     parts: list[str] = []
-    energy = as_dict(meta.get("energy"))
-    rows = energy_table(df)
+    df = doc.frame()
+    energy = as_dict(doc.meta.telemetry.energy)
+    rows = energy_table(doc, df)
     d = energy_rows(df)
     limited = at_power_limit(d)
     if rows:
@@ -148,12 +177,7 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
             "Mean power over the timed samples at "
             f"{AT_LIMIT_SHARE:.0%} of the enforced limit or above, or NVML's sw_power_cap "
             "reason: what these rows reach is the power budget's, at the clock shown.\n\n")
-            + table(["kernel", "provider", "dtype", "shape", "W", "limit W", "SM MHz",
-                     "TFLOP/J"],
-                    [[r["kernel"], r["provider"], r["dtype"], _shape(r), _f(r["power_w"], ".0f"),
-                      _f(r["power_limit_w"], ".0f"), _f(r["sm_clock_mhz"], ".0f"),
-                      _f(r["tflop_per_j"], ".4g")] for _, r in capped.iterrows()],
-                    "llllrrrr")]
+            + _capped_table(doc, capped, table)]
     gaps = in_canonical_order(launch_gap_rows(df))
     if len(gaps):
         parts += [f"## Launch gaps ({len(gaps)})", (
@@ -162,10 +186,5 @@ def energy_sections(meta: dict[str, Any], df: pd.DataFrame,
             "launches each call from the host: the GPU waited between kernels, for the "
             "host or for launches (host-bound or launch-bound). CUDA-graph rows (timer "
             "`cudagraph`) launch nothing between calls and are not listed.\n\n")
-            + table(["kernel", "provider", "dtype", "shape", "events ms", "kernel ms",
-                     "events / kernel", "kernels"],
-                    [[r["kernel"], r["provider"], r["dtype"], _shape(r),
-                      _f(r["ms_median"], ".4g"), _f(r["kernel_ms"], ".4g"),
-                      f"{r['ms_median'] / r['kernel_ms']:.2f}x", r.get("kernels") or ""]
-                     for _, r in gaps.iterrows()], "llllrrrl")]
+            + _gaps_table(doc, gaps, table)]
     return parts

@@ -17,25 +17,23 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
-
+from contract import physics
 from contract.cli import UsageError, one_path_and_plots
-from contract.physics import apply as withhold
+from contract.record import parse_row
+from contract.run_meta import parse_meta
 from contract.schema import (
-    ALL_COLUMNS,
-    RESULTS_CSV,
     RESULTS_JSON,
     ROOFLINE_PNG,
     ROWS_JOURNAL,
     SCALING_PNG,
+    RunDoc,
     RunLoadError,
-    atomic_write_text,
-    csv_frame,
     journal_rows,
     read_doc,
     resolve_results_json,
+    write_results,
 )
-from contract.speedup import baseline_of, set_speedups
+from contract.speedup import with_speedups
 
 USAGE = "python -m roofline finalize RUN [--no-plots]"
 
@@ -55,26 +53,24 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
     if not journal.exists():
         raise FinalizeError(f"{folder} has no row journal ({ROWS_JOURNAL}): its results.json "
                             "is whole already")
-    doc = read_doc(path)  # checked as any run; its rows are the journal's when longer
+    raw = read_doc(path)  # checked as any run; its rows are the journal's when longer
     rows = journal_rows(journal)
     written = len(json.loads(path.read_text())["rows"])
     if len(rows) < written:
         raise FinalizeError(f"{folder}: its journal holds {len(rows)} rows, results.json "
                             f"{written}: left as it is")
-    meta = dict(doc.get("metadata") or {})
-    if meta.get("complete") is True:
+    meta = parse_meta(raw.get("metadata"))
+    if meta.state.complete is True:
         raise FinalizeError(f"{folder}: the run says it is complete, yet has a journal: "
                             "left as it is")
-    meta["complete"] = False
-    meta["cut_short"] = (f"ended before it wrote {RESULTS_JSON} whole; finalized from its "
-                         f"row journal ({len(rows)} rows) on "
-                         f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
-    set_speedups(rows, baseline_of(meta))
-    withhold(rows, meta)  # the physics check, as the sweep's writer applies it
-    atomic_write_text(folder / RESULTS_JSON,
-                      json.dumps({"metadata": meta, "rows": rows}, indent=1) + "\n")
-    atomic_write_text(folder / RESULTS_CSV, csv_frame(rows).to_csv(index=False))
-    df = pd.DataFrame(rows, columns=ALL_COLUMNS)
+    meta = meta.updated(state__complete=False, state__cut_short=(
+        f"ended before it wrote {RESULTS_JSON} whole; finalized from its row journal "
+        f"({len(rows)} rows) on {datetime.now(timezone.utc).isoformat(timespec='seconds')}"))
+    # The speedups, then the physics check, as the sweep's writer applies them.
+    records = physics.apply(with_speedups([parse_row(r) for r in rows],
+                                          meta.baseline_provider), meta)
+    write_results(folder, meta, records)
+    doc = RunDoc(meta, tuple(records), path)
     journal.unlink()  # results.json holds every row it held
     from roofline.report.summary import write_summary
 
@@ -84,9 +80,9 @@ def finalize(run: str | Path, plots: bool = True) -> tuple[Path, int]:
         from roofline.report.plot import plot_roofline
         from roofline.report.plot_scaling import plot_scaling
 
-        plt.close(plot_roofline(meta, df, folder / ROOFLINE_PNG))
-        plt.close(plot_scaling(meta, df, folder / SCALING_PNG))
-    write_summary(folder, meta, df)
+        plt.close(plot_roofline(doc, folder / ROOFLINE_PNG))
+        plt.close(plot_scaling(doc, folder / SCALING_PNG))
+    write_summary(folder, doc)
     return folder, len(rows)
 
 

@@ -1,18 +1,22 @@
 """What a run's rows say, as data for summary.md: the roof each row is held to (the
 cache roof for warm rows that fit in cache), the best point per kernel and dtype, rows
 above their roof and why, Triton against torch, warm against cold, and throttled and
-launch-bound rows.
+launch-bound rows.  The selections are made on the rows' frame (RunDoc.frame(), its
+index the rows' order); a table's cells come from the typed rows (`records`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
 from contract.physics import clocks_differ
+from contract.record import RunRow
 from contract.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
+from contract.run_meta import JsonDoc, RunMeta
 from contract.schema import WARM, cache_column, native_cache, parse_shape, row_cache
 
 BEST_COLUMNS = ["kernel", "dtype", "provider", "shape", "tflops", "gbps", "mfu", "pct_roof",
@@ -36,7 +40,24 @@ def in_canonical_order(df: pd.DataFrame) -> pd.DataFrame:
     return keyed.sort_values(["_k", "kernel", "_d", "dtype"]).drop(columns=["_k", "_d"])
 
 
-def as_dict(x: Any) -> dict[str, Any]:
+def records(rows: Sequence[RunRow], frame: pd.DataFrame) -> list[RunRow]:
+    """The typed rows a selection of the rows' frame holds, in the selection's order (the
+    frame's index is the rows' position: RunDoc.frame(), clean_rows keep it)."""
+    return [rows[i] for i in frame.index]
+
+
+def canonical_rows(rows: Sequence[RunRow]) -> list[RunRow]:
+    """Typed rows in in_canonical_order's order."""
+    if not rows:
+        return []
+    keys = pd.DataFrame({"kernel": [r.case.kernel for r in rows],
+                         "dtype": [r.case.dtype for r in rows]})
+    return records(rows, in_canonical_order(keys))
+
+
+def as_dict(x: Any) -> JsonDoc:
+    """A metadata sub-document (a JSON object one stage writes and a reader reads) as an
+    object, {} where it is something else."""
     return x if isinstance(x, dict) else {}
 
 
@@ -54,8 +75,8 @@ def _size(shape: Any) -> float:
         return 0.0
 
 
-def _is_cpu(meta: dict[str, Any]) -> bool:
-    return meta.get("device_kind") == "cpu" or meta.get("device_key") == "cpu"
+def _is_cpu(meta: RunMeta) -> bool:
+    return meta.device.device_kind == "cpu" or meta.device.device_key == "cpu"
 
 
 def warm_rows(df: pd.DataFrame) -> pd.Series:
@@ -76,22 +97,26 @@ def one_mode(df: pd.DataFrame) -> pd.DataFrame:
     return mine if not mine.empty else df
 
 
-def cache_bytes(meta: dict[str, Any]) -> tuple[float | None, str]:
+def cache_bytes(meta: RunMeta) -> tuple[float | None, str]:
     """(bytes, name) of the cache a footprint may sit in: the CPU's last-level cache
     (metadata llc_mb), or the GPU's L2."""
     if _is_cpu(meta):
-        mb = finite_or_none(meta.get("llc_mb"))
+        mb = finite_or_none(meta.device.llc_mb)
         return (mb * 2**20 if mb else None), "last-level cache"
     return l2_bytes(meta), "L2"
 
 
-def _cache_gbps(meta: dict[str, Any]) -> float | None:
-    measured = as_dict(as_dict(meta.get("ceilings")).get("measured"))
-    v = finite_or_none(measured.get("l2_gbps"))
+def _measured(meta: RunMeta) -> JsonDoc:
+    """The run's measured ceilings as it recorded them (contract/ceilings.py's format)."""
+    return as_dict(meta.ceilings.get("measured"))
+
+
+def _cache_gbps(meta: RunMeta) -> float | None:
+    v = finite_or_none(_measured(meta).get("l2_gbps"))
     return v if v and v > 0 else None
 
 
-def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+def effective_roofs(df: pd.DataFrame, meta: RunMeta | None = None) -> pd.DataFrame:
     """Rows (cleaned) with `best_pct` and `roof` (which roof binds: compute, memory or
     cache) as the best-point table holds them.
 
@@ -100,7 +125,7 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     CPU's last-level cache, the GPU's L2) is served from it: such rows are held against
     the measured cache roof (min(compute peak, intensity x cache bandwidth)) instead of
     the memory one, where they would read as several hundred percent."""
-    meta = meta or {}
+    meta = meta or RunMeta()
     d = clean_rows(df)
     if d.empty:
         return d.assign(best_pct=pd.Series(dtype=float), roof=pd.Series(dtype=object))
@@ -117,7 +142,7 @@ def effective_roofs(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.
     kind[roof.notna() & peak.notna() & (roof >= peak * (1 - 1e-9))] = "compute"
     size, _ = cache_bytes(meta)
     gbps = _cache_gbps(meta)
-    dram = finite_or_none(as_dict(as_dict(meta.get("ceilings")).get("measured")).get("hbm_gbps"))
+    dram = finite_or_none(_measured(meta).get("hbm_gbps"))
     if gbps and dram:
         gbps = max(gbps, dram)  # a cache measured slower than DRAM is a bad measurement
     if size and gbps:
@@ -146,29 +171,29 @@ def above_roof_rows(df: pd.DataFrame) -> pd.DataFrame:
     return d[(d["status"] == "ok") & flag]
 
 
-def above_roof_cause(r: Any, meta: dict[str, Any]) -> str:
+def above_roof_cause(r: RunRow, meta: RunMeta) -> str:
     """The likely reason a row beat its roof, most likely first."""
     size, name = cache_bytes(meta)
-    nbytes = finite_or_none(r.get("bytes"))
-    ms = finite_or_none(r.get("ms_median"))
+    nbytes = finite_or_none(r.accounting.bytes)
+    ms = finite_or_none(r.timing.ms_median)
     if size and nbytes is not None and nbytes <= size:
         # A cold row was flushed or rotated past: its cache cannot explain it.
         flushed = " (timed warm: back-to-back calls on the same buffers)" \
-            if row_cache(r) == WARM else " despite the flush/rotation (check the timer)"
+            if r.case.cache == WARM else " despite the flush/rotation (check the timer)"
         return (f"cache-resident footprint: {nbytes / 2**20:.3g} MiB fits in the "
                 f"{size / 2**20:.3g} MiB {name}, served faster than the memory roof{flushed}")
     if ms is not None and ms < 0.005:
         return (f"timer resolution: {ms * 1e3:.2g} us per call is close to what the timer "
                 "resolves")
-    if finite_or_none(r.get("peak_tflops")) is None or not as_dict(
-            as_dict(meta.get("ceilings")).get("datasheet")):
+    if finite_or_none(r.accounting.peak_tflops) is None \
+            or not as_dict(meta.ceilings.get("datasheet")):
         return ("measured ceiling too low: the kernel beat what the ceiling measurement "
                 "reached (re-measure with --remeasure-ceilings)")
     return ("wrong FLOP or byte count (more than the kernel really does), or a datasheet "
             "peak below this device's clocks")
 
 
-def best_points(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+def best_points(df: pd.DataFrame, meta: RunMeta | None = None) -> pd.DataFrame:
     """The best ok row per (kernel, dtype): highest % of its roof, ties and rows without a
     roof broken by TFLOP/s, among the rows of one cache mode (one_mode: cold, unless the
     run has none).  Rows above their roof are findings (listed apart), not best
@@ -269,7 +294,7 @@ GAP_COLUMNS = ["kernel", "provider", "dtype", "shape", "bytes", "cold_ms", "warm
                "gap", "fits"]
 
 
-def cache_gaps(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataFrame:
+def cache_gaps(df: pd.DataFrame, meta: RunMeta | None = None) -> pd.DataFrame:
     """Per (kernel, provider, dtype, shape) with an ok cold and an ok warm row: both
     median times, gap = cold / warm (> 1: the warm time is faster, what a cache-resident
     footprint buys back to back), and whether the footprint fits in the cache
@@ -287,7 +312,7 @@ def cache_gaps(df: pd.DataFrame, meta: dict[str, Any] | None = None) -> pd.DataF
     if both.empty:
         return pd.DataFrame(columns=GAP_COLUMNS)
     both["gap"] = both["cold_ms"] / both["warm_ms"]
-    size, _ = cache_bytes(meta or {})
+    size, _ = cache_bytes(meta or RunMeta())
     both["fits"] = [None if size is None or not math.isfinite(b) else bool(b <= size)
                     for b in both["bytes"]]
     return both.sort_values("gap", ascending=False)[GAP_COLUMNS].reset_index(drop=True)

@@ -1,18 +1,21 @@
 """A fleet run's devices side by side: fleet.md and fleet.png, one line per device
 (rank) with its key figures as ratios to the fleet median, and the outliers: a device
 more than the tolerance below the median on any key figure (what DCGM diagnostics and
-per-GPU mamf-finder runs are used for: finding the slow GPU)."""
+per-GPU mamf-finder runs are used for: finding the slow GPU).  Each device is a
+DeviceFigures record, each outlier an Outlier; a rank's own facts come as the JSON object
+the rank wrote (benches/fleet), its rows as the fleet run's frame."""
 
 from __future__ import annotations
 
 import os
 import statistics
-from typing import Any
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from contract.markdown import md_table_lines
 from contract.rows import positive_float
+from contract.run_meta import JsonDoc
 from contract.schema import atomic_write_text, mode_tag
 from roofline.report.style import new_figure, save_figure
 
@@ -30,18 +33,44 @@ FIGURES = ("copy_gbps", "bf16_matmul_tflops", "fp8_matmul_tflops", "sm_clock_mhz
 ROW_FIGURES = ("bf16_matmul_tflops", "fp8_matmul_tflops", "sm_clock_mhz", "rows_gbps")
 
 
+Figures = dict[str, float | None]  # a figure's name (figure_name) -> its value
+
+
+@dataclass
+class DeviceFigures:
+    """One device (rank) of a fleet: where it ran, its key figures (FIGURES, and the
+    other cache mode's under figure_name), each figure's ratio to the fleet median (set
+    by find_outliers), its throttled rows and its exit code."""
+
+    rank: int
+    host: str
+    device: str | None = None
+    gpu_uuid: str | None = None
+    figures: Figures = field(default_factory=dict)
+    throttled_rows: int = 0
+    exit_code: int | None = None
+    ratios: Figures = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """A device more than the tolerance below the fleet median, and on which figures."""
+
+    device: DeviceFigures
+    why: str
+
+
 def figure_name(figure: str, tag: str) -> str:
     """A figure's name for rows of cache mode `tag` ("" for the native mode)."""
     return f"{figure} ({tag})" if tag else figure
 
 
-def figures_of(devices: list[dict[str, Any]]) -> list[str]:
+def figures_of(devices: list[DeviceFigures]) -> list[str]:
     """The figures the devices hold, in FIGURES order, each figure's native mode first."""
     out = []
     for f in FIGURES:
         out.append(f)
-        # "rows_gbps (warm)", not its "rows_gbps (warm)_ratio"
-        out += sorted({k for d in devices for k in d
+        out += sorted({k for d in devices for k in d.figures
                        if k.startswith(f"{f} (") and k.endswith(")")})
     return out
 
@@ -56,7 +85,7 @@ def _largest_matmul(rows: pd.DataFrame, dtype: str) -> float | None:
     return positive_float(pd.to_numeric(top["tflops"], errors="coerce").max())
 
 
-def _row_figures(ok: pd.DataFrame) -> dict[str, Any]:
+def _row_figures(ok: pd.DataFrame) -> Figures:
     """ROW_FIGURES of ok rows of one cache mode."""
     clocks = [c for c in (pd.to_numeric(ok.get("sm_clock_mhz"), errors="coerce")
                           if "sm_clock_mhz" in ok else []) if positive_float(c)]
@@ -70,45 +99,44 @@ def _row_figures(ok: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def device_figures(rank: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
+def device_figures(rank: JsonDoc, rows: pd.DataFrame) -> DeviceFigures:
     """One device's key figures from its rows (one set per cache mode, ROW_FIGURES) and
-    its measured ceilings."""
+    its measured ceilings; `rank`: the rank's own facts, as it wrote them."""
     ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
     throttled = int(sum(1 for v in ok.get("throttled", []) if v is True)) \
         if "throttled" in ok else 0
     tags = pd.Series([mode_tag(r) for r in ok.to_dict("records")], index=ok.index,
                      dtype=object)
-    out = {
-        "rank": rank["rank"], "host": rank["host"], "device": rank.get("device_name"),
-        "gpu_uuid": rank.get("gpu_uuid"),
-        "copy_gbps": positive_float(rank.get("copy_gbps")),
-        **_row_figures(ok[tags == ""]),
-        "throttled_rows": throttled, "exit_code": rank.get("exit_code"),
-    }
+    figures: Figures = {"copy_gbps": positive_float(rank.get("copy_gbps")),
+                        **_row_figures(ok[tags == ""])}
     for tag in sorted(set(tags) - {""}):
-        out.update({figure_name(f, tag): v for f, v in _row_figures(ok[tags == tag]).items()})
-    return out
+        figures.update({figure_name(f, tag): v
+                        for f, v in _row_figures(ok[tags == tag]).items()})
+    return DeviceFigures(rank["rank"], rank["host"], rank.get("device_name"),
+                         rank.get("gpu_uuid"), figures, throttled, rank.get("exit_code"))
 
 
-def find_outliers(devices: list[dict[str, Any]], tolerance_pct: float
-                  ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def find_outliers(devices: list[DeviceFigures], tolerance_pct: float
+                  ) -> tuple[list[Outlier], dict[str, float]]:
     """(outliers with their reasons, fleet medians): a device is an outlier when a key
-    figure is more than tolerance_pct below the fleet median of that figure."""
+    figure is more than tolerance_pct below the fleet median of that figure.  Each
+    device's ratios to the medians are set on it."""
     medians = {f: statistics.median(v) for f in figures_of(devices)
-               if (v := [d[f] for d in devices if d.get(f)])}
+               if (v := [x for d in devices if (x := d.figures.get(f))])}
     out = []
     for d in devices:
         low = []
         for f, med in medians.items():
-            if d.get(f) and d[f] < med * (1 - tolerance_pct / 100):
-                low.append(f"{f} {d[f]:.4g} = {d[f] / med:.2f}x the median {med:.4g}")
-            d[f"{f}_ratio"] = d[f] / med if d.get(f) else None
+            v = d.figures.get(f)
+            if v and v < med * (1 - tolerance_pct / 100):
+                low.append(f"{f} {v:.4g} = {v / med:.2f}x the median {med:.4g}")
+            d.ratios[f] = v / med if v else None
         if low:
-            out.append({**d, "why": "; ".join(low)})
+            out.append(Outlier(d, "; ".join(low)))
     return out, medians
 
 
-def bandwidth_cell(v: Any) -> str:
+def bandwidth_cell(v: object) -> str:
     """A bandwidth for the tables: "n/a" where there is none (a collective of one rank
     has no busbw: None in the row, NaN once in a frame), never 0."""
     bw = positive_float(v)
@@ -123,7 +151,31 @@ def has_busbw(collectives: pd.DataFrame) -> bool:
     return bool((pd.to_numeric(ok["busbw_gbps"], errors="coerce") > 0).any())
 
 
-def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]],
+def _device_cells(d: DeviceFigures, figures: list[str]) -> list[str]:
+    cells = [str(d.rank), str(d.host), str(d.device or "-")]
+    for f in figures:
+        v, r = d.figures.get(f), d.ratios.get(f)
+        cells.append(f"{v:.4g} ({r:.2f}x)" if v and r else "-")
+    return [*cells, str(d.throttled_rows), str(d.exit_code)]
+
+
+def _collective_lines(collectives: pd.DataFrame) -> list[str]:
+    """The collectives' table (their ok rows) and, for one rank, why busbw is n/a."""
+    ok = collectives[collectives["status"] == "ok"]
+    busbw = ok["busbw_gbps"] if "busbw_gbps" in ok else [None] * len(ok)
+    lines = ["", "## Collectives (slowest rank)", "", *md_table_lines(
+        ["op", "backend", "dtype", "bytes", "ms", "algbw GB/s", "busbw GB/s"],
+        [[op, backend, dtype, f"{size:,}", f"{ms:.4g}", f"{algbw:.4g}", bandwidth_cell(bus)]
+         for op, backend, dtype, size, ms, algbw, bus in zip(
+             ok["kernel"], ok["provider"], ok["dtype"], ok["bytes"], ok["ms_median"],
+             ok["algbw_gbps"], busbw, strict=True)], tight=True)]
+    if not has_busbw(collectives):
+        lines += ["", "One rank: no data crosses a link, so there is no busbw (n/a); "
+                      "algbw is the local copy's."]
+    return lines
+
+
+def render_fleet_md(devices: list[DeviceFigures], outliers: list[Outlier],
                     medians: dict[str, float], tolerance_pct: float,
                     collectives: pd.DataFrame, note: str | None = None) -> str:
     figures = figures_of(devices)
@@ -131,31 +183,18 @@ def render_fleet_md(devices: list[dict[str, Any]], outliers: list[dict[str, Any]
     lines = ["# Fleet", "", *([f"**{note}**", ""] if note else []),
              f"{len(devices)} device(s); each key figure as a ratio to the fleet median "
              f"(an outlier is more than {tolerance_pct:g}% below it on any figure).", ""]
-    rows = []
-    for d in devices:
-        cells = [str(d["rank"]), str(d["host"]), str(d.get("device") or "-")]
-        for f in figures:
-            v, r = d.get(f), d.get(f"{f}_ratio")
-            cells.append(f"{v:.4g} ({r:.2f}x)" if v and r else "-")
-        rows.append([*cells, str(d["throttled_rows"]), str(d.get("exit_code"))])
-    lines += md_table_lines(head, rows, tight=True)
+    lines += md_table_lines(head, [_device_cells(d, figures) for d in devices], tight=True)
     lines += ["", "Fleet medians: " + ", ".join(f"{k} {v:.4g}" for k, v in medians.items()),
               "", f"## Outliers ({len(outliers)})", ""]
-    lines += [f"- rank {o['rank']} on {o['host']} ({o.get('gpu_uuid') or o.get('device')}): "
-              f"{o['why']}" for o in outliers] or ["None."]
+    lines += [f"- rank {o.device.rank} on {o.device.host} "
+              f"({o.device.gpu_uuid or o.device.device}): {o.why}" for o in outliers] \
+        or ["None."]
     if not collectives.empty:
-        lines += ["", "## Collectives (slowest rank)", "", *md_table_lines(
-            ["op", "backend", "dtype", "bytes", "ms", "algbw GB/s", "busbw GB/s"],
-            [[r["kernel"], r["provider"], r["dtype"], f"{r['bytes']:,}", f"{r['ms_median']:.4g}",
-              f"{r['algbw_gbps']:.4g}", bandwidth_cell(r.get("busbw_gbps"))]
-             for r in collectives.to_dict("records") if r["status"] == "ok"], tight=True)]
-        if not has_busbw(collectives):
-            lines += ["", "One rank: no data crosses a link, so there is no busbw (n/a); "
-                          "algbw is the local copy's."]
+        lines += _collective_lines(collectives)
     return "\n".join(lines) + "\n"
 
 
-def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
+def plot_fleet(devices: list[DeviceFigures], collectives: pd.DataFrame,
                link_gbps: float | None, tolerance_pct: float,
                out: str | os.PathLike) -> None:
     """Left: each device's key figures as ratios to the fleet median, the tolerance band
@@ -166,14 +205,14 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
     xs = list(range(len(devices)))
     figures = figures_of(devices)
     for i, f in enumerate(figures):
-        ys = [d.get(f"{f}_ratio") for d in devices]
+        ys = [d.ratios.get(f) for d in devices]
         pts = [(x + (i - len(figures) // 2) * 0.08, y) for x, y in zip(xs, ys, strict=True)
                if y]
         if pts:
             ax.scatter(*zip(*pts, strict=True), label=f, s=30, zorder=3, gid=f"fleet:{f}")
     ax.axhspan(1 - tolerance_pct / 100, 2, color="0.93", zorder=0)
     ax.axhline(1.0, color="0.3", lw=0.8)
-    ax.set_xticks(xs, [f"rank {d['rank']}\n{d['host']}" for d in devices], fontsize=7)
+    ax.set_xticks(xs, [f"rank {d.rank}\n{d.host}" for d in devices], fontsize=7)
     ax.set_ylabel("ratio to the fleet median")
     ax.set_ylim(0, 1.5)
     ax.legend(fontsize=7, loc="lower left")
@@ -200,10 +239,10 @@ def plot_fleet(devices: list[dict[str, Any]], collectives: pd.DataFrame,
     save_figure(fig, out)
 
 
-def write_fleet(folder: str | os.PathLike, devices: list[dict[str, Any]],
+def write_fleet(folder: str | os.PathLike, devices: list[DeviceFigures],
                 collectives: pd.DataFrame, tolerance_pct: float,
                 link_gbps: float | None, plot: bool = True,
-                note: str | None = None) -> list[dict[str, Any]]:
+                note: str | None = None) -> list[Outlier]:
     """fleet.md (with `note` on top: an incomplete fleet) and, with `plot`, fleet.png in
     `folder`; returns the outliers."""
     outliers, medians = find_outliers(devices, tolerance_pct)

@@ -48,6 +48,7 @@ from contract.schema import (
     CACHE,
     ROW_ID,
     WARM,
+    RunDoc,
     cache_column,
 )
 from roofline.report.style import (
@@ -103,6 +104,66 @@ def axis_limits(points: list[pd.DataFrame], ceilings: dict[str, Ceiling],
     return (xlo, xhi), (ylo, top * 12)
 
 
+def _draw_source(ax: Any, c: Ceiling, source: str, classes: list[str],
+                 xlim: tuple[float, float]) -> list[RidgeLabel]:
+    """One source's (datasheet or measured) HBM and L2 slopes and flat roofs, each ridge
+    marked; returns the roofs' labels."""
+    x0, x1 = xlim
+    style, color = ROOF_STYLE[source], ROOF_COLOR[source]
+    tag = "" if source == "datasheet" else " (measured)"
+    # Roofs with equal peaks (fp16 and bf16 on every NVIDIA part) are one line.
+    by_peak: dict[float, list[str]] = {}
+    for cls in classes:
+        if cls in c.tflops:
+            by_peak.setdefault(c.tflops[cls], []).append(cls)
+    ridges = {p: p * 1e3 / c.hbm_gbps for p in by_peak} if c.hbm_gbps else {}
+    if c.hbm_gbps:
+        # The slope runs up to the highest ridge; lower roofs cut across it.
+        x_end = max(ridges.values()) if ridges else x1
+        ax.plot([x0, x_end], [x0 * c.hbm_gbps / 1e3, x_end * c.hbm_gbps / 1e3],
+                linestyle=style, color=color, lw=1.3, zorder=1,
+                label=f"HBM {source} {fmt_gbps(c.hbm_gbps)} GB/s", gid=f"roof:{source}:hbm")
+    if c.l2_gbps:
+        top = max(by_peak) if by_peak else None
+        x_end = top * 1e3 / c.l2_gbps if top else x1
+        ax.plot([x0, x_end], [x0 * c.l2_gbps / 1e3, x_end * c.l2_gbps / 1e3],
+                linestyle=L2_STYLE, color=color, lw=1.2, zorder=1,
+                label=f"L2 {source} {fmt_gbps(c.l2_gbps)} GB/s", gid=f"roof:{source}:l2")
+    labels: list[RidgeLabel] = []
+    for peak, group in by_peak.items():
+        name = "/".join(group)
+        ridge = ridges.get(peak)
+        ax.plot([ridge or x0, x1], [peak, peak], linestyle=style, color=color, lw=1.3,
+                zorder=1, label=f"{name} {source} {fmt_tflops(peak)} TFLOP/s",
+                gid=f"roof:{source}:{name}")
+        text = f"{name} {fmt_tflops(peak)} TFLOP/s"
+        xy = None
+        if ridge:
+            ax.plot([ridge], [peak], marker="o", ms=5, color=color,
+                    mfc="white" if source == "measured" else color, zorder=2,
+                    gid=f"ridge-marker:{source}:{name}")
+            text += f", ridge {fmt_sig(ridge)} FLOP/B"
+            xy = (ridge, peak)
+        labels.append(RidgeLabel(peak, text + tag, f"ridge:{source}:{name}", color, xy))
+    return labels
+
+
+def _no_roof_labels(ceilings: dict[str, Ceiling], classes: list[str]) -> list[RidgeLabel]:
+    """Rows held against a roof nobody recorded (e.g. fp16 on a CPU that measured only
+    fp32 and bf16), or against a class measured too slow to be one (bf16 on a CPU
+    without its unit), are plotted without a roof: say which, rather than leave the
+    reader guessing."""
+    labels = []
+    for cls in classes:
+        if not any(cls in c.tflops for c in ceilings.values()):
+            rate = next((c.no_roof[cls] for c in ceilings.values() if cls in c.no_roof), None)
+            text = (f"{cls}: no ceiling recorded" if rate is None else
+                    f"{cls}: no roof (measured {fmt_tflops(rate)} TFLOP/s, under "
+                    f"{NO_ROOF_BELOW_FP32:g}x fp32's)")
+            labels.append(RidgeLabel(0.0, text, f"ridge:none:{cls}", "0.4", None))
+    return labels
+
+
 def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
                    xlim: tuple[float, float]) -> None:
     """Slopes and flat roofs of one panel, each ridge marked and labelled.
@@ -112,60 +173,12 @@ def draw_ceilings(ax: Any, ceilings: dict[str, Ceiling], classes: list[str],
     to its ridge marker by a thin leader line.  Labels placed next to the ridges collide
     whenever two roofs are close (datasheet vs measured, or fp32 vs bf16 on a CPU) and
     land on the points near the roof; the corner block avoids both."""
-    x0, x1 = xlim
-    # (peak, text, gid, colour, ridge xy or None)
     labels: list[RidgeLabel] = []
     for source in ("datasheet", "measured"):
         c = ceilings.get(source)
-        if c is None:
-            continue
-        style, color = ROOF_STYLE[source], ROOF_COLOR[source]
-        tag = "" if source == "datasheet" else " (measured)"
-        # Roofs with equal peaks (fp16 and bf16 on every NVIDIA part) are one line.
-        by_peak: dict[float, list[str]] = {}
-        for cls in classes:
-            if cls in c.tflops:
-                by_peak.setdefault(c.tflops[cls], []).append(cls)
-        ridges = {p: p * 1e3 / c.hbm_gbps for p in by_peak} if c.hbm_gbps else {}
-        if c.hbm_gbps:
-            # The slope runs up to the highest ridge; lower roofs cut across it.
-            x_end = max(ridges.values()) if ridges else x1
-            ax.plot([x0, x_end], [x0 * c.hbm_gbps / 1e3, x_end * c.hbm_gbps / 1e3],
-                    linestyle=style, color=color, lw=1.3, zorder=1,
-                    label=f"HBM {source} {fmt_gbps(c.hbm_gbps)} GB/s", gid=f"roof:{source}:hbm")
-        if c.l2_gbps:
-            top = max(by_peak) if by_peak else None
-            x_end = top * 1e3 / c.l2_gbps if top else x1
-            ax.plot([x0, x_end], [x0 * c.l2_gbps / 1e3, x_end * c.l2_gbps / 1e3],
-                    linestyle=L2_STYLE, color=color, lw=1.2, zorder=1,
-                    label=f"L2 {source} {fmt_gbps(c.l2_gbps)} GB/s", gid=f"roof:{source}:l2")
-        for peak, group in by_peak.items():
-            name = "/".join(group)
-            ridge = ridges.get(peak)
-            ax.plot([ridge or x0, x1], [peak, peak], linestyle=style, color=color, lw=1.3,
-                    zorder=1, label=f"{name} {source} {fmt_tflops(peak)} TFLOP/s",
-                    gid=f"roof:{source}:{name}")
-            text = f"{name} {fmt_tflops(peak)} TFLOP/s"
-            xy = None
-            if ridge:
-                ax.plot([ridge], [peak], marker="o", ms=5, color=color,
-                        mfc="white" if source == "measured" else color, zorder=2,
-                        gid=f"ridge-marker:{source}:{name}")
-                text += f", ridge {fmt_sig(ridge)} FLOP/B"
-                xy = (ridge, peak)
-            labels.append(RidgeLabel(peak, text + tag, f"ridge:{source}:{name}", color, xy))
-    # Rows held against a roof nobody recorded (e.g. fp16 on a CPU that measured only fp32
-    # and bf16), or against a class measured too slow to be one (bf16 on a CPU without
-    # its unit), are plotted without a roof: say which, rather than leave the reader
-    # guessing.
-    for cls in classes:
-        if not any(cls in c.tflops for c in ceilings.values()):
-            rate = next((c.no_roof[cls] for c in ceilings.values() if cls in c.no_roof), None)
-            text = (f"{cls}: no ceiling recorded" if rate is None else
-                    f"{cls}: no roof (measured {fmt_tflops(rate)} TFLOP/s, under "
-                    f"{NO_ROOF_BELOW_FP32:g}x fp32's)")
-            labels.append(RidgeLabel(0.0, text, f"ridge:none:{cls}", "0.4", None))
-    draw_ridge_labels(ax, labels)
+        if c is not None:
+            labels += _draw_source(ax, c, source, classes, xlim)
+    draw_ridge_labels(ax, labels + _no_roof_labels(ceilings, classes))
 
 
 def _warm(rows: pd.DataFrame) -> pd.Series:
@@ -216,16 +229,16 @@ def _draw_baseline(ax: Any, new: pd.DataFrame, old: pd.DataFrame, dtype: str,
     # a cold one.
     pairs = old.assign(**{CACHE: _warm(old)}).merge(new.assign(**{CACHE: _warm(new)}),
                                                     on=ROW_ID, suffixes=("_old", "_new"))
-    for _, r in pairs.iterrows():
-        ratio = r["tflops_new"] / r["tflops_old"]
+    for p in pairs.itertuples(index=False):
+        ratio = p.tflops_new / p.tflops_old
         if abs(math.log(ratio)) < math.log(1.02):
             continue
-        ax.annotate("", xy=(r["intensity_new"], r["tflops_new"]),
-                    xytext=(r["intensity_old"], r["tflops_old"]),
+        ax.annotate("", xy=(p.intensity_new, p.tflops_new),
+                    xytext=(p.intensity_old, p.tflops_old),
                     arrowprops=dict(arrowstyle="->", lw=0.8, shrinkA=2, shrinkB=3,
                                     color=FASTER if ratio > 1 else SLOWER),
-                    zorder=3.5, gid=f"arrow:{r['kernel']}:{r['provider']}:{dtype}:{r['shape']}"
-                    + (":warm" if r[CACHE] else ""))
+                    zorder=3.5, gid=f"arrow:{p.kernel}:{p.provider}:{dtype}:{p.shape}"
+                    + (":warm" if getattr(p, CACHE) else ""))
 
 
 def _legend(fig: Figure, kernels: list[str], providers: list[str],
@@ -262,34 +275,78 @@ def _legend(fig: Figure, kernels: list[str], providers: list[str],
         fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
 
 
-def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike | None = None,
-                  baseline: tuple[dict[str, Any], pd.DataFrame] | None = None) -> Figure:
+Panel = tuple[str, pd.DataFrame, list[str]]  # (dtype, its rows, its roof classes)
+
+
+def _panels(d: pd.DataFrame, ceilings: dict[str, Ceiling]) -> tuple[list[Panel], bool]:
+    """One panel per dtype in the run (a dtype whose rows all failed keeps its panel so
+    the gap is visible), and True; a run with no rows at all gets one panel with every
+    known roof, and False."""
+    dtypes = canonical_order(d["dtype"].unique(), DTYPE_ORDER) if not d.empty else []
+    if dtypes:
+        return [(dt, d[d["dtype"] == dt], panel_classes(d[d["dtype"] == dt]))
+                for dt in dtypes], True
+    classes = canonical_order({k for c in ceilings.values() for k in c.tflops}, ROOF_CLASSES)
+    return [("all dtypes", d, classes)], False
+
+
+def _log_axes(ax: Any, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
+    """A panel's shared log-log axes, square, with a light major grid."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_box_aspect(1)  # square panels: a slope of 1 looks like one in every panel
+    # Axes span ~7 decades: minor tick labels would only be noise, and one unlabelled
+    # minor tick a decade reads as well as matplotlib's eight, which cost the
+    # constrained layout about half the figure's time (docs/measurement.md).
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_locator(LogLocator(subs=(3.0,)))
+        axis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+
+
+def _panel_notes(ax: Any, dtype: str, rows: pd.DataFrame, n: int, one_per_dtype: bool,
+                 has_ceilings: bool) -> None:
+    """A panel's title (its points, and the rows not plotted) and its notes: no ok rows,
+    no ceilings."""
+    status = rows["status"].value_counts() if not rows.empty else pd.Series(dtype=int)
+    extra = ", ".join(f"{int(status[s])} {s}" for s in ("failed", "skipped") if s in status)
+    title = f"{dtype}: {n} points" + (f" ({extra}, not plotted)" if extra else "")
+    ax.set_title(title if one_per_dtype else "no rows in this run: every known roof",
+                 fontsize=10)
+    if n == 0:
+        # Lower right: below every roof and slope, so the note covers no line.
+        ax.text(0.95, 0.05, "no ok rows" + (f"\n({extra})" if extra else ""),
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=11,
+                color="0.35", gid="note:no-ok-rows",
+                bbox=dict(boxstyle="round,pad=0.3", fc="white", ec="0.8"))
+    if not has_ceilings:
+        ax.text(0.5, 0.92, "no ceilings in this run", transform=ax.transAxes,
+                ha="center", fontsize=8, color="0.35", gid="note:no-ceilings")
+
+
+def plot_roofline(doc: RunDoc, out: str | os.PathLike | None = None,
+                  baseline: RunDoc | None = None) -> Figure:
     """Roofline figure of a run: one panel per dtype, shared log-log axes.
 
-    `baseline=(meta_b, df_b)` overlays a previous run: hollow grey points, and arrows from
-    each old point to the new one where they moved by more than 2%.  Writes a PNG to `out`
-    when given and returns the Figure either way."""
-    d = clean_rows(df)
-    ceilings = run_ceilings(meta, df)
+    `baseline` overlays a previous run: hollow grey points, and arrows from each old
+    point to the new one where they moved by more than 2%.  Writes a PNG to `out` when
+    given and returns the Figure either way."""
+    frame = doc.frame()
+    d = clean_rows(frame)
+    ceilings = run_ceilings(doc.meta, frame)
     ok = ok_rows(d)
-    old = ok_rows(clean_rows(baseline[1])) if baseline is not None else None
+    old = ok_rows(clean_rows(baseline.frame())) if baseline is not None else None
 
-    dtypes = canonical_order(d["dtype"].unique(), DTYPE_ORDER) if not d.empty else []
     kernels = canonical_order(ok["kernel"].unique(), kernel_order())
     providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
     if old is not None:
         kernels = canonical_order(set(kernels) | set(old["kernel"].unique()), kernel_order())
         providers = canonical_order(set(providers) | set(old["provider"].unique()), PROVIDER_ORDER)
 
-    # One panel per dtype in the run (a dtype whose rows all failed keeps its panel so the
-    # gap is visible); a run with no rows at all gets one panel with every known roof.
-    if dtypes:
-        panels = [(dt, d[d["dtype"] == dt], panel_classes(d[d["dtype"] == dt]))
-                  for dt in dtypes]
-    else:
-        classes = canonical_order({k for c in ceilings.values() for k in c.tflops}, ROOF_CLASSES)
-        panels = [("all dtypes", d, classes)]
-
+    panels, one_per_dtype = _panels(d, ceilings)
     all_classes = sorted({c for _, _, cl in panels for c in cl})
     pts = [ok] + ([old] if old is not None and not old.empty else [])
     xlim, ylim = axis_limits([p for p in pts if not p.empty], ceilings, all_classes)
@@ -299,45 +356,21 @@ def plot_roofline(meta: dict[str, Any], df: pd.DataFrame, out: str | os.PathLike
     axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
     used = tidy_grid(fig, axes, len(panels))
     for i, (ax, (dtype, rows, classes)) in enumerate(zip(used, panels, strict=True)):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(*xlim)
-        ax.set_ylim(*ylim)
-        ax.set_box_aspect(1)  # square panels: a slope of 1 looks like one in every panel
-        # Axes span ~7 decades: minor tick labels would only be noise, and one unlabelled
-        # minor tick a decade reads as well as matplotlib's eight, which cost the
-        # constrained layout about half the figure's time (docs/measurement.md).
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_minor_locator(LogLocator(subs=(3.0,)))
-            axis.set_minor_formatter(NullFormatter())
-        ax.grid(True, which="major", color="0.9", lw=0.6, zorder=0)
-        ax.set_axisbelow(True)
+        _log_axes(ax, xlim, ylim)
         draw_ceilings(ax, ceilings, classes, xlim)
-        panel_ok = ok[ok["dtype"] == dtype] if dtypes else ok
+        panel_ok = ok[ok["dtype"] == dtype] if one_per_dtype else ok
         n = _draw_points(ax, panel_ok, dtype, kernels, providers)
         if old is not None:
-            _draw_baseline(ax, panel_ok, old[old["dtype"] == dtype] if dtypes else old,
+            _draw_baseline(ax, panel_ok, old[old["dtype"] == dtype] if one_per_dtype else old,
                            dtype, providers)
-        status = rows["status"].value_counts() if not rows.empty else pd.Series(dtype=int)
-        extra = ", ".join(f"{int(status[s])} {s}" for s in ("failed", "skipped") if s in status)
-        title = f"{dtype}: {n} points" + (f" ({extra}, not plotted)" if extra else "")
-        ax.set_title(title if dtypes else "no rows in this run: every known roof", fontsize=10)
-        if n == 0:
-            # Lower right: below every roof and slope, so the note covers no line.
-            ax.text(0.95, 0.05, "no ok rows" + (f"\n({extra})" if extra else ""),
-                    transform=ax.transAxes, ha="right", va="bottom", fontsize=11,
-                    color="0.35", gid="note:no-ok-rows",
-                    bbox=dict(boxstyle="round,pad=0.3", fc="white", ec="0.8"))
-        if not ceilings:
-            ax.text(0.5, 0.92, "no ceilings in this run", transform=ax.transAxes,
-                    ha="center", fontsize=8, color="0.35", gid="note:no-ceilings")
+        _panel_notes(ax, dtype, rows, n, one_per_dtype, bool(ceilings))
         if i % ncols == 0:
             ax.set_ylabel("TFLOP/s")
         if i + ncols >= len(panels):
             ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    title = run_title(meta, "Roofline")
+    title = run_title(doc.meta, "Roofline")
     if baseline is not None:
-        title += f"\nvs baseline {baseline[0].get('run_id') or '?'} (hollow grey)"
+        title += f"\nvs baseline {baseline.meta.provenance.run_id or '?'} (hollow grey)"
     fig.suptitle(title, fontsize=11)
     _legend(fig, kernels, providers, ceilings, baseline is not None,
             warm=bool(_warm(ok).any()))

@@ -3,11 +3,11 @@ several runs' rooflines on one figure (--devices)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -15,9 +15,11 @@ from contract.cli import Parser, UsageError
 from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
+    RunDoc,
     RunLoadError,
     check_metrics,
-    load_run,
+    load_doc,
+    read_doc,
     resolve_results_json,
 )
 from roofline.report.plot import plot_roofline
@@ -47,14 +49,14 @@ def figure_paths(run: str, out: str | None) -> tuple[Path, Path]:
     return roof, roof.with_name(f"{roof.stem}-scaling{roof.suffix or '.png'}")
 
 
-def main(argv: list[str]) -> int:
-    """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
-    figure with `--devices` (roofline/report/plot_devices.py); returns the exit code."""
-    usage = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
-             "plot RUN_A RUN_B [...] --devices [--out PNG] | plot RUN --energy [--out PNG]")
-    parser = Parser(prog="python -m roofline plot", usage=usage,
-                     description="Re-plot a saved run: roofline.png and scaling.png; or "
-                                 "compare devices: several runs' rooflines on one figure.")
+USAGE = ("python -m roofline plot RUN [--out PNG] [--baseline RUN] | "
+         "plot RUN_A RUN_B [...] --devices [--out PNG] | plot RUN --energy [--out PNG]")
+
+
+def _parser() -> Parser:
+    parser = Parser(prog="python -m roofline plot", usage=USAGE,
+                    description="Re-plot a saved run: roofline.png and scaling.png; or "
+                                "compare devices: several runs' rooflines on one figure.")
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run folder or its results.json (several with --devices)")
     parser.add_argument("--out", metavar="PNG",
@@ -69,20 +71,41 @@ def main(argv: list[str]) -> int:
                         help=f"the energy roofline instead ({ENERGY_PNG}, in RUN's folder "
                              "unless --out): FLOP/J against intensity under the run's best "
                              "GEMM and memory-bound row")
+    return parser
+
+
+def _refuse_combinations(args: argparse.Namespace) -> None:
+    """UsageError for options that do not go together."""
+    if args.energy and (args.devices or args.baseline):
+        raise UsageError("--energy draws one run: it does not combine with --devices "
+                         "or --baseline")
+    if args.devices and len(args.runs) < 2:
+        raise UsageError(f"--devices compares at least two runs, got {len(args.runs)}")
+    if args.devices and args.baseline:
+        raise UsageError("--baseline overlays one run; it does not combine with --devices")
+    if not args.devices and len(args.runs) > 1:
+        raise UsageError(f"{len(args.runs)} runs given: several runs go on one figure "
+                         "only with --devices")
+
+
+def _load(run: str) -> RunDoc:
+    """A run to plot, its ok rows' metrics first checked as the file holds them
+    (check_metrics: a hand-edited "tflops": "abc" or "flops": null is refused, named,
+    rather than drawn or dropped without a word; RunLoadError, one line)."""
+    rows = read_doc(resolve_results_json(run)).get("rows")
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        check_metrics(pd.DataFrame(rows), run)
+    return load_doc(run)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m roofline plot RUN [--out PNG] [--baseline RUN]`, or several runs on one
+    figure with `--devices` (roofline/report/plot_devices.py); returns the exit code."""
     try:
-        args = parser.parse_args(argv)
-        if args.energy and (args.devices or args.baseline):
-            raise UsageError("--energy draws one run: it does not combine with --devices "
-                             "or --baseline")
-        if args.devices and len(args.runs) < 2:
-            raise UsageError(f"--devices compares at least two runs, got {len(args.runs)}")
-        if args.devices and args.baseline:
-            raise UsageError("--baseline overlays one run; it does not combine with --devices")
-        if not args.devices and len(args.runs) > 1:
-            raise UsageError(f"{len(args.runs)} runs given: several runs go on one figure "
-                            "only with --devices")
+        args = _parser().parse_args(argv)
+        _refuse_combinations(args)
     except UsageError as e:
-        print(f"error: {e} (usage: {usage})", file=sys.stderr)
+        print(f"error: {e} (usage: {USAGE})", file=sys.stderr)
         return 2
     except SystemExit as e:  # --help prints and exits 0
         return e.code if isinstance(e.code, int) else 0
@@ -90,25 +113,18 @@ def main(argv: list[str]) -> int:
         return _main_devices(args.runs, args.out)
     run = args.runs[0]
     try:
-        meta, df = load_run(run)
-        check_metrics(df, run)
-        base = load_run(args.baseline) if args.baseline else None
-        if base is not None:
-            check_metrics(base[1], args.baseline)
+        doc = _load(run)
+        base = _load(args.baseline) if args.baseline else None
     except RunLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    # A hand-edited file may carry metadata that is not an object: plot without it.
-    meta = meta if isinstance(meta, dict) else {}
-    if base is not None and not isinstance(base[0], dict):
-        base = ({}, base[1])
     if args.energy:
-        return _main_energy(run, meta, df, args.out)
+        return _main_energy(run, doc, args.out)
     roof_png, scaling_png = figure_paths(run, args.out)
 
     def draw() -> None:
-        plot_roofline(meta, df, roof_png, baseline=base)
-        plot_scaling(meta, df, scaling_png)
+        plot_roofline(doc, roof_png, baseline=base)
+        plot_scaling(doc, scaling_png)
 
     return _drawn(run, draw, [roof_png, scaling_png])
 
@@ -137,7 +153,7 @@ def _drawn(run: str, draw: Callable[[], None], pngs: list[Path]) -> int:
 def _main_devices(runs: list[str], out: str | None) -> int:
     """`plot RUN_A RUN_B ... --devices`: every run loaded and checked before anything is
     drawn, so an unreadable one is refused (one line, exit 2) without a partial figure."""
-    loaded: list[tuple[dict[str, Any], pd.DataFrame]] = []
+    loaded: list[RunDoc] = []
     seen: dict[Path, str] = {}
     try:
         for run in runs:
@@ -145,9 +161,7 @@ def _main_devices(runs: list[str], out: str | None) -> int:
             if path in seen:
                 raise RunLoadError(f"{run} is the same run as {seen[path]}: give each run once")
             seen[path] = run
-            meta, df = load_run(run)
-            check_metrics(df, run)
-            loaded.append((meta, df))
+            loaded.append(_load(run))
     except RunLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -170,7 +184,7 @@ def _main_devices(runs: list[str], out: str | None) -> int:
     return 0
 
 
-def _main_energy(run: str, meta: dict[str, Any], df: pd.DataFrame, out: str | None) -> int:
+def _main_energy(run: str, doc: RunDoc, out: str | None) -> int:
     """`plot RUN --energy`: energy.png beside the run's figures (or at --out)."""
     run_path = Path(run)
     png = (run_path if run_path.is_dir() else run_path.parent) / ENERGY_PNG
@@ -178,4 +192,4 @@ def _main_energy(run: str, meta: dict[str, Any], df: pd.DataFrame, out: str | No
         o = Path(out)
         png = o / ENERGY_PNG if o.is_dir() or out.endswith(("/", os.sep)) or not o.suffix \
             else o
-    return _drawn(run, lambda: plot_energy(meta, df, png), [png])
+    return _drawn(run, lambda: plot_energy(doc, png), [png])

@@ -39,6 +39,7 @@ from contract.rows import (
     ok_rows,
     run_ceilings,
 )
+from contract.schema import RunDoc
 from roofline.report.plot import axis_limits
 from roofline.report.style import (
     KERNEL_SIZES,
@@ -79,19 +80,19 @@ class DeviceRun:
         return "\n".join([f"{self.name} ({self.tag})", f"run {self.run_id}", *hbm])
 
 
-def device_runs(runs: list[tuple[dict[str, Any], pd.DataFrame]]) -> list[DeviceRun]:
+def device_runs(runs: list[RunDoc]) -> list[DeviceRun]:
     """The runs as the figure reads them, tagged and coloured in the order given."""
     out: list[DeviceRun] = []
     seen: dict[str, int] = {}
-    for i, (meta, df) in enumerate(runs):
-        meta = meta if isinstance(meta, dict) else {}
-        key = str(meta.get("device_key") or meta.get("device") or f"run{i + 1}")
+    for i, doc in enumerate(runs):
+        dev, df = doc.meta.device, doc.frame()
+        key = str(dev.device_key or f"run{i + 1}")
         seen[key] = seen.get(key, 0) + 1
         tag = key if seen[key] == 1 else f"{key}-{seen[key]}"
-        name = str(meta.get("device_name") or meta.get("gpu_name") or key)
+        name = str(dev.device_name or key)
         rows = clean_rows(df)
-        out.append(DeviceRun(tag, name, str(meta.get("run_id") or "?"), rows, ok_rows(rows),
-                             run_ceilings(meta, df), device_color(i)))
+        out.append(DeviceRun(tag, name, str(doc.meta.provenance.run_id or "?"), rows,
+                             ok_rows(rows), run_ceilings(doc.meta, df), device_color(i)))
     return out
 
 
@@ -178,12 +179,11 @@ def _draw_device_points(ax: Any, run: DeviceRun, rows: pd.DataFrame, dtype: str,
     return n
 
 
-def plot_devices(runs: list[tuple[dict[str, Any], pd.DataFrame]],
-                 out: str | os.PathLike | None = None) -> Figure:
+def plot_devices(runs: list[RunDoc], out: str | os.PathLike | None = None) -> Figure:
     """Rooflines of several runs (one per device) on one figure, one panel per dtype.
 
-    `runs` are (metadata, rows) pairs as contract.schema.load_run returns them.  Writes a
-    PNG to `out` when given and returns the Figure either way."""
+    `runs` as contract.schema.load_doc reads them.  Writes a PNG to `out` when given and
+    returns the Figure either way."""
     devs = device_runs(runs)
     every = pd.concat([d.rows for d in devs if not d.rows.empty] or [pd.DataFrame()])
     dtypes = canonical_order(every["dtype"].unique(), DTYPE_ORDER) if not every.empty else []

@@ -10,7 +10,6 @@ is hollow.  Artists carry gids (``energy:roof:gemm:bf16``, ``energy:roof:copy``,
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +22,7 @@ from contract.rows import (
     is_throttled,
     kernel_order,
 )
+from contract.schema import RunDoc
 from roofline.report.energy import energy_roof, energy_rows
 from roofline.report.style import (
     POINT_SIZE,
@@ -42,13 +42,15 @@ class NoEnergy(ValueError):
     """A run with no row that carries an energy per call: nothing to draw."""
 
 
-def plot_energy(meta: dict[str, Any], df: pd.DataFrame,
-                out: str | os.PathLike | None = None) -> Figure:
+def plot_energy(doc: RunDoc, out: str | os.PathLike | None = None) -> Figure:
+    """The run's energy roofline (the module's docstring); NoEnergy for a run with no
+    row to draw, with the reason its metadata gives."""
+    df = doc.frame()
     d = energy_rows(df)
     d = d[(d["intensity"] > 0) & (d["tflop_per_j"] > 0)]
     if d.empty:
-        why = (meta.get("energy") or {}).get("reason") if isinstance(meta.get("energy"),
-                                                                      dict) else None
+        energy = doc.meta.telemetry.energy
+        why = energy.get("reason") if isinstance(energy, dict) else None
         raise NoEnergy("no ok row carries an energy per call" + (f" ({why})" if why else ""))
     roof = energy_roof(df)
     fig = new_figure(8.0, 5.6)
@@ -94,7 +96,7 @@ def plot_energy(meta: dict[str, Any], df: pd.DataFrame,
     ax.set_ylabel("GFLOP per joule")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", frameon=False)
-    fig.suptitle(run_title(meta, "Energy roofline"), fontsize=9)
+    fig.suptitle(run_title(doc.meta, "Energy roofline"), fontsize=9)
     if out is not None:
         save_figure(fig, out)
     return fig

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from contract.rows import (
     panel_classes,
     run_ceilings,
 )
-from contract.schema import WARM, cache_column
+from contract.schema import WARM, RunDoc, cache_column
 from roofline.report.style import (
     ROOF_COLOR,
     ROOF_STYLE,
@@ -46,8 +47,100 @@ from roofline.report.style import (
 )
 
 
-def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
-                 out: str | os.PathLike | None = None) -> Figure:
+@dataclass(frozen=True)
+class _Series:
+    """What every panel shares: the dtypes and providers (colours and markers), the
+    run's ceilings and L2 size."""
+
+    dtypes: list[str]
+    providers: list[str]
+    ceilings: dict[str, Ceiling]
+    l2: float | None
+
+
+def _draw_lines(ax: Any, rows: pd.DataFrame, kernel: str, xcol: str, ycol: str,
+                s: _Series) -> None:
+    """A line per (dtype, provider) of one panel.  A warm row (cache column) is its own
+    line, thin with hollow markers: a cold and a warm time of one shape are never
+    joined."""
+    warm = cache_column(rows) == WARM
+    for dtype, provider, is_warm in itertools.product(s.dtypes, s.providers, (False, True)):
+        sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)
+                   & (warm == is_warm)]
+        sel = sel[np.isfinite(sel[ycol]) & (sel[ycol] > 0)].sort_values(xcol)
+        if sel.empty:
+            continue
+        tag = " warm" if is_warm else ""
+        ax.plot(sel[xcol], sel[ycol], marker=provider_marker(provider, s.providers),
+                ms=4, lw=0.8 if is_warm else 1.2, color=dtype_color(dtype, s.dtypes),
+                mfc="none" if is_warm else None,
+                ls="-" if provider == "torch" else "--", zorder=3,
+                label=f"{dtype} {provider}{tag}",
+                gid=f"scaling:{kernel}:{provider}:{dtype}" + tag.replace(" ", ":"))
+
+
+def _l2_line(ax: Any, rows: pd.DataFrame, l2: float) -> None:
+    """The L2 size on a memory-bound panel."""
+    xs = rows["bytes"]
+    ax.axvline(l2, color="0.3", lw=1.0, ls="-.", zorder=2, gid="l2-size",
+               label=f"L2 {l2 / 2**20:g} MiB")
+    # Label only when the line is inside the data's range, else it would
+    # stretch the axes to show an empty decade.
+    if xs.min() <= l2 <= xs.max():
+        ax.text(l2, 0.03, f" L2 {l2 / 2**20:g} MiB", transform=ax.get_xaxis_transform(),
+                fontsize=7, color="0.3", ha="left", va="bottom", gid="l2-label")
+    else:
+        ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
+
+
+def _scaling_panel(ax: Any, rows: pd.DataFrame, kernel: str, compute: bool,
+                   s: _Series) -> None:
+    """One kernel's panel: TFLOP/s against FLOPs under its roof classes' roofs (a GEMM),
+    or GB/s against the footprint under the HBM and L2 ceilings, the L2 size marked."""
+    xcol, ycol = ("flops", "tflops") if compute else ("bytes", "gbps")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.grid(True, which="major", color="0.9", lw=0.6)
+    ax.set_axisbelow(True)
+    _draw_lines(ax, rows, kernel, xcol, ycol, s)
+    if compute:
+        classes = panel_classes(rows)
+        _scaling_roofs(ax, s.ceilings, {c: c for c in classes}, "TFLOP/s")
+        ax.set_xlabel("problem size (FLOPs)")
+        ax.set_ylabel("TFLOP/s")
+    else:
+        _scaling_roofs(ax, s.ceilings, {"HBM": "hbm_gbps", "L2": "l2_gbps"}, "GB/s")
+        ax.xaxis.set_major_formatter(FuncFormatter(fmt_bytes))
+        ax.set_xlabel("footprint (compulsory bytes)")
+        ax.set_ylabel("GB/s")
+        if s.l2:
+            _l2_line(ax, rows, s.l2)
+    # Plain numbers ("20", "0.6"), not "2 x 10^1": a CPU panel can span under a decade,
+    # where matplotlib labels minor ticks in scientific notation.
+    ax.yaxis.set_major_formatter(PlainLogFormatter())
+    ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False,
+                                                    minor_thresholds=(1, 0.5)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_title(kernel, fontsize=10)
+    ax.tick_params(labelsize=8)
+
+
+def _scaling_legend(fig: Figure, ok: pd.DataFrame, s: _Series) -> None:
+    handles: list[Any] = [Line2D([], [], color=dtype_color(dt, s.dtypes), lw=2, label=dt)
+                          for dt in s.dtypes]
+    handles += [Line2D([], [], color="0.3", marker=provider_marker(p, s.providers), ms=5,
+                       ls="-" if p == "torch" else "--", label=p) for p in s.providers]
+    if (cache_column(ok) == WARM).any():
+        handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ms=5, lw=0.8,
+                              label="warm (same buffers)"))
+    handles += [Line2D([], [], color=ROOF_COLOR[c], ls=ROOF_STYLE[c], label=f"{c} ceiling")
+                for c in ("datasheet", "measured") if c in s.ceilings]
+    if s.l2:
+        handles.append(Line2D([], [], color="0.3", ls="-.", label="L2 size"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+
+
+def plot_scaling(doc: RunDoc, out: str | os.PathLike | None = None) -> Figure:
     """How throughput grows with problem size: one panel per kernel, a line per
     (provider, dtype).
 
@@ -56,15 +149,14 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
     sizes sit far below the roof (launch overhead), and the L2 knee shows where the
     footprint stops fitting in cache.  matmul plots TFLOP/s against FLOPs with one
     horizontal roof per roof class present."""
-    d = clean_rows(df)
-    ok = ok_rows(d)
+    frame = doc.frame()
+    ok = ok_rows(clean_rows(frame))
     ok = ok[np.isfinite(ok["bytes"]) & (ok["bytes"] > 0)] if "bytes" in ok.columns else ok
-    ceilings = run_ceilings(meta, df)
-    l2 = l2_bytes(meta)
+    s = _Series(canonical_order(ok["dtype"].unique(), DTYPE_ORDER),
+                canonical_order(ok["provider"].unique(), PROVIDER_ORDER),
+                run_ceilings(doc.meta, frame), l2_bytes(doc.meta))
     kernels = canonical_order(ok["kernel"].unique(), kernel_order())
     compute_bound = compute_kernels()
-    dtypes = canonical_order(ok["dtype"].unique(), DTYPE_ORDER)
-    providers = canonical_order(ok["provider"].unique(), PROVIDER_ORDER)
 
     n = max(1, len(kernels))
     ncols = min(n, 4)
@@ -78,72 +170,10 @@ def plot_scaling(meta: dict[str, Any], df: pd.DataFrame,
         ax.text(0.5, 0.5, "no ok rows", transform=ax.transAxes, ha="center", va="center",
                 fontsize=12, color="0.35", gid="note:no-ok-rows")
     for ax, kernel in zip(used, kernels, strict=False):
-        rows = ok[ok["kernel"] == kernel]
-        compute = kernel in compute_bound
-        xcol, ycol = ("flops", "tflops") if compute else ("bytes", "gbps")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.grid(True, which="major", color="0.9", lw=0.6)
-        ax.set_axisbelow(True)
-        # A warm row (cache column) is its own line, thin with hollow markers: a cold
-        # and a warm time of one shape are never joined.
-        warm = cache_column(rows) == WARM
-        for dtype, provider, is_warm in itertools.product(dtypes, providers, (False, True)):
-            sel = rows[(rows["dtype"] == dtype) & (rows["provider"] == provider)
-                       & (warm == is_warm)]
-            sel = sel[np.isfinite(sel[ycol]) & (sel[ycol] > 0)].sort_values(xcol)
-            if sel.empty:
-                continue
-            tag = " warm" if is_warm else ""
-            ax.plot(sel[xcol], sel[ycol], marker=provider_marker(provider, providers),
-                    ms=4, lw=0.8 if is_warm else 1.2, color=dtype_color(dtype, dtypes),
-                    mfc="none" if is_warm else None,
-                    ls="-" if provider == "torch" else "--", zorder=3,
-                    label=f"{dtype} {provider}{tag}",
-                    gid=f"scaling:{kernel}:{provider}:{dtype}" + tag.replace(" ", ":"))
-        if compute:
-            classes = panel_classes(rows)
-            _scaling_roofs(ax, ceilings, {c: c for c in classes}, "TFLOP/s")
-            ax.set_xlabel("problem size (FLOPs)")
-            ax.set_ylabel("TFLOP/s")
-        else:
-            _scaling_roofs(ax, ceilings, {"HBM": "hbm_gbps", "L2": "l2_gbps"}, "GB/s")
-            ax.xaxis.set_major_formatter(FuncFormatter(fmt_bytes))
-            ax.set_xlabel("footprint (compulsory bytes)")
-            ax.set_ylabel("GB/s")
-            if l2:
-                xs = rows["bytes"]
-                ax.axvline(l2, color="0.3", lw=1.0, ls="-.", zorder=2, gid="l2-size",
-                           label=f"L2 {l2 / 2**20:g} MiB")
-                # Label only when the line is inside the data's range, else it would
-                # stretch the axes to show an empty decade.
-                if xs.min() <= l2 <= xs.max():
-                    ax.text(l2, 0.03, f" L2 {l2 / 2**20:g} MiB", transform=ax.get_xaxis_transform(),
-                            fontsize=7, color="0.3", ha="left", va="bottom", gid="l2-label")
-                else:
-                    ax.set_xlim(xs.min() / 1.5, xs.max() * 1.5)
-        # Plain numbers ("20", "0.6"), not "2 x 10^1": a CPU panel can span under a decade,
-        # where matplotlib labels minor ticks in scientific notation.
-        ax.yaxis.set_major_formatter(PlainLogFormatter())
-        ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False,
-                                                        minor_thresholds=(1, 0.5)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(kernel, fontsize=10)
-        ax.tick_params(labelsize=8)
-    fig.suptitle(run_title(meta, "Scaling"), fontsize=11)
-    handles: list[Any] = [Line2D([], [], color=dtype_color(dt, dtypes), lw=2, label=dt)
-                          for dt in dtypes]
-    handles += [Line2D([], [], color="0.3", marker=provider_marker(p, providers), ms=5,
-                       ls="-" if p == "torch" else "--", label=p) for p in providers]
-    if (cache_column(ok) == WARM).any():
-        handles.append(Line2D([], [], color="0.3", marker="o", mfc="none", ms=5, lw=0.8,
-                              label="warm (same buffers)"))
-    handles += [Line2D([], [], color=ROOF_COLOR[s], ls=ROOF_STYLE[s], label=f"{s} ceiling")
-                for s in ("datasheet", "measured") if s in ceilings]
-    if l2:
-        handles.append(Line2D([], [], color="0.3", ls="-.", label="L2 size"))
+        _scaling_panel(ax, ok[ok["kernel"] == kernel], kernel, kernel in compute_bound, s)
+    fig.suptitle(run_title(doc.meta, "Scaling"), fontsize=11)
     if kernels:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+        _scaling_legend(fig, ok, s)
     if out is not None:
         save_figure(fig, out)
     return fig

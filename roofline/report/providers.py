@@ -4,19 +4,23 @@ by side on each shape, the winner and its speedup against the run's baseline pro
 the model spends its kernel time by provider, and what the best provider per kernel
 saves against the baseline, with the sum.
 
-The tables are returned as data (header, rows, alignment) for summary.md to render."""
+The tables are returned as data (header, rows, alignment) for summary.md to render.  The
+rows are picked and grouped on the run's frame; each cell is read from the typed row."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from contract.physics import clocks_differ
-from contract.schema import row_cache
+from contract.record import RunRow
+from contract.schema import RunDoc
 from kernels import PROVIDERS
-from roofline.report.findings import finite_or_none, in_canonical_order
+from roofline.report.findings import finite_or_none, in_canonical_order, records
+from roofline.report.requested import baseline_provider, run_selection
 from roofline.report.withheld import speedup_text
 
 
@@ -31,14 +35,16 @@ class Table:
     align: str = ""
 
 
-def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok, timed rows, with their cache mode and a numeric ms_median."""
+def _ok(doc: RunDoc) -> pd.DataFrame:
+    """The run's ok, timed rows (its frame), with their cache mode and a numeric
+    ms_median."""
+    df = doc.frame()
     if df.empty or "status" not in df:
         return df.iloc[0:0]
     ok = df[df["status"] == "ok"].copy()
     ok["ms_median"] = pd.to_numeric(ok["ms_median"], errors="coerce")
     ok = ok[ok["ms_median"] > 0]
-    ok["_cache"] = [row_cache(r) for _, r in ok.iterrows()]
+    ok["_cache"] = [r.case.cache for r in records(doc.rows, ok)]
     return ok
 
 
@@ -57,20 +63,38 @@ def _ms(x: Any) -> str:
     return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
-def _unequal(rows: list[Any]) -> bool:
+def _unequal(rows: Sequence[RunRow]) -> bool:
     """Whether a shape's provider rows were timed at SM clocks more than 2% apart (the
     fastest and slowest clock known): its winner is then the clocks' as much as the
     code's."""
-    clocks = [c for r in rows if (c := finite_or_none(r.get("sm_clock_mhz")))]
+    clocks = [c for r in rows if (c := finite_or_none(r.clocks.sm_clock_mhz))]
     return len(clocks) > 1 and clocks_differ(min(clocks), max(clocks))
 
 
-def provider_tables(df: pd.DataFrame, baseline: str) -> list[Table]:
+def _ms_of(r: RunRow) -> float:
+    """A picked row's ms_median (_ok keeps only rows that have one)."""
+    return float(r.timing.ms_median or 0.0)
+
+
+def _shape_cells(by: dict[str, RunRow], provs: list[str], baseline: str) -> list[str]:
+    """One shape's provider cells, then the winner and its speedup."""
+    win = min(by, key=lambda p: _ms_of(by[p]))
+    base = by.get(baseline)
+    cells = []
+    for p in provs:
+        r = by.get(p)
+        cells.append("-" if r is None else (
+            _ms(_ms_of(r)) if p == baseline else f"{_ms(_ms_of(r))}, {speedup_text(r, base)}"))
+    return cells + [win + (" (unequal clocks)" if _unequal(list(by.values())) else ""),
+                    "1.00x" if win == baseline else speedup_text(by[win], base)]
+
+
+def provider_tables(doc: RunDoc, baseline: str) -> list[Table]:
     """One table per (kernel, dtype, cache mode) that has ok rows of two providers or
     more: a row per shape (its layer where the run sized a model), each provider's
     ms_median with its speedup against `baseline` and both rows' SM clocks (marked
     "unequal clocks" where they differ by more than 2%), and the fastest provider."""
-    ok = _ok(df)
+    ok = _ok(doc)
     if ok.empty:
         return []
     tables = []
@@ -83,20 +107,10 @@ def provider_tables(df: pd.DataFrame, baseline: str) -> list[Table]:
         layered = part["layer"].notna().any() if "layer" in part else False
         rows = []
         for shape, g in part.groupby("shape", sort=False):
-            by = {r["provider"]: r for _, r in g.iterrows()}
-            win = min(by, key=lambda p: by[p]["ms_median"])
-            cells = [f"`{shape}`"]
-            if layered:
-                cells.append(g["layer"].dropna().iloc[0] if g["layer"].notna().any() else "-")
-            base = by.get(baseline)
-            for p in provs:
-                r = by.get(p)
-                cells.append("-" if r is None else (
-                    _ms(r["ms_median"]) if p == baseline
-                    else f"{_ms(r['ms_median'])}, {speedup_text(r, base)}"))
-            cells += [win + (" (unequal clocks)" if _unequal(list(by.values())) else ""),
-                      "1.00x" if win == baseline else speedup_text(by[win], base)]
-            rows.append(cells)
+            layer = [(g["layer"].dropna().iloc[0] if g["layer"].notna().any() else "-")
+                     ] if layered else []
+            by = {r.case.provider: r for r in records(doc.rows, g)}
+            rows.append([f"`{shape}`", *layer, *_shape_cells(by, provs, baseline)])
         header = ["shape", *(["layer"] if layered else []), *[f"{p} ms" for p in provs],
                   "winner", f"winner vs {baseline}"]
         align = "l" + ("l" if layered else "") + "r" * len(provs) + "lr"
@@ -104,16 +118,19 @@ def provider_tables(df: pd.DataFrame, baseline: str) -> list[Table]:
     return tables
 
 
-def step_table(df: pd.DataFrame, meta: dict[str, Any], baseline: str) -> Table | None:
+def step_table(doc: RunDoc) -> Table | None:
     """For a `--sizes model:NAME` run (metadata model_step): each kernel shape of one
     forward pass with its calls per pass, every provider's time per pass (ms x calls),
-    the best provider and what it saves against `baseline`; the last row sums them over
-    the shapes every provider column has (a provider missing a shape sums to '-')."""
-    step = meta.get("model_step")
-    ok = _ok(df)
+    the best provider and what it saves against the run's baseline provider; the last
+    row sums them over the shapes every provider column has (a provider missing a shape
+    sums to '-')."""
+    step = doc.meta.settings.model_step
+    ok = _ok(doc)
     if not isinstance(step, dict) or ok.empty:
         return None
-    cache = (meta.get("cache") or [None])[0] or ok["_cache"].iloc[0]
+    baseline = baseline_provider(doc.meta)
+    asked = run_selection(doc.meta)
+    cache = (asked.cache if asked and asked.cache else [None])[0] or ok["_cache"].iloc[0]
     ok = ok[ok["_cache"] == cache]
     provs = _providers(ok, baseline)
     if not provs:
@@ -126,7 +143,7 @@ def step_table(df: pd.DataFrame, meta: dict[str, Any], baseline: str) -> Table |
         if part.empty or not layer["count"]:  # count 0: not part of a forward pass
             continue
         n = int(layer["count"])
-        per = {r["provider"]: float(r["ms_median"]) * n for _, r in part.iterrows()}
+        per = {r.case.provider: _ms_of(r) * n for r in records(doc.rows, part)}
         for p in provs:
             t = totals[p]
             totals[p] = None if t is None or p not in per else t + per[p]

@@ -9,13 +9,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
 
+from contract.run_meta import RunMeta
 from contract.schema import atomic_write
 
 # Kernel colours avoid tab10 green/red/grey: green and red mean faster/slower on baseline
@@ -97,21 +98,25 @@ class PlainLogFormatter(LogFormatter):
         return f"{x:g}" if super().__call__(x, pos) else ""
 
 
-def run_title(meta: dict[str, Any], what: str) -> str:
-    name = meta.get("device_name") or meta.get("gpu_name") or meta.get("device_key") or "?"
-    key = meta.get("device_key")
+def run_title(meta: RunMeta, what: str) -> str:
+    """A figure's title: what it shows, the device, the run (date, id, commit) and the
+    versions it ran with."""
+    key = meta.device.device_key
+    name = meta.device.device_name or key or "?"
     head = f"{what}: {name}" + (f" ({key})" if key and key != name else "")
     # Three short lines rather than one long one: a one-panel figure is narrow, and a
     # long centred title would run into the legend on the right.
     run = []
-    created = str(meta.get("created") or "")
+    prov, sw = meta.provenance, meta.software
+    created = str(prov.created or "")
     if created:
         run.append(created[:16].replace("T", " "))
-    if meta.get("run_id"):
-        run.append(f"run {meta['run_id']}")
-    if meta.get("git_commit"):
-        run.append(f"git {str(meta['git_commit'])[:10]}")
-    versions = [f"{k} {meta[k]}" for k in ("torch", "triton", "python") if meta.get(k)]
+    if prov.run_id:
+        run.append(f"run {prov.run_id}")
+    if prov.git_commit:
+        run.append(f"git {str(prov.git_commit)[:10]}")
+    versions = [f"{k} {v}" for k, v in (("torch", sw.torch), ("triton", sw.triton),
+                                         ("python", sw.python)) if v]
     lines = [head] + ["  |  ".join(b) for b in (run, versions) if b]
     return "\n".join(lines)
 
@@ -130,12 +135,21 @@ def provider_marker(provider: str, providers: list[str]) -> str:
     return _EXTRA_MARKERS[unknown.index(provider) % len(_EXTRA_MARKERS)]
 
 
-def point_look(color: str, hollow: bool) -> dict[str, Any]:
+class PointLook(TypedDict, total=False):
+    """A scatter point's face and edge, as matplotlib's scatter() takes them."""
+
+    color: str
+    facecolors: str
+    edgecolors: str
+    linewidths: float
+
+
+def point_look(color: str, hollow: bool) -> PointLook:
     """A scatter point's face and edge: filled with a white rim, or hollow in its colour
     (a warm row on the roofline, a throttled one on the energy figure)."""
     if hollow:
-        return dict(facecolors="none", edgecolors=color, linewidths=1.2)
-    return dict(color=color, edgecolors="white", linewidths=0.5)
+        return PointLook(facecolors="none", edgecolors=color, linewidths=1.2)
+    return PointLook(color=color, edgecolors="white", linewidths=0.5)
 
 
 def dtype_color(dtype: str, dtypes: list[str]) -> str:
@@ -204,7 +218,7 @@ def draw_ridge_labels(ax: Any, labels: list[RidgeLabel], step: float = 0.052,
     for i, label in enumerate(sorted(labels, key=lambda lb: -lb.height)):
         text, gid, color, xy = label.text, label.gid, label.color, label.xy
         pos = (0.03, 0.97 - step * i)
-        kw: dict[str, Any] = dict(
+        kw = dict(
             fontsize=fontsize, color=color, ha="left", va="top", zorder=2.5, gid=gid,
             annotation_clip=False,
             bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9))

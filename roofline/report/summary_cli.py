@@ -1,6 +1,6 @@
 """`python -m roofline summary RUN [RUN ...]`: a saved run's summary.md written again
 from its results.json, as today's readers see it (the physics check applied by
-schema.load_run).  Only summary.md is written; the figures stay as they are (`plot`
+schema.load_doc).  Only summary.md is written; the figures stay as they are (`plot`
 redraws them) and results.json and results.csv are only read."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from contract.cli import Parser
-from contract.schema import RunLoadError, load_run, resolve_results_json
+from contract.schema import RunLoadError, load_doc, resolve_results_json
 from roofline.report.summary import write_summary
 
 
@@ -23,13 +23,13 @@ def main(argv: list[str]) -> int:
         return args
     try:
         # Every run read before any summary is written: a bad one refuses them all.
-        loaded = [(resolve_results_json(run).parent, *load_run(run)) for run in args.runs]
+        loaded = [(resolve_results_json(run).parent, load_doc(run)) for run in args.runs]
     except (RunLoadError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    for folder, meta, df in loaded:
+    for folder, doc in loaded:
         try:
-            print(write_summary(Path(folder), meta if isinstance(meta, dict) else {}, df))
+            print(write_summary(Path(folder), doc))
         except OSError as e:
             print(f"error: cannot write {folder}'s summary: {e}", file=sys.stderr)
             return 2

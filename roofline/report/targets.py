@@ -5,7 +5,9 @@ measured (with why).  Pure analysis: nothing is measured.  Every ratio comes fro
 run: a row against its own run's copy bandwidth, Triton against torch rows of the same
 run, all of the device's native cache mode (cold on a GPU; _find).  Where several runs
 hold a qualifying row, the largest footprint counts, then the run given last.  The
-command line and the summary it writes are roofline/report/targets_cli.py.
+command line and the summary it writes are roofline/report/targets_cli.py.  A run is
+read as records (contract/schema.py load_doc): its metadata's typed parts, its rows'
+groups.
 """
 
 from __future__ import annotations
@@ -13,18 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from contract.devices import ROOF_CLASS
-from contract.physics import clocks_differ, clocks_text, withheld_of
-from contract.rows import DTYPE_ORDER, clean_rows, positive_float, run_ceilings
-from contract.schema import (
-    ROWS_JOURNAL,
-    load_run,
-    mode_tag,
-    parse_shape,
-    row_cache,
-)
+from contract.physics import clocks_differ, clocks_text
+from contract.record import RunRow
+from contract.rows import DTYPE_ORDER, positive_float, row_mode_tag, run_ceilings
+from contract.run_meta import RunMeta
+from contract.schema import ROWS_JOURNAL, load_doc, parse_shape
 from kernels.spec import PLAIN_DTYPES
 from roofline.gate.runs import incomplete_reasons
 
@@ -76,15 +73,15 @@ class TargetsError(ValueError):
 @dataclass(frozen=True)
 class Run:
     path: str
-    meta: dict[str, Any]
-    rows: list[dict[str, Any]]
+    meta: RunMeta
+    rows: tuple[RunRow, ...]
     copy_gbps: float | None  # measured ceilings' hbm_gbps (a large device copy)
     datasheet_gbps: float | None
     incomplete: tuple[str, ...] = ()  # why the run is not whole (empty: it is)
 
     @property
     def name(self) -> str:
-        return str(self.meta.get("run_id") or Path(self.path).name)
+        return str(self.meta.provenance.run_id or Path(self.path).name)
 
     @property
     def label(self) -> str:
@@ -97,23 +94,22 @@ def load(path: str) -> Run:
     """A run as the targets read it: an unfinished run (killed before it wrote
     results.json whole) from its row journal, its ceilings from its rows where the
     metadata has none, and labelled incomplete."""
-    meta, df = load_run(path)
-    d = clean_rows(df)
-    ceil = run_ceilings(meta, d)
+    doc = load_doc(path)
+    ceil = run_ceilings(doc.meta, doc.frame())
     measured, sheet = ceil.get("measured"), ceil.get("datasheet")
-    why = incomplete_reasons(meta)
+    why = incomplete_reasons(doc.meta)
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     if (folder / ROWS_JOURNAL).exists():
         # Killed outright (SIGKILL, a lost machine): results.json was never rewritten.
         why = [w for w in why if w != "incomplete"] + [
-            f"cut short, its {len(d)} rows read from its row journal"]
-    return Run(path, meta, d.to_dict("records"), measured.hbm_gbps if measured else None,
+            f"cut short, its {len(doc.rows)} rows read from its row journal"]
+    return Run(path, doc.meta, doc.rows, measured.hbm_gbps if measured else None,
                sheet.hbm_gbps if sheet else None, tuple(why))
 
 
-def _dims(row: dict[str, Any]) -> dict[str, int]:
+def _dims(row: RunRow) -> dict[str, int]:
     try:
-        return parse_shape(str(row.get("shape")))
+        return parse_shape(row.case.shape)
     except ValueError:
         return {}
 
@@ -124,19 +120,18 @@ def _size(b: float | None) -> str:
     return f"{b / 2**30:.3g} GiB" if b >= 2**30 else f"{b / 2**20:.3g} MiB"
 
 
-def _reason(row: dict[str, Any]) -> str:
+def _reason(row: RunRow) -> str:
     """'failed (first line of its reason)', for a row that is not ok; for an ok row whose
     rates the physics check withheld, which and why."""
-    rates = [w for w in withheld_of(row) if w.column in ("tflops", "gbps", "ms_median")]
-    if row.get("status") == "ok" and rates:
+    rates = [w for w in row.withheld if w.column in ("tflops", "gbps", "ms_median")]
+    if row.ok and rates:
         return f"ok, its {rates[0].column} withheld ({rates[0].kind}: {rates[0].reason})"
-    reason = row.get("reason")
-    lines = reason.strip().splitlines() if isinstance(reason, str) else []
+    lines = row.reason.strip().splitlines() if row.reason else []
     text = lines[0] if lines else "no reason given"
-    return f"{row.get('status')} ({text[:80]})"
+    return f"{row.status} ({text[:80]})"
 
 
-Found = tuple[int, Run, dict[str, Any]]  # (run index, run, row)
+Found = tuple[int, Run, RunRow]  # (run index, run, row)
 
 
 def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
@@ -147,29 +142,46 @@ def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
     of rows a ratio is taken of, shares that mode: a warm Triton time over a cold torch
     time, or over the cold copy, is no ratio.  native=False: the rows of the other mode."""
     return [(i, run, r) for i, run in enumerate(runs) for r in run.rows
-            if r.get("kernel") == kernel and r.get("provider") == provider
-            and r.get("dtype") == dtype and (dims is None or _dims(r) == dims)
-            and (mode_tag(r) == "") == native]
+            if r.case.kernel == kernel and r.case.provider == provider
+            and r.case.dtype == dtype and (dims is None or _dims(r) == dims)
+            and (row_mode_tag(r) == "") == native]
 
 
 def _no_row(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
             dims: dict[str, int] | None = None) -> str:
     """Why there is no row to judge: none at all, or only rows of the other cache mode."""
     other = _find(runs, kernel, provider, dtype, dims, native=False)
-    modes = sorted({row_cache(r) for _, _, r in other})
+    modes = sorted({r.case.cache for _, _, r in other})
     name = "Triton" if provider == "triton" else provider
     return f"no {name} row" + (f" (only {'/'.join(modes)}-cache rows, which the targets "
                                "do not hold)" if other else "")
 
 
-def _ok(r: dict[str, Any], col: str) -> bool:
-    return r.get("status") == "ok" and positive_float(r.get(col)) is not None
+def _gbps(r: RunRow) -> float | None:
+    return positive_float(r.metrics.gbps)
 
 
-def _throttled(*rows: dict[str, Any]) -> str:
+def _tflops(r: RunRow) -> float | None:
+    return positive_float(r.metrics.tflops)
+
+
+def _ms(r: RunRow) -> float | None:
+    return positive_float(r.timing.ms_median)
+
+
+def _bytes(r: RunRow) -> float | None:
+    return positive_float(r.accounting.bytes)
+
+
+def _ok(r: RunRow, value: Callable[[RunRow], float | None]) -> bool:
+    """An ok row with a positive `value` (_gbps, _tflops, _ms)."""
+    return r.ok and value(r) is not None
+
+
+def _throttled(*rows: RunRow) -> str:
     """', throttled' when a row was timed while the GPU throttled: its ratio is low for
     that reason, said beside it."""
-    return ", throttled" if any(str(r.get("throttled")) == "True" for r in rows) else ""
+    return ", throttled" if any(r.clocks.throttled is True for r in rows) else ""
 
 
 @dataclass
@@ -181,13 +193,13 @@ class Part:
     value: float | None = None
     why: str = ""
     # A ratio of two rows: the SM clocks of the Triton row and of the other (None: not
-    # a ratio of rows, or not known)
-    clocks: tuple[Any, Any] | None = None
+    # a ratio of rows; a clock None where not known)
+    clocks: tuple[float | None, float | None] | None = None
 
-    def of_rows(self, value: float, triton: dict[str, Any], other: dict[str, Any]) -> None:
+    def of_rows(self, value: float, triton: RunRow, other: RunRow) -> None:
         """The part measured as a ratio of two rows, their clocks kept beside it."""
         self.value = value
-        self.clocks = (triton.get("sm_clock_mhz"), other.get("sm_clock_mhz"))
+        self.clocks = (triton.clocks.sm_clock_mhz, other.clocks.sm_clock_mhz)
 
     @property
     def clocks_text(self) -> str | None:
@@ -255,7 +267,7 @@ def _tag(run: Run) -> str:
 
 
 def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: float,
-               qualifies: Callable[[dict[str, Any]], bool], large: str,
+               qualifies: Callable[[RunRow], bool], large: str,
                vs_eager: bool) -> Check:
     """A Triton row's GB/s over its run's copy bandwidth (and its speed over torch
     eager's on the same shape and run): the largest qualifying ok row."""
@@ -267,30 +279,29 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
         check.parts.append(eager)
     found = _find(runs, kernel, "triton", dtype)
     big = [f for f in found if qualifies(f[2])]
-    ok = [f for f in big if _ok(f[2], "gbps")]
+    ok = [f for f in big if _ok(f[2], _gbps)]
     timed = [f for f in ok if f[1].copy_gbps]
 
     def by_size(f: Found) -> tuple[float, int]:
-        return (positive_float(f[2].get("bytes")) or 0.0, f[0])
+        return (_bytes(f[2]) or 0.0, f[0])
 
     if not found:
         why = _no_row(runs, kernel, "triton", dtype)
     elif not big:
         top = max(found, key=by_size)[2]
-        largest = _size(positive_float(top.get('bytes')))
-        why = f"no row {large} (largest: {top.get('shape')}, {largest})"
+        why = f"no row {large} (largest: {top.case.shape}, {_size(_bytes(top))})"
     elif not ok:
         why = f"Triton row {_reason(max(big, key=by_size)[2])}"
     elif not timed:
         why = f"run {ok[-1][1].name} has no measured copy bandwidth"
     else:
         _, run, row = max(timed, key=by_size)
-        check.case = f"{row['shape']}, {_size(positive_float(row.get('bytes')))} ({_tag(run)}" \
+        check.case = f"{row.case.shape}, {_size(_bytes(row))} ({_tag(run)}" \
                      f"{_throttled(row)})"
-        copy.value = float(row["gbps"]) / run.copy_gbps
+        copy.value = _ratio(row.metrics.gbps, run.copy_gbps)
         torch_rows = _find([run], kernel, "torch", dtype, _dims(row))
-        if torch_rows and _ok(torch_rows[0][2], "ms_median"):
-            eager.of_rows(float(torch_rows[0][2]["ms_median"]) / float(row["ms_median"]),
+        if torch_rows and _ok(torch_rows[0][2], _ms):
+            eager.of_rows(_ratio(torch_rows[0][2].timing.ms_median, row.timing.ms_median),
                           row, torch_rows[0][2])
         else:
             eager.why = (f"torch row {_reason(torch_rows[0][2])}" if torch_rows
@@ -299,6 +310,14 @@ def _bandwidth(runs: Sequence[Run], target: str, kernel: str, dtype: str, need: 
     for p in check.parts:
         p.why = why
     return check
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    """a / b of two rows' values (NaN where one is empty)."""
+    def f(x: float | None) -> float:
+        return float("nan") if x is None else float(x)
+
+    return f(a) / f(b)
 
 
 def _square(s: int) -> dict[str, int]:
@@ -314,17 +333,17 @@ def _matmul(runs: Sequence[Run], dtype: str, size: int, torch_name: str) -> Chec
     triton_rows = _find(runs, "matmul", "triton", dtype, dims)
     torch_rows = _find(runs, "matmul", "torch", dtype, dims)
     for i in reversed(range(len(runs))):
-        t = [r for j, _, r in triton_rows if j == i and _ok(r, "tflops")]
-        c = [r for j, _, r in torch_rows if j == i and _ok(r, "tflops")]
+        t = [r for j, _, r in triton_rows if j == i and _ok(r, _tflops)]
+        c = [r for j, _, r in torch_rows if j == i and _ok(r, _tflops)]
         if t and c:
-            part.of_rows(float(t[0]["tflops"]) / float(c[0]["tflops"]), t[0], c[0])
-            check.case = f"{t[0]['shape']} ({_tag(runs[i])}{_throttled(t[0], c[0])})"
+            part.of_rows(_ratio(t[0].metrics.tflops, c[0].metrics.tflops), t[0], c[0])
+            check.case = f"{t[0].case.shape} ({_tag(runs[i])}{_throttled(t[0], c[0])})"
             return check
     whys = []
     for provider, found in (("triton", triton_rows), ("torch", torch_rows)):
         if not found:
             whys.append(_no_row(runs, "matmul", provider, dtype, dims))
-        elif not any(_ok(r, "tflops") for _, _, r in found):
+        elif not any(_ok(r, _tflops) for _, _, r in found):
             name = "Triton" if provider == "triton" else provider
             whys.append(f"{name} row {_reason(found[-1][2])}")
     part.why = ", ".join(whys) or "the Triton and torch rows come from different runs"
@@ -339,27 +358,27 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
     check = Check(f"attention bf16 D={ATTENTION_HEAD_DIM} S={seq}"
                   + (" causal" if causal else ""), parts=[sdpa, peak])
 
-    def fits(r: dict[str, Any]) -> bool:
+    def fits(r: RunRow) -> bool:
         d = _dims(r)
         return (d.get("S"), d.get("D"), d.get("causal")) == (seq, ATTENTION_HEAD_DIM, causal)
 
     found = [f for f in _find(runs, "attention", "triton", "bf16") if fits(f[2])]
-    ok = [f for f in found if _ok(f[2], "tflops")]
+    ok = [f for f in found if _ok(f[2], _tflops)]
     if not ok:
         why = f"Triton row {_reason(found[-1][2])}" if found else \
             _no_row(runs, "attention", "triton", "bf16")
         sdpa.why = peak.why = why + f" at S={seq}, D={ATTENTION_HEAD_DIM}"
         return check
     _, run, row = ok[-1]
-    check.case = f"{row['shape']} ({_tag(run)}{_throttled(row)})"
-    top = positive_float(row.get("peak_tflops"))
-    peak.value = float(row["tflops"]) / top if top else None
+    check.case = f"{row.case.shape} ({_tag(run)}{_throttled(row)})"
+    top = positive_float(row.accounting.peak_tflops)
+    peak.value = _ratio(row.metrics.tflops, top) if top else None
     peak.why = "" if top else "the row has no bf16 peak"
     torch_rows = [r for _, _, r in _find([run], "attention", "torch", "bf16", _dims(row))]
-    if torch_rows and _ok(torch_rows[0], "ms_median"):
-        sdpa.of_rows(float(torch_rows[0]["ms_median"]) / float(row["ms_median"]), row,
+    if torch_rows and _ok(torch_rows[0], _ms):
+        sdpa.of_rows(_ratio(torch_rows[0].timing.ms_median, row.timing.ms_median), row,
                      torch_rows[0])
-        backend = str(torch_rows[0].get("reason") or "").strip().splitlines()
+        backend = str(torch_rows[0].reason or "").strip().splitlines()
         if backend:
             check.case += f"; torch: {backend[0][:60]}"
     else:
@@ -370,10 +389,10 @@ def _attention(runs: Sequence[Run], seq: int, causal: int) -> Check:
 
 def checks(runs: Sequence[Run]) -> list[Check]:
     """Every target ratio a set of runs can hold, in docs/targets.md's order."""
-    def large(r: dict[str, Any]) -> bool:
-        return (positive_float(r.get("bytes")) or 0) >= LARGE_BYTES
+    def large(r: RunRow) -> bool:
+        return (_bytes(r) or 0) >= LARGE_BYTES
 
-    def big_matrix(r: dict[str, Any]) -> bool:
+    def big_matrix(r: RunRow) -> bool:
         d = _dims(r)
         return min(d.get("M", 0), d.get("K", 0)) >= MATVEC_MIN_DIM
 
@@ -394,8 +413,8 @@ def checks(runs: Sequence[Run]) -> list[Check]:
     out += [_matmul(runs, "bf16", s, "cuBLAS") for s in BF16_MATMUL_SIZES]
     out += [_matmul(runs, "fp8", s, "_scaled_mm") for s in FP8_MATMUL_SIZES]
 
-    def row_op_large(r: dict[str, Any]) -> bool:
-        return (positive_float(r.get("bytes")) or 0) >= ROW_OP_BYTES
+    def row_op_large(r: RunRow) -> bool:
+        return (_bytes(r) or 0) >= ROW_OP_BYTES
 
     for kernel in ROW_OPS:
         for dtype in ROW_OP_DTYPES:
@@ -428,13 +447,13 @@ def headline(runs: Sequence[Run]) -> list[list[str]]:
         rows = _find(runs, "matmul", "torch", dtype, _square(HEADLINE_SIZE))
         by_mode: dict[str, Found] = {}
         for f in rows:
-            if _ok(f[2], "tflops"):
-                mode = f[1].meta.get("fp8_accum") if dtype == "fp8" else None
+            if _ok(f[2], _tflops):
+                mode = f[1].meta.settings.fp8_accum if dtype == "fp8" else None
                 by_mode[f"{mode} accumulation" if mode else ""] = f  # the last run wins
         for mode, (_, run, r) in by_mode.items():
             label = f"{what} {size}" + (f", {mode}" if mode else "")
-            mhz = positive_float(r.get("sm_clock_mhz"))
-            out.append([label, f"{float(r['tflops']):.0f} TFLOP/s"
+            mhz = positive_float(r.clocks.sm_clock_mhz)
+            out.append([label, f"{float(r.metrics.tflops or 0.0):.0f} TFLOP/s"
                         + (f" at {mhz:,.0f} MHz" if mhz else ""), run.name])
         if not by_mode:
             why = _reason(rows[-1][2]) if rows else \

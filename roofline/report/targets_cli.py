@@ -11,10 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from contract.cli import Parser
-from contract.schema import KEY, RunLoadError, atomic_write_text, mode_tag
+from contract.record import RunRow
+from contract.rows import row_mode_tag
+from contract.schema import RunLoadError, atomic_write_text
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
-from roofline.report.summary import md_table
+from roofline.report.cells import md_table
+from roofline.report.requested import run_selection
 from roofline.report.targets import (
     MET,
     MISSED,
@@ -36,27 +39,25 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
     that is incomplete (cut short, interrupted) lacks the rows it never reached: rows
     only in the other run are then not a difference, and the two are compared on the
     rows both hold, which the answer says."""
-    def keyed(run: Run) -> dict[tuple, str]:
+    def keyed(run: Run) -> dict[tuple[str, ...], str]:
         # A case's cold and warm rows are two rows (schema.ROW_ID): one must not hide
         # the other.  Keyed by mode_tag ("" for the device's native mode, which a row
         # without a `cache` cell has), so a native row's name reads as it always did.
-        return {(*(str(r.get(k)) for k in KEY), mode_tag(r)): str(r.get("status"))
-                for r in run.rows}
+        return {(*_case(r), row_mode_tag(r)): r.status for r in run.rows}
 
-    def asked_of_both(row: dict) -> bool:
+    asked = [sel for run in (plain, fleet) if (sel := run_selection(run.meta))]
+
+    def asked_of_both(key: tuple[str, ...]) -> bool:
         # The GPU job's fleet step runs a few kernels of the plain sweep, and its own
         # collectives (rows no sweep has): only the cases both runs asked for are compared.
-        for field, column in (("kernels", "kernel"), ("dtypes", "dtype"),
-                              ("providers", "provider")):
-            for run in (plain, fleet):
-                asked = run.meta.get(field)
-                if asked and row.get(column) not in asked:
-                    return False
-        return True
+        kernel, provider, dtype = key[:3]
+        return all((not sel.kernels or kernel in sel.kernels)
+                   and (not sel.dtypes or dtype in sel.dtypes)
+                   and (not sel.providers or provider in sel.providers) for sel in asked)
 
     a_all, b_all = keyed(plain), keyed(fleet)
-    a = {k: v for k, v in a_all.items() if asked_of_both(dict(zip(KEY, k, strict=False)))}
-    b = {k: v for k, v in b_all.items() if asked_of_both(dict(zip(KEY, k, strict=False)))}
+    a = {k: v for k, v in a_all.items() if asked_of_both(k)}
+    b = {k: v for k, v in b_all.items() if asked_of_both(k)}
     outside = len(a_all) - len(a) + len(b_all) - len(b)
     only_a, only_b = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())
     status = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
@@ -77,6 +78,11 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
     parts = [f"{len(keys)} {what} (first: {' '.join(k for k in keys[0] if k)})"
              for keys, what in groups if keys]
     return False, "; ".join(parts + cut) + aside
+
+
+def _case(r: RunRow) -> tuple[str, str, str, str]:
+    """kernel, provider, dtype, shape: a row's name without its cache mode."""
+    return (r.case.kernel, r.case.provider, r.case.dtype, r.case.shape)
 
 
 def read_steps(path: str) -> list[list[str]]:
@@ -101,11 +107,11 @@ def render(runs: Sequence[Run], steps: list[list[str]] | None = None,
            fleet: tuple[bool, str] | None = None) -> str:
     found = checks(runs)
     counts = {v: sum(c.verdict == v for c in found) for v in VERDICTS}
-    devices = sorted({str(r.meta.get("device_key") or "?") for r in runs})
+    devices = sorted({str(r.meta.device.device_key or "?") for r in runs})
     lines = ["# Performance targets (docs/targets.md)", ""]
-    lines += [f"- `{r.path}`: {r.label}, {r.meta.get('device_name') or '?'}"
-              + (f", fp8 accumulation {r.meta['fp8_accum']}" if r.meta.get("fp8_accum")
-                 else "") for r in runs]
+    lines += [f"- `{r.path}`: {r.label}, {r.meta.device.device_name or '?'}"
+              + (f", fp8 accumulation {fp8}" if (fp8 := r.meta.settings.fp8_accum) else "")
+              for r in runs]
     if not runs:
         lines.append("- No run to read: see the steps below.")
     elif devices != ["h100"]:

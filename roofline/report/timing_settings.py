@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract.run_meta import JsonDoc
+
 TIMING_MEANINGS: dict[str, str] = {
     "warmup_ms": "warm-up before a GPU row's samples (do_bench's warmup), ms",
     "rep_ms": "how long a GPU row samples (do_bench's rep), ms",
@@ -73,6 +75,7 @@ class TimingSetting:
     meaning: str | None
 
 
-def timing_settings(timing: dict[str, Any]) -> list[TimingSetting]:
-    """A run's metadata.timing as rows, in the order the run recorded them."""
+def timing_settings(timing: JsonDoc) -> list[TimingSetting]:
+    """A run's metadata.timing (the settings object the sweep records) as rows, in the
+    order the run recorded them."""
     return [TimingSetting(k, v, TIMING_MEANINGS.get(k)) for k, v in timing.items()]
