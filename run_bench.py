@@ -368,7 +368,7 @@ def _dispatch(args: argparse.Namespace, req: RunRequest, argv: list[str],
 
         return run_inspect(req)
     if args.estimate:
-        from benches.estimate.report import run_estimate
+        from benches.estimate.estimate_report import run_estimate
 
         return run_estimate(req)
     if args.list or args.list_devices:
@@ -478,6 +478,6 @@ def _interpreter_for_check_only(args: argparse.Namespace) -> bool:
 
 
 if __name__ == "__main__":
-    from benches.sweep.phases import process_start
+    from benches.sweep.time_split import process_start
 
     exit_now(main(started=process_start()))

@@ -1,5 +1,5 @@
 """pytest-benchmark: the sweep's overhead on this machine, from its own time split
-(benches/sweep/phases.py): the wall time of the main job, `python run_bench.py` (on a CPU the
+(benches/sweep/time_split.py): the wall time of the main job, `python run_bench.py` (on a CPU the
 default CPU sweep), against the seconds it spends timing, phase by phase, on a quiet
 machine and beside a busy process per core; and `run_bench.py --estimate`, made just
 before each run from a run just before it (in the same conditions), against the run it

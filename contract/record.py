@@ -40,7 +40,7 @@ from contract.bounds import (
     withheld_of,
 )
 from contract.devices import ROOF_CLASS
-from contract.modes import DEFAULT_CACHE, WARM, row_cache
+from contract.modes import DEFAULT_CACHE, WARM, native_cache_of, row_cache
 
 SAMPLES = "samples_ms"
 RowKey = tuple[str, str, str, str, str]
@@ -317,6 +317,19 @@ class RunRow:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def mode_tag(self) -> str:
+        """"" for a row timed in its device's native cache mode, else its mode ("warm" on
+        a GPU, "cold" on a CPU): schema.mode_tag of the record."""
+        native = native_cache_of(self.accounting.device, self.timing.timer)
+        return "" if self.case.cache == native else self.case.cache
+
+    def label(self, sep: str = "/") -> str:
+        """kernel/provider/dtype/shape, then its mode tag: schema.row_name of the record."""
+        c = self.case
+        tag = self.mode_tag
+        return sep.join([c.kernel, c.provider, c.dtype, c.shape, *([tag] if tag else [])])
 
     def value(self, column: str) -> Any:
         """A column's value, from the group that owns it (OWNER)."""

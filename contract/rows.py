@@ -12,20 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
-from contract.modes import native_cache_of
 from contract.run_meta import JsonDoc, RunMeta, parse_meta
 from kernels import PROVIDERS
 from kernels.spec import DTYPE_NAMES
-
-if TYPE_CHECKING:  # contract.record imports contract.bounds, which imports this module
-    from contract.record import RunRow
 
 DTYPE_ORDER: tuple[str, ...] = DTYPE_NAMES  # kernels.spec's order: plain, then block-scaled
 
@@ -262,18 +258,3 @@ def typed_meta(meta: RunMeta | Mapping[str, Any]) -> RunMeta:
     """The metadata as a record: a RunMeta as it is, the JSON form (results.json's
     "metadata", as callers that have not moved to RunMeta hand it) through parse_meta."""
     return meta if isinstance(meta, RunMeta) else parse_meta(meta)
-
-
-def row_mode_tag(row: RunRow) -> str:
-    """schema.mode_tag of a typed row: "" for a row timed in its device's native cache
-    mode, else its mode ("warm" on a GPU, "cold" on a CPU)."""
-    native = native_cache_of(row.accounting.device, row.timing.timer)
-    return "" if row.case.cache == native else row.case.cache
-
-
-def row_label(row: RunRow, sep: str = "/") -> str:
-    """schema.row_name of a typed row: kernel/provider/dtype/shape, then its mode tag."""
-    c = row.case
-    tag = row_mode_tag(row)
-    return sep.join([c.kernel, c.provider, c.dtype, c.shape, *([tag] if tag else [])])
-

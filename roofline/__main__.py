@@ -86,7 +86,7 @@ def _check(argv: list[str]) -> int:
 
 
 def _finalize(argv: list[str]) -> int:
-    from roofline.report.finalize import main
+    from roofline.report.finalize_run import main
 
     return main(argv)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from benches.sweep import compile_wait, triton_cache
-from benches.sweep.phases import TimeSplit
 from benches.sweep.run_folder import RequestError
+from benches.sweep.time_split import TimeSplit
 
 FAKES = "tests.compile_wait_fakes"
 
@@ -283,7 +283,7 @@ WAITING = """
 import json
 from benches.sweep import compile_wait, triton_cache
 from benches.sweep.interrupt import Terminated, signals_raise
-from benches.sweep.phases import TimeSplit
+from benches.sweep.time_split import TimeSplit
 
 ahead = triton_cache.CompileAhead([("add", "fp32", {"ms": 60000}, 132, None)] * 4, 2,
                                   "fast", compile_fn="tests.compile_wait_fakes:slept")

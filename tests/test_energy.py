@@ -17,11 +17,12 @@ import pytest
 from torch.autograd import DeviceType
 
 import run_bench
-from benches.sweep import energy, gpu_monitor, kernel_time, timers
+from benches.sweep import gpu_monitor, kernel_time, timers
+from benches.sweep import row_energy as energy
 from benches.sweep.cases import Case, InputCache
-from benches.sweep.energy import Rapl, RaplMeter
 from benches.sweep.energy_counter import energy_metadata
 from benches.sweep.gpu_monitor import GpuMonitor
+from benches.sweep.row_energy import Rapl, RaplMeter
 from benches.sweep.runner import run_case
 from benches.timing import clock as timing
 from benches.timing import plan as timing_plan

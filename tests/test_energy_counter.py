@@ -26,7 +26,6 @@ import pytest
 import torch
 
 from benches.sweep import energy_counter as ec
-from benches.sweep.energy import RaplMeter, RowEnergy, bounded, energy_of
 from benches.sweep.energy_counter import (
     CounterRead,
     GpuEnergyMeter,
@@ -36,6 +35,7 @@ from benches.sweep.energy_counter import (
     probe_counter,
 )
 from benches.sweep.gpu_monitor import GpuMonitor
+from benches.sweep.row_energy import RaplMeter, RowEnergy, bounded, energy_of
 from contract.record import Accounting, CaseId, Energy, RunRow, Timing
 
 LIMIT_W = 700.0

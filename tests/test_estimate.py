@@ -21,7 +21,7 @@ from benches.estimate.price import (
     price,
     price_run,
 )
-from benches.estimate.runs import (
+from benches.estimate.source_runs import (
     CompileTimes,
     compile_times,
     device_runs,

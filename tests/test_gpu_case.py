@@ -13,8 +13,8 @@ import pytest
 from benches.sweep import runner, timers
 from benches.sweep.cases import Case, InputCache
 from benches.sweep.gpu_case import compute_bound
-from benches.sweep.phases import RowSplits, TimeSplit
 from benches.sweep.row_check import Checked
+from benches.sweep.time_split import RowSplits, TimeSplit
 from benches.timing import plan as timing_plan
 from benches.timing.interleave import Sampler
 from kernels import REGISTRY, Target

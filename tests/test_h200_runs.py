@@ -14,7 +14,7 @@ import run_bench
 from contract.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
 from roofline.__main__ import main as roofline_main
 from roofline.report import targets, targets_cli
-from roofline.report.finalize import finalize
+from roofline.report.finalize_run import finalize
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "h200" / "2026-11-26"

@@ -28,7 +28,7 @@ UPWARD = {
     ("benches.fleet.run", "roofline.report.run_time"),
     ("benches.fleet.folder", "roofline.report.fleet"),
     ("benches.fleet.acceptance_report", "roofline.report.style"),
-    ("benches.fleet.finalize", "roofline.report.finalize"),
+    ("benches.fleet.finalize", "roofline.report.finalize_run"),
     # the training step measures the planner's model
     ("benches.step.transformer", "roofline.plan.model"),
     ("benches.step.flops", "roofline.plan.arithmetic"),

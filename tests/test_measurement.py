@@ -560,7 +560,7 @@ def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:
     """A GPU case's stages on a CPU: no sync, no profiler, no flush; every sample `ms`;
     `monitor` the run's NVML monitor (None: no NVML)."""
     from benches.sweep import gpu_case, row_check
-    from benches.sweep.energy import RowEnergy
+    from benches.sweep.row_energy import RowEnergy
 
     monkeypatch.setattr(row_check, "sync", lambda target: None)
     monkeypatch.setattr(gpu_case, "gpu_monitor", lambda: monitor)

@@ -381,7 +381,7 @@ def test_the_check_command_on_the_cpu_example_and_bad_input(capsys):
 def test_finalize_writes_a_killed_runs_rows_checked(tmp_path):
     """A run killed before its last write: its journal's rows go into results.json and
     results.csv through the same check as the sweep's writer."""
-    from roofline.report.finalize import finalize
+    from roofline.report.finalize_run import finalize
 
     run = tmp_path / "run"
     run.mkdir()

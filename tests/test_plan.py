@@ -75,7 +75,7 @@ def test_32_h100_for_two_weeks_trains_12_6b_on_253b_tokens(capsys):
 
 
 def test_the_plan_document_keeps_its_keys_in_order(capsys):
-    """plan.json's readers (render.py, plot.py, step_plot.py, scripts) see the same
+    """plan.json's readers (plan_text.py, gemm_plot.py, step_plot.py, scripts) see the same
     document whatever steps build it: its keys, their order, the budget's optional ones."""
     p = run_plan(capsys, "--preset", "llama3-8b", "--gpus", "32", "--days", "14")
     assert list(p) == [
@@ -371,7 +371,7 @@ def test_a_failed_plan_leaves_no_folder_behind(capsys, tmp_path, monkeypatch):
 
 
 def test_plan_png_sizes_markers_by_share_of_step_time():
-    from roofline.plan.plot import marker_area, plot_plan
+    from roofline.plan.gemm_plot import marker_area, plot_plan
 
     gemms = step_gemms(PRESETS["gpt2-small"], 1)
     for i, g in enumerate(gemms):

@@ -23,8 +23,8 @@ from contract.models import PRESETS
 from roofline.plan.arithmetic import step_gemms
 from roofline.plan.harness import Harness
 from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequest
+from roofline.plan.plan_text import sections
 from roofline.plan.planner import build_plan
-from roofline.plan.render import sections
 from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections
 from tests.test_step_accounting import Events
 

@@ -1,4 +1,4 @@
-"""Where a run's time goes (benches/sweep/phases.py): the accounting object's arithmetic on a
+"""Where a run's time goes (benches/sweep/time_split.py): the accounting object's arithmetic on a
 fake clock, Triton's compiles booked out of the phase they happen in, a real CPU run's
 split against its wall time measured from outside, summary.md's and the console's line,
 and the work each case does once for both its providers and cache modes."""
@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from benches.sweep import cases as cases_mod
-from benches.sweep import phases, runner, timers
-from benches.sweep.phases import TimeSplit
+from benches.sweep import runner, timers
+from benches.sweep import time_split as phases
+from benches.sweep.time_split import TimeSplit
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe, GraphSampler
 from contract.phases import PHASES

@@ -1,4 +1,4 @@
-"""A sweep priced from a run that measured it (runs.py): each case at what the same case
+"""A sweep priced from a run that measured it (source_runs.py): each case at what the same case
 cost there, a case it lacks at the nearest measured case of its family scaled by their
 roofline bounds under the run's ceilings, its Triton compiles and tunings at the seconds
 the device's runs measured for the cache's state, and what the run spent once (start-up,
@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from benches.estimate.runs import COUNTED, CompileTimes, Item, Row, Run
+from benches.estimate.source_runs import COUNTED, CompileTimes, Item, Row, Run
 from benches.sweep.cases import Case
 from benches.timing.plan import bound_ms
 from contract.ceilings import Ceilings

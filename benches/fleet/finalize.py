@@ -9,7 +9,7 @@ gathered the ranks' rows; a fleet killed before then (SIGKILL, a lost machine, a
 hard limit) has journals only in its rank folders, which a glob for
 <fleet>/rows.jsonl never finds.  Here:
 
-1. every journal under DIR is written whole (roofline.report.finalize: the run stays
+1. every journal under DIR is written whole (roofline.report.finalize_run: the run stays
    incomplete, its journal removed once results.json holds its rows);
 2. every fleet folder under DIR without its fleet.md (rank 0 never finished writing it)
    is written from its rank folders: each rank's rows with its rank, host and GPU (from
@@ -40,7 +40,7 @@ from contract.record import RunRow, parse_row
 from contract.request import RunRequest
 from contract.run_meta import RunMeta, parse_meta
 from contract.schema import RESULTS_JSON, ROWS_JOURNAL, RunLoadError, read_doc
-from roofline.report.finalize import FinalizeError, finalize
+from roofline.report.finalize_run import FinalizeError, finalize
 
 USAGE = "python -m benches.fleet.finalize DIR [--no-plots]"
 FLEET_MD = "fleet.md"

@@ -110,7 +110,7 @@ def rank_info(meta: RunMeta, rank: int, host: str, local_rank: int | None,
     """What the fleet keeps of one rank (a JSON document: posted to rank 0, kept in the
     fleet's metadata.fleet.ranks, read by roofline/report/fleet.py): who it was, its
     device, its measured copy bandwidth, its exit code (None: not known, as for a rank a
-    kill ended) and where its time went (benches/sweep/phases.py), from its run's
+    kill ended) and where its time went (benches/sweep/time_split.py), from its run's
     metadata."""
     measured = meta.ceilings.get("measured") or {}
     return {"rank": rank, "host": host, "local_rank": local_rank,

@@ -32,8 +32,8 @@ def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
     from benches.rehearse.tensors import DeviceMemory
     from benches.sweep import triton_cache
     from benches.sweep.cases import build_cases
-    from benches.sweep.phases import TimeSplit, compiles_booked
     from benches.sweep.row_setup import shipped_configs_of
+    from benches.sweep.time_split import TimeSplit, compiles_booked
     from kernels.spec import fp8_accum
     from kernels.triton_utils import run_launch_with
     from kernels.tuning import set_device_identity

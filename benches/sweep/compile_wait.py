@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only
-    from benches.sweep.phases import TimeSplit
+    from benches.sweep.time_split import TimeSplit
 
 WAIT_ENV = "GPUBENCH_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 90.0

@@ -16,7 +16,7 @@ is zero or a whole step over a short span (docs/measurement.md, "Energy").  Here
    two changes (`fit_edges`): the window's ends, which fall anywhere within a step, do
    not count.  A row's power is empty, with the reason, where no window can be long
    enough, the counter did not move, its steps vary too much for the precision, or the
-   power falls outside its bounds (benches.sweep.energy.power_bounds_reason).
+   power falls outside its bounds (benches.sweep.row_energy.power_bounds_reason).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import Any
 
 from scipy.special import stdtrit
 
-from benches.sweep import energy
-from benches.sweep.energy import (
+from benches.sweep import row_energy as energy
+from benches.sweep.gpu_monitor import load_pynvml, nvml_handle
+from benches.sweep.row_energy import (
     POWER_LIMIT_SLACK,
     RAPL_ROOT,
     Rapl,
     RowEnergy,
     power_bounds_reason,
 )
-from benches.sweep.gpu_monitor import load_pynvml, nvml_handle
 
 METHOD = "nvml counter edges"
 # The probe's bound: long enough to see two changes of a counter stepping every 100 ms

@@ -22,12 +22,12 @@ import torch
 from benches.sweep import kernel_time
 from benches.sweep.budget import RowBudget
 from benches.sweep.cases import Copies, InputCache, SweepContext, set_timing
-from benches.sweep.energy import RowEnergy
 from benches.sweep.energy_counter import GpuEnergyMeter
 from benches.sweep.gpu_monitor import gpu_monitor
-from benches.sweep.phases import RowSplits, TimeSplit
 from benches.sweep.row_check import Checked, error_row, plain_call
+from benches.sweep.row_energy import RowEnergy
 from benches.sweep.throttle import time_unthrottled
+from benches.sweep.time_split import RowSplits, TimeSplit
 from benches.sweep.timers import GpuTimer, Prepared, RowCall, timer_for, timing_method
 from benches.timing import clock
 from benches.timing.interleave import Sampler, Sustained, batch_size, sample_case

@@ -27,7 +27,6 @@ from benches.sweep.cases import Case, SweepContext, build_cases
 from benches.sweep.console import console, print_devices, print_kernels, print_summary
 from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.interrupt import Terminated, exit_code, signal_name
-from benches.sweep.phases import RowSplits, TimeSplit, compiles_booked
 from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.sweep.retime import RETIME_ROUNDS, Retimer
 from benches.sweep.run_folder import (
@@ -39,6 +38,7 @@ from benches.sweep.run_folder import (
 )
 from benches.sweep.shapes import ShapeError
 from benches.sweep.throttle import ThrottleConfig, run_clock_facts
+from benches.sweep.time_split import RowSplits, TimeSplit, compiles_booked
 from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
 from contract.devices import DeviceError, DeviceModel, Present, resolve_device
@@ -432,7 +432,7 @@ def _gate(chk: Checked, cfg: SweepContext, run_dir: Path, writer: ResultWriter) 
 
 
 def _record_split(writer: ResultWriter, split: TimeSplit) -> None:
-    """The run's time split so far into its metadata (benches/sweep/phases.py): seconds per
+    """The run's time split so far into its metadata (benches/sweep/time_split.py): seconds per
     phase and the wall time since the process started, which they add up to, and the
     Triton compiles the sweep asked for (built, or loaded from Triton's cache)."""
     writer.update(time__time_split_s=split.split(), time__wall_s=split.wall_s(),

@@ -22,7 +22,6 @@ from benches.sweep.failures import (
     is_oom,
     is_sticky_cuda_error,
 )
-from benches.sweep.phases import TimeSplit
 from benches.sweep.row_setup import (
     bound_triton_call,
     first_call_tunes,
@@ -30,6 +29,7 @@ from benches.sweep.row_setup import (
     shipped_configs_of,
     triton_launches_of,
 )
+from benches.sweep.time_split import TimeSplit
 from contract.record import Build, RunRow
 from kernels import DTYPES, Target
 from kernels.compiled import first_call

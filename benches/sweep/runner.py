@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from benches.sweep import energy
+from benches.sweep import row_energy as energy
 from benches.sweep.budget import RowBudget, RunBudget
 from benches.sweep.cases import (
     Case,
@@ -36,8 +36,8 @@ from benches.sweep.interrupt import (
     restore_handlers_after_compiles,
     signal_name,
 )
-from benches.sweep.phases import RowSplits, TimeSplit
 from benches.sweep.row_check import Checked, check_case, error_row, plain_call
+from benches.sweep.time_split import RowSplits, TimeSplit
 from benches.sweep.timers import CPU_TIMERS, RowCall, RowTimer, sweep_cache, timer_for
 from benches.timing.clock import Timing, summarize
 from benches.timing.plan import CpuPlan, OverBudget, cpu_round_config, plan_cpu
@@ -57,7 +57,7 @@ def run_case(case: Case, cfg: SweepContext, cache: InputCache,
     On a CPU the checked call is timed: it sizes the row's samples within its budget
     (`budget`: the run's share; its call_s and plan are filled in), and a row whose
     minimum samples cannot fit the row budget is skipped after its check.  `split` books
-    the row's time by phase (benches/sweep/phases.py)."""
+    the row's time by phase (benches/sweep/time_split.py)."""
     budget = budget if budget is not None else RowBudget()
     split = split if split is not None else TimeSplit()
     got = check_case(case, cfg, cache, budget, split)
@@ -140,7 +140,7 @@ def iterate(cases: list[Case], cfg: SweepContext, split: TimeSplit | None = None
     further round of the chunk is timed in turn, and the chunk's rows are yielded
     together.  An interrupt (or any exception) yields the chunk's rows timed so far,
     over the rounds they completed (n_samples says how many), before it propagates.
-    `split` books the sweep's time by phase (benches/sweep/phases.py)."""
+    `split` books the sweep's time by phase (benches/sweep/time_split.py)."""
     budget = RunBudget(cfg.timing.row_budget_s, cfg.run_budget_s)
     split = split if split is not None else TimeSplit()
     restore_handlers_after_compiles()

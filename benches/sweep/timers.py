@@ -38,7 +38,7 @@ from benches.sweep.cases import (
     make_copies,
 )
 from benches.sweep.failures import error_message, is_sticky_cuda_error
-from benches.sweep.phases import TimeSplit
+from benches.sweep.time_split import TimeSplit
 from benches.timing.clock import (
     Dispatch,
     Rotation,

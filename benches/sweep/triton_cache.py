@@ -208,7 +208,7 @@ def _die_with(parent: int) -> None:
 def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
     """One job in a worker: {"job", "compiled", "built" (not in Triton's cache, as its
     compilation listener says), "launchers" (built)} or {"job", "error"}."""
-    from benches.sweep.phases import TimeSplit, compiles_booked
+    from benches.sweep.time_split import TimeSplit, compiles_booked
 
     kernel, dtype, shape, sms, cc = job
     os.environ.update(order["env"])  # what the sweep set after the worker started

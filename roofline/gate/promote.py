@@ -31,7 +31,6 @@ from roofline.gate.rules import (
     SAFE_KEY,
     CompareError,
     one_line,
-    row_label,
     status_of,
 )
 from roofline.gate.runs import GateRun, incomplete_reasons, read_run, run_device_key
@@ -119,7 +118,7 @@ def _row_refusal(run: str | Path, read: GateRun) -> None:
     compared with."""
     if read.unusable:
         first = min(read.unusable)
-        raise CompareError(f"cannot promote {run}: row {row_label(read.doc.rows[first])}: "
+        raise CompareError(f"cannot promote {run}: row {read.doc.rows[first].label()}: "
                            f"{read.unusable[first]}")
 
 

@@ -33,7 +33,6 @@ from roofline.gate.rules import (
     CompareError,
     Retime,
     one_line,
-    row_label,
     rows_text,
     status_of,
 )
@@ -241,7 +240,7 @@ def benchmark_entries(rows: Sequence[RunRow],
             extra += f"; vs baseline: {v.verdict}"
             if math.isfinite(v.ratio):
                 extra += f" ({_fmt_ratio(v.ratio)} time)"
-        entries.append(BenchmarkEntry(row_label(row), unit, float(value), extra))
+        entries.append(BenchmarkEntry(row.label(), unit, float(value), extra))
     return entries
 
 

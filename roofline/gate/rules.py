@@ -18,10 +18,8 @@ from contract.cli import UsageError
 from contract.devices import DeviceError, get_device_model
 from contract.record import RunRow
 from contract.schema import (
-    CACHE,
     SAMPLES,
     RowKey,
-    row_name,
 )
 
 # Default threshold (percent, on the ratio of median times) by device kind.  It has to sit
@@ -233,12 +231,3 @@ def rows_text(n: int) -> str:
 def status_of(row: RunRow) -> str:
     """A row's status as the gate reads it (status_column's: stripped, lower case)."""
     return row.status.strip().lower()
-
-
-def row_label(row: RunRow, sep: str = "/") -> str:
-    """schema.row_name of a row record: kernel/provider/dtype/shape, and its cache mode
-    where that is not its device's native one."""
-    case = row.case
-    return row_name({"kernel": case.kernel, "provider": case.provider, "dtype": case.dtype,
-                     "shape": case.shape, CACHE: case.cache, "device": row.accounting.device,
-                     "timer": row.timing.timer}, sep)

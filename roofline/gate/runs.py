@@ -39,7 +39,6 @@ from roofline.gate.rules import (
     join_notes,
     one_line,
     parse_allow,
-    row_label,
     rows_text,
     status_of,
     time_problem,
@@ -121,7 +120,7 @@ def _check_baseline_rows(run: GateRun, path: str | os.PathLike) -> None:
                            "nothing to compare with")
     if run.unusable:
         first = min(run.unusable)
-        raise CompareError(f"baseline {path}: row {row_label(run.doc.rows[first])}: "
+        raise CompareError(f"baseline {path}: row {run.doc.rows[first].label()}: "
                            f"{run.unusable[first]}")
 
 

@@ -21,7 +21,7 @@ from contract.record import RunRow, flat
 from contract.request import RequestError, RunRequest
 from contract.run_meta import RunMeta, meta_json
 from contract.schema import ALL_COLUMNS, RESULTS_JSON, STATUSES, RowKey, RunDoc, RunLoadError
-from roofline.gate.rules import row_label, status_of
+from roofline.gate.rules import status_of
 from roofline.gate.runs import GateRun, incomplete_reasons, load_checked, run_device_key
 from roofline.gate.stats import fast_end
 from roofline.history.errors import HistoryError
@@ -198,8 +198,8 @@ def _stored_rows(run: str | os.PathLike, read: GateRun) -> list[StoredRow]:
     for i, row in enumerate(read.doc.rows):
         s = _summary(row)
         if s.status not in STATUSES:
-            raise HistoryError(f"{run}: row {row_label(row)} has status {row.status!r}")
+            raise HistoryError(f"{run}: row {row.label()} has status {row.status!r}")
         if i in read.unusable:
-            raise HistoryError(f"{run}: row {row_label(row)}: {read.unusable[i]}")
+            raise HistoryError(f"{run}: row {row.label()}: {read.unusable[i]}")
         by_key[s.key] = s
     return list(by_key.values())

@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from contract.schema import load_doc
-from roofline.gate.rules import row_label
 from roofline.history.changepoints import (
     DEFAULT_ALPHA,
     DEFAULT_MIN_CHANGE,
@@ -60,7 +59,7 @@ def record_noise(runs: Sequence[str | os.PathLike], note: str = "") -> dict[str,
     JSON document (load_noise reads it back)."""
     per_run = []
     for run in runs:
-        per_run.append({row_label(r): [float(f"{x:.4g}") for x in r.timing.samples_ms]
+        per_run.append({r.label(): [float(f"{x:.4g}") for x in r.timing.samples_ms]
                         for r in load_doc(run).rows if r.ok and r.timing.samples_ms})
     names = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
     return {"note": note, "runs": len(per_run),

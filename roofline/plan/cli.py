@@ -29,8 +29,8 @@ from roofline.plan.plan_request import (
     PlanRequest,
     TrainingRequest,
 )
+from roofline.plan.plan_text import print_tables, render_markdown
 from roofline.plan.planner import build_plan
-from roofline.plan.render import print_tables, render_markdown
 
 
 def request_of(args: argparse.Namespace) -> PlanRequest:
@@ -104,7 +104,7 @@ def _write(plan: dict[str, Any], dest: Path) -> str | None:
     dest.mkdir(parents=True, exist_ok=True)
     png = None
     if plan["step"]["ms"] is not None:
-        from roofline.plan.plot import plot_plan
+        from roofline.plan.gemm_plot import plot_plan
 
         plot_plan(plan, dest / "plan.png")
         png = "plan.png"

@@ -292,7 +292,7 @@ def _document(request: PlanRequest, shape: ModelShape | None, params: float | No
               budget: Budget | None, training: Training, versus: list[dict[str, Any]],
               memory: Memory, gemms: list[Gemm], warnings: list[str]) -> dict[str, Any]:
     """The plan's JSON document from its steps' records, in the order its readers
-    (roofline/plan/render.py, plan.json) have always had it."""
+    (roofline/plan/plan_text.py, plan.json) have always had it."""
     flops, m = training.flops, memory
     return {
         "model": _model_doc(shape, params),

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from contract.devices import ROOF_CLASS
 from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
-from roofline.plan.plot import marker_area, roofline_axes
+from roofline.plan.gemm_plot import marker_area, roofline_axes
 from roofline.report.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}

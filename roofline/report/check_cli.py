@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from contract.cli import Parser
 from contract.physics import Withheld, counts, value_text
-from contract.rows import row_label
 from contract.schema import RunLoadError, load_doc
 
 
@@ -33,7 +32,7 @@ class Found:
 def run_findings(run: str) -> list[Found]:
     """Every withheld value of a run, in row order (RunLoadError for a run that cannot
     be read)."""
-    return [Found(run, row_label(r), w) for r in load_doc(run).rows for w in r.withheld]
+    return [Found(run, r.label(), w) for r in load_doc(run).rows for w in r.withheld]
 
 
 def count_line(found: list[Found]) -> str:

@@ -85,6 +85,6 @@ def row_time_sections(meta: dict[str, Any]) -> list[str]:
     table = md_table_lines(["kernel provider", "rows", *phases, "total"], body,
                            "l" + "r" * (len(phases) + 2))
     return ["## Where the rows' time went",
-            "Each row's own seconds by phase (benches/sweep/phases.py), summed by kernel and "
+            "Each row's own seconds by phase (benches/sweep/time_split.py), summed by kernel and "
             "provider: what the sweep spends beside the samples (`timing`), and on which "
             "rows.\n\n" + "\n".join(table)]

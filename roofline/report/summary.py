@@ -23,7 +23,7 @@ from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
 from contract.physics import ratio_text
 from contract.record import RunRow
-from contract.rows import Ceiling, clean_rows, row_mode_tag, run_ceilings
+from contract.rows import Ceiling, clean_rows, run_ceilings
 from contract.run_meta import JsonDoc, RunMeta, meta_json
 from contract.schema import (
     ROOFLINE_PNG,
@@ -61,7 +61,7 @@ from roofline.report.withheld import withheld_sections
 def _shape(r: RunRow) -> str:
     """A row's shape cell, with the row's mode when it is not its device's native one
     (schema.mode_tag: "warm" on a GPU, "cold" on a CPU)."""
-    tag = row_mode_tag(r)
+    tag = r.mode_tag
     return f"`{r.case.shape}`" + (f" {tag}" if tag else "")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from contract.devices import ROOF_CLASS
 from contract.physics import clocks_differ, clocks_text
 from contract.record import RunRow
-from contract.rows import DTYPE_ORDER, positive_float, row_mode_tag, run_ceilings
+from contract.rows import DTYPE_ORDER, positive_float, run_ceilings
 from contract.run_meta import RunMeta
 from contract.schema import ROWS_JOURNAL, load_doc, parse_shape
 from kernels.spec import PLAIN_DTYPES
@@ -144,7 +144,7 @@ def _find(runs: Sequence[Run], kernel: str, provider: str, dtype: str,
     return [(i, run, r) for i, run in enumerate(runs) for r in run.rows
             if r.case.kernel == kernel and r.case.provider == provider
             and r.case.dtype == dtype and (dims is None or _dims(r) == dims)
-            and (row_mode_tag(r) == "") == native]
+            and (r.mode_tag == "") == native]
 
 
 def _no_row(runs: Sequence[Run], kernel: str, provider: str, dtype: str,

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from contract.cli import Parser
 from contract.record import RunRow
-from contract.rows import row_mode_tag
 from contract.schema import RunLoadError, atomic_write_text
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
@@ -43,7 +42,7 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
         # A case's cold and warm rows are two rows (schema.ROW_ID): one must not hide
         # the other.  Keyed by mode_tag ("" for the device's native mode, which a row
         # without a `cache` cell has), so a native row's name reads as it always did.
-        return {(*_case(r), row_mode_tag(r)): r.status for r in run.rows}
+        return {(*_case(r), r.mode_tag): r.status for r in run.rows}
 
     asked = [sel for run in (plain, fleet) if (sel := run_selection(run.meta))]
 

@@ -1,6 +1,6 @@
 """`run_bench.py --estimate [selection] [--device D]`: the sweep the same command would run,
 priced phase by phase, Triton's cache cold and warm (a CPU: one column), from what the
-device's newest run measured (price.py, runs.py); nothing is measured or written."""
+device's newest run measured (price.py, source_runs.py); nothing is measured or written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from benches.estimate.price import COLD, FALLBACK_COMPILE, WARM, Walk, item_of, price
-from benches.estimate.runs import compile_times, device_runs, source_run
+from benches.estimate.source_runs import compile_times, device_runs, source_run
 from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
@@ -79,7 +79,7 @@ def run_estimate(req: RunRequest) -> int:
 
 
 def _table(walks: dict[str, Walk]) -> None:
-    t = Table(title="seconds per phase (benches/sweep/phases.py)")
+    t = Table(title="seconds per phase (benches/sweep/time_split.py)")
     t.add_column("phase")
     for label in walks:
         t.add_column(label, justify="right")
