@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benches.sweep.cases import Case, InputCache, RunConfig, base_row
+from benches.sweep.cases import Case, InputCache, SweepContext, base_row
 from benches.sweep.runner import run_case
 from contract.ceilings import Ceilings, datasheet_of
 from contract.devices import DEVICES, Present, host_cpu
+from contract.request import RunRequest, Selection
 from kernels import REGISTRY
 from kernels import blockscaled as bs
 from kernels import matmul_blockscaled as mb
@@ -302,11 +303,11 @@ def test_roof_classes():
 
 
 def _cfg(target: Target, model_key: str, present: Present, ceilings: Ceilings,
-         **kw) -> RunConfig:
-    return RunConfig(kernels=["matmul"], dtypes=list(BLOCK_SCALED), providers=["triton"],
-                     sizes="explicit", explicit_shapes=None, seed=0, check_only=True,
-                     model=DEVICES[model_key], present=present, target=target,
-                     ceilings=ceilings, **kw)
+         ) -> SweepContext:
+    sel = Selection(kernels=("matmul",), dtypes=tuple(BLOCK_SCALED), providers=("triton",),
+                    sizes="explicit", seed=0, check_only=True)
+    return SweepContext(RunRequest(sel), model=DEVICES[model_key], present=present,
+                        target=target, ceilings=ceilings)
 
 
 def test_rows_on_hopper_are_held_against_bf16_and_on_blackwell_against_fp4():
@@ -315,13 +316,14 @@ def test_rows_on_hopper_are_held_against_bf16_and_on_blackwell_against_fp4():
     hopper = _cfg(SM90, "h100", Present("h100", h100.name, "cuda", (9, 0)),
                   Ceilings(datasheet_of(h100), None))
     row = base_row(Case(MATMUL, "triton", "nvfp4", shape), hopper)
-    assert row["roof_class"] == "bf16" and row["peak_tflops"] == h100.peaks_tflops["bf16"]
+    assert (row.value("roof_class"), row.value("peak_tflops")) == (
+        "bf16", h100.peaks_tflops["bf16"])
     blackwell = _cfg(SM100, "gpu", Present("b200", "B200", "cuda", (10, 0)),
                      Ceilings({"tflops": {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0},
                                "hbm_gbps": 8000.0}, None))
     for dtype, rc, peak in (("nvfp4", "fp4", 9000.0), ("mxfp8", "fp8", 4500.0)):
         row = base_row(Case(MATMUL, "torch", dtype, shape), blackwell)
-        assert (row["roof_class"], row["peak_tflops"]) == (rc, peak)
+        assert (row.value("roof_class"), row.value("peak_tflops")) == (rc, peak)
 
 
 @pytest.mark.interpreter
@@ -332,9 +334,9 @@ def test_cpu_check_only_row_is_flagged():
                                "hbm_gbps": 10.0, "l2_gbps": 100.0}))
     row = run_case(Case(MATMUL, "triton", "mxfp4", {"M": 64, "N": 64, "K": 128}), cfg,
                    InputCache())
-    assert row["status"] == "ok", row["reason"]
-    assert row["roof_class"] == "bf16" and row["peak_tflops"] == 0.2
-    assert "emulated: held against the bf16 roof" in row["reason"]
+    assert row.status == "ok", row.reason
+    assert (row.value("roof_class"), row.value("peak_tflops")) == ("bf16", 0.2)
+    assert "emulated: held against the bf16 roof" in row.reason
 
 
 # ---- listing and the planner -------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from benches.sweep.compile_wait import worker_errors
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
-    from benches.sweep.cases import Case, RunConfig
+    from benches.sweep.cases import Case, SweepContext
 
 WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
 COMPILE_FN = "benches.sweep.triton_cache:compile_case"  # "module:name", run per job
@@ -51,7 +51,7 @@ def keep_tuning() -> bool:
     return bool(tuning.cache)
 
 
-def compile_jobs(cases: list[Case], cfg: RunConfig) -> list[Job]:
+def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
     """(kernel, dtype, shape, SM count, capability) of every distinct Triton case the
     sweep will run on this GPU, in run order."""
     if cfg.target.kind != "cuda" or cfg.target.interpret:
@@ -383,7 +383,7 @@ class CompileAhead:
     record = stop  # the run's metadata.compiled_ahead
 
 
-def start(cases: list[Case], cfg: RunConfig, fp8_mode: str,
+def start(cases: list[Case], cfg: SweepContext, fp8_mode: str,
           workers: int | None = None, spawned: Spawned | None = None
           ) -> CompileAhead | None:
     """The sweep's Triton kernels compiling ahead, in `spawned` where given (stopped if
