@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from benches.sweep import compile_wait, triton_cache
-from benches.sweep.run_folder import RequestError
 from benches.sweep.time_split import TimeSplit
+from contract.request import RequestError
 
 FAKES = "tests.compile_wait_fakes"
 

@@ -14,7 +14,7 @@ from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device
-from contract.request import RunRequest
+from contract.request import RequestError, RunRequest
 from contract.run_meta import DeviceFacts
 
 
@@ -52,8 +52,8 @@ def run_estimate(req: RunRequest) -> int:
     cfg = job.sweep_context(req, model, present, interpret=False)
     cases = build_cases(cfg)
     if not cases:
-        raise job.RequestError("nothing to estimate: no selected kernel has a selected "
-                               "dtype and shape (check --kernels, --dtypes and --sizes)")
+        raise RequestError("nothing to estimate: no selected kernel has a selected "
+                           "dtype and shape (check --kernels, --dtypes and --sizes)")
     record = runs if source is None or any(r is source for r in runs) else [*runs, source]
     times = compile_times(record, FALLBACK_COMPILE)
     items = [item_of(c, cfg.target) for c in cases]

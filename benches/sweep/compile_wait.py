@@ -31,7 +31,7 @@ def wait_s() -> float:
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
-        from benches.sweep.run_folder import RequestError  # pandas: only to refuse
+        from contract.request import RequestError  # pandas: only to refuse
 
         raise RequestError(f"{WAIT_ENV}={raw!r}: give the seconds to wait after the "
                            f"ceilings for the compile-ahead workers, 0 or more (0: stop "

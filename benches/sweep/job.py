@@ -30,7 +30,6 @@ from benches.sweep.interrupt import Terminated, exit_code, signal_name
 from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.sweep.retime import RETIME_ROUNDS, Retimer
 from benches.sweep.run_folder import (
-    RequestError,
     check_run_id,
     new_run_dir,
     read_run_doc,
@@ -43,8 +42,7 @@ from benches.timing.plan import TimingConfig
 from contract.ceilings import Ceilings
 from contract.devices import DeviceError, DeviceModel, Present, resolve_device
 from contract.record import RunRow
-from contract.request import RequestError as BadRequest
-from contract.request import RunRequest, resumed_request
+from contract.request import RequestError, RunRequest, resumed_request
 from contract.run_meta import RunMeta, meta_json
 from contract.schema import RESULTS_JSON, RowKey, RunDoc, RunLoadError, parse_row_key
 from contract.versions import check_versions, warning_line
@@ -57,7 +55,7 @@ from roofline.gate.runs import check_baseline
 from roofline.report.run_time import time_split_line
 
 USER_ERRORS: tuple[type[Exception], ...] = (ShapeError, DeviceError, RunLoadError,
-                                             CompareError, RequestError, BadRequest)
+                                             CompareError, RequestError)
 
 
 def finish_run(writer: ResultWriter, run_dir: Path, plots: bool) -> None:

@@ -9,13 +9,9 @@ from datetime import datetime
 from pathlib import Path
 
 from contract.record import RunRow, parse_row
+from contract.request import RequestError
 from contract.run_meta import RunMeta, parse_meta
 from contract.schema import RunLoadError, read_doc, resolve_results_json
-
-
-class RequestError(ValueError):
-    """A flag value the registry does not know (one-line message)."""
-
 
 # Run ids become folder names: plain names only, so `--run-id ../../x` cannot write
 # outside --out.

@@ -267,7 +267,7 @@ def default_workers() -> int:
     half the node's cores shared by its ranks (LOCAL_WORLD_SIZE), at most 8."""
     env = os.environ.get(WORKERS_ENV, "").strip()
     if env and not env.isdigit():
-        from benches.sweep.run_folder import RequestError  # pandas: only to refuse
+        from contract.request import RequestError  # pandas: only to refuse
 
         raise RequestError(f"{WORKERS_ENV}={os.environ[WORKERS_ENV]!r}: give the number of "
                            "compile-ahead worker processes, 0 or more (0: none; unset: "
