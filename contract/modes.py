@@ -1,7 +1,7 @@
 """How a row was timed, as its stored cells say: its cache mode (cold or warm) and what
 its timer's name tells a reader (a CUDA-graph replay launches nothing from the host
 between calls).  A module of its own below contract/schema.py, which re-exports the
-cache-mode names, so that contract/physics.py (which schema.load_run applies) can read a
+cache-mode names, so that contract/physics.py (which schema.load_doc applies) can read a
 row's mode without an import circle.  No pandas: rows here are dicts or pandas rows."""
 
 from __future__ import annotations

@@ -10,17 +10,16 @@ measured is lost and no reader shows it.  Each group of a row checks the numbers
 (contract/record.py: Clocks, Energy, Metrics, Profile, Comparison; the bounds in
 contract/bounds.py); `apply` withholds what they find and what it takes with it.  The
 sweep's writer applies it before a row is written (benches/sweep/results.py) and the
-loader when a saved run is read (contract/schema.py load_doc, load_run through
-`withhold_flat`), so an old run's impossible numbers are withheld wherever they are
-shown.  Applying it twice changes nothing.  The bounds, their margins and why:
-docs/measurement.md, "The physics check".
+loader when a saved run is read (contract/schema.py load_doc), so an old run's
+impossible numbers are withheld wherever they are shown.  Applying it twice changes
+nothing.  The bounds, their margins and why: docs/measurement.md, "The physics check".
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -150,20 +149,6 @@ def checked(rows: Sequence[RunRow], meta: RunMeta) -> tuple[list[RunRow], int]:
 def apply(rows: Sequence[RunRow], meta: RunMeta) -> list[RunRow]:
     """Every row of a run checked (`checked`'s rows)."""
     return checked(rows, meta)[0]
-
-
-def withhold_flat(rows: Sequence[MutableMapping[str, Any]], meta: Mapping[str, Any]) -> int:
-    """The check on rows as the files hold them, in place (results.json's objects: the
-    loader's load_run): each withheld value emptied in its column, the records in
-    WITHHELD; returns how many values were withheld now."""
-    got, n = checked([parse_row(r, lenient=True) for r in rows], parse_meta(meta))
-    for d, row in zip(rows, got, strict=True):
-        for w in row.withheld:
-            d[w.column] = None
-        if row.withheld:
-            d[WITHHELD] = [w.to_json() for w in row.withheld]
-    return n
-
 
 def check(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> list[list[Withheld]]:
     """What each row must have withheld (its records, those it carried included), the

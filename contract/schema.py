@@ -20,7 +20,7 @@ import pandas as pd
 from contract.bounds import WITHHELD, withheld_of, withheld_text
 
 # The cache-mode names and the reading of a row's mode live below this module (physics.py,
-# which load_run applies, reads them too); re-exported here, where readers import them.
+# which load_doc applies, reads them too); re-exported here, where readers import them.
 from contract.modes import (  # noqa: F401
     CACHE,
     CACHE_MODES,
@@ -30,7 +30,6 @@ from contract.modes import (  # noqa: F401
     row_cache,
 )
 from contract.physics import apply as withhold
-from contract.physics import withhold_flat
 from contract.record import COLUMNS as RECORD_COLUMNS
 from contract.record import RunRow, column_types, flat, parse_row
 from contract.run_meta import RunMeta, meta_json, parse_meta
@@ -279,21 +278,6 @@ def _read_checked(p: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if missing:
         raise RunLoadError(f"{p} lacks columns: {', '.join(missing)}")
     return meta, doc["rows"]
-
-
-def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Load a run (folder or results.json) as (metadata, rows DataFrame), the physics
-    check applied to its rows (values no device can produce withheld, each recorded in
-    the row's `withheld` column; the files are not touched)."""
-    p = resolve_results_json(path)
-    meta, rows = _read_checked(p)
-    # The physics check (contract/physics.py): a value no device can produce is withheld
-    # wherever a saved run is shown, whatever version of the suite wrote it.
-    withhold_flat(rows, meta)
-    df = pd.DataFrame(rows)
-    if not len(df):
-        df = pd.DataFrame(columns=ALL_COLUMNS)
-    return meta, df
 
 
 def csv_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -34,7 +34,7 @@ from contract.ceilings import Ceilings
 from contract.record import parse_row
 from contract.request import RunRequest, Selection
 from contract.run_meta import DeviceFacts, RunMeta, parse_meta
-from contract.schema import ALL_COLUMNS, load_run, row_key
+from contract.schema import ALL_COLUMNS, load_doc, row_key
 from kernels import REGISTRY
 from roofline.gate.render import benchmark_entries, render_markdown
 from roofline.gate.verdicts import CompareResult, compare_frames
@@ -66,9 +66,10 @@ def _small_llc_and_fake_ceilings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job, "get_ceilings", lambda *a, **k: Ceilings(None, fake))
 
 
-def _one_run(root: Path) -> tuple[dict[str, Any], pd.DataFrame]:
+def _one_run(root: Path) -> tuple[RunMeta, pd.DataFrame]:
     (run,) = (root / "cpu").iterdir()
-    return load_run(run)
+    doc = load_doc(run)
+    return doc.meta, doc.frame()
 
 
 # ---- a cold + warm CPU run --------------------------------------------------------------
@@ -76,7 +77,7 @@ def _one_run(root: Path) -> tuple[dict[str, Any], pd.DataFrame]:
 def test_a_cold_and_warm_cpu_run_writes_both_rows(tmp_path: Path) -> None:
     assert run_bench.main([*TINY, "--cache", "cold,warm", "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
-    assert RunRequest.from_json(meta["request"]).selection.cache == ("cold", "warm")
+    assert RunRequest.from_json(meta.request).selection.cache == ("cold", "warm")
     rows = {r["cache"]: r for r in df.to_dict("records")}
     assert set(rows) == {"cold", "warm"} and len(df) == 2
     assert all(r["status"] == "ok" and r["shape"] == "n=4096" for r in rows.values())
@@ -100,7 +101,7 @@ def test_the_default_cpu_run_is_warm_only_and_a_gpus_cold(tmp_path: Path) -> Non
     assert run_bench.main([*TINY, "--out", str(tmp_path)]) == 0
     meta, df = _one_run(tmp_path)
     # A CPU's default is what its timer always measured: blocks on the same buffers.
-    assert RunRequest.from_json(meta["request"]).selection.cache is None  # the default
+    assert RunRequest.from_json(meta.request).selection.cache is None  # the default
     assert list(df["cache"]) == ["warm"]
     (run,) = (tmp_path / "cpu").iterdir()
     assert "| warm |" not in (run / "summary.md").read_text()  # no gap: one mode

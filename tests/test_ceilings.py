@@ -24,7 +24,7 @@ from benches.timing.plan import (
     plan_cpu,
 )
 from contract.devices import DEVICES, Present, host_cpu
-from contract.schema import load_run
+from tests.run_docs import load_run
 
 COPY_BYTES_CPU = 1 << 28  # the DRAM copy measure() makes on a CPU
 # A ceiling's CPU timing in miniature: 5 samples or 10 ms of them, within 0.06 s.

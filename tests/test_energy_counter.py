@@ -34,24 +34,24 @@ from benches.sweep.energy_counter import (
     plan_window,
     probe_counter,
 )
-from benches.sweep.gpu_monitor import GpuMonitor
+from benches.sweep.gpu_monitor import GpuMonitor, Reading
 from benches.sweep.row_energy import RaplMeter, RowEnergy, bounded, energy_of
 from contract.record import Accounting, CaseId, Energy, RunRow, Timing
 
 LIMIT_W = 700.0
 
 
-def window_power_w(readings: list[dict]) -> float | None:
+def window_power_w(readings: list[Reading]) -> float | None:
     """How a row's power was taken before the meter (reproduced here, no longer in the
     code): the counter's rise between a timing window's first and last readings over the
     time between them, where they span 10 ms; else the mean of its power readings."""
-    counted = sorted((float(r["t"]), float(r["energy_mj"])) for r in readings
-                     if isinstance(r.get("energy_mj"), int | float))
+    counted = sorted((float(r.t), float(r.energy_mj)) for r in readings
+                     if isinstance(r.energy_mj, int | float))
     if len(counted) >= 2:
         (t0, e0), (t1, e1) = counted[0], counted[-1]
         if t1 - t0 >= 0.01 and e1 >= e0:
             return (e1 - e0) / 1e3 / (t1 - t0)
-    power = [float(r["power_w"]) for r in readings if isinstance(r.get("power_w"), float)]
+    power = [float(r.power_w) for r in readings if isinstance(r.power_w, float)]
     return sum(power) / len(power) if power else None
 READ_S = 20e-6  # one counter read's cost in virtual time
 ROW_WATTS = [95.0, 180.0, 310.0, 450.0, 560.0, 640.0, 690.0, 700.0]
@@ -503,14 +503,14 @@ def test_the_runs_metadata_says_how_the_counter_moves(cuda_props):
 def test_the_old_windows_powers_are_bounded():
     """The old timing window over 30 ms holding one 70 J step: 2,333 W, not written; a
     window without a step: 0 W, not written; each says why."""
-    step = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 71_000}]
+    step = [Reading(10.0, energy_mj=1_000), Reading(10.03, energy_mj=71_000)]
     power = window_power_w(step)
     assert power == pytest.approx(70 / 0.03)
     e = bounded(power, "nvml timing window", LIMIT_W)
     assert e.power_w is None and e.power_limit_w == LIMIT_W
     assert e.note == "energy: 2333 W is above 1.05 x the 700 W power limit: not written"
     assert e.group(1.0, 1e12, 0) == Energy(power_limit_w=LIMIT_W)  # the limit alone
-    flat = [{"t": 10.0, "energy_mj": 1_000}, {"t": 10.03, "energy_mj": 1_000}]
+    flat = [Reading(10.0, energy_mj=1_000), Reading(10.03, energy_mj=1_000)]
     assert bounded(window_power_w(flat), "nvml timing window", LIMIT_W).reason == \
         "mean power 0 W is at or below zero: not written"
     # 735 W is 1.05 x 700 W: written; 736 W is not

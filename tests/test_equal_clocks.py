@@ -93,14 +93,14 @@ class ThrottlingGpu:
         i = bisect.bisect_right(self.starts, t_s * 1e6) - 1
         return self.clocks[max(0, i)]
 
-    def readings(self, t0: float, t1: float) -> list[dict]:
+    def readings(self, t0: float, t1: float) -> list[Reading]:
         """NVML's SM clock every READ_EVERY_S over [t0, t1] (s)."""
         n = max(1, int((t1 - t0) / READ_EVERY_S))
         ts = [t0 + (t1 - t0) * (i + 0.5) / n for i in range(n)]
-        return [{"t": t, "sm_clock_mhz": self.clock_at(t)} for t in ts]
+        return [Reading(t, sm_clock_mhz=self.clock_at(t)) for t in ts]
 
     def clock_between(self, t0: float, t1: float) -> float | None:
-        return statistics.median(r["sm_clock_mhz"] for r in self.readings(t0, t1))
+        return statistics.median(r.sm_clock_mhz for r in self.readings(t0, t1))
 
     def install(self, monkeypatch: pytest.MonkeyPatch, flush_us: float = 55.0) -> None:
         gpu = self

@@ -12,7 +12,8 @@ import pytest
 
 from benches.fleet import finalize as ff
 from benches.fleet.folder import RANK_FILE
-from contract.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
+from contract.schema import RESULTS_JSON, ROWS_JOURNAL
+from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "h200" / "2026-11-26" / "matmul-8192"

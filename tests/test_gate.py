@@ -15,7 +15,8 @@ import pytest
 
 import run_bench
 from benches.sweep import job, run_folder, runner
-from contract.schema import ROWS_JOURNAL, journal_rows, load_run
+from contract.schema import ROWS_JOURNAL, journal_rows
+from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--sizes", "n=2048", "--kernels", "add,mul", "--dtypes", "fp32",

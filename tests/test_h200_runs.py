@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import run_bench
-from contract.schema import RESULTS_JSON, ROWS_JOURNAL, load_run
+from contract.schema import RESULTS_JSON, ROWS_JOURNAL
 from roofline.__main__ import main as roofline_main
 from roofline.report import targets, targets_cli
 from roofline.report.finalize_run import finalize
+from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "results" / "h200" / "2026-11-26"

@@ -33,9 +33,9 @@ from contract.devices import DEVICES, Present, host_cpu, match_sku
 from contract.record import Profile
 from contract.request import Measurement, RunRequest, Selection
 from contract.run_meta import meta_json
-from contract.schema import load_run
 from kernels import REGISTRY, Target
 from kernels.spec import DTYPES, UnsupportedShape
+from tests.run_docs import load_run
 
 FAST = TimingConfig(cpu_min_run_time_s=0.005)
 
@@ -500,7 +500,7 @@ def test_power_and_thermal_reasons_are_reported_beside_the_clock(reasons, names,
     mon = gpu_monitor.GpuMonitor(nv, nv.devs[1])
     t0 = time.monotonic()
     w = mon.window(t0, time.monotonic())
-    assert w["sm_clock_mhz"] == 1755.0 and w["throttle_reasons"] == names
+    assert w.sm_clock_mhz == 1755.0 and list(w.throttle_reasons) == names
 
 
 def _wait_for_readings(mon, n: int, what: str) -> None:
@@ -526,10 +526,10 @@ def test_monitor_samples_during_the_row(monkeypatch):
         w = mon.window(t0, time.monotonic())
     finally:
         mon.stop()
-    assert w["throttle_reasons"] == ["sw_power_cap"]  # seen only by the background samples
+    assert w.throttle_reasons == ("sw_power_cap",)  # seen only by the background samples
     assert len(mon.readings) >= 7
-    assert mon.summary()["throttle_reasons_seen"] == ["sw_power_cap"]
-    assert mon.summary()["sm_clock_mhz_min"] == 1500
+    assert mon.summary().throttle_reasons_seen == ("sw_power_cap",)
+    assert mon.summary().sm_clock_mhz_min == 1500
 
 
 def steady_sampler(ms: float, cap: int) -> Sampler:
@@ -548,12 +548,12 @@ class ClockMonitor:
     def window(self, t0, t1):
         assert t1 >= t0
         self.windows.append((t0, t1))
-        return {}
+        return gpu_monitor.ClockWindow(None)
 
     def busy_between(self, t0, t1):
         n = max(1, int((t1 - t0) * 1e3))
-        return [{"t": t0 + (t1 - t0) * (i + 0.5) / n, "sm_clock_mhz": self.mhz,
-                 "clock_reasons": 0} for i in range(n)]
+        return [gpu_monitor.Reading(t0 + (t1 - t0) * (i + 0.5) / n, sm_clock_mhz=self.mhz,
+                                    clock_reasons=0) for i in range(n)]
 
 
 def gpu_faked(monkeypatch, monitor=None, ms: float = 0.5) -> None:

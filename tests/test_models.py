@@ -22,7 +22,7 @@ from contract.models import (
     read_hf_config,
     step_shapes,
 )
-from contract.schema import load_run
+from tests.run_docs import load_run
 from tests.test_measurement import cpu_cfg
 
 # A Llama-shaped model small enough to run every kernel of it in a test.

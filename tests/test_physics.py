@@ -23,10 +23,10 @@ from contract.physics import (
     check,
     withheld_of,
 )
-from contract.physics import withhold_flat as apply_flat
 from contract.record import RunRow, parse_row
 from contract.run_meta import parse_meta
-from contract.schema import ALL_COLUMNS, RESULTS_CSV, load_run, row_name
+from contract.schema import ALL_COLUMNS, RESULTS_CSV, row_name
+from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,9 +71,16 @@ def _kinds(records: list[Withheld] | tuple[Withheld, ...]) -> dict[str, str]:
 
 
 def apply(rows: list[dict], meta: dict) -> int:
-    """The check on rows as the files hold them, in place (the loader's path: load_run);
-    how many values it withheld now.  It checks their records (physics.checked)."""
-    return apply_flat(rows, meta)
+    """The check on rows as the files hold them, in place: each withheld value emptied in
+    its column and recorded in WITHHELD, as load_doc's rows show them; how many values it
+    withheld now.  It checks their records (physics.checked)."""
+    got, n = physics.checked([parse_row(r, lenient=True) for r in rows], parse_meta(meta))
+    for d, row in zip(rows, got, strict=True):
+        for w in row.withheld:
+            d[w.column] = None
+        if row.withheld:
+            d[physics.WITHHELD] = [w.to_json() for w in row.withheld]
+    return n
 
 
 def records(*rows: dict, meta: dict = META) -> list[RunRow]:

@@ -19,11 +19,12 @@ from contract.libraries import library_of, library_of_kernel
 from contract.record import Accounting, CaseId, RunRow, Timing
 from contract.request import RequestError, validated
 from contract.run_meta import RunMeta
-from contract.schema import RunDoc, load_run
+from contract.schema import RunDoc
 from contract.speedup import with_speedups
 from kernels import ALL_PROVIDERS, DEFAULT_PROVIDERS, REGISTRY
 from kernels.compiled import Compiled, compile_count, compiled_fn
 from roofline.report.providers import provider_tables
+from tests.run_docs import load_run
 from tests.test_measurement import cpu_cfg
 
 TINY_ATTN = {"B": 1, "H": 1, "S": 16, "D": 16, "causal": 1}

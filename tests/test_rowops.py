@@ -268,9 +268,9 @@ def small_run(tmp_path_factory):
 
 
 def test_small_run_rows_figure_summary_and_gate(small_run, capsys):
-    from contract.schema import load_run
     from roofline.__main__ import main as roofline_main
     from roofline.report import plot
+    from tests.run_docs import load_run
 
     meta, df = load_run(small_run)
     ok = df[df.status == "ok"]

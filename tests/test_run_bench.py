@@ -17,7 +17,8 @@ import pytest
 import run_bench
 from contract.request import RunRequest
 from contract.run_meta import REQUEST_COPY
-from contract.schema import ALL_COLUMNS, COLUMNS, load_run
+from contract.schema import ALL_COLUMNS, COLUMNS
+from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = "n=4099;M=67,K=129;M=48,N=40,K=72"

@@ -20,7 +20,7 @@ import run_bench
 from benches.sweep import gpu_monitor, runner, timers
 from benches.sweep import retime as retime_client
 from benches.sweep.cases import InputCache
-from benches.sweep.gpu_monitor import SLOWDOWN_REASONS
+from benches.sweep.gpu_monitor import SLOWDOWN_REASONS, ClockWindow, MonitorSummary, Reading
 from benches.sweep.runner import run_case
 from benches.sweep.sample_clocks import keep_unthrottled, per_sample_clocks
 from benches.sweep.throttle import (
@@ -47,24 +47,23 @@ class WindowMonitor:
     """A monitor whose windows come from a list, one per timing: each window's readings
     carry its clock and reasons."""
 
-    def __init__(self, windows: list[dict], max_clock: float | None = 2000.0) -> None:
+    def __init__(self, windows: list[ClockWindow], max_clock: float | None = 2000.0) -> None:
         self.windows, self.max_sm_clock_mhz, self.calls = list(windows), max_clock, []
-        self.current: dict = {}
+        self.current = ClockWindow(None)
 
-    def window(self, t0: float, t1: float) -> dict:
+    def window(self, t0: float, t1: float) -> ClockWindow:
         self.calls.append((t0, t1))
         self.current = self.windows.pop(0) if len(self.windows) > 1 else self.windows[0]
         return self.current
 
-    def busy_between(self, t0: float, t1: float) -> list[dict]:
+    def busy_between(self, t0: float, t1: float) -> list[Reading]:
         w = self.current
-        bits = sum(SLOWDOWN_REASONS[n] for n in w["throttle_reasons"])
-        return [{"t": (t0 + t1) / 2, "sm_clock_mhz": w["sm_clock_mhz"],
-                 "clock_reasons": bits}]
+        bits = sum(SLOWDOWN_REASONS[n] for n in w.throttle_reasons)
+        return [Reading((t0 + t1) / 2, sm_clock_mhz=w.sm_clock_mhz, clock_reasons=bits)]
 
 
-CLEAN = {"sm_clock_mhz": 1980.0, "throttle_reasons": []}
-CAPPED = {"sm_clock_mhz": 1400.0, "throttle_reasons": ["sw_power_cap"]}
+CLEAN = ClockWindow(1980.0)
+CAPPED = ClockWindow(1400.0, ("sw_power_cap",))
 
 
 def _timer():
@@ -87,7 +86,7 @@ def one(got):
 @pytest.mark.parametrize("clock, throttled", [(1480.0, True), (1499.0, True),
                                               (1500.0, False), (1520.0, False)])
 def test_threshold_is_a_share_of_the_maximum_sm_clock(clock, throttled):
-    w = {"sm_clock_mhz": clock, "throttle_reasons": []}
+    w = ClockWindow(clock)
     why = throttle_state(w, 2000.0, ThrottleConfig(threshold_pct=75.0))
     assert (why is not None) is throttled
     if throttled:
@@ -99,12 +98,13 @@ def test_threshold_is_a_share_of_the_maximum_sm_clock(clock, throttled):
 def test_a_clock_event_reason_above_the_threshold_is_not_throttling(reason):
     """nvbench's rule: the clock against the threshold, nothing else.  An H100 SXM holds
     its 700 W cap (sw_power_cap) through every long GEMM at a clock near its maximum."""
-    w = {"sm_clock_mhz": 1755.0, "throttle_reasons": [reason]}
+    w = ClockWindow(1755.0, (reason,))
     assert throttle_state(w, 1980.0, ThrottleConfig()) is None
-    why = throttle_state(w | {"sm_clock_mhz": 1400.0}, 1980.0, ThrottleConfig())
+    why = throttle_state(dataclasses.replace(w, sm_clock_mhz=1400.0), 1980.0,
+                         ThrottleConfig())
     assert "1400 MHz" in why and reason in why  # below it: throttled, reasons beside
     assert throttle_state(CLEAN, None, ThrottleConfig()) is None  # no maximum known
-    assert throttle_state({"sm_clock_mhz": None, "throttle_reasons": [reason]}, 1980.0,
+    assert throttle_state(ClockWindow(None, (reason,)), 1980.0,
                           ThrottleConfig()) is None  # no busy reading: cannot be told
 
 
@@ -171,9 +171,9 @@ def test_the_window_covers_the_timing_only(monkeypatch):
     assert marks["inputs"] < marks["reference"] <= t0 <= marks["timing"] <= t1
 
 
-def _reading(t: float, clock: int, reasons: int = 0, power: float = 300.0) -> dict:
-    return {"t": t, "sm_clock_mhz": clock, "power_w": power, "temperature_c": 60,
-            "clock_reasons": reasons}
+def _reading(t: float, clock: int, reasons: int = 0, power: float = 300.0) -> Reading:
+    return Reading(t, sm_clock_mhz=clock, power_w=power, temperature_c=60,
+                   clock_reasons=reasons)
 
 
 def test_the_monitor_leaves_out_readings_before_and_between_timings():
@@ -188,14 +188,12 @@ def test_the_monitor_leaves_out_readings_before_and_between_timings():
                          _reading(t0 - 1.0, 1200, 0x4, power=700.0)])  # reference: capped
     mon.readings.append(_reading(t0 + 0.001, 1740))  # the sampler, while timing
     w = mon.window(t0, t0 + 0.002)
-    assert w == {"sm_clock_mhz": (1740 + 1755) / 2, "throttle_reasons": [],
-                 "idle_readings": 0}
+    assert w == ClockWindow((1740 + 1755) / 2, (), idle_readings=0)
     mon.readings.append(_reading(time.monotonic() + 1.0, 500, 0x20))  # between rows
     s = mon.summary()
-    assert (s["sm_clock_mhz_min"], s["sm_clock_mhz_max"], s["power_w_max"]) == \
-        (1740, 1755, 650.0)
-    assert s["throttle_reasons_seen"] == [] and s["throttled_fraction"] == 0.0
-    assert (s["readings"], s["readings_all"]) == (2, 5)
+    assert (s.sm_clock_mhz_min, s.sm_clock_mhz_max, s.power_w_max) == (1740, 1755, 650.0)
+    assert s.throttle_reasons_seen == () and s.throttled_fraction == 0.0
+    assert (s.readings, s.readings_all) == (2, 5)
 
 
 def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
@@ -242,11 +240,19 @@ def _marked(throttled: bool) -> RunRow:
     return RunRow(CaseId("add", "torch", "fp32", "n=1"), clocks=Clocks(throttled=throttled))
 
 
+# The sampler's summary of a run at 1400-1980 MHz, 690 W at most, power-capped.
+SUMMARY = MonitorSummary(
+    readings=0, readings_idle=0, readings_all=0, interval_s=0.1, sm_clock_mhz_min=1400,
+    sm_clock_mhz_median=1980, sm_clock_mhz_max=1980, power_w_max=690.0,
+    throttled_fraction=None, throttle_reasons_seen=("sw_power_cap",))
+
+
+def _summary(**given: object) -> MonitorSummary:
+    return dataclasses.replace(SUMMARY, **given)
+
+
 def test_run_clock_facts_count_throttled_rows():
-    during = {"readings": 50, "readings_idle": 4, "sm_clock_mhz_min": 1400,
-              "sm_clock_mhz_median": 1980,
-              "sm_clock_mhz_max": 1980, "power_w_max": 690.0, "throttled_fraction": 0.1,
-              "throttle_reasons_seen": ["sw_power_cap"]}
+    during = _summary(readings=50, readings_idle=4, throttled_fraction=0.1)
     start = {"max_sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": 700.0}
     facts = run_clock_facts(during, start, [_marked(True), _marked(False)], ThrottleConfig())
     assert facts["throttle"]["throttled_rows"] == 1
@@ -275,9 +281,7 @@ def _rows(throttled_run: bool) -> list[dict]:
 
 def test_summary_shows_clocks_power_and_throttled_rows():
     meta = {"device_name": "NVIDIA H100 80GB HBM3", "device_key": "h100",
-            **run_clock_facts({"sm_clock_mhz_min": 1400, "sm_clock_mhz_median": 1980,
-                               "sm_clock_mhz_max": 1980, "power_w_max": 690.0,
-                               "throttle_reasons_seen": ["sw_power_cap"]},
+            **run_clock_facts(_summary(readings=None, readings_idle=None),
                               {"max_sm_clock_mhz": 1980, "power_limit_w": 700.0},
                               [_marked(True)], ThrottleConfig())}
 
@@ -384,7 +388,7 @@ def test_a_power_capped_timing_at_full_clock_is_timed_once_and_not_marked():
     assert len(calls) == 1 and cols == Clocks(sm_clock_mhz=1755.0, throttled=False)
     assert note == "clock-event reasons sw_power_cap at SM clock 1755 MHz, above 75% of " \
                    "1980 MHz: not throttled"
-    assert mon.summary()["throttle_reasons_seen"] == ["sw_power_cap"]
+    assert mon.summary().throttle_reasons_seen == ("sw_power_cap",)
 
 
 def test_a_power_capped_timing_below_the_threshold_is_throttled():
@@ -413,10 +417,10 @@ def test_idle_readings_inside_a_window_do_not_read_as_throttling(idle):
         mon.sample()
     dev.update(clock=1755, reasons=0, util=97)
     w = mon.window(t0, time.monotonic())
-    assert w == {"sm_clock_mhz": 1755.0, "throttle_reasons": [], "idle_readings": 3}
+    assert w == ClockWindow(1755.0, (), idle_readings=3)
     assert throttle_state(w, mon.max_sm_clock_mhz, ThrottleConfig()) is None
     s = mon.summary()
-    assert (s["sm_clock_mhz_min"], s["readings"], s["readings_idle"]) == (1740, 3, 3)
+    assert (s.sm_clock_mhz_min, s.readings, s.readings_idle) == (1740, 3, 3)
 
 
 def test_a_window_of_an_idle_gpu_only_cannot_be_throttled():
@@ -442,7 +446,7 @@ def test_a_rows_readings_are_its_own_batches_or_span():
     class Mon:
         def busy_between(self, t0, t1):
             asked.append((t0, t1))
-            return [{"t": t0 + BATCH_SLACK_S, "sm_clock_mhz": 1500.0}]
+            return [Reading(t0 + BATCH_SLACK_S, sm_clock_mhz=1500.0)]
 
     batched = dataclasses.replace(timing.summarize([0.5] * 4, timing_plan.TIMER_FLUSHED),
                                   batches=(Batch(10.0, 10.1, 2), Batch(10.3, 10.4, 2)),
@@ -476,8 +480,8 @@ def test_a_throttled_cell_reads_the_same_wherever_it_comes_from():
 
 # ---- the throttle rule per sample --------------------------------------------------------
 
-def _readings(clocks: list[tuple[float, float]]) -> list[dict]:
-    return [{"t": t, "sm_clock_mhz": c, "clock_reasons": 0} for t, c in clocks]
+def _readings(clocks: list[tuple[float, float]]) -> list[Reading]:
+    return [Reading(t, sm_clock_mhz=c, clock_reasons=0) for t, c in clocks]
 
 
 class ReadingsMonitor:
@@ -485,14 +489,14 @@ class ReadingsMonitor:
 
     max_sm_clock_mhz = 1980.0
 
-    def __init__(self, reads: list[dict]) -> None:
+    def __init__(self, reads: list[Reading]) -> None:
         self.reads, self.last_busy = reads, reads
 
     def window(self, t0, t1):
-        return {}
+        return ClockWindow(None)
 
     def busy_between(self, t0, t1):
-        return [r for r in self.reads if t0 <= r["t"] <= t1]
+        return [r for r in self.reads if t0 <= r.t <= t1]
 
 
 def test_a_batched_samples_clock_is_read_in_its_own_batch_only():
@@ -582,11 +586,11 @@ def test_a_sustained_case_under_the_power_cap_alone_is_not_throttled(bits, susta
     speed it sustains (no sample left out, not marked), not a throttled timing."""
     from benches.sweep.throttle import judge
 
-    reads = [{"t": 10.0 + i * 0.01, "sm_clock_mhz": 1400.0, "clock_reasons": bits}
+    reads = [Reading(10.0 + i * 0.01, sm_clock_mhz=1400.0, clock_reasons=bits)
              for i in range(21)]
     v = judge(_capped_timing(), reads, 1980.0, ThrottleConfig(), sustained=sustained)
     assert (v.why is not None) is throttled
-    assert v.window["sm_clock_mhz"] == 1400.0
+    assert v.window.sm_clock_mhz == 1400.0
     if not throttled:
         assert v.dropped is None and v.timing.n_samples == 20
 

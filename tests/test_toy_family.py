@@ -20,9 +20,8 @@ import kernels
 import run_bench
 from benches.sweep.shapes import ShapeError, parse_sizes, preset_shapes, shapes_for
 from contract.rows import canonical_order, compute_kernels, kernel_order, row_roof_class
-from contract.schema import load_run
 from kernels.spec import DTYPES, Inputs, KernelSpec, Provider, Shape, ShapeGroup, randn
-from tests.run_docs import doc_of
+from tests.run_docs import doc_of, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 

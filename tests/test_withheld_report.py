@@ -13,14 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from contract.schema import ALL_COLUMNS, load_run
+from contract.schema import ALL_COLUMNS, load_doc
 from roofline.__main__ import main as roofline_main
 from roofline.gate.render import render_markdown
 from roofline.gate.runs import compare_runs
 from roofline.report import targets, targets_cli
 from roofline.report.energy import launch_gap_rows
 from roofline.report.summary import render_summary
-from tests.run_docs import doc_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY = ROOT / "results" / "h200" / "2026-11-27"
@@ -53,19 +52,18 @@ def _gpu_runs() -> list[Path]:
 
 @pytest.mark.parametrize("run", _gpu_runs(), ids=lambda p: str(p.relative_to(DAY)))
 def test_no_summary_of_a_committed_run_shows_a_power_past_the_limit(run):
-    meta, df = load_run(run)
-    text = render_summary(doc_of(meta, df))
+    doc = load_doc(run)
+    text = render_summary(doc)
     watts = [float(r[h.index("W")]) for h, body in _tables(text) if "W" in h
              for r in body if r[h.index("W")] not in ("-", "")]
     assert all(w <= 700 * 1.05 for w in watts)
     # Launch gaps are host launch gaps: no CUDA-graph row among them.
-    gaps = launch_gap_rows(df)
+    gaps = launch_gap_rows(doc.frame())
     assert not (gaps["timer"] == "cudagraph").any() if len(gaps) else True
 
 
 def test_the_summary_says_what_was_withheld_and_prints_none_of_it():
-    meta, df = load_run(DAY / "quick-warm2")
-    text = render_summary(doc_of(meta, df))
+    text = render_summary(load_doc(DAY / "quick-warm2"))
     sec = _section(text, "Numbers withheld")
     # The powers held to the 700 W limit itself (a run before the energy meter).
     assert text.index("## Numbers withheld (164)") < text.index("## Best point")
@@ -80,8 +78,7 @@ def test_the_summary_says_what_was_withheld_and_prints_none_of_it():
 
 
 def test_provider_ratios_carry_both_clocks_and_unequal_ones_are_marked():
-    meta, df = load_run(DAY / "matmul-8192")
-    text = render_summary(doc_of(meta, df))
+    text = render_summary(load_doc(DAY / "matmul-8192"))
     provs = _section(text, "Providers (against torch)")
     assert "| `M=8192,N=8192,K=8192` | 1.418 | 1.643, unequal clocks: 0.86x (1,545 vs 1,770 " \
            "MHz) | torch (unequal clocks) | 1.00x |" in provs
@@ -90,8 +87,7 @@ def test_provider_ratios_carry_both_clocks_and_unequal_ones_are_marked():
     # 1 shape, 1 at unequal clocks: no median of code ratios left.
     assert bf16[2:] == ["1", "1", "-", "-", "-", "`M=8192,N=8192,K=8192`",
                         "unequal clocks: 0.86x (1,545 vs 1,770 MHz)"]
-    meta, df = load_run(DAY / "quick")
-    eq = _section(render_summary(doc_of(meta, df)), "Providers (against torch)")
+    eq = _section(render_summary(load_doc(DAY / "quick")), "Providers (against torch)")
     assert re.search(r"\| \d\.\d+x \(1,980 vs 1,980 MHz\) \|", eq)  # equal: read as code
 
 

@@ -2,7 +2,7 @@
 
 ResultWriter.add appends one line to the row journal and one to results.csv; results.json
 is rewritten only by flush().  What the tests pin: add() never rewrites a whole file
-after the first CSV write, results.json is never touched by add(), readers (load_run,
+after the first CSV write, results.json is never touched by add(), readers (load_doc,
 --resume) see every added row through the journal, a torn last line is dropped, and
 close() leaves results.json whole and the journal gone.
 """
@@ -20,7 +20,8 @@ from benches.sweep.results import ResultWriter
 from contract import schema
 from contract.record import Accounting, CaseId, RunRow, Timing
 from contract.run_meta import Provenance, RunMeta, RunState
-from contract.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_doc, load_run, read_doc
+from contract.schema import ALL_COLUMNS, ROWS_JOURNAL, SAMPLES, load_doc, read_doc
+from tests.run_docs import load_run
 
 META = RunMeta(provenance=Provenance(run_id="x"))
 
