@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benches.sweep.gpu_monitor import Reading
 from benches.sweep.sample_clocks import batch_sample_clocks
 from benches.timing import clock as timing
 from benches.timing.interleave import (

@@ -13,7 +13,8 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -34,17 +35,121 @@ SLOWDOWN_MASK = sum(SLOWDOWN_REASONS.values())
 GPU_IDLE_REASON = 0x1
 
 
+# What a reading reads, in this order (nvml_reading), and a light reading
+# (GpuMonitor.fast, during a timing): what a sample's clock, the idle rule and the row's
+# energy need, three NVML calls.
+READ_KEYS = ("sm_clock_mhz", "power_w", "temperature_c", "clock_reasons", "gpu_util_pct",
+             "energy_mj")
+LIGHT_KEYS = ("sm_clock_mhz", "clock_reasons", "energy_mj")
+
+
 def throttle_names(reasons: int) -> list[str]:
     return [n for n, bit in SLOWDOWN_REASONS.items() if reasons & bit]
 
 
-def is_idle(reading: dict[str, Any]) -> bool:
+@dataclass(frozen=True)
+class Reading:
+    """One NVML reading at `t` (the monitor's clock): SM clock (MHz), power (W),
+    temperature (C), clock-event reasons (bits), GPU utilization (%), the total energy
+    counter (mJ).  None: unreadable, or not read (`light`: LIGHT_KEYS only)."""
+
+    t: float
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    clock_reasons: int | None = None
+    gpu_util_pct: float | None = None
+    energy_mj: int | None = None
+    light: bool = False
+
+    # benches/fleet/acceptance*.py still read a reading by key (as when readings were
+    # dicts); everything here reads attributes.  A key not read raises KeyError, as then.
+    def __getitem__(self, key: str) -> object:
+        if key != "t" and (key not in READ_KEYS or self.light and key not in LIGHT_KEYS):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: object = None) -> object:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    @property
+    def clock(self) -> float | None:
+        """The SM clock where it is a number."""
+        c = self.sm_clock_mhz
+        return c if isinstance(c, int | float) else None
+
+    @property
+    def reasons(self) -> int | None:
+        """The clock-event reason bits where they were read."""
+        return self.clock_reasons if isinstance(self.clock_reasons, int) else None
+
+
+def clocks_of(readings: Iterable[Reading]) -> list[float]:
+    """The readings' SM clocks, where numbers."""
+    return [c for r in readings if (c := r.clock) is not None]
+
+
+def reasons_of(readings: Iterable[Reading]) -> list[int]:
+    """The readings' clock-event reason bits, where read."""
+    return [x for r in readings if (x := r.reasons) is not None]
+
+
+def reason_names(readings: Iterable[Reading]) -> tuple[str, ...]:
+    """The power/thermal clock-event reasons any of the readings carried, sorted."""
+    return tuple(sorted({n for x in reasons_of(readings) for n in throttle_names(x)}))
+
+
+@dataclass(frozen=True)
+class ClockWindow:
+    """A timing's clock: the median SM clock of its busy readings (None: none, or none
+    readable), the power/thermal clock-event reasons seen, the idle readings left out;
+    `power_capped`: a clock under the threshold by the power cap alone, on a case warmed
+    to its sustained clock (benches/sweep/throttle.py judge)."""
+
+    sm_clock_mhz: float | None
+    throttle_reasons: tuple[str, ...] = ()
+    idle_readings: int = 0
+    power_capped: bool = False
+
+
+def window_of(readings: list[Reading], idle: int = 0) -> ClockWindow:
+    """The clock window of busy readings (`idle` readings were left out)."""
+    clocks = clocks_of(readings)
+    return ClockWindow(float(statistics.median(clocks)) if clocks else None,
+                       reason_names(readings), idle)
+
+
+@dataclass(frozen=True)
+class MonitorSummary:
+    """Over the busy readings of every timing window (GpuMonitor.summary): how many
+    (`readings`), the idle ones left out, every reading taken, the sampling interval,
+    the SM clock's range, peak power, and the share of readings that carried a
+    power/thermal clock-event reason (`throttled_fraction`: reported, not a throttle
+    verdict) with the reasons seen."""
+
+    readings: int
+    readings_idle: int
+    readings_all: int
+    interval_s: float
+    sm_clock_mhz_min: float | None
+    sm_clock_mhz_median: float | None
+    sm_clock_mhz_max: float | None
+    power_w_max: float | None
+    throttled_fraction: float | None
+    throttle_reasons_seen: tuple[str, ...]
+
+
+
+def is_idle(reading: Reading) -> bool:
     """A reading of an idle GPU: flagged GPU-idle by NVML, or no kernel ran during
     NVML's last utilization period (1/6 s to 1 s).  A timing's window also spans host
     work with the GPU waiting (a CUDA graph's dispatch bursts, input copies and capture):
     the clock read then is an idle or falling clock, not the one the kernels ran at."""
-    reasons, util = reading.get("clock_reasons"), reading.get("gpu_util_pct")
-    return (isinstance(reasons, int) and bool(reasons & GPU_IDLE_REASON)) or \
+    reasons, util = reading.reasons, reading.gpu_util_pct
+    return (reasons is not None and bool(reasons & GPU_IDLE_REASON)) or \
         (isinstance(util, int | float) and util == 0)
 
 
@@ -103,13 +208,8 @@ def _clock_reasons(pynvml: Any, h: Any) -> int:
     return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
 
-# A light reading (GpuMonitor.fast, during a timing): what a sample's clock, the idle
-# rule and the row's energy need, three NVML calls.
-LIGHT_KEYS = ("sm_clock_mhz", "clock_reasons", "energy_mj")
-
-
 def nvml_reading(pynvml: Any, h: Any, light: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+                 clock: Callable[[], float] = time.monotonic) -> Reading:
     """One reading: SM clock (MHz), power (W), temperature (C), clock-event reasons,
     GPU utilization (%), the total energy counter (mJ); `light`: LIGHT_KEYS only."""
     readers = {
@@ -121,15 +221,16 @@ def nvml_reading(pynvml: Any, h: Any, light: bool = False,
         "gpu_util_pct": lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
         "energy_mj": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
     }
-    out: dict[str, Any] = {"t": clock()}
+    t = clock()
+    got = {}
     for key, read in readers.items():
         if light and key not in LIGHT_KEYS:
             continue
         try:
-            out[key] = read()
+            got[key] = read()
         except Exception:
-            out[key] = None
-    return out
+            got[key] = None
+    return Reading(t, light=light, **got)
 
 
 class GpuMonitor:
@@ -146,13 +247,13 @@ class GpuMonitor:
         self.fast_interval_s, self.clock = fast_interval_s, clock
         self._fast = threading.Event()
         self._wake = threading.Event()  # set to read at once (fast(), stop())
-        self.last_readings: list[dict[str, Any]] = []
-        self.last_busy: list[dict[str, Any]] = []
-        self.readings: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.last_readings: list[Reading] = []
+        self.last_busy: list[Reading] = []
+        self.readings: deque[Reading] = deque(maxlen=keep)
         # The busy readings of the timing windows (see window): what the run's clocks,
         # power and throttle facts describe, not the compile and reference work between
         # them nor the idle spells inside a window (counted in idle_in_windows).
-        self.timed: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.timed: deque[Reading] = deque(maxlen=keep)
         self.idle_in_windows = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -164,7 +265,7 @@ class GpuMonitor:
         except Exception:
             self.max_sm_clock_mhz = None
 
-    def sample(self, light: bool = False) -> dict[str, Any]:
+    def sample(self, light: bool = False) -> Reading:
         r = nvml_reading(self.pynvml, self.handle, light, self.clock)
         with self._lock:
             self.readings.append(r)
@@ -207,21 +308,21 @@ class GpuMonitor:
             self._thread.join(timeout=2 * self.interval_s + 1)
             self._thread = None
 
-    def window(self, t0: float, t1: float) -> dict[str, Any]:
+    def window(self, t0: float, t1: float) -> ClockWindow:
         """A timing's clock over [t0, t1] plus one reading taken now (a row shorter than
         the sampling interval still gets one), from the readings of a busy GPU (is_idle):
         the median SM clock (None when every reading was idle or unreadable), the
         power/thermal clock-event reasons seen, and how many idle readings were left out.
         The busy readings are kept for the run's summary."""
         now = self.sample()
-        rs: list[dict[str, Any]] = []
+        rs: list[Reading] = []
         with self._lock:
             # Newest first, stopping at the window's start: a row costs its own readings,
             # not the run's (the deque holds up to `keep` readings).
             for r in reversed(self.readings):
-                if r["t"] < t0:
+                if r.t < t0:
                     break
-                if r["t"] <= t1 and r is not now:
+                if r.t <= t1 and r is not now:
                     rs.append(r)
             rs.reverse()
             rs.append(now)
@@ -230,24 +331,17 @@ class GpuMonitor:
             self.last_readings, self.last_busy = rs, busy
             self.timed.extend(busy)
             self.idle_in_windows += len(rs) - len(busy)
-        clocks = [r["sm_clock_mhz"] for r in busy
-                  if isinstance(r.get("sm_clock_mhz"), int | float)]
-        reasons = [r["clock_reasons"] for r in busy if isinstance(r.get("clock_reasons"), int)]
-        return {
-            "sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
-            "throttle_reasons": sorted({n for x in reasons for n in throttle_names(x)}),
-            "idle_readings": len(rs) - len(busy),
-        }
+        return window_of(busy, len(rs) - len(busy))
 
-    def busy_between(self, t0: float, t1: float) -> list[dict[str, Any]]:
+    def busy_between(self, t0: float, t1: float) -> list[Reading]:
         """The busy readings taken in [t0, t1] (is_idle left out), oldest first, without
         booking them: a row's own share of a case's window (window books the case's)."""
         with self._lock:
             rs = []
             for r in reversed(self.readings):
-                if r["t"] < t0:
+                if r.t < t0:
                     break
-                if r["t"] <= t1 and not is_idle(r):
+                if r.t <= t1 and not is_idle(r):
                     rs.append(r)
         rs.reverse()
         return rs
@@ -255,35 +349,25 @@ class GpuMonitor:
     def clock_between(self, t0: float, t1: float) -> float | None:
         """The median SM clock of the busy readings in [t0, t1] (None: none there): the
         clock a compute-bound case's warm-up watches (benches/timing/interleave.py)."""
-        clocks = [r["sm_clock_mhz"] for r in self.busy_between(t0, t1)
-                  if isinstance(r.get("sm_clock_mhz"), int | float)]
+        clocks = clocks_of(self.busy_between(t0, t1))
         return float(statistics.median(clocks)) if clocks else None
 
-    def summary(self) -> dict[str, Any]:
-        """Over the busy readings of every timing window so far (window): SM clock range,
-        peak power, and the share of readings that carried a power/thermal clock-event
-        reason (`throttled_fraction`: reported, not a throttle verdict); `readings`
-        counts them, `readings_idle` the idle ones left out, `readings_all` every
-        reading."""
+    def summary(self) -> MonitorSummary:
+        """Over the busy readings of every timing window so far (window)."""
         with self._lock:
             rs, n_all, n_idle = list(self.timed), len(self.readings), self.idle_in_windows
-        clocks = [r["sm_clock_mhz"] for r in rs if isinstance(r.get("sm_clock_mhz"), int | float)]
-        power = [r["power_w"] for r in rs if isinstance(r.get("power_w"), int | float)]
-        reasons = [r["clock_reasons"] for r in rs if isinstance(r.get("clock_reasons"), int)]
-        seen = sorted({n for x in reasons for n in throttle_names(x)})
-        return {
-            "readings": len(rs),
-            "readings_idle": n_idle,
-            "readings_all": n_all,
-            "interval_s": self.interval_s,
-            "sm_clock_mhz_min": min(clocks) if clocks else None,
-            "sm_clock_mhz_median": statistics.median(clocks) if clocks else None,
-            "sm_clock_mhz_max": max(clocks) if clocks else None,
-            "power_w_max": max(power) if power else None,
-            "throttled_fraction": (sum(bool(x & SLOWDOWN_MASK) for x in reasons)
-                                   / len(reasons)) if reasons else None,
-            "throttle_reasons_seen": seen,
-        }
+        clocks, reasons = clocks_of(rs), reasons_of(rs)
+        power = [r.power_w for r in rs if isinstance(r.power_w, int | float)]
+        return MonitorSummary(
+            readings=len(rs), readings_idle=n_idle, readings_all=n_all,
+            interval_s=self.interval_s,
+            sm_clock_mhz_min=min(clocks) if clocks else None,
+            sm_clock_mhz_median=statistics.median(clocks) if clocks else None,
+            sm_clock_mhz_max=max(clocks) if clocks else None,
+            power_w_max=max(power) if power else None,
+            throttled_fraction=(sum(bool(x & SLOWDOWN_MASK) for x in reasons)
+                                / len(reasons)) if reasons else None,
+            throttle_reasons_seen=reason_names(rs))
 
 
 _MONITOR: GpuMonitor | None = None
@@ -309,7 +393,7 @@ def gpu_monitor() -> GpuMonitor | None:
     return _MONITOR
 
 
-def stop_gpu_monitor() -> dict[str, Any] | None:
+def stop_gpu_monitor() -> MonitorSummary | None:
     """Stop the sampler (if running) and return its summary."""
     global _MONITOR, _MONITOR_TRIED
     m, _MONITOR, _MONITOR_TRIED = _MONITOR, None, False
@@ -322,7 +406,8 @@ def stop_gpu_monitor() -> dict[str, Any] | None:
 def nvml_snapshot() -> dict[str, Any] | None:
     """Clocks, power and clock-event reasons of the CUDA device in use (matched to its
     NVML device by UUID or PCI bus id), where readable; with the run's sampler summary
-    once one is running."""
+    once one is running.  A JSON document: the run's metadata telemetry.nvml_start and
+    nvml_end, read back by NvmlFacts.of."""
     pynvml = load_pynvml()
     if pynvml is None:
         return None
@@ -335,34 +420,58 @@ def nvml_snapshot() -> dict[str, Any] | None:
             h, how = nvml_handle(pynvml)
         except Exception as e:
             return {"nvml_device": None, "nvml_match": error_message(e)}
-        snap: dict[str, Any] = {"nvml_match": how}
+        snap = {"nvml_match": how}
         with contextlib.suppress(Exception):
             snap["driver"] = decode_nvml(pynvml.nvmlSystemGetDriverVersion())
-        if h is None:
-            return snap
-        with contextlib.suppress(Exception):
-            snap["nvml_uuid"] = decode_nvml(pynvml.nvmlDeviceGetUUID(h))
-        reading = nvml_reading(pynvml, h)
-        reading.pop("t", None)
-        snap.update(reading)
-        extra = {
-            "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-            "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(
-                h, pynvml.NVML_CLOCK_SM),
-            "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-        }
-        for key, read in extra.items():
-            try:
-                snap[key] = read()
-            except Exception:
-                snap[key] = None
-        # Reasons only: a reading at the run's (idle) ends cannot say whether a timing
-        # was throttled; that is judged per row, by its clock (throttle_state).
-        tr = snap.get("clock_reasons")
-        snap["throttle_reasons"] = throttle_names(tr) if isinstance(tr, int) else None
-        if _MONITOR is not None:
-            snap["during_run"] = _MONITOR.summary()
+        if h is not None:
+            snap.update(_device_snapshot(pynvml, h))
         return snap
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+
+
+def _device_snapshot(pynvml: Any, h: Any) -> dict[str, Any]:
+    """nvml_snapshot's part read from the device (its document's keys, in order)."""
+    snap = {}
+    with contextlib.suppress(Exception):
+        snap["nvml_uuid"] = decode_nvml(pynvml.nvmlDeviceGetUUID(h))
+    reading = nvml_reading(pynvml, h)
+    snap.update({k: getattr(reading, k) for k in READ_KEYS})
+    extra = {
+        "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(
+            h, pynvml.NVML_CLOCK_SM),
+        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+    }
+    for key, read in extra.items():
+        try:
+            snap[key] = read()
+        except Exception:
+            snap[key] = None
+    # Reasons only: a reading at the run's (idle) ends cannot say whether a timing
+    # was throttled; that is judged per row, by its clock (throttle_state).
+    tr = reading.reasons
+    snap["throttle_reasons"] = throttle_names(tr) if tr is not None else None
+    if _MONITOR is not None:
+        during = _MONITOR.summary()
+        snap["during_run"] = {**asdict(during),
+                              "throttle_reasons_seen": list(during.throttle_reasons_seen)}
+    return snap
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    """What the run reads back from an NVML snapshot (nvml_snapshot's document): the
+    driver, the SM clock's maximum, the memory clock and the enforced power limit."""
+
+    driver: str | None = None
+    max_sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    power_limit_w: float | None = None
+
+    @classmethod
+    def of(cls, snap: dict[str, Any] | None) -> NvmlFacts:
+        """The facts of a snapshot (None, or a key it lacks: None)."""
+        doc = snap or {}
+        return cls(**{f.name: doc.get(f.name) for f in fields(cls)})

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from benches.sweep.gpu_monitor import Reading
 from benches.timing.clock import Timing, summarize
 from benches.timing.interleave import Batch
 
@@ -55,7 +56,7 @@ def sample_midpoints(samples_ms: list[float], span: tuple[float, float]) -> list
 
 
 def per_sample_clocks(samples_ms: list[float], span: tuple[float, float],
-                      readings: list[dict[str, Any]]) -> list[float | None]:
+                      readings: list[Reading]) -> list[float | None]:
     """Each sample's SM clock (MHz): that of the busy reading nearest its midpoint, None
     where none is within MAX_DISTANCE_S."""
     timed = _timed_clocks(readings)
@@ -67,14 +68,13 @@ def per_sample_clocks(samples_ms: list[float], span: tuple[float, float],
     return clocks
 
 
-def _timed_clocks(readings: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    return sorted((float(r["t"]), float(r["sm_clock_mhz"])) for r in readings
-                  if isinstance(r.get("sm_clock_mhz"), int | float)
-                  and isinstance(r.get("t"), int | float))
+def _timed_clocks(readings: list[Reading]) -> list[tuple[float, float]]:
+    return sorted((float(r.t), float(r.clock)) for r in readings
+                  if r.clock is not None and isinstance(r.t, int | float))
 
 
 def batch_sample_clocks(samples_ms: list[float], batches: Sequence[Batch],
-                        readings: list[dict[str, Any]],
+                        readings: list[Reading],
                         slack_s: float = BATCH_SLACK_S) -> list[float | None]:
     """Each sample's SM clock when the samples came in `batches` (in order, their counts
     adding up to the samples): the reading nearest the sample's midpoint among those
@@ -92,7 +92,7 @@ def batch_sample_clocks(samples_ms: list[float], batches: Sequence[Batch],
     return clocks + [None] * (len(samples_ms) - len(clocks))
 
 
-def sample_clocks(timing: Timing, readings: list[dict[str, Any]]) -> list[float | None]:
+def sample_clocks(timing: Timing, readings: list[Reading]) -> list[float | None]:
     """Each of a timing's samples' SM clock: by its batches where it has them, else laid
     over its span (None for every sample of a timing with neither)."""
     samples = list(timing.samples_ms)
@@ -103,7 +103,7 @@ def sample_clocks(timing: Timing, readings: list[dict[str, Any]]) -> list[float 
     return per_sample_clocks(samples, timing.span, readings)
 
 
-def keep_unthrottled(timing: Any, readings: list[dict[str, Any]],
+def keep_unthrottled(timing: Any, readings: list[Reading],
                      threshold_mhz: float) -> tuple[Timing, int, float | None] | None:
     """The timing without its samples whose clock sat below `threshold_mhz` (nvbench's
     rule, per sample), as (timing, samples left out, median clock of those kept); None

@@ -11,10 +11,18 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypedDict
 
-from benches.sweep.gpu_monitor import SLOWDOWN_MASK, SLOWDOWN_REASONS, throttle_names
+from benches.sweep.gpu_monitor import (
+    SLOWDOWN_MASK,
+    SLOWDOWN_REASONS,
+    ClockWindow,
+    MonitorSummary,
+    NvmlFacts,
+    Reading,
+    window_of,
+)
 from benches.sweep.sample_clocks import BATCH_SLACK_S, keep_unthrottled, sample_clocks
 from benches.timing.clock import Timing
 from contract.record import Clocks, RunRow
@@ -57,17 +65,17 @@ class ThrottleConfig:
         return asdict(self)
 
 
-def _reasons_text(window: dict[str, Any]) -> str:
-    names = window.get("throttle_reasons") or []
+def _reasons_text(window: ClockWindow) -> str:
+    names = window.throttle_reasons
     return f"clock-event reasons {', '.join(names)}" if names else ""
 
 
-def throttle_state(window: dict[str, Any], max_sm_clock_mhz: float | None,
+def throttle_state(window: ClockWindow, max_sm_clock_mhz: float | None,
                    cfg: ThrottleConfig) -> str | None:
     """Why a timing window counts as throttled (its SM clock below the threshold, with
     the reasons NVML gave), or None when it does not or cannot be told (no busy reading,
     no known maximum)."""
-    clock = window.get("sm_clock_mhz")
+    clock = window.sm_clock_mhz
     if not (isinstance(clock, int | float) and max_sm_clock_mhz and
             clock < cfg.threshold_pct / 100.0 * max_sm_clock_mhz):
         return None
@@ -90,24 +98,14 @@ def _windows(timing: Any, t0: float, t1: float) -> list[tuple[float, float]]:
     return [(t0, t1)]
 
 
-def row_readings(monitor: Any, timing: Any, t0: float, t1: float) -> list[dict[str, Any]]:
+def row_readings(monitor: Any, timing: Any, t0: float, t1: float) -> list[Reading]:
     """The monitor's busy readings inside a timing's own windows (_windows), oldest
     first, each once."""
-    seen: dict[int, dict[str, Any]] = {}
+    seen: dict[int, Reading] = {}
     for a, b in _windows(timing, t0, t1):
         for r in monitor.busy_between(a, b):
             seen[id(r)] = r
-    return sorted(seen.values(), key=lambda r: r["t"])
-
-
-def window_of(readings: list[dict[str, Any]]) -> dict[str, Any]:
-    """A row's clock and the power/thermal reasons seen, over its busy readings."""
-    clocks = [r["sm_clock_mhz"] for r in readings
-              if isinstance(r.get("sm_clock_mhz"), int | float)]
-    reasons = [r["clock_reasons"] for r in readings
-               if isinstance(r.get("clock_reasons"), int)]
-    return {"sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
-            "throttle_reasons": sorted({n for x in reasons for n in throttle_names(x)})}
+    return sorted(seen.values(), key=lambda r: r.t)
 
 
 @dataclass
@@ -117,23 +115,22 @@ class RowVerdict:
     were left out (None: the rule per sample could not be applied)."""
 
     timing: Any
-    window: dict[str, Any]
+    window: ClockWindow
     why: str | None
     dropped: int | None
 
 
-def power_capped(readings: list[dict[str, Any]], threshold_mhz: float) -> bool:
+def power_capped(readings: list[Reading], threshold_mhz: float) -> bool:
     """Whether every reading under the threshold clock names the power cap as its only
     power/thermal reason (sw_power_cap: the GPU holding its limit), and one does."""
-    low = [r for r in readings if isinstance(r.get("sm_clock_mhz"), int | float)
-           and r["sm_clock_mhz"] < threshold_mhz]
+    low = [r for r in readings if r.clock is not None and r.clock < threshold_mhz]
     return bool(low) and all(
-        isinstance(r.get("clock_reasons"), int)
-        and r["clock_reasons"] & SLOWDOWN_MASK == SLOWDOWN_REASONS["sw_power_cap"]
+        r.reasons is not None
+        and r.reasons & SLOWDOWN_MASK == SLOWDOWN_REASONS["sw_power_cap"]
         for r in low)
 
 
-def judge(timing: Any, readings: list[dict[str, Any]], max_clock: float | None,
+def judge(timing: Any, readings: list[Reading], max_clock: float | None,
           cfg: ThrottleConfig, sustained: bool = False) -> RowVerdict:
     """nvbench's rule on one row: per sample where each sample's clock is known (the slow
     ones left out, the row throttled only when too few would be left), else over the
@@ -147,20 +144,20 @@ def judge(timing: Any, readings: list[dict[str, Any]], max_clock: float | None,
     if sustained and max_clock and power_capped(readings, cfg.threshold_pct / 100 * max_clock):
         known = [c for c in sample_clocks(timing, readings) if c is not None] \
             if isinstance(timing, Timing) else []
-        clock = float(statistics.median(known)) if known else window["sm_clock_mhz"]
-        return RowVerdict(timing, {**window, "sm_clock_mhz": clock, "power_capped": True},
+        clock = float(statistics.median(known)) if known else window.sm_clock_mhz
+        return RowVerdict(timing, replace(window, sm_clock_mhz=clock, power_capped=True),
                           None, None)
     kept = keep_unthrottled(timing, readings, cfg.threshold_pct / 100 * max_clock) \
         if max_clock and readings else None
     if kept is not None:
         timing, dropped, clock = kept
-        return RowVerdict(timing, {**window, "sm_clock_mhz": clock or window["sm_clock_mhz"]},
+        return RowVerdict(timing, replace(window, sm_clock_mhz=clock or window.sm_clock_mhz),
                           None, dropped)
     if isinstance(timing, Timing) and readings:
         # The median clock of its own samples (each sample once), not of the readings.
         known = [c for c in sample_clocks(timing, readings) if c is not None]
         if known:
-            window = {**window, "sm_clock_mhz": float(statistics.median(known))}
+            window = replace(window, sm_clock_mhz=float(statistics.median(known)))
     return RowVerdict(timing, window, throttle_state(window, max_clock, cfg), None)
 
 
@@ -197,7 +194,7 @@ def time_unthrottled(time_fn: Callable[[], list[tuple[Any, str]]], monitor: Any,
 
 
 def _clocks(v: RowVerdict) -> Clocks:
-    return Clocks(sm_clock_mhz=v.window.get("sm_clock_mhz"), throttled=v.why is not None,
+    return Clocks(sm_clock_mhz=v.window.sm_clock_mhz, throttled=v.why is not None,
                   throttled_samples=v.dropped)
 
 
@@ -215,8 +212,8 @@ def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
             f"{v.dropped} of {v.dropped + v.timing.n_samples} samples left out: SM clock "
             f"below {cfg.threshold_pct:g}% of {max_clock:.0f} MHz")) if x)
     reasons = _reasons_text(v.window)
-    clock = v.window.get("sm_clock_mhz")
-    if v.window.get("power_capped") and isinstance(clock, int | float):
+    clock = v.window.sm_clock_mhz
+    if v.window.power_capped and isinstance(clock, int | float):
         return "; ".join(x for x in (note, said, (
             f"SM clock {clock:.0f} MHz under the power cap alone (sw_power_cap), below "
             f"{cfg.threshold_pct:g}% of {max_clock:.0f} MHz: the case's sustained speed, "
@@ -230,29 +227,64 @@ def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
     return "; ".join(x for x in (note, said) if x)
 
 
-def run_clock_facts(during: dict[str, Any] | None, start: dict[str, Any] | None,
-                    rows: Sequence[RunRow], cfg: ThrottleConfig) -> dict[str, Any]:
+class ClocksFacts(TypedDict):
+    sm_mhz_min: float | None
+    sm_mhz_median: float | None
+    sm_mhz_max: float | None
+    sm_mhz_max_possible: float | None
+    mem_mhz: float | None
+
+
+class PowerFacts(TypedDict):
+    max_w: float | None
+    limit_w: float | None
+
+
+class ThrottleFacts(TypedDict):
+    threshold_pct: float
+    recovery_delay_s: float
+    retries: int
+    readings: int | None
+    readings_idle_left_out: int | None
+    throttled_fraction_of_readings: float | None
+    reasons_seen: list[str]
+    throttled_rows: int
+
+
+class ClockFacts(TypedDict):
+    """The run's metadata keys `clocks`, `power` and `throttle` (JSON documents
+    summary.md reads)."""
+
+    clocks: ClocksFacts
+    power: PowerFacts
+    throttle: ThrottleFacts
+
+
+def run_clock_facts(during: MonitorSummary | None, start: dict[str, Any] | None,
+                    rows: Sequence[RunRow], cfg: ThrottleConfig) -> ClockFacts:
     """The run's metadata keys `clocks`, `power` and `throttle` (what summary.md shows):
-    from the sampler's summary over the run (`during`), the NVML snapshot at its start,
-    and the rows' own `throttled` marks."""
-    during, start = during or {}, start or {}
+    from the sampler's summary over the run (`during`), the NVML snapshot at its start
+    (`start`, nvml_snapshot's document as the metadata holds it), and the rows' own
+    `throttled` marks."""
+    at = NvmlFacts.of(start)
     throttled = [r for r in rows if r.clocks.throttled is True]
     return {
         "clocks": {
-            "sm_mhz_min": during.get("sm_clock_mhz_min"),
-            "sm_mhz_median": during.get("sm_clock_mhz_median"),
-            "sm_mhz_max": during.get("sm_clock_mhz_max"),
-            "sm_mhz_max_possible": start.get("max_sm_clock_mhz"),
-            "mem_mhz": start.get("mem_clock_mhz"),
+            "sm_mhz_min": during.sm_clock_mhz_min if during else None,
+            "sm_mhz_median": during.sm_clock_mhz_median if during else None,
+            "sm_mhz_max": during.sm_clock_mhz_max if during else None,
+            "sm_mhz_max_possible": at.max_sm_clock_mhz,
+            "mem_mhz": at.mem_clock_mhz,
         },
-        "power": {"max_w": during.get("power_w_max"),
-                  "limit_w": start.get("power_limit_w")},
+        "power": {"max_w": during.power_w_max if during else None,
+                  "limit_w": at.power_limit_w},
         "throttle": {
-            **cfg.as_dict(),
-            "readings": during.get("readings"),
-            "readings_idle_left_out": during.get("readings_idle"),
-            "throttled_fraction_of_readings": during.get("throttled_fraction"),
-            "reasons_seen": during.get("throttle_reasons_seen") or [],
+            "threshold_pct": cfg.threshold_pct, "recovery_delay_s": cfg.recovery_delay_s,
+            "retries": cfg.retries,
+            "readings": during.readings if during else None,
+            "readings_idle_left_out": during.readings_idle if during else None,
+            "throttled_fraction_of_readings": during.throttled_fraction if during else None,
+            "reasons_seen": list(during.throttle_reasons_seen) if during else [],
             "throttled_rows": len(throttled),
         },
     }
