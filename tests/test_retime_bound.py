@@ -16,6 +16,7 @@ import pytest
 
 import benches.sweep.retime as retime
 from contract.retimed import Retimed
+from contract.run_meta import parse_meta
 from contract.schema import COLUMNS
 from roofline.gate import runs as gate_runs
 from roofline.gate.cli import main
@@ -161,8 +162,8 @@ def test_a_row_slower_than_a_rounds_share_is_stepped_over(monkeypatch: pytest.Mo
     assert child.asked[1][0] == retime.case_id(KEYS[1])
     # known in advance (the run's own split of each row): never started
     child = _child(monkeypatch, clock, 4.0, [12.0] + [0.5] * 7)
-    meta = {"row_split_s": [{"row": list(KEYS[0]), "s": {"check": 9.0, "timing": 3.0,
-                                                        "compile": 30.0}}]}
+    meta = parse_meta({"row_split_s": [{"row": list(KEYS[0]), "s": {
+        "check": 9.0, "timing": 3.0, "compile": 30.0}}]})
     assert retime.row_costs(meta) == {KEYS[0]: 12.0}  # compile: from Triton's cache
     got = retime.Retimer("h200", {}, [], say=lambda _: None, budget_s=30.0,
                          costs=retime.row_costs(meta))(KEYS)

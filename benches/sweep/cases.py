@@ -12,7 +12,6 @@ import gc
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -27,7 +26,7 @@ from contract.record import Accounting, CaseId, Check, RunRow
 from contract.request import RunRequest, Selection
 from contract.schema import DEFAULT_CACHE, WARM, RowKey, format_shape
 from kernels import DTYPES, REGISTRY, KernelSpec, Target
-from kernels.spec import Shape
+from kernels.spec import Inputs, Shape
 
 
 @dataclass(frozen=True)
@@ -212,12 +211,12 @@ class InputCache:
 
     def __init__(self, scratch: Scratch | None = None) -> None:
         self.key: tuple | None = None
-        self.inputs: dict[str, Any] | None = None
+        self.inputs: Inputs | None = None
         self.ref: torch.Tensor | None = None
         self.copies: Copies | None = None
         self.scratch = scratch  # where copies' memory comes from (the sweep's)
 
-    def get(self, case: Case, cfg: SweepContext) -> dict[str, Any]:
+    def get(self, case: Case, cfg: SweepContext) -> Inputs:
         key = (case.spec.name, case.dtype, case.shape_str)
         if key != self.key:
             self.clear()
@@ -240,10 +239,10 @@ class InputCache:
 
 
 # A provider's call bound to one set of buffers: make_call(inputs, out)().
-MakeCall = Callable[[dict[str, Any], torch.Tensor], Callable[[], object]]
+MakeCall = Callable[[Inputs, torch.Tensor], Callable[[], object]]
 
 
-def clone_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def clone_inputs(inputs: Inputs) -> Inputs:
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
@@ -254,7 +253,7 @@ class Copies:
     copies: `ready()` writes this row's input values back into it when another row's
     were written since (before each of the row's rounds)."""
 
-    def __init__(self, pairs: list[tuple[dict[str, Any], torch.Tensor]], nbytes: int,
+    def __init__(self, pairs: list[tuple[Inputs, torch.Tensor]], nbytes: int,
                  fills: list[tuple[torch.Tensor, torch.Tensor]],
                  scratch: Scratch | None) -> None:
         self.pairs = pairs
@@ -367,7 +366,7 @@ def copies_frozen() -> Iterator[None]:
             gc.unfreeze()
 
 
-def make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
+def make_copies(inputs: Inputs, out: torch.Tensor, count: int,
                 scratch: Scratch | None = None) -> Copies:
     """`count` copies of (inputs, out), cut from one block of memory (the start of
     `scratch` when given, else their own), each copy starting on a 64-byte boundary,
@@ -384,7 +383,7 @@ def make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
         return _make_copies(inputs, out, count, scratch)
 
 
-def _make_copies(inputs: dict[str, Any], out: torch.Tensor, count: int,
+def _make_copies(inputs: Inputs, out: torch.Tensor, count: int,
                  scratch: Scratch | None) -> Copies:
     names = [k for k, v in inputs.items()
              if isinstance(v, torch.Tensor) and v.nbytes > _ALIGN]

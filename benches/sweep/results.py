@@ -20,7 +20,7 @@ import torch
 
 from benches.sweep.cases import SweepContext
 from benches.sweep.energy_counter import energy_metadata
-from benches.sweep.gpu_monitor import nvml_snapshot
+from benches.sweep.gpu_monitor import NvmlFacts, nvml_snapshot
 from benches.sweep.kernel_time import kernel_time_metadata
 from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import cpu_cache_bytes, read_llc
@@ -114,7 +114,7 @@ def collect_metadata(cfg: SweepContext, run_id: str, argv: list[str]) -> RunMeta
             run_id=run_id, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             command=" ".join([Path(sys.executable).name, *argv]), git_commit=head_commit()),
         request=cfg.request.to_json(), device=device_facts(cfg),
-        software=software(snap, cfg.target.interpret),
+        software=software(NvmlFacts.of(snap).driver, cfg.target.interpret),
         settings=run_settings(cfg), ceilings=cfg.ceilings.to_json(),
         telemetry=Telemetry(nvml_start=snap, energy=energy_metadata(cfg.present.kind),
                             kernel_time=kernel_time_metadata(cfg.present.kind)))
@@ -138,8 +138,8 @@ def device_facts(cfg: SweepContext) -> DeviceFacts:
         load_avg_1m=load_average())  # as the run started (busy_cpu_warning)
 
 
-def software(snap: dict[str, Any] | None, interpret: bool) -> Software:
-    """The versions the run ran under (the driver from its NVML snapshot `snap`; Triton
+def software(driver: str | None, interpret: bool) -> Software:
+    """The versions the run ran under (the driver from its NVML snapshot; Triton
     interpreted or not), and the installed dependencies outside pyproject.toml's tested
     bounds ([] when none)."""
     try:
@@ -151,7 +151,7 @@ def software(snap: dict[str, Any] | None, interpret: bool) -> Software:
     return Software(python=platform.python_version(), torch=torch.__version__,
                     triton=triton_v, triton_interpret=interpret,
                     cuda=torch.version.cuda,
-                    driver=(snap or {}).get("driver") if snap is not None else None,
+                    driver=driver,
                     platform=platform.platform(),
                     version_warnings=tuple(str(p) for p in check_versions()))
 

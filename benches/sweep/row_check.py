@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -34,7 +33,7 @@ from contract.record import Build, RunRow
 from kernels import DTYPES, Target
 from kernels.compiled import first_call
 from kernels.shipped import retune_requested
-from kernels.spec import UnsupportedShape
+from kernels.spec import Inputs, UnsupportedShape
 from kernels.triton_utils import configs_text, parse_configs, run_launch_with, sources_text
 
 
@@ -47,7 +46,7 @@ class Checked:
 
     case: Case
     row: RunRow
-    inputs: dict[str, Any]
+    inputs: Inputs
     out: torch.Tensor
     call: Callable[[], object]
     make_call: MakeCall | None
@@ -112,7 +111,7 @@ def check_case(case: Case, cfg: SweepContext, cache: InputCache, budget: RowBudg
     return Checked(case, row, inputs, out, call, make_call, ran)
 
 
-def _first_call(case: Case, cfg: SweepContext, inputs: dict[str, Any], out: torch.Tensor,
+def _first_call(case: Case, cfg: SweepContext, inputs: Inputs, out: torch.Tensor,
                 split: TimeSplit
                 ) -> tuple[Callable[[], object], MakeCall | None, str, Build]:
     """The untimed first call, then the row's call: (call, make_call, config note, the
@@ -155,7 +154,7 @@ def _first_call(case: Case, cfg: SweepContext, inputs: dict[str, Any], out: torc
     return make_call(inputs, out), make_call, note, build
 
 
-def _checked_call(case: Case, cfg: SweepContext, cache: InputCache, inputs: dict[str, Any],
+def _checked_call(case: Case, cfg: SweepContext, cache: InputCache, inputs: Inputs,
                   out: torch.Tensor, call: Callable[[], object], budget: RowBudget,
                   split: TimeSplit) -> tuple[float, str]:
     """The call on a NaN-filled output, timed (budget.call_s), compared with the

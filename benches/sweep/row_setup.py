@@ -14,7 +14,7 @@ import torch
 
 from benches.sweep.cases import Case, MakeCall, SweepContext
 from kernels.shipped import shipped_for
-from kernels.spec import TritonLaunch
+from kernels.spec import Inputs, TritonLaunch
 from kernels.triton_utils import prepared_call
 
 
@@ -64,7 +64,7 @@ def shipped_configs_of(case: Case, cfg: SweepContext, launches: list[TritonLaunc
     return [c for c, _ in picks], "; ".join(why for _, why in picks if why)
 
 
-def triton_launches_of(case: Case, cfg: SweepContext, inputs: dict[str, Any],
+def triton_launches_of(case: Case, cfg: SweepContext, inputs: Inputs,
                      out: torch.Tensor) -> list[TritonLaunch] | None:
     """The declared launches of a Triton row (None for torch rows)."""
     if case.provider != "triton" or case.spec.triton_launches is None:
@@ -74,7 +74,7 @@ def triton_launches_of(case: Case, cfg: SweepContext, inputs: dict[str, Any],
 
 
 def bound_triton_call(case: Case, cfg: SweepContext, configs: list[Any]) -> MakeCall:
-    def make(ins: dict[str, Any], o: torch.Tensor) -> Callable[[], object]:
+    def make(ins: Inputs, o: torch.Tensor) -> Callable[[], object]:
         launches = triton_launches_of(case, cfg, ins, o)
         assert launches is not None
         return prepared_call(launches, configs)

@@ -45,6 +45,7 @@ from benches.timing.stopping import cpu_settled
 from contract.record import RunRow
 from contract.schema import DEFAULT_CACHE, RowKey
 from kernels.compiled import compile_mark, recompile_note
+from kernels.spec import Inputs
 
 
 def run_case(case: Case, cfg: SweepContext, cache: InputCache,
@@ -100,7 +101,7 @@ def _time_cpu(item: Checked, cfg: SweepContext, cache: InputCache, budget: RowBu
     return replace(row, energy=meter.group(row))
 
 
-def time_case(case: Case, cfg: SweepContext, inputs: dict[str, Any], out: torch.Tensor,
+def time_case(case: Case, cfg: SweepContext, inputs: Inputs, out: torch.Tensor,
               make_call: MakeCall | None = None, plan: CpuPlan | None = None,
               copies: Copies | None = None, split: TimeSplit | None = None,
               timer: RowTimer | None = None) -> tuple[Timing, str]:
@@ -161,7 +162,7 @@ class Pending:
 
     case: Case
     row: RunRow
-    inputs: dict[str, Any] | None
+    inputs: Inputs | None
     plan: CpuPlan | None
     copies: Copies | None
     rounds: int = 1
@@ -223,7 +224,8 @@ def _budgeted(case: Case, cfg: SweepContext, cache: InputCache, budget: RunBudge
 
 
 def _outcome(row: RunRow) -> dict[str, Any]:
-    """What RunBudget.record reads of a finished row: its status and reason."""
+    """What RunBudget.record reads of a finished row: its status and reason (the
+    dict its signature takes, benches/sweep/budget.py; a RunRow once it reads one)."""
     return {"status": row.status, "reason": row.reason}
 
 

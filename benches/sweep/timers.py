@@ -68,6 +68,7 @@ from benches.timing.plan import (
     rotation_copies,
 )
 from contract.schema import DEFAULT_CACHE
+from kernels.spec import Inputs
 
 # The timers of CPU rows: timed in rounds, their samples pooled at the end.
 CPU_TIMERS = (TIMER_CPU, TIMER_CPU_ROTATED)
@@ -82,7 +83,7 @@ class RowCall:
 
     case: Case
     cfg: SweepContext
-    inputs: dict[str, Any]
+    inputs: Inputs
     out: torch.Tensor
     make_call: MakeCall
     copies: Copies | None = None
