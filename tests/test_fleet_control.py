@@ -20,6 +20,7 @@ from benches.fleet import dist as fdist
 from benches.fleet.dist import FleetRefused, Rank
 from benches.fleet.liveness import STOP_SIGNAL, Liveness
 from benches.sweep.interrupt import PeerStopped
+from contract.record import RunRow
 
 TORCHRUN_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -241,10 +242,11 @@ def test_a_sample_is_a_batch_of_calls_so_the_barriers_skew_is_diluted(monkeypatc
         row = collectives.measure("all_reduce", "fp32", 4096, "cpu", iters=10)
     finally:
         dist.destroy_process_group()
-    assert row["status"] == "ok" and row["n_samples"] == 10
-    assert row["ms_median"] == pytest.approx(call_ms, rel=0.1)
-    calls = int(row["config"].split()[0])
-    assert row["config"] == f"{calls} calls per sample"
+    assert row.status == "ok" and row.timing.n_samples == 10
+    assert row.timing.ms_median == pytest.approx(call_ms, rel=0.1)
+    config = str(row.build.config)
+    calls = int(config.split()[0])
+    assert config == f"{calls} calls per sample"
     assert calls * call_ms + skew_ms >= collectives.MIN_SAMPLE_MS["cpu"]  # a sample's length
 
 
@@ -259,7 +261,7 @@ def test_an_interrupt_during_the_collectives_ends_them_at_the_next_row(tmp_path)
         asked.append(len(rows))
         return 130 if rows else 0
 
-    rows: list[dict] = []
+    rows: list[RunRow] = []
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
@@ -267,7 +269,7 @@ def test_an_interrupt_during_the_collectives_ends_them_at_the_next_row(tmp_path)
                                  ops=("all_reduce", "broadcast"), stop=stop, rows=rows)
     finally:
         dist.destroy_process_group()
-    assert code == 130 and [r["kernel"] for r in rows] == ["all_reduce"] and asked == [0, 1]
+    assert code == 130 and [r.case.kernel for r in rows] == ["all_reduce"] and asked == [0, 1]
 
 
 def test_after_the_sweep_signals_are_noted_not_raised():

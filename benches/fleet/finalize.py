@@ -30,10 +30,16 @@ import sys
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from benches.fleet.dist import Rank
-from benches.fleet.folder import RANK_FILE, mark_rows, rank_info, write_folder
+from benches.fleet.folder import (
+    RANK_FILE,
+    Gathered,
+    RankInfo,
+    mark_rows,
+    rank_info,
+    write_folder,
+)
 from benches.fleet.rank_io import say_line
 from contract.cli import UsageError, one_path_and_plots
 from contract.record import RunRow, parse_row
@@ -116,12 +122,27 @@ def finalize_tree(root: Path, plots: bool = True) -> TreeResult:
     return result
 
 
-def _rank_file(rank_dir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RankFile:
+    """What the rebuild reads of a rank's rank.json (benches/fleet/folder.py
+    write_rank_file: the rank's Rank)."""
+
+    host: str | None = None
+    local_rank: int | None = None
+    world: int | None = None
+    backend: str | None = None
+
+
+def _rank_file(rank_dir: Path) -> RankFile | None:
+    """None for a fleet from before rank.json, or one killed as it wrote it."""
     try:
         doc = json.loads((rank_dir / RANK_FILE).read_text())
     except (OSError, ValueError):
-        return {}  # a fleet from before rank.json, or one killed as it wrote it
-    return doc if isinstance(doc, dict) else {}
+        return None
+    if not isinstance(doc, dict) or not doc:
+        return None
+    return RankFile(doc.get("host"), doc.get("local_rank"), doc.get("world"),
+                    doc.get("backend"))
 
 
 def _argv(command: str) -> list[str]:
@@ -134,22 +155,44 @@ def _argv(command: str) -> list[str]:
     return words[at + 1:] if at is not None else words
 
 
+@dataclass(frozen=True)
+class OldFleet:
+    """What a fleet folder's own metadata said of the fleet (metadata.fleet, as
+    benches/fleet/folder.py write_folder wrote it), where rank 0 wrote one."""
+
+    world: int | None = None
+    backend: str | None = None
+    problem: str | None = None
+    ranks: dict[int, RankInfo] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, meta: RunMeta) -> OldFleet:
+        doc = meta.fleet or {}
+        infos = [RankInfo.from_json(i) for i in doc.get("ranks") or []
+                 if isinstance(i, dict) and "rank" in i and "host" in i]
+        return cls(doc.get("world"), doc.get("backend"), doc.get("problem"),
+                   {i.rank: i for i in infos})
+
+
+def _fleet_doc(fleet: Path) -> tuple[RunMeta, list[RunRow]]:
+    """The fleet folder's own metadata and rows (none where rank 0 wrote none)."""
+    if not (fleet / RESULTS_JSON).exists():
+        return parse_meta({}), []
+    doc = read_doc(fleet / RESULTS_JSON)
+    return parse_meta(doc.get("metadata")), [parse_row(r) for r in doc.get("rows") or []]
+
+
 def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
     """Write the fleet folder `fleet` from its rank folders (and what it already held);
     returns its rows.  Refused (FinalizeError) where no rank has a run folder."""
     run_id = fleet.name
-    before: dict[str, Any] = {"metadata": {}, "rows": []}
-    if (fleet / RESULTS_JSON).exists():
-        before = read_doc(fleet / RESULTS_JSON)
-    old_meta = parse_meta(before.get("metadata"))
-    fleet_old = old_meta.fleet or {}
-    old_infos = {i.get("rank"): i for i in fleet_old.get("ranks") or []}
-    gathered, ident, meta = _rank_folders(fleet, run_id, old_infos)
-    here = {info["rank"] for info, _ in gathered}
-    gathered += _elsewhere([parse_row(r) for r in before.get("rows") or []], here, old_infos)
-    coll_rows = [r for r in (parse_row(r) for r in before.get("rows") or [])
-                 if r.fleet.rank is None]
-    gathered.sort(key=lambda g: g[0]["rank"])
+    old_meta, old_rows = _fleet_doc(fleet)
+    old = OldFleet.of(old_meta)
+    gathered, ident, meta = _rank_folders(fleet, run_id, old.ranks)
+    here = {info.rank for info, _ in gathered}
+    gathered += _elsewhere(old_rows, here, old.ranks)
+    coll_rows = [r for r in old_rows if r.fleet.rank is None]
+    gathered.sort(key=lambda g: g[0].rank)
     if not gathered:
         raise FinalizeError(f"{fleet}: no rank has a run folder with rows ({run_id})")
     meta = meta or old_meta
@@ -157,28 +200,25 @@ def rebuild_fleet(fleet: Path, plots: bool = True) -> int:
     cut = (f"killed before rank 0 wrote the fleet folder; written from {len(here)} rank "
            f"folder(s) on {when}")
     meta = meta.updated(state__cut_short=cut)
-    world = int(ident.get("world") or fleet_old.get("world")
-                or max(g[0]["rank"] for g in gathered) + 1)
+    ident = ident or RankFile()
+    world = int(ident.world or old.world or max(g[0].rank for g in gathered) + 1)
     me = Rank(rank=0, world=world, local_rank=0, local_world=1,
-              host=str(ident.get("host") or "unknown"),
-              backend=str(ident.get("backend") or fleet_old.get("backend") or "unknown"),
+              host=str(ident.host or "unknown"),
+              backend=str(ident.backend or old.backend or "unknown"),
               timeout_s=0.0, device=str(meta.device.device_kind or "cpu"))
-    problem = fleet_old.get("problem") or "the fleet was killed before rank 0 finished"
+    problem = old.problem or "the fleet was killed before rank 0 finished"
     write_folder(fleet, me, _request_of(meta, plots), _argv(meta.provenance.command or ""),
                  meta, gathered, coll_rows, final=True, problem=f"{problem}; {cut}")
     return sum(len(g[1]) for g in gathered) + len(coll_rows)
 
 
-Gathered = list[tuple[dict[str, Any], list[RunRow]]]
-
-
-def _rank_folders(fleet: Path, run_id: str, old_infos: dict[Any, dict[str, Any]]
-                  ) -> tuple[Gathered, dict[str, Any], RunMeta | None]:
+def _rank_folders(fleet: Path, run_id: str, old_infos: dict[int, RankInfo]
+                  ) -> tuple[Gathered, RankFile | None, RunMeta | None]:
     """Each rank folder's rows with its rank, host and GPU (from the rank.json it wrote
     before its sweep, else what the fleet folder said of it), the first rank file found,
     and the first rank's metadata."""
     gathered: Gathered = []
-    ident: dict[str, Any] = {}
+    ident: RankFile | None = None
     meta: RunMeta | None = None
     for r, rank_dir in _rank_dirs(fleet):
         found = sorted(rank_dir.glob(f"*/{run_id}/{RESULTS_JSON}"))
@@ -189,16 +229,17 @@ def _rank_folders(fleet: Path, run_id: str, old_infos: dict[Any, dict[str, Any]]
         ident = ident or me
         m = parse_meta(doc.get("metadata"))
         meta = meta or m
-        old = old_infos.get(r) or {}
-        info = rank_info(m, r, str(me.get("host") or old.get("host") or "unknown"),
-                         me.get("local_rank", old.get("local_rank")),
-                         (m.telemetry.nvml_start or {}).get("nvml_uuid")
-                         or old.get("gpu_uuid"), old.get("exit_code"))
+        old = old_infos.get(r)
+        host = (me.host if me else None) or (old.host if old else None) or "unknown"
+        local_rank = me.local_rank if me else (old.local_rank if old else None)
+        uuid = (m.telemetry.nvml_start or {}).get("nvml_uuid") \
+            or (old.gpu_uuid if old else None)
+        info = rank_info(m, r, str(host), local_rank, uuid, old.exit_code if old else None)
         gathered.append((info, mark_rows([parse_row(x) for x in doc["rows"]], info)))
     return gathered, ident, meta
 
 
-def _elsewhere(rows: list[RunRow], here: set[int], old_infos: dict[Any, dict[str, Any]]
+def _elsewhere(rows: list[RunRow], here: set[int], old_infos: dict[int, RankInfo]
                ) -> Gathered:
     """Rows rank 0 had gathered from ranks whose folders are elsewhere (another node's
     disk), kept with what the fleet folder said of their rank."""
@@ -206,8 +247,9 @@ def _elsewhere(rows: list[RunRow], here: set[int], old_infos: dict[Any, dict[str
     for row in rows:
         if row.fleet.rank is not None and row.fleet.rank not in here:
             by_rank.setdefault(int(row.fleet.rank), []).append(row)
-    return [(old_infos.get(r) or {"rank": r, "host": rs[0].fleet.host, "exit_code": None},
-             rs) for r, rs in sorted(by_rank.items())]
+    return [(old_infos.get(r) or RankInfo(r, rs[0].fleet.host,  # type: ignore[arg-type]
+                                          written=("rank", "host", "exit_code")), rs)
+            for r, rs in sorted(by_rank.items())]
 
 
 def main(argv: list[str]) -> int:

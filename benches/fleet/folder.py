@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benches.fleet.dist import Rank
 from contract.record import RunRow, flat, parse_row
@@ -16,11 +16,52 @@ from contract.request import RunRequest
 from contract.run_meta import RunMeta, parse_meta
 from contract.schema import format_shape
 
+if TYPE_CHECKING:
+    from roofline.report.fleet import Outlier
+
 SLOW_FACTOR = 10.0  # the test-only slow-rank hook's factor (benches/fleet/run.py)
 # Who a rank folder's rank was (rank, host, world, ...), written before its sweep: a fleet
 # killed before rank 0 gathered its rows is rebuilt from the rank folders
 # (benches/fleet/finalize.py), and a run folder itself does not name its host.
 RANK_FILE = "rank.json"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What the fleet keeps of one rank (posted to rank 0, kept in the fleet's
+    metadata.fleet.ranks, read by roofline/report/fleet.py): who it was, its device, its
+    measured copy bandwidth, its exit code (None: not known, as for a rank a kill ended)
+    and where its time went (benches/sweep/time_split.py), from its run's metadata.
+    `written`: the keys its document holds (an entry of an older fleet folder, or one
+    made of a row alone, holds fewer), `others` the keys of an older version kept as
+    they were."""
+
+    rank: int
+    host: str
+    local_rank: int | None = None
+    device_name: str | None = None
+    device_key: str | None = None
+    gpu_uuid: str | None = None
+    copy_gbps: float | None = None
+    exit_code: int | None = None
+    time_split_s: dict[str, float] | None = None
+    wall_s: float | None = None
+    written: tuple[str, ...] | None = field(default=None, compare=False)
+    others: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    # metadata.fleet.ranks' entry: written here, read by roofline/report/fleet.py.
+    def to_json(self) -> dict[str, Any]:
+        names = [f.name for f in fields(self)][:-2]
+        keep = names if self.written is None else [n for n in names if n in self.written]
+        return {**{n: getattr(self, n) for n in keep}, **dict(self.others)}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> RankInfo:
+        """An entry of metadata.fleet.ranks as written (any version)."""
+        names = [f.name for f in fields(cls)][:-2]
+        return cls(**{n: doc[n] for n in names if n in doc},
+                   written=tuple(n for n in names if n in doc),
+                   others=tuple((k, v) for k, v in doc.items() if k not in names))
 
 
 def write_rank_file(rank_dir: Path, me: Rank) -> None:
@@ -56,8 +97,9 @@ def versions(req: RunRequest) -> dict[str, Any]:
             "seed": sel.seed, "device": req.device.key, "check only": sel.check_only}
 
 
-def slow_down(rows: Sequence[RunRow], info: dict[str, Any]) -> list[RunRow]:
-    """Test-only: this rank's timings SLOW_FACTOR times longer (GPUBENCH_TEST_SLOW_RANK)."""
+def slow_down(rows: Sequence[RunRow], info: RankInfo) -> tuple[list[RunRow], RankInfo]:
+    """Test-only: this rank's timings SLOW_FACTOR times longer (GPUBENCH_TEST_SLOW_RANK),
+    its copy bandwidth SLOW_FACTOR times lower."""
     out = []
     for r in rows:
         t, m = r.timing, r.metrics
@@ -70,9 +112,9 @@ def slow_down(rows: Sequence[RunRow], info: dict[str, Any]) -> list[RunRow]:
                 metrics=replace(m, tflops=m.tflops / SLOW_FACTOR if m.tflops else m.tflops,
                                 gbps=m.gbps / SLOW_FACTOR if m.gbps else m.gbps))
         out.append(r)
-    if info.get("copy_gbps"):
-        info["copy_gbps"] /= SLOW_FACTOR
-    return out
+    if info.copy_gbps:
+        info = replace(info, copy_gbps=info.copy_gbps / SLOW_FACTOR)
+    return out, info
 
 
 def gpu_uuid(meta: RunMeta, me: Rank) -> str | None:
@@ -90,7 +132,7 @@ def gpu_uuid(meta: RunMeta, me: Rank) -> str | None:
 
 
 def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = False
-             ) -> tuple[list[RunRow], RunMeta, dict[str, Any]]:
+             ) -> tuple[list[RunRow], RunMeta, RankInfo]:
     """(rows, metadata, device info) of this rank's own run folder; `slow`: the test-only
     slow-rank hook's 10x longer times."""
     from contract.schema import read_doc
@@ -101,34 +143,32 @@ def own_rows(me: Rank, run_root: Path, run_id: str, code: int, slow: bool = Fals
     uuid = gpu_uuid(meta, me)
     info = rank_info(meta, me.rank, me.host, me.local_rank, uuid, code)
     if slow:
-        rows = slow_down(rows, info)
+        rows, info = slow_down(rows, info)
     return mark_rows(rows, info), meta, info
 
 
 def rank_info(meta: RunMeta, rank: int, host: str, local_rank: int | None,
-              uuid: str | None, code: int | None) -> dict[str, Any]:
-    """What the fleet keeps of one rank (a JSON document: posted to rank 0, kept in the
-    fleet's metadata.fleet.ranks, read by roofline/report/fleet.py): who it was, its
-    device, its measured copy bandwidth, its exit code (None: not known, as for a rank a
-    kill ended) and where its time went (benches/sweep/time_split.py), from its run's
-    metadata."""
+              uuid: str | None, code: int | None) -> RankInfo:
+    """What the fleet keeps of one rank (RankInfo), from its run's metadata."""
     measured = meta.ceilings.get("measured") or {}
-    return {"rank": rank, "host": host, "local_rank": local_rank,
-            "device_name": meta.device.device_name, "device_key": meta.device.device_key,
-            "gpu_uuid": uuid, "copy_gbps": measured.get("hbm_gbps"), "exit_code": code,
-            "time_split_s": meta.time.time_split_s or None, "wall_s": meta.time.wall_s}
+    return RankInfo(rank, host, local_rank, meta.device.device_name, meta.device.device_key,
+                    uuid, measured.get("hbm_gbps"), code, meta.time.time_split_s or None,
+                    meta.time.wall_s)
 
 
-def mark_rows(rows: Sequence[RunRow], info: dict[str, Any]) -> list[RunRow]:
+def mark_rows(rows: Sequence[RunRow], info: RankInfo) -> list[RunRow]:
     """Every row of a rank names its rank, host and GPU."""
-    return [replace(r, fleet=replace(r.fleet, rank=info["rank"], host=info["host"],
-                                     gpu_uuid=info["gpu_uuid"])) for r in rows]
+    return [replace(r, fleet=replace(r.fleet, rank=info.rank, host=info.host,
+                                     gpu_uuid=info.gpu_uuid)) for r in rows]
+
+
+Gathered = list[tuple[RankInfo, list[RunRow]]]  # each rank's own facts and rows
 
 
 def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
-                 meta: RunMeta, gathered: list[tuple[dict[str, Any], list[RunRow]]],
+                 meta: RunMeta, gathered: Gathered,
                  coll_rows: list[RunRow], *, final: bool, problem: str | None = None,
-                 signal_name: str | None = None) -> list[dict[str, Any]]:
+                 signal_name: str | None = None) -> list[Outlier]:
     """The fleet folder from the rows gathered so far: results.csv/json always; with
     `final`, summary.md, fleet.md and the figures too.  Returns the outliers."""
     from benches.sweep.job import finish_run
@@ -136,12 +176,13 @@ def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
 
     infos = [g[0] for g in gathered]
     rows = [r for g in gathered for r in g[1]] + coll_rows
-    missing = sorted(set(range(me.world)) - {i["rank"] for i in infos})
-    complete = problem is None and all(i["exit_code"] in (0, 1) for i in infos)
+    missing = sorted(set(range(me.world)) - {i.rank for i in infos})
+    complete = problem is None and all(i.exit_code in (0, 1) for i in infos)
     fleet_meta = meta.updated(
         provenance__run_id=fleet_dir.name, state__complete=complete and final,
         state__interrupted=signal_name is not None, state__signal=signal_name,
-        fleet={"world": me.world, "backend": me.backend, "ranks": infos,
+        fleet={"world": me.world, "backend": me.backend,
+               "ranks": [i.to_json() for i in infos],
                "missing_ranks": missing, "problem": problem,
                "command": " ".join(["run_bench.py", *argv])})
     writer = ResultWriter(fleet_dir, fleet_meta, rows)
@@ -154,8 +195,8 @@ def write_folder(fleet_dir: Path, me: Rank, req: RunRequest, argv: list[str],
 
 
 def _fleet_report(fleet_dir: Path, me: Rank, req: RunRequest, frame: Any,
-                  infos: list[dict[str, Any]], coll_rows: list[RunRow], missing: list[int],
-                  problem: str | None) -> list[dict[str, Any]]:
+                  infos: list[RankInfo], coll_rows: list[RunRow], missing: list[int],
+                  problem: str | None) -> list[Outlier]:
     """fleet.md and fleet.png: each device's key figures, the collectives, the outliers
     (returned)."""
     import pandas as pd
@@ -166,7 +207,7 @@ def _fleet_report(fleet_dir: Path, me: Rank, req: RunRequest, frame: Any,
 
     tol = req.fleet.tolerance if req.fleet.tolerance is not None \
         else DEFAULT_TOLERANCE[me.device]
-    devices = [device_figures(i, frame[frame["rank"] == i["rank"]]) for i in infos]
+    devices = [device_figures(i.to_json(), frame[frame["rank"] == i.rank]) for i in infos]
     coll = pd.DataFrame([flat(r, ALL_COLUMNS) for r in coll_rows]) if coll_rows \
         else pd.DataFrame(columns=["status"])
     note = None
@@ -174,7 +215,7 @@ def _fleet_report(fleet_dir: Path, me: Rank, req: RunRequest, frame: Any,
         note = (f"Incomplete: {problem or 'rows missing'}"
                 + (f"; no rows from rank(s) {missing}" if missing else ""))
     # The collectives' roof: the device's NVLink bandwidth per direction (device models).
-    model = DEVICES.get(str(infos[0].get("device_key"))) if infos else None
+    model = DEVICES.get(str(infos[0].device_key)) if infos else None
     link = model.nvlink_gbps if model is not None else None
     return write_fleet(fleet_dir, devices, coll, tol, link, plot=req.output.plots,
                        note=note)

@@ -52,7 +52,7 @@ from typing import Any
 
 from benches.fleet import dist as fdist
 from benches.fleet.dist import FleetRefused, Rank
-from benches.fleet.folder import own_rows, versions, write_folder, write_rank_file
+from benches.fleet.folder import RankInfo, own_rows, versions, write_folder, write_rank_file
 from benches.fleet.liveness import FleetError, Liveness
 from benches.fleet.rank_io import CONSOLE_LOG, Noted, RankOutput, deferred_signals, say_line
 from benches.sweep.interrupt import EXIT_SIGINT, EXIT_SIGTERM, PeerStopped, Terminated
@@ -242,7 +242,7 @@ class _Fleet:
         return None
 
     def _after_sweep(self, code: int, sweep_s: float, rows: list[RunRow],
-                     meta: RunMeta, info: dict[str, Any], noted: Noted) -> int:
+                     meta: RunMeta, info: RankInfo, noted: Noted) -> int:
         me = self.me
         stopped = self._stop_reason(meta, noted)
         if me.rank != 0:
@@ -340,7 +340,7 @@ class _Fleet:
                                 stop=stop, rows=[] if rows is None else rows)
 
     def _rank0(self, code: int, sweep_s: float, rows: list[RunRow],
-               meta: RunMeta, info: dict[str, Any], noted: Noted) -> int:
+               meta: RunMeta, info: RankInfo, noted: Noted) -> int:
         me, req = self.me, self.req
         got, missing = self._gather(sweep_s + me.timeout_s, meta, noted)
         gathered = [(info, rows)] + [got[r] for r in sorted(got)]
@@ -369,8 +369,8 @@ class _Fleet:
                         "collectives", agreed)
             # the fleet's rows, not one rank's
             coll_rows = [replace(r, fleet=replace(r.fleet, rank=None, host="fleet"),
-                                 accounting=replace(r.accounting, device=info["device_key"],
-                                                    gpu_name=info["device_name"]))
+                                 accounting=replace(r.accounting, device=info.device_key,
+                                                    gpu_name=info.device_name))
                          for r in coll_rows]
         signal_name = next((n for n, c in SIGNAL_CODES.items() if stop and c == stop[1]),
                            None)
@@ -382,18 +382,18 @@ class _Fleet:
         print(f"fleet of {me.world}: {n_rows} rows in {self.fleet_dir} "
               f"({len(coll_rows)} collective rows); outliers: {len(outliers)}")
         for info in (g[0] for g in gathered):
-            line = time_split_line(info)
+            line = time_split_line(info.to_json())
             if line:
-                print(f"rank {info['rank']} on {info['host']}: {line}")
+                print(f"rank {info.rank} on {info.host}: {line}")
         for o in outliers:
-            print(f"OUTLIER rank {o['rank']} on {o['host']}: {o['why']}")
+            print(f"OUTLIER rank {o.device.rank} on {o.device.host}: {o.why}")
         if stop is not None:
-            ranks = [g[0]["rank"] for g in gathered]
+            ranks = [g[0].rank for g in gathered]
             lead = ("interrupted" if signal_name and not missing
                     else f"error: rank 0 on {me.host}")
             self.out.say(f"{lead}: the fleet stopped: {stop[0]}; {n_rows} rows of rank(s) "
                          f"{ranks} kept in {self.fleet_dir} (incomplete"
                          + (")" if coll_rows else ", no collectives)"))
             return stop[1]
-        worst = max([i["exit_code"] or 0 for i in (g[0] for g in gathered)] + [code])
+        worst = max([i.exit_code or 0 for i in (g[0] for g in gathered)] + [code])
         return max(worst, 1 if outliers else 0)
