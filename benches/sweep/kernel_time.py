@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from benches.step.profile import is_device_event, profile_events
 from benches.sweep.failures import error_message, is_sticky_cuda_error
@@ -61,7 +61,8 @@ def events_from_profiler(events: Iterable[Any]) -> list[DeviceEvent]:
 
 
 def events_from_trace(doc: dict[str, Any]) -> list[DeviceEvent]:
-    """Device work of an exported chrome trace ({"traceEvents": [...]}): complete events
+    """Device work of an exported chrome trace ({"traceEvents": [...]}, the JSON document
+    torch.profiler writes and only this reads): complete events
     ("ph": "X") of a DEVICE_WORK category, their `dur` in µs."""
     out = []
     for e in doc.get("traceEvents", []):
@@ -203,7 +204,14 @@ def row_profile(call: Callable[[], object], call_s: float | None, provider: str 
     return Profile(got.kernel_ms, got.kernels, known or got.library), ""
 
 
-def kernel_time_metadata(kind: str) -> dict[str, Any]:
+class KernelTimeSource(TypedDict):
+    """The run's metadata key `kernel_time` (summary.md reads it)."""
+
+    source: str | None
+    reason: str
+
+
+def kernel_time_metadata(kind: str) -> KernelTimeSource:
     """The run's metadata key `kernel_time`: where kernel_ms comes from, or why not."""
     if kind != "cuda":
         return {"source": None, "reason": (
