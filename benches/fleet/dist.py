@@ -152,14 +152,17 @@ def start(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "auto") -> Rank:
         torch.set_num_threads(cpu_threads(os.cpu_count() or 1, local_world))
     backend = "nccl" if gpu else "gloo"
     timeout = timedelta(seconds=timeout_s)
-    kw: dict[str, Any] = {"backend": backend, "timeout": timeout}
-    if gpu:
-        kw["device_id"] = torch.device("cuda", local_rank)
+    device_id = torch.device("cuda", local_rank) if gpu else None
     try:
-        collective("joining the process group", dist.init_process_group, **kw)
+        if device_id is not None:
+            collective("joining the process group", dist.init_process_group,
+                       backend=backend, timeout=timeout, device_id=device_id)
+        else:
+            collective("joining the process group", dist.init_process_group,
+                       backend=backend, timeout=timeout)
     except TypeError:  # a torch without device_id
-        kw.pop("device_id", None)
-        collective("joining the process group", dist.init_process_group, **kw)
+        collective("joining the process group", dist.init_process_group, backend=backend,
+                   timeout=timeout)
     except ValueError as e:  # the env:// rendezvous's complaints about its variables
         raise FleetRefused(f"joining the process group: {first_line(e)}") from None
     _control = (collective("making the gloo group", dist.new_group, backend="gloo",
@@ -186,6 +189,7 @@ def liveness() -> Liveness | None:
     return _live
 
 
+# `parts`: the JSON document every rank posts in agree() and agree() compares.
 def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()
                           ).hexdigest()[:16]
@@ -204,6 +208,7 @@ def broadcast_object(doing: str, obj: Any) -> Any:
     return box[0]
 
 
+# `parts`: a JSON document each rank posts here and this reads back from every rank.
 def agree(what: str, parts: dict[str, Any]) -> None:
     """FleetRefused unless every rank has the same `parts` (versions, case list...),
     naming the ranks that differ and how."""

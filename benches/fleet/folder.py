@@ -69,6 +69,7 @@ def write_rank_file(rank_dir: Path, me: Rank) -> None:
     (rank_dir / RANK_FILE).write_text(json.dumps(asdict(me), indent=1) + "\n")
 
 
+# The document dist.agree posts and compares across the ranks (its keys name the parts).
 def versions(req: RunRequest) -> dict[str, Any]:
     """What every rank must share: the suite (git commit, package version), torch,
     triton and the request."""
