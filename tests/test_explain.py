@@ -15,7 +15,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from benches.step.kernel_split import EXPLAIN_CATEGORIES as PROFILED_CATEGORIES
 from benches.step.kernel_split import PASSES as PROFILED_PASSES
 from benches.step.kernel_split import span_ms, split_explained
-from benches.step.measure import measure_model
+from benches.step.measure import ModelMeasured, measure_model
 from benches.step.profile import SPAN, split_ms
 from contract.models import ModelShape
 from kernels import REGISTRY
@@ -82,7 +82,7 @@ def test_a_gpt_style_model_has_layernorms():
 
 
 @pytest.fixture(scope="module")
-def gqa_step() -> dict:
+def gqa_step() -> ModelMeasured:
     return measure_model(GQA, GQA.n_layers, BATCH, "cpu", "fp32", steps=1, warmup=1)
 
 
@@ -92,19 +92,19 @@ def _kernel_flops(kernels: list[StepKernel], family: str, passes: tuple[str, ...
                if k.kernel == family and k.passes == passes)
 
 
-def _matches_the_step(kernels: list[StepKernel], m: dict) -> bool:
+def _matches_the_step(kernels: list[StepKernel], m: ModelMeasured) -> bool:
     """The step kernels' FLOPs (count x the family's own formula at the shape) against
     FlopCounterMode's count of the real step: GEMMs forward and backward exactly; the
     attention (counted on a CPU by the counter's SDPA formulas, halved for the causal
     mask) exactly, as the family counts a causal mask."""
-    gemm = (_kernel_flops(kernels, "matmul", ("forward",)) == m["flops_forward"]["gemm"]
+    gemm = (_kernel_flops(kernels, "matmul", ("forward",)) == m.flops_forward["gemm"]
             and _kernel_flops(kernels, "matmul", ("backward",))
-            == m["flops_backward"]["gemm"])
-    attn_counted = m["flops_forward"]["attention"] + m["flops_backward"]["attention"]
+            == m.flops_backward["gemm"])
+    attn_counted = m.flops_forward["attention"] + m.flops_backward["attention"]
     attn = (_kernel_flops(kernels, "attention_bwd", ("forward", "backward"))
             == attn_counted
             and _kernel_flops(kernels, "attention", ("forward",))
-            == m["flops_forward"]["attention"])
+            == m.flops_forward["attention"])
     return gemm and attn
 
 
@@ -133,22 +133,22 @@ def test_the_categories_add_up_to_the_profiled_step(gqa_step):
     other process ran).  30% bounds that overhead while still failing if the optimizer,
     over a third of this step, went missing; the other categories are held nonzero
     below."""
-    explained = gqa_step["profile_explain_ms"]
+    explained = gqa_step.profile_explain_ms
     total = sum(ms for cat in explained.values() for ms in cat.values())
-    assert total == pytest.approx(sum(gqa_step["profile_ms"].values()), rel=1e-9)
-    span = gqa_step["profile_span_ms"]
+    assert total == pytest.approx(sum(gqa_step.profile_ms.values()), rel=1e-9)
+    span = gqa_step.profile_span_ms
     assert total <= span * (1 + 1e-9)
     # Preemption only ever adds to the gap (this step is ~7 ms, one scheduler slice on a
     # loaded 2-core VM): the least gap of a few profiled steps is the overhead's.
     gaps = [(span - total) / span]
     while min(gaps) > 0.30 and len(gaps) < 5:
         again = measure_model(GQA, GQA.n_layers, BATCH, "cpu", "fp32", steps=1, warmup=1)
-        done = sum(ms for cat in again["profile_explain_ms"].values() for ms in cat.values())
+        done = sum(ms for cat in again.profile_explain_ms.values() for ms in cat.values())
         gaps.append((again["profile_span_ms"] - done) / again["profile_span_ms"])
     assert min(gaps) <= 0.30, gaps
     # The optimizer step is its own pass; a composite RMSNorm's backward is the norm's.
     assert explained["optimizer/elementwise"]["optimizer"] == \
-        pytest.approx(gqa_step["profile_ms"]["optimizer"])
+        pytest.approx(gqa_step.profile_ms["optimizer"])
     assert explained["norm"]["backward"] > 0 and explained["norm"]["forward"] > 0
     assert explained["gemm"]["backward"] > 0 and explained["attention"]["backward"] > 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from benches.step.transformer import StepError, Transformer, parameter_count
 from contract.models import PRESETS, ModelShape
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import attention_score_flops
-from roofline.plan.step import step_report
+from roofline.plan.step import StepMeasurement, step_report
 from tests.test_plan import ROOT
 
 TINY = ModelShape("tiny", d_model=64, n_layers=2, d_ff=256, vocab=1000, seq_len=32,
@@ -107,8 +108,7 @@ def test_a_slice_extrapolates_linearly_to_the_whole_model(tiny, monkeypatch):
         # Times fixed (1 ms for the embedding and head, +1 ms a block): on a busy host a
         # tiny model's blocks are lost in the noise, and such a slice is refused.
         m = real(shape, n_blocks, *args, **kwargs)
-        m["time_ms"] = {**m["time_ms"], "median": 1.0 + n_blocks}
-        return m
+        return replace(m, time_ms=replace(m.time_ms, median=1.0 + n_blocks))
 
     monkeypatch.setattr(step_mod, "_measure", timed)
     part = measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
@@ -134,10 +134,9 @@ def test_a_category_the_blocks_add_nothing_to_is_not_extrapolated_below_zero(mon
 
     def noisy(shape, n_blocks, *args, **kwargs):
         m = real(shape, n_blocks, *args, **kwargs)
-        m["time_ms"] = {**m["time_ms"], "median": 1.0 + n_blocks}
-        m["profile_ms"] = {**m["profile_ms"], "loss": 0.5 if n_blocks else 0.6,
-                           "attention": 0.3 * n_blocks}
-        return m
+        return replace(m, time_ms=replace(m.time_ms, median=1.0 + n_blocks),
+                       profile_ms={**m.profile_ms, "loss": 0.5 if n_blocks else 0.6,
+                                   "attention": 0.3 * n_blocks})
 
     monkeypatch.setattr(step_mod, "_measure", noisy)
     whole = measure_step(TINY, 2, "cpu", "fp32", measure_layers=1, steps=2)
@@ -157,23 +156,23 @@ def test_gpt2_small_attention_term_is_nanogpts():
          "flops_optimizer": {}, "profile_ms": {"gemm": 50.0},
          "memory": {"parameters": 1, "gradients": 1, "optimizer_state": 1,
                     "activations": 1}}
-    r = step_report(s, m, 989.4, 16.0)
+    r = step_report(s, StepMeasurement.from_json(m), 989.4, 16.0)
     per_token = 6 * s.params + 12 * L * H * Q * T
-    assert r["mfu"] == pytest.approx(per_token * 1024 / 0.1 / 989.4e12)
-    assert r["attention_per_token"] == 12 * L * H * Q * T
+    assert r.mfu == pytest.approx(per_token * 1024 / 0.1 / 989.4e12)
+    assert r.attention_per_token == 12 * L * H * Q * T
 
 
 def test_report_checks_the_lectures_claims(tiny):
-    r = step_report(TINY, tiny, 0.2, 16.0)
-    assert r["gemm_backward_over_forward"] == 2.0
-    assert r["bytes_per_param_measured"] == 16.0
-    assert r["optimizer_bytes_per_param"] == 8.0
-    assert r["counted_over_6n"] == pytest.approx(
+    r = step_report(TINY, StepMeasurement.from_json(tiny), 0.2, 16.0)
+    assert r.gemm_backward_over_forward == 2.0
+    assert r.bytes_per_param_measured == 16.0
+    assert r.optimizer_bytes_per_param == 8.0
+    assert r.counted_over_6n == pytest.approx(
         (tiny["flops_forward"]["gemm"] + tiny["flops_backward"]["gemm"]
          + tiny["flops_forward"]["attention"] + tiny["flops_backward"]["attention"])
         / (2 * TINY.seq_len) / (6 * TINY.params))
-    assert r["hfu"] > 0 and r["mfu"] > 0
-    assert math.isclose(sum(c["share"] for c in r["categories"]), 1.0, rel_tol=1e-9)
+    assert r.hfu > 0 and r.mfu > 0
+    assert math.isclose(sum(c.share for c in r.categories), 1.0, rel_tol=1e-9)
 
 
 def test_the_cli_measures_a_step(capsys, tmp_path, monkeypatch):
@@ -238,8 +237,7 @@ def test_a_slice_lost_in_the_noise_is_refused_not_extrapolated(monkeypatch):
     def noisy(shape, n_blocks, *args, **kwargs):
         m = real(shape, n_blocks, *args, **kwargs)
         # The slice measured faster than the base: what noise does to a tiny model.
-        m["time_ms"] = {**m["time_ms"], "median": 1.0 if n_blocks else 2.0}
-        return m
+        return replace(m, time_ms=replace(m.time_ms, median=1.0 if n_blocks else 2.0))
 
     monkeypatch.setattr(step_mod, "_measure", noisy)
     with pytest.raises(StepError, match="cannot be told from the noise") as e:

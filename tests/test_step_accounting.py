@@ -146,7 +146,7 @@ def test_autocast_weight_casts_are_not_activations():
     # CPU autocast casts (and caches) the fp32 weights to bf16 for the matmuls, as a
     # GPU's does; the matmuls' backward saves those copies.
     m = measure_model(TINY, TINY.n_layers, 2, "cpu", "bf16", steps=1, warmup=1)
-    mem = m["memory"]
+    mem = m.memory
     linear = sum(mod.weight.numel() for mod in Transformer(TINY).modules()
                  if isinstance(mod, torch.nn.Linear))
     assert mem["weight_casts"] == 2 * linear  # one bf16 copy of each matmul weight
@@ -154,7 +154,7 @@ def test_autocast_weight_casts_are_not_activations():
     assert mem["activations"] == total - mem["weight_casts"]
     assert 0 < mem["activations_in_blocks"] <= mem["activations"]
     fp32 = measure_model(TINY, TINY.n_layers, 2, "cpu", "fp32", steps=1, warmup=1)
-    assert fp32["memory"]["weight_casts"] == 0
+    assert fp32.memory["weight_casts"] == 0
 
 
 @pytest.mark.parametrize("shape", [
@@ -180,11 +180,11 @@ def test_sdpa_on_its_math_backend_is_counted_once_as_attention():
     tokens = 2 * TINY.seq_len
     hd, T = TINY.head_dim, TINY.seq_len
     qk_and_pv = 2 * (2 * 2 * TINY.heads * T * T * hd)  # batch 2, per layer
-    assert m["flops_forward"]["gemm"] == 2 * TINY.matmul_params * tokens
-    assert m["flops_forward"]["attention"] == TINY.n_layers * qk_and_pv
+    assert m.flops_forward["gemm"] == 2 * TINY.matmul_params * tokens
+    assert m.flops_forward["attention"] == TINY.n_layers * qk_and_pv
     # The math backward keeps the scores: 4 batched matmuls, 2x the forward.
-    assert m["flops_backward"]["attention"] == 2 * m["flops_forward"]["attention"]
-    assert m["flops_backward"]["gemm"] == 2 * m["flops_forward"]["gemm"]
-    assert any("math backend" in n for n in m["notes"])
-    assert not any("counted by its formula" in n for n in m["notes"])
-    assert m["profile_ms"]["attention"] > 0
+    assert m.flops_backward["attention"] == 2 * m.flops_forward["attention"]
+    assert m.flops_backward["gemm"] == 2 * m.flops_forward["gemm"]
+    assert any("math backend" in n for n in m.notes)
+    assert not any("counted by its formula" in n for n in m.notes)
+    assert m.profile_ms["attention"] > 0

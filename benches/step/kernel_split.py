@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from benches.step.profile import (
@@ -211,9 +212,19 @@ def span_ms(events: list[Any], on_gpu: bool) -> float:
     return sum(e.cpu_time_total for e in spans) / 1e3
 
 
+@dataclass(frozen=True)
+class StepProfile:
+    """A profiled step split two ways (profile_step_explained)."""
+
+    categories: dict[str, float]
+    explain: dict[str, dict[str, float]]
+    span_ms: float
+    gemm_calls: dict[str, dict[str, float]]
+
+
 def profile_step_explained(forward_backward: Callable[[], None],
                            optimizer_step: Callable[[], None], zero_grad: Callable[[], None],
-                           on_gpu: bool) -> dict[str, Any]:
+                           on_gpu: bool) -> StepProfile:
     """One step profiled in two parts, forward and backward op by op, then the optimizer
     step as a whole (its ops, sqrt, mul, lerp..., are named like any elementwise op), and
     split both ways from the same events:
@@ -230,5 +241,4 @@ def profile_step_explained(forward_backward: Callable[[], None],
     explain = split_explained(fb, on_gpu)
     explain["optimizer/elementwise"]["optimizer"] += opt_ms["optimizer"]
     span = span_ms(fb, on_gpu) + span_ms(opt, on_gpu)
-    return {"categories": coarse, "explain": explain, "span_ms": span,
-            "gemm_calls": gemm_calls(fb, on_gpu)}
+    return StepProfile(coarse, explain, span, gemm_calls(fb, on_gpu))

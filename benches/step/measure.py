@@ -49,7 +49,7 @@ import contextlib
 import os
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -68,15 +68,52 @@ __all__ = ["CATEGORIES", "AUTOCAST", "category", "free_memory_bytes", "measure_m
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _percentiles(samples: list[float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepTimes:
+    """The timed steps' median, 20th and 80th percentile (ms), how many and each."""
+
+    median: float
+    p20: float
+    p80: float
+    n: int
+    samples: list[float]
+
+
+def _percentiles(samples: list[float]) -> StepTimes:
     s = sorted(samples)
 
     def q(p: float) -> float:
         i = p * (len(s) - 1)
         lo, hi = int(i), min(int(i) + 1, len(s) - 1)
         return s[lo] + (s[hi] - s[lo]) * (i - lo)
-    return {"median": statistics.median(s), "p20": q(0.2), "p80": q(0.8), "n": len(s),
-            "samples": samples}
+    return StepTimes(statistics.median(s), q(0.2), q(0.8), len(s), samples)
+
+
+@dataclass(frozen=True)
+class ModelMeasured:
+    """Every measurement of one model (measure_model): its blocks and parameters, the
+    step's times, FLOPs by category (forward, backward, the optimizer), bytes by
+    category, the profiled step's split (by kind of work, by kernel family and pass, its
+    span, its GEMMs by shape), how attention was counted, and notes."""
+
+    n_blocks: int
+    params: int
+    time_ms: StepTimes
+    flops_forward: dict[str, int]
+    flops_backward: dict[str, int]
+    flops_optimizer: dict[str, int]
+    memory: dict[str, int | None]
+    profile_ms: dict[str, float]
+    profile_explain_ms: dict[str, dict[str, float]]
+    profile_span_ms: float
+    gemm_calls: dict[str, dict[str, float]]
+    attention_counting: str | None
+    notes: list[str]
+
+    # The step's part of measure_step's document (read by roofline/plan/step.py).
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) if f.name != "time_ms"
+                else asdict(self.time_ms) for f in fields(self)}
 
 
 def _flops_by_category(counter: Any) -> dict[str, int]:
@@ -233,7 +270,7 @@ def _counted(run: _Step, shape: ModelShape, n_blocks: int, micro_batch: int, dty
     return _Flops(fwd, bwd, _flops_by_category(opt_count), counting, notes), saved, peak
 
 
-def _memory(run: _Step, saved: dict[str, int], peak: int | None) -> dict[str, Any]:
+def _memory(run: _Step, saved: dict[str, int], peak: int | None) -> dict[str, int | None]:
     """Bytes by category: the tensors' own (parameters, gradients, AdamW's m and v, its
     step counters), the forward's saved storages, the peak allocated (GPU)."""
     params, state = list(run.model.parameters()), run.opt.state.values()
@@ -253,7 +290,7 @@ def _memory(run: _Step, saved: dict[str, int], peak: int | None) -> dict[str, An
 
 
 def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: str,
-                  dtype: str, steps: int = 5, warmup: int = 2) -> dict[str, Any]:
+                  dtype: str, steps: int = 5, warmup: int = 2) -> ModelMeasured:
     """Every measurement of one model (n_blocks of the shape's blocks)."""
     run = _Step(shape, n_blocks, micro_batch, device, dtype)
     for _ in range(warmup):
@@ -267,13 +304,10 @@ def measure_model(shape: ModelShape, n_blocks: int, micro_batch: int, device: st
     # pass for --explain (benches/step/kernel_split.py).
     prof = profile_step_explained(lambda: run.forward().backward(), run.opt.step,
                                   lambda: run.opt.zero_grad(set_to_none=True), run.on_gpu)
-    return {"n_blocks": n_blocks, "params": parameter_count(run.model),
-            "time_ms": _percentiles(samples), "flops_forward": flops.forward,
-            "flops_backward": flops.backward, "flops_optimizer": flops.optimizer,
-            "memory": memory, "profile_ms": prof["categories"],
-            "profile_explain_ms": prof["explain"], "profile_span_ms": prof["span_ms"],
-            "gemm_calls": prof["gemm_calls"], "attention_counting": flops.attention_counting,
-            "notes": flops.notes}
+    return ModelMeasured(n_blocks, parameter_count(run.model), _percentiles(samples),
+                         flops.forward, flops.backward, flops.optimizer, memory,
+                         prof.categories, prof.explain, prof.span_ms, prof.gemm_calls,
+                         flops.attention_counting, flops.notes)
 
 
 def _line(base: Any, part: Any, blocks: int, k: int) -> Any:
@@ -393,7 +427,7 @@ def _address_space_limit(available: float | None) -> Iterator[None]:
 
 
 def _measure(shape: ModelShape, n_blocks: int, micro_batch: int, device: str, dtype: str,
-             steps: int, warmup: int, available: float | None) -> dict[str, Any]:
+             steps: int, warmup: int, available: float | None) -> ModelMeasured:
     """measure_model, an allocation failure turned into a StepError (one line)."""
     try:
         with (_address_space_limit(available) if device == "cpu"
@@ -415,7 +449,7 @@ def _measure(shape: ModelShape, n_blocks: int, micro_batch: int, device: str, dt
 def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
                  measure_layers: int | None = None, device_bytes: float | None = None,
                  steps: int = 5, log: Callable[[str], None] = lambda m: None,
-                 warmup: int = 2) -> dict[str, Any]:
+                 warmup: int = 2) -> dict[str, Any]:  # the planner's (harness.py MeasureStep)
     """The step's measurements for the whole model (measured, or extrapolated from a
     slice of `measure_layers` blocks), as a JSON-able dict.  Refused (StepError) before
     anything is built when the step's memory estimate exceeds the device's memory
@@ -435,34 +469,42 @@ def measure_step(shape: ModelShape, micro_batch: int, device: str, dtype: str,
     log(f"measuring a training step of {k} of {L} blocks on {device} ({dtype}, "
         f"micro-batch {micro_batch} x {shape.seq_len} tokens)")
     part = _measure(shape, k, micro_batch, device, dtype, steps, warmup, free)
-    result: dict[str, Any] = {"device": device, "dtype": dtype, "micro_batch": micro_batch,
-                              "tokens": micro_batch * shape.seq_len, "layers": L,
-                              "measured_layers": k, "steps": steps, "warmup": warmup}
+    result = {"device": device, "dtype": dtype, "micro_batch": micro_batch,
+              "tokens": micro_batch * shape.seq_len, "layers": L,
+              "measured_layers": k, "steps": steps, "warmup": warmup}
     if k == L:
-        return {**result, **part, "slice": None}
+        return {**result, **part.to_json(), "slice": None}
     log("measuring the embedding and head alone, to extrapolate the slice to all blocks")
     base = _measure(shape, 0, micro_batch, device, dtype, steps, warmup, free)
-    added = part["time_ms"]["median"] - base["time_ms"]["median"]
-    if added <= 0:
+    if part.time_ms.median - base.time_ms.median <= 0:
         # The blocks' time is lost in the noise (a tiny model on a busy host): an
         # extrapolation from it would be meaningless, a negative step time at worst.
         raise StepError(
-            f"the slice of {k} blocks took {part['time_ms']['median']:.3g} ms a step, no "
-            f"more than the embedding and head alone ({base['time_ms']['median']:.3g} ms): "
+            f"the slice of {k} blocks took {part.time_ms.median:.3g} ms a step, no "
+            f"more than the embedding and head alone ({base.time_ms.median:.3g} ms): "
             "the blocks' time cannot be told from the noise; measure more blocks "
             "(--measure-layers) or the whole model")
-    whole = {key: _line(base[key], part[key], L, k) for key in
+    return {**result, **_extrapolated(part, base, L, k, shape.params),
+            "slice": {"blocks": k, "measured": part.to_json(), "base": base.to_json()}}
+
+
+def _extrapolated(part: ModelMeasured, base: ModelMeasured, L: int, k: int, params: int
+                  ) -> dict[str, Any]:  # measure_step's document's figures
+    """The whole model's figures from a slice of k of L blocks and the embedding and
+    head alone (base): every figure on the line through the two."""
+    part_json, base_json = part.to_json(), base.to_json()
+    whole = {key: _line(base_json[key], part_json[key], L, k) for key in
              ("time_ms", "flops_forward", "flops_backward", "flops_optimizer", "memory",
               "profile_ms", "profile_explain_ms", "profile_span_ms")}
-    whole["params"] = shape.params
+    whole["params"] = params
     whole["n_blocks"] = L
-    whole["attention_counting"] = part["attention_counting"]
+    whole["attention_counting"] = part.attention_counting
     # Per call, a GEMM's time needs no extrapolating: the slice runs every kind of them.
-    whole["gemm_calls"] = part["gemm_calls"]
-    whole["notes"] = part["notes"] + [
+    whole["gemm_calls"] = part.gemm_calls
+    whole["notes"] = part.notes + [
         f"measured on a slice of {k} of {L} blocks and on the embedding and head alone; "
         f"every figure F extrapolated as F(0) + {L} x (F({k}) - F(0)) / {k} (identical "
         "blocks each add the same time, FLOPs and memory); the time's spread is the "
         "slice's"]
-    whole["time_ms"]["n"] = part["time_ms"]["n"]
-    return {**result, **whole, "slice": {"blocks": k, "measured": part, "base": base}}
+    whole["time_ms"]["n"] = part.time_ms.n
+    return whole
