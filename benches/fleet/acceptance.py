@@ -247,7 +247,7 @@ def _measure(me: Any, mine: RankRecord, dtypes: tuple[str, ...], seconds: float
     record = replace(mine, stress=results, nvml_why=why)
     if monitor is not None:
         monitor.stop()
-        during = [s for s in list(monitor.readings) if t0 <= s["t"] <= t1]
+        during = [s for s in list(monitor.readings) if t0 <= s.t <= t1]
         record = replace(record, stress_nvml=stress_summary(during, monitor.max_sm_clock_mhz),
                          nvml=replace(read_passive(nv, h), pcie=pcie[0] if pcie else None))
         with contextlib.suppress(Exception):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from types import UnionType
 from typing import Any
 
 from benches.fleet.acceptance_records import NvmlReading, PcieLink, StressNvml
 from benches.sweep.failures import error_message
-from benches.sweep.gpu_monitor import SLOWDOWN_REASONS, decode_nvml, is_idle
+from benches.sweep.gpu_monitor import SLOWDOWN_REASONS, Reading, decode_nvml, is_idle
 
 
 def _read(errors: dict[str, str], key: str, fn: Callable[[], Any]) -> Any:
@@ -103,21 +102,15 @@ def read_passive(nv: Any, h: Any) -> NvmlReading:
         errors=errors)
 
 
-# The GpuMonitor's readings (benches/sweep/gpu_monitor.py nvml_reading's documents).
-def stress_summary(readings: list[dict[str, Any]], max_sm_clock_mhz: float | None
+def stress_summary(readings: list[Reading], max_sm_clock_mhz: float | None
                    ) -> StressNvml:
     """Over the busy readings (gpu_monitor.is_idle) a GpuMonitor took during the stress:
     how many, the share carrying each clock-event reason, the hottest temperature and
     the median SM clock."""
     busy = [x for x in readings if not is_idle(x)]
-
-    def numbers(key: str, kind: type | UnionType) -> list[Any]:
-        """The busy readings' values of `key` that are of `kind` (a failed reading
-        holds none)."""
-        return [v for v in (x.get(key) for x in busy) if isinstance(v, kind)]
-
-    reasons, temps = numbers("clock_reasons", int), numbers("temperature_c", int | float)
-    clocks = numbers("sm_clock_mhz", int | float)
+    reasons = [x.clock_reasons for x in busy if isinstance(x.clock_reasons, int)]
+    temps = [x.temperature_c for x in busy if isinstance(x.temperature_c, int | float)]
+    clocks = [x.sm_clock_mhz for x in busy if isinstance(x.sm_clock_mhz, int | float)]
     return StressNvml(
         readings=len(reasons),
         reason_fractions={name: sum(bool(x & bit) for x in reasons) / len(reasons)
