@@ -25,7 +25,14 @@ from roofline.plan.harness import Harness
 from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequest
 from roofline.plan.plan_text import sections
 from roofline.plan.planner import build_plan
-from roofline.plan.step import gemms_from_step, memory_fit, step_report, step_sections
+from roofline.plan.step import (
+    StepMeasurement,
+    StepReport,
+    gemms_from_step,
+    memory_fit,
+    step_report,
+    step_sections,
+)
 from tests.test_step_accounting import Events
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "h200-llama3-8b-step.json"
@@ -91,7 +98,7 @@ def test_the_h200_recorded_the_full_square_twice_what_ran():
         assert m[k]["attention"] == 2 * r[k]["attention"]
 
 
-def split_rates(report: dict) -> dict[str, str]:
+def split_rates(report: StepReport) -> dict[str, str]:
     """The TFLOP/s cell of each row of the time-by-kind-of-work table, as printed."""
     [(_, header, rows)] = [s for s in step_sections(report, str, str) if "kind of work"
                            in s[0]]
@@ -100,32 +107,32 @@ def split_rates(report: dict) -> dict[str, str]:
 
 def test_every_category_is_held_to_the_peak():
     # As recorded: attention at 1.06e3 TFLOP/s, over the 989.4 peak: flagged.
-    r = step_report(LLAMA, recorded(), PEAK, 16.0, H200_BYTES)
-    assert [c["category"] for c in r["categories"] if c["over_peak"]] == ["attention"]
+    r = step_report(LLAMA, StepMeasurement.from_json(recorded()), PEAK, 16.0, H200_BYTES)
+    assert [c.category for c in r.categories if c.over_peak] == ["attention"]
     cells = split_rates(r)
     assert cells["attention"] == "accounting error: 1.06e+03 > peak 989.4"
     # Counted causal, every category is a rate this device can run.
-    r = step_report(LLAMA, recounted(), PEAK, 16.0, H200_BYTES)
-    rates = {c["category"]: c["tflops"] for c in r["categories"] if c["tflops"]}
+    r = step_report(LLAMA, StepMeasurement.from_json(recounted()), PEAK, 16.0, H200_BYTES)
+    rates = {c.category: c.tflops for c in r.categories if c.tflops}
     assert set(rates) == {"gemm", "attention"}
     assert all(t <= PEAK for t in rates.values()) and not any(
-        c["over_peak"] for c in r["categories"])
+        c.over_peak for c in r.categories)
     assert rates["attention"] == pytest.approx(529.2, abs=0.1)
     assert split_rates(r)["attention"] == "529"
 
 
 def test_mfu_and_hfu_each_with_its_convention():
-    r = step_report(LLAMA, recounted(), PEAK, 16.0, H200_BYTES)
-    n, t_s, tokens = float(LLAMA.params), r["step_ms"] / 1e3, 8192
+    r = step_report(LLAMA, StepMeasurement.from_json(recounted()), PEAK, 16.0, H200_BYTES)
+    n, t_s, tokens = float(LLAMA.params), r.step_ms / 1e3, 8192
     L, H, Q, T = LLAMA.n_layers, LLAMA.heads, LLAMA.head_dim, LLAMA.seq_len
     # PaLM's model FLOPs count the full square; the causal one half of it.
-    assert r["mfu"] == pytest.approx((6 * n + 12 * L * H * Q * T) * tokens / t_s / (PEAK * 1e12))
-    assert r["mfu_causal"] == pytest.approx((6 * n + 6 * L * H * Q * T) * tokens / t_s
+    assert r.mfu == pytest.approx((6 * n + 12 * L * H * Q * T) * tokens / t_s / (PEAK * 1e12))
+    assert r.mfu_causal == pytest.approx((6 * n + 6 * L * H * Q * T) * tokens / t_s
                                             / (PEAK * 1e12))
     counted = sum(recounted()["flops_forward"].values()) + \
         sum(recounted()["flops_backward"].values())
-    assert r["hfu"] == pytest.approx(counted / t_s / (PEAK * 1e12))
-    assert (round(r["mfu"], 3), round(r["mfu_causal"], 3), round(r["hfu"], 3)) == \
+    assert r.hfu == pytest.approx(counted / t_s / (PEAK * 1e12))
+    assert (round(r.mfu, 3), round(r.mfu_causal, 3), round(r.hfu, 3)) == \
         (0.613, 0.549, 0.528)
     speed = {row[0]: row for row in step_sections(r, str, str)[1][2]}
     assert "full T x T square" in speed["MFU (PaLM: 6N + 12 L H Q T)"][2]
@@ -135,24 +142,24 @@ def test_mfu_and_hfu_each_with_its_convention():
 
 def test_the_h200_steps_peak_does_not_fit_and_what_would():
     m = recorded()
-    f = memory_fit(LLAMA, m, H200_BYTES)
+    f = memory_fit(LLAMA, StepMeasurement.from_json(m), H200_BYTES)
     mem = m["memory"]
     state = mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
-    assert (f["fits"], round(f["peak"] / 1e9, 1)) == (False, 176.9)
+    assert (f.fits, round(f.peak / 1e9, 1)) == (False, 176.9)
     # Checkpointing: the blocks' activations go, 32 fp32 block inputs and one block's
     # activations come: 130 GB, under 141.
     blocks = mem["activations_in_blocks"]
-    assert f["checkpointing"] == pytest.approx(
+    assert f.checkpointing == pytest.approx(
         mem["peak_allocated"] - blocks + 32 * 8192 * 4096 * 4 + blocks / 32)
-    assert f["checkpointing_fits"] and round(f["checkpointing"] / 1e9) == 130
+    assert f.checkpointing_fits and round(f.checkpointing / 1e9) == 130
     # FSDP: the 128 GB of state over 2 GPUs, the other 48 GB per GPU: 113 GB.
-    assert f["fsdp_gpus"] == 2
-    assert f["fsdp_peak"] == pytest.approx(state / 2 + mem["peak_allocated"] - state)
+    assert f.fsdp_gpus == 2
+    assert f.fsdp_peak == pytest.approx(state / 2 + mem["peak_allocated"] - state)
     # No smaller micro-batch: the state and the weight casts alone are 143 GB.
-    assert (f["micro_batch"], f["seq_len"]) == (None, None)
-    assert f["fixed"] == pytest.approx(state + mem["weight_casts"])
+    assert (f.micro_batch, f.seq_len) == (None, None)
+    assert f.fixed == pytest.approx(state + mem["weight_casts"])
     rows = {row[0]: row for row in step_sections(step_report(
-        LLAMA, m, PEAK, 16.0, H200_BYTES), lambda x: f"{x:.3g}",
+        LLAMA, StepMeasurement.from_json(m), PEAK, 16.0, H200_BYTES), lambda x: f"{x:.3g}",
         lambda x: f"{x / 1e9:.3g} GB")[2][2]}
     assert rows["fits in the device's memory"][1] == "NO: 177 GB > 141 GB"
     assert rows["with FSDP over 2 GPUs"][1] == "113 GB"
@@ -166,8 +173,8 @@ def test_the_h200_steps_peak_does_not_fit_and_what_would():
     (160.0, {"fits": False, "micro_batch": None, "seq_len": 4047}),
 ])
 def test_what_fits_by_the_device_memory(device_gb, expect):
-    f = memory_fit(LLAMA, recorded(), device_gb * 1e9)
-    assert {k: f[k] for k in expect} == expect
+    f = memory_fit(LLAMA, StepMeasurement.from_json(recorded()), device_gb * 1e9)
+    assert {k: getattr(f, k) for k in expect} == expect
 
 
 def h200_plan(monkeypatch, measurement: dict) -> dict:

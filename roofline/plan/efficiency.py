@@ -5,7 +5,7 @@ device, its peak and how the MFU was found, as an Efficiency."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contract.devices import DEVICES
@@ -16,7 +16,7 @@ from roofline.plan.harness import Harness
 from roofline.plan.model import PlanError
 from roofline.plan.plan_request import PlanRequest
 from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
-from roofline.plan.step import gemms_from_step, step_report
+from roofline.plan.step import StepMeasurement, StepReport, gemms_from_step, step_report
 
 STEP_DTYPES = ("bf16", "fp16", "fp32")
 # The step's ops as they run: torch's.
@@ -29,14 +29,17 @@ class StepMeasured:
     measurement, the measured ceilings of a device without a datasheet, and with
     --explain the step's kernels timed alone; the plan's `step_measured`."""
 
-    report: dict[str, Any]
+    report: StepReport
+    measured: StepMeasurement
+    # measure_step's answer and measure_kernels' as the harness wrote them, kept whole in
+    # plan.json (read through StepMeasurement and explain_report).
     measurement: dict[str, Any]
     ceilings: dict[str, Any] | None
     explain: dict[str, Any] | None = None
     explain_measurement: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        doc = {"report": self.report, "measurement": self.measurement,
+        doc = {"report": self.report.to_json(), "measurement": self.measurement,
                "ceilings": self.ceilings}
         if self.explain is not None:
             doc.update(explain=self.explain, explain_measurement=self.explain_measurement)
@@ -111,18 +114,19 @@ def _step_efficiency(request: PlanRequest, shape: ModelShape, gemms: list[Gemm],
     result = harness.measure_step(shape, micro_batch, "cuda" if on_gpu else "cpu",
                                   dtype, eff.measure_layers, device_bytes, eff.steps, log)
     peak, peak_source = peak_of(device, dtype, log, harness.device_ceilings)
-    report = step_report(shape, result, peak, request.memory.bytes_per_param_total(),
+    measured = StepMeasurement.from_json(result)
+    report = step_report(shape, measured, peak, request.memory.bytes_per_param_total(),
                          device_bytes, peak_source)
-    gemms_timed = gemms_from_step(gemms, result.get("gemm_calls"), peak)
+    gemms_timed = gemms_from_step(gemms, measured.gemm_calls, peak)
     ceilings = None if DEVICES[device].peaks_tflops else \
         measured_ceilings(device, log, harness.device_ceilings).to_json()  # cached by peak_of
-    step = StepMeasured(report, result, ceilings)
+    step = StepMeasured(report, measured, result, ceilings)
     if eff.explain:
         step = _explained(step, micro_batch, eff.rep_ms, shape, dtype, device, harness, log)
-    mfu_from = (f"--measure step: {report['step_ms']:.4g} ms per step of "
-                f"{int(report['tokens_per_step'])} tokens on {DEVICES[device].name}"
+    mfu_from = (f"--measure step: {report.step_ms:.4g} ms per step of "
+                f"{int(report.tokens_per_step)} tokens on {DEVICES[device].name}"
                 + (f", extrapolated from {eff.measure_layers} of {shape.n_layers} "
-                   "blocks" if report["slice"] else "")
+                   "blocks" if report.slice else "")
                 + "; PaLM's 6 N + 12 L H Q T, the full attention square")
     return Efficiency(device, dtype, peak, peak_source, "measured step", mfu_from,
                       gemms_timed, step=step, warnings=warnings)
@@ -136,9 +140,9 @@ def _explained(step: StepMeasured, micro_batch: int, rep_ms: float | None,
     kernels = step_kernels(shape, micro_batch, dtype)
     timed = harness.measure_kernels([k.request() for k in kernels], device,
                                     EXPLAIN_PROVIDER, rep_ms, log)
-    explain = explain_report(kernels, timed, step.measurement["profile_explain_ms"],
-                             step.measurement.get("profile_span_ms"))
-    return StepMeasured(step.report, step.measurement, step.ceilings, explain, timed)
+    explain = explain_report(kernels, timed, step.measured.profile_explain_ms or {},
+                             step.measured.profile_span_ms)
+    return replace(step, explain=explain, explain_measurement=timed)
 
 
 def _gemm_efficiency(request: PlanRequest, gemms: list[Gemm], harness: Harness,

@@ -139,7 +139,7 @@ def build_plan(request: PlanRequest, log: Any = _stderr,
                                                eff.device)
     if eff.step is not None:
         plan["step_measured"] = eff.step.to_json()
-        warnings += eff.step.report["notes"]
+        warnings += eff.step.report.notes
     return plan
 
 
@@ -171,7 +171,7 @@ def _plan_mfu(eff: Efficiency, gemms: list[Gemm], assumed: float | None
     step = summarize_step(gemms, eff.peak)
     mfu = step["mfu"] if eff.measured is not None else (assumed or DEFAULT_MFU)
     if eff.step is not None:
-        mfu = eff.step.report["mfu"]
+        mfu = eff.step.report.mfu
     if eff.measured is not None and not mfu:
         raise PlanError("no measured MFU could be derived")
     return step, mfu

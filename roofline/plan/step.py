@@ -30,7 +30,7 @@ Conventions, stated once:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from contract.models import ModelShape
@@ -123,8 +123,97 @@ RESIDUAL_BYTES = 4
 FSDP_MAX_GPUS = 1024
 
 
-def memory_fit(shape: ModelShape, m: dict[str, Any], device_bytes: float | None
-               ) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class StepMemory:
+    """The measured step's bytes by category (benches/step/measure.py): the training
+    state's parts, the saved activations (all, in the blocks), autocast's weight casts,
+    the peak allocated (GPU only).  `doc`: every category as measured, as the plan's
+    JSON keeps it."""
+
+    parameters: float
+    gradients: float
+    optimizer_state: float
+    activations: float | None
+    activations_in_blocks: float | None
+    weight_casts: float | None
+    peak_allocated: float | None
+    doc: dict[str, float | None]
+
+    @property
+    def state(self) -> float:
+        """Parameters, gradients and optimizer state: what FSDP shards."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    @classmethod
+    def from_json(cls, doc: dict[str, float | None]) -> StepMemory:
+        return cls(doc["parameters"] or 0, doc["gradients"] or 0,
+                   doc["optimizer_state"] or 0, doc.get("activations"),
+                   doc.get("activations_in_blocks"), doc.get("weight_casts"),
+                   doc.get("peak_allocated"), doc)
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """What benches.step.measure.measure_step measured of a step, read once from its
+    JSON-able answer (the harness's; roofline/ never imports benches/): per category
+    FLOPs forward, backward and in the optimizer, profiled ms by kind of work, and by
+    kind and pass for --explain; the step time's median and spread."""
+
+    dtype: str
+    micro_batch: int
+    tokens: float
+    layers: int | None
+    measured_layers: int | None
+    ms_median: float
+    ms_p20: float
+    ms_p80: float
+    flops_forward: dict[str, float]
+    flops_backward: dict[str, float]
+    flops_optimizer: dict[str, float]
+    memory: StepMemory
+    profile_ms: dict[str, float]
+    profile_explain_ms: dict[str, dict[str, float]] | None
+    profile_span_ms: float | None
+    gemm_calls: dict[str, dict[str, float]] | None
+    attention_counting: str | None
+    notes: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StepMeasurement:
+        """The one reading of measure_step's answer (a document benches writes and the
+        plan reads; kept whole in plan.json)."""
+        t = doc["time_ms"]
+        return cls(doc["dtype"], doc["micro_batch"], float(doc["tokens"]), doc.get("layers"),
+                   doc.get("measured_layers"), t["median"], t["p20"], t["p80"],
+                   doc["flops_forward"], doc["flops_backward"], doc["flops_optimizer"],
+                   StepMemory.from_json(doc["memory"]), doc["profile_ms"],
+                   doc.get("profile_explain_ms"), doc.get("profile_span_ms"),
+                   doc.get("gemm_calls"), doc.get("attention_counting"),
+                   tuple(doc.get("notes") or ()))
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The step's peak against the device's memory and, estimated, the peak under each
+    way to bring it down (memory_fit)."""
+
+    peak: float
+    device: float
+    fits: bool
+    state: float
+    rest: float
+    checkpointing: float
+    checkpointing_fits: bool
+    fsdp_gpus: int | None
+    fsdp_peak: float | None
+    micro_batch: int | None
+    seq_len: int | None
+    fixed: float
+    smaller_peak: float | None
+
+
+def memory_fit(shape: ModelShape, m: StepMeasurement, device_bytes: float | None
+               ) -> MemoryFit | None:
     """The step's peak allocated against the device's memory and, estimated from the
     same measurement, the peak under each way to bring it down (None without a peak,
     i.e. on a CPU, or without the device's memory):
@@ -137,14 +226,13 @@ def memory_fit(shape: ModelShape, m: dict[str, Any], device_bytes: float | None
     - a smaller micro-batch: the peak less the training state and the weight casts
       scales with the tokens of a step: the most tokens that fit, as a micro-batch of
       whole sequences or, under one sequence, the longest sequence at micro-batch 1."""
-    mem = m["memory"]
-    peak = mem.get("peak_allocated")
+    mem = m.memory
+    peak = mem.peak_allocated
     if not peak or not device_bytes:
         return None
-    L, tokens = shape.n_layers, float(m["tokens"])
-    state = mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
-    casts = mem.get("weight_casts") or 0.0
-    blocks = mem.get("activations_in_blocks") or 0.0
+    L, tokens, state = shape.n_layers, m.tokens, mem.state
+    casts = mem.weight_casts or 0.0
+    blocks = mem.activations_in_blocks or 0.0
     rest = peak - state
     ckpt = peak - blocks + L * tokens * shape.d_model * RESIDUAL_BYTES + blocks / L
     fsdp = next((n for n in range(2, FSDP_MAX_GPUS + 1) if state / n + rest <= device_bytes),
@@ -152,50 +240,48 @@ def memory_fit(shape: ModelShape, m: dict[str, Any], device_bytes: float | None
     per_token = (peak - state - casts) / tokens
     room = device_bytes - state - casts
     most = int(room / per_token) if per_token > 0 and room > 0 else 0
-    batch = min(most // shape.seq_len, m["micro_batch"] - 1) or None
+    batch = min(most // shape.seq_len, m.micro_batch - 1) or None
     seq = min(most, shape.seq_len - 1) if not batch and most else None
     smaller = batch * shape.seq_len if batch else seq
-    return {"peak": peak, "device": device_bytes, "fits": peak <= device_bytes,
-            "state": state, "rest": rest, "checkpointing": ckpt,
-            "checkpointing_fits": ckpt <= device_bytes, "fsdp_gpus": fsdp,
-            "fsdp_peak": state / fsdp + rest if fsdp else None,
-            "micro_batch": batch, "seq_len": seq, "fixed": state + casts,
-            "smaller_peak": state + casts + per_token * smaller if smaller else None}
+    return MemoryFit(peak, device_bytes, peak <= device_bytes, state, rest, ckpt,
+                     ckpt <= device_bytes, fsdp, state / fsdp + rest if fsdp else None,
+                     batch, seq, state + casts,
+                     state + casts + per_token * smaller if smaller else None)
 
 
-def _memory_rows(f: dict[str, Any] | None, gb: Any) -> list[list[str]]:
+def _memory_rows(f: MemoryFit | None, gb: Any) -> list[list[str]]:
     """The verdict and, for a step that does not fit, what would."""
     if f is None:
         return []
-    verdict = (f"yes: {gb(f['peak'])} of {gb(f['device'])}" if f["fits"]
-               else f"NO: {gb(f['peak'])} > {gb(f['device'])}")
+    verdict = (f"yes: {gb(f.peak)} of {gb(f.device)}" if f.fits
+               else f"NO: {gb(f.peak)} > {gb(f.device)}")
     rows = [["fits in the device's memory", verdict,
              "the peak allocated against the device's memory (the allocator reserves "
              "a little more)"]]
-    if f["fits"]:
+    if f.fits:
         return rows
     fits = {True: "fits", False: "does NOT fit"}
-    rows.append(["with activation checkpointing", gb(f["checkpointing"]),
-                 f"{fits[f['checkpointing_fits']]} (estimate: each block keeps its "
+    rows.append(["with activation checkpointing", gb(f.checkpointing),
+                 f"{fits[f.checkpointing_fits]} (estimate: each block keeps its "
                  "input and recomputes the rest in the backward)"])
-    if f["fsdp_gpus"]:
-        rows.append([f"with FSDP over {f['fsdp_gpus']} GPUs", gb(f["fsdp_peak"]),
-                     f"fits (estimate: the training state, {gb(f['state'])}, sharded "
-                     f"{f['fsdp_gpus']} ways; the rest, {gb(f['rest'])}, per GPU)"])
+    if f.fsdp_gpus:
+        rows.append([f"with FSDP over {f.fsdp_gpus} GPUs", gb(f.fsdp_peak),
+                     f"fits (estimate: the training state, {gb(f.state)}, sharded "
+                     f"{f.fsdp_gpus} ways; the rest, {gb(f.rest)}, per GPU)"])
     else:
         rows.append(["with FSDP", "-", f"does NOT fit over any number of GPUs: the "
-                     f"peak less the training state, {gb(f['rest'])}, is more than "
+                     f"peak less the training state, {gb(f.rest)}, is more than "
                      "the memory"])
     scales = "the peak less the training state and weight casts scales with the tokens"
-    if f["micro_batch"]:
-        rows.append([f"with micro-batch {f['micro_batch']}", gb(f["smaller_peak"]),
+    if f.micro_batch:
+        rows.append([f"with micro-batch {f.micro_batch}", gb(f.smaller_peak),
                      f"fits (estimate: {scales})"])
-    elif f["seq_len"]:
-        rows.append([f"with micro-batch 1 x {f['seq_len']} tokens", gb(f["smaller_peak"]),
+    elif f.seq_len:
+        rows.append([f"with micro-batch 1 x {f.seq_len} tokens", gb(f.smaller_peak),
                      f"fits (estimate: {scales}; one sequence is the smallest micro-batch)"])
     else:
         rows.append(["with a smaller micro-batch", "-", "does NOT fit at any size: the "
-                     f"training state and weight casts alone are {gb(f['fixed'])}"])
+                     f"training state and weight casts alone are {gb(f.fixed)}"])
     return rows
 
 
@@ -231,75 +317,146 @@ def gemms_from_step(gemms: list[Gemm], calls: dict[str, dict[str, float]] | None
     return how
 
 
-def step_report(shape: ModelShape, m: dict[str, Any], peak_tflops: float,
+@dataclass(frozen=True)
+class StepCategory:
+    """One kind of work in the profiled step: its time and share, and where known its
+    FLOPs, bytes, rate and FLOP/byte (the points of step.png)."""
+
+    category: str
+    ms: float
+    share: float
+    flops: float | None
+    bytes: float | None
+    tflops: float | None
+    over_peak: bool
+    intensity: float | None
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What the measured step says about the lectures' claims (step_report); the plan's
+    `step_measured.report`, its fields in the document's order."""
+
+    params: float
+    tokens_per_step: float
+    step_ms: float
+    step_ms_p20: float
+    step_ms_p80: float
+    tokens_per_s: float
+    flops_forward: float
+    flops_backward: float
+    flops_optimizer: float
+    counted_per_token: float
+    six_n_per_token: float
+    attention_per_token: float
+    attention_causal_per_token: float
+    attention_counting: str | None
+    counted_over_6n: float
+    counted_over_6n_attn: float
+    counted_over_6n_attn_causal: float
+    six_n_holds: bool
+    backward_over_forward: float | None
+    gemm_backward_over_forward: float | None
+    mfu: float
+    mfu_causal: float
+    hfu: float
+    gemm_mfu: float | None
+    peak_tflops: float
+    peak_source: str
+    memory_fit: MemoryFit | None
+    bytes_per_param_measured: float | None
+    bytes_per_param_policy: float
+    optimizer_bytes_per_param: float
+    activations_per_token_per_layer: float | None
+    activations_estimate_per_token_per_layer: float
+    memory: StepMemory
+    categories: tuple[StepCategory, ...]
+    notes: tuple[str, ...]
+    slice: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan's `step_measured.report` (plan.json): the memory as measured."""
+        return {**asdict(self), "memory": self.memory.doc,
+                "categories": [asdict(c) for c in self.categories],
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StepReport:
+        """The report back from the plan's document (to_json's), for its renderers."""
+        fit = doc["memory_fit"]
+        return cls(**{**doc, "memory_fit": MemoryFit(**fit) if fit else None,
+                      "memory": StepMemory.from_json(doc["memory"]),
+                      "categories": tuple(StepCategory(**c) for c in doc["categories"]),
+                      "notes": tuple(doc["notes"])})
+
+
+def _categories(shape: ModelShape, m: StepMeasurement, peak_tflops: float
+                ) -> tuple[StepCategory, ...]:
+    """The profiled time by kind of work, with the GEMMs' and attention's FLOPs and
+    bytes (module docstring: the bytes as the planner's GEMMs and FlashAttention move
+    them)."""
+    b = DTYPE_BYTES.get(m.dtype, 4)
+    fwd, bwd = m.flops_forward, m.flops_backward
+    flops = {"gemm": fwd.get("gemm", 0) + bwd.get("gemm", 0),
+             "attention": fwd.get("attention", 0) + bwd.get("attention", 0)}
+    nbytes = {"gemm": sum(g.count * (g.M * g.K + g.K * g.N + g.M * g.N) * b
+                          for g in step_gemms(shape, m.micro_batch)),
+              "attention": 12 * m.micro_batch * shape.seq_len * shape.d_model * b
+              * shape.n_layers}
+    total = sum(m.profile_ms.values()) or float("nan")
+    out = []
+    for cat, ms in m.profile_ms.items():
+        f, nb = flops.get(cat), nbytes.get(cat)
+        tflops = f / (ms / 1e3) / 1e12 if f and ms else None
+        out.append(StepCategory(cat, ms, ms / total, f, nb, tflops,
+                                over_peak(tflops, peak_tflops),
+                                f / nb if f and nb else None))
+    return tuple(out)
+
+
+def step_report(shape: ModelShape, m: StepMeasurement, peak_tflops: float,
                 policy_bytes_per_param: float, device_bytes: float | None = None,
-                peak_source: str = "datasheet") -> dict[str, Any]:
-    """The report's numbers from benches.step.measure.measure_step's result `m`, on a device
-    of `device_bytes` of memory whose peak is `peak_tflops` (from `peak_source`)."""
-    n, tokens, L = float(shape.params), float(m["tokens"]), shape.n_layers
-    fwd, bwd = _total(m["flops_forward"]), _total(m["flops_backward"])
-    opt = _total(m["flops_optimizer"])
-    counted = fwd + bwd + opt
+                peak_source: str = "datasheet") -> StepReport:
+    """The report's numbers from benches.step.measure.measure_step's result `m`, on a
+    device of `device_bytes` of memory whose peak is `peak_tflops` (from `peak_source`)."""
+    n, tokens, L = float(shape.params), m.tokens, shape.n_layers
+    fwd, bwd = _total(m.flops_forward), _total(m.flops_backward)
+    opt = _total(m.flops_optimizer)
     attn = attention_score_flops(shape, 1.0)  # per token, 12 L H Q T
     attn_causal = attention_score_flops(shape, 1.0, causal=True)
-    model_per_token = 6 * n + attn
-    t_s = m["time_ms"]["median"] / 1e3
-    peak = peak_tflops * 1e12
-    gemm_flops = m["flops_forward"].get("gemm", 0) + m["flops_backward"].get("gemm", 0)
-    prof = m["profile_ms"]
-    prof_total = sum(prof.values()) or float("nan")
-    b = DTYPE_BYTES.get(m["dtype"], 4)
-    gemm_bytes = sum(g.count * (g.M * g.K + g.K * g.N + g.M * g.N) * b
-                     for g in step_gemms(shape, m["micro_batch"]))
-    attn_bytes = 12 * m["micro_batch"] * shape.seq_len * shape.d_model * b * L
-    mem = m["memory"]
-    state = mem["parameters"] + mem["gradients"] + mem["optimizer_state"]
-    act_blocks = mem.get("activations_in_blocks") or 0.0
-    act_est = activation_bytes_per_token_layer(shape, m["dtype"])
+    t_s, peak = m.ms_median / 1e3, peak_tflops * 1e12
+    fwd_gemm = m.flops_forward.get("gemm", 0)
+    gemm_flops = fwd_gemm + m.flops_backward.get("gemm", 0)
+    gemm_ms = m.profile_ms.get("gemm", 0.0)
+    mem = m.memory
     ratio_6n = (fwd + bwd) / tokens / (6 * n)
-    categories = []
-    for cat, ms in prof.items():
-        flops = {"gemm": gemm_flops,
-                 "attention": m["flops_forward"].get("attention", 0)
-                 + m["flops_backward"].get("attention", 0)}.get(cat)
-        nbytes = {"gemm": gemm_bytes, "attention": attn_bytes}.get(cat)
-        tflops = flops / (ms / 1e3) / 1e12 if flops and ms else None
-        categories.append({"category": cat, "ms": ms, "share": ms / prof_total,
-                           "flops": flops, "bytes": nbytes, "tflops": tflops,
-                           "over_peak": over_peak(tflops, peak_tflops),
-                           "intensity": flops / nbytes if flops and nbytes else None})
-    gemm_ms = prof.get("gemm", 0.0)
-    return {
-        "params": n, "tokens_per_step": tokens, "step_ms": m["time_ms"]["median"],
-        "step_ms_p20": m["time_ms"]["p20"], "step_ms_p80": m["time_ms"]["p80"],
-        "tokens_per_s": tokens / t_s,
-        "flops_forward": fwd, "flops_backward": bwd, "flops_optimizer": opt,
-        "counted_per_token": (fwd + bwd) / tokens,
-        "six_n_per_token": 6 * n, "attention_per_token": attn,
-        "attention_causal_per_token": attn_causal,
-        "attention_counting": m.get("attention_counting"),
-        "counted_over_6n": ratio_6n,
-        "counted_over_6n_attn": (fwd + bwd) / tokens / model_per_token,
-        "counted_over_6n_attn_causal": (fwd + bwd) / tokens / (6 * n + attn_causal),
-        "six_n_holds": abs(ratio_6n - 1) <= SIX_N_TOLERANCE,
-        "backward_over_forward": bwd / fwd if fwd else None,
-        "gemm_backward_over_forward": (m["flops_backward"].get("gemm", 0)
-                                       / m["flops_forward"]["gemm"])
-        if m["flops_forward"].get("gemm") else None,
-        "mfu": model_per_token * tokens / t_s / peak,
-        "mfu_causal": (6 * n + attn_causal) * tokens / t_s / peak,
-        "hfu": counted / t_s / peak,
-        "gemm_mfu": gemm_flops / (gemm_ms / 1e3) / peak if gemm_ms else None,
-        "peak_tflops": peak_tflops, "peak_source": peak_source,
-        "memory_fit": memory_fit(shape, m, device_bytes),
-        "bytes_per_param_measured": state / n if mem["parameters"] else None,
-        "bytes_per_param_policy": policy_bytes_per_param,
-        "optimizer_bytes_per_param": mem["optimizer_state"] / n,
-        "activations_per_token_per_layer": act_blocks / tokens / L if L else None,
-        "activations_estimate_per_token_per_layer": act_est,
-        "memory": mem, "categories": categories, "notes": list(m.get("notes") or []),
-        "slice": m.get("measured_layers") != L,
-    }
+    return StepReport(
+        params=n, tokens_per_step=tokens, step_ms=m.ms_median, step_ms_p20=m.ms_p20,
+        step_ms_p80=m.ms_p80, tokens_per_s=tokens / t_s, flops_forward=fwd,
+        flops_backward=bwd, flops_optimizer=opt, counted_per_token=(fwd + bwd) / tokens,
+        six_n_per_token=6 * n, attention_per_token=attn,
+        attention_causal_per_token=attn_causal, attention_counting=m.attention_counting,
+        counted_over_6n=ratio_6n, counted_over_6n_attn=(fwd + bwd) / tokens / (6 * n + attn),
+        counted_over_6n_attn_causal=(fwd + bwd) / tokens / (6 * n + attn_causal),
+        six_n_holds=abs(ratio_6n - 1) <= SIX_N_TOLERANCE,
+        backward_over_forward=bwd / fwd if fwd else None,
+        gemm_backward_over_forward=(m.flops_backward.get("gemm", 0) / fwd_gemm)
+        if fwd_gemm else None,
+        mfu=(6 * n + attn) * tokens / t_s / peak,
+        mfu_causal=(6 * n + attn_causal) * tokens / t_s / peak,
+        hfu=(fwd + bwd + opt) / t_s / peak,
+        gemm_mfu=gemm_flops / (gemm_ms / 1e3) / peak if gemm_ms else None,
+        peak_tflops=peak_tflops, peak_source=peak_source,
+        memory_fit=memory_fit(shape, m, device_bytes),
+        bytes_per_param_measured=mem.state / n if mem.parameters else None,
+        bytes_per_param_policy=policy_bytes_per_param,
+        optimizer_bytes_per_param=mem.optimizer_state / n,
+        activations_per_token_per_layer=(mem.activations_in_blocks or 0.0) / tokens / L
+        if L else None,
+        activations_estimate_per_token_per_layer=activation_bytes_per_token_layer(
+            shape, m.dtype),
+        memory=mem, categories=_categories(shape, m, peak_tflops), notes=m.notes,
+        slice=m.measured_layers != L)
 
 
 # What HFU's counted FLOPs hold of the attention, by the measurement's
@@ -314,78 +471,93 @@ _HFU = {
 }
 
 
-def step_sections(r: dict[str, Any], si: Any, gb: Any) -> list[tuple[str, list[str],
-                                                                      list[list[str]]]]:
-    """(title, header, rows) tables of the report, for the terminal and plan.md."""
-    holds = ("yes" if r["six_n_holds"] else "no") + \
-        f" (within {SIX_N_TOLERANCE:.0%}: counted / 6N = {r['counted_over_6n']:.3f})"
-    claims = [
-        ["FLOPs per token, counted (fwd + bwd)", si(r["counted_per_token"]), ""],
-        ["6 N", si(r["six_n_per_token"]), f"counted / 6N = {r['counted_over_6n']:.3f}"],
-        ["6 N + 12 L H Q T", si(r["six_n_per_token"] + r["attention_per_token"]),
+def _claims_rows(r: StepReport, si: Any) -> list[list[str]]:
+    """Counted FLOPs against 6 N, 6 N + the attention term, backward against forward."""
+    holds = ("yes" if r.six_n_holds else "no") + \
+        f" (within {SIX_N_TOLERANCE:.0%}: counted / 6N = {r.counted_over_6n:.3f})"
+    return [
+        ["FLOPs per token, counted (fwd + bwd)", si(r.counted_per_token), ""],
+        ["6 N", si(r.six_n_per_token), f"counted / 6N = {r.counted_over_6n:.3f}"],
+        ["6 N + 12 L H Q T", si(r.six_n_per_token + r.attention_per_token),
          f"PaLM's, the full attention square: counted / it = "
-         f"{r['counted_over_6n_attn']:.3f}"],
-        ["6 N + 6 L H Q T", si(r["six_n_per_token"] + r["attention_causal_per_token"]),
+         f"{r.counted_over_6n_attn:.3f}"],
+        ["6 N + 6 L H Q T", si(r.six_n_per_token + r.attention_causal_per_token),
          f"causal attention, half the square: counted / it = "
-         f"{r['counted_over_6n_attn_causal']:.3f}"],
+         f"{r.counted_over_6n_attn_causal:.3f}"],
         ["6 N D holds here", holds, ""],
-        ["backward / forward, counted", f"{r['backward_over_forward']:.3f}",
+        ["backward / forward, counted", f"{r.backward_over_forward:.3f}",
          "lecture: 2 (attention backward recomputes the scores: 2.5 for it)"],
-        ["backward / forward, GEMMs", f"{r['gemm_backward_over_forward']:.3f}",
+        ["backward / forward, GEMMs", f"{r.gemm_backward_over_forward:.3f}",
          "input and weight gradients: exactly 2"],
-        ["optimizer FLOPs counted", si(r["flops_optimizer"]),
+        ["optimizer FLOPs counted", si(r.flops_optimizer),
          "AdamW is elementwise: FlopCounterMode counts matmul-like ops only"],
     ]
-    src = r.get("peak_source", "datasheet")
-    speed = [
-        ["step time", f"{r['step_ms']:.4g} ms", f"p20 {r['step_ms_p20']:.4g}, "
-                                                 f"p80 {r['step_ms_p80']:.4g}"],
-        ["tokens / s per device", si(r["tokens_per_s"]), ""],
-        ["MFU (PaLM: 6N + 12 L H Q T)", fraction_text(r["mfu"], src),
-         f"of {r['peak_tflops']:.4g} TFLOP/s; its attention term counts the full T x T "
+
+
+def _speed_rows(r: StepReport, si: Any) -> list[list[str]]:
+    """The step's time, throughput, MFU and HFU each with its convention."""
+    src = r.peak_source
+    return [
+        ["step time", f"{r.step_ms:.4g} ms", f"p20 {r.step_ms_p20:.4g}, "
+                                              f"p80 {r.step_ms_p80:.4g}"],
+        ["tokens / s per device", si(r.tokens_per_s), ""],
+        ["MFU (PaLM: 6N + 12 L H Q T)", fraction_text(r.mfu, src),
+         f"of {r.peak_tflops:.4g} TFLOP/s; its attention term counts the full T x T "
          "square, of which a causal step computes half"],
-        ["MFU (6N + causal attention)", fraction_text(r.get("mfu_causal"), src),
+        ["MFU (6N + causal attention)", fraction_text(r.mfu_causal, src),
          "6 N + 6 L H Q T: the attention term over the half of the square a causal "
          "mask keeps"],
-        ["HFU (counted FLOPs)", fraction_text(r["hfu"], src),
-         _HFU.get(r.get("attention_counting"), _HFU[None])],
-        ["GEMMs' own MFU", fraction_text(r["gemm_mfu"], src),
+        ["HFU (counted FLOPs)", fraction_text(r.hfu, src),
+         _HFU.get(r.attention_counting, _HFU[None])],
+        ["GEMMs' own MFU", fraction_text(r.gemm_mfu, src),
          "counted GEMM FLOPs over their profiled time"],
     ]
-    mem = r["memory"]
-    memory = [
-        ["parameters", gb(mem["parameters"]), ""],
-        ["gradients", gb(mem["gradients"]), ""],
-        ["optimizer state (AdamW m, v)", gb(mem["optimizer_state"]),
-         f"{r['optimizer_bytes_per_param']:.3g} B per parameter"],
-        ["activations saved for backward", gb(mem["activations"]),
-         f"{gb(mem.get('activations_in_blocks'))} in the blocks; what the forward "
-         "computes"],
-        ["weight casts saved for backward", gb(mem.get("weight_casts") or 0),
-         "autocast's 16-bit copies of the matmul weights" if mem.get("weight_casts")
+
+
+def _memory_table_rows(r: StepReport, gb: Any) -> list[list[str]]:
+    """The memory by category, bytes per parameter, activations against the estimate,
+    the peak and whether it fits."""
+    mem = r.memory
+    peak = mem.peak_allocated
+    return [
+        ["parameters", gb(mem.parameters), ""],
+        ["gradients", gb(mem.gradients), ""],
+        ["optimizer state (AdamW m, v)", gb(mem.optimizer_state),
+         f"{r.optimizer_bytes_per_param:.3g} B per parameter"],
+        ["activations saved for backward", gb(mem.activations),
+         f"{gb(mem.activations_in_blocks)} in the blocks; what the forward computes"],
+        ["weight casts saved for backward", gb(mem.weight_casts or 0),
+         "autocast's 16-bit copies of the matmul weights" if mem.weight_casts
          else "none (no autocast)"],
         ["bytes per parameter (params + grads + optimizer)",
-         f"{r['bytes_per_param_measured']:.3g}",
-         f"the plan's policy: {r['bytes_per_param_policy']:g}"],
-        ["activations per token per layer",
-         gb(r["activations_per_token_per_layer"]),
+         f"{r.bytes_per_param_measured:.3g}",
+         f"the plan's policy: {r.bytes_per_param_policy:g}"],
+        ["activations per token per layer", gb(r.activations_per_token_per_layer),
          f"estimate (34 h bytes in 16-bit, Korthikanti et al.): "
-         f"{gb(r['activations_estimate_per_token_per_layer'])}"],
-        ["peak allocated", gb(mem["peak_allocated"]) if mem.get("peak_allocated")
-         else "-", ("torch.cuda.max_memory_allocated" + (", extrapolated from the slice"
-                                                         if r["slice"] else ""))
-         if mem.get("peak_allocated") else "GPU only"],
-        *_memory_rows(r.get("memory_fit"), gb),
+         f"{gb(r.activations_estimate_per_token_per_layer)}"],
+        ["peak allocated", gb(peak) if peak else "-",
+         ("torch.cuda.max_memory_allocated" + (", extrapolated from the slice"
+                                               if r.slice else "")) if peak else "GPU only"],
+        *_memory_rows(r.memory_fit, gb),
     ]
-    split = [[c["category"], f"{c['ms']:.3g}", _pct(c["share"]),
-              si(c["flops"]) if c["flops"] else "-", gb(c["bytes"]) if c["bytes"] else "-",
-              rate_text(c["tflops"], r["peak_tflops"], src)]
-             for c in sorted(r["categories"], key=lambda c: -c["ms"])]
+
+
+def _split_rows(r: StepReport, si: Any, gb: Any) -> list[list[str]]:
+    """The profiled time by kind of work, longest first."""
+    return [[c.category, f"{c.ms:.3g}", _pct(c.share), si(c.flops) if c.flops else "-",
+             gb(c.bytes) if c.bytes else "-",
+             rate_text(c.tflops, r.peak_tflops, r.peak_source)]
+            for c in sorted(r.categories, key=lambda c: -c.ms)]
+
+
+def step_sections(r: StepReport, si: Any, gb: Any) -> list[tuple[str, list[str],
+                                                                 list[list[str]]]]:
+    """(title, header, rows) tables of the report, for the terminal and plan.md."""
     return [
         ("Training step: FLOPs against the lecture's accounting", ["", "value", "note"],
-         claims),
-        ("Training step: speed", ["", "value", "note"], speed),
-        ("Training step: memory", ["", "value", "note"], memory),
+         _claims_rows(r, si)),
+        ("Training step: speed", ["", "value", "note"], _speed_rows(r, si)),
+        ("Training step: memory", ["", "value", "note"], _memory_table_rows(r, gb)),
         ("Training step: time by kind of work (one profiled step)",
-         ["category", "ms", "share", "FLOPs", "bytes", "TFLOP/s"], split),
+         ["category", "ms", "share", "FLOPs", "bytes", "TFLOP/s"], _split_rows(r, si, gb)),
     ]

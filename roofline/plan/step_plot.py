@@ -15,10 +15,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from contract.ceilings import Ceilings
 from contract.devices import ROOF_CLASS
 from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.gemm_plot import marker_area, roofline_axes
+from roofline.plan.step import StepCategory, StepMeasurement, StepReport
 from roofline.report.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
@@ -28,18 +30,50 @@ _EXPLAIN_COLORS = {"norm": "#2ca02c", "loss/softmax": "#9467bd",
 
 def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
     sm = plan["step_measured"]
-    report, meas = sm["report"], sm["measurement"]
-    rc = ROOF_CLASS[meas["dtype"]]
+    report = StepReport.from_json(sm["report"])
+    meas = StepMeasurement.from_json(sm["measurement"])
+    rc = ROOF_CLASS[meas.dtype]
     ceilings = run_ceilings({"ceilings": sm["ceilings"]} if sm.get("ceilings")
                             else {"device_key": plan["device"]})
     explain = sm.get("explain")
-    points = [] if explain else [c for c in report["categories"]
-                                 if c["tflops"] and c["intensity"]]
+    points = [] if explain else [c for c in report.categories if c.tflops and c.intensity]
     placed = [c for c in (explain or {}).get("categories", [])
               if c["intensity"] and c["in_step"]["tflops"] and c["alone"]["tflops"]]
-    xs = [c["intensity"] for c in points + placed]
-    ys = [c["tflops"] for c in points] + [c[k]["tflops"] for c in placed
-                                          for k in ("in_step", "alone")]
+    xs = [c.intensity for c in points] + [c["intensity"] for c in placed]
+    ys = [c.tflops for c in points] + [c[k]["tflops"] for c in placed
+                                       for k in ("in_step", "alone")]
+    fig, ax = roofline_axes(ceilings, rc, *_limits(xs, ys, ceilings, rc))
+    _step_points(ax, report, points)
+    if explain:
+        _explain_points(ax, explain, placed)
+        _explain_bars(fig, ax, explain)
+    rest = [c for c in report.categories if c not in points and c.share > 0.0005]
+    if rest and not explain:
+        text = "not on the roofline (no FLOP count):\n" + "\n".join(
+            f"  {c.category}: {c.share:.1%}" for c in sorted(rest, key=lambda c: -c.share))
+        ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom", ha="left",
+                gid="step:unplaced",
+                bbox=dict(boxstyle="square,pad=0.3", fc="white", ec="0.8", alpha=0.9))
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("TFLOP/s")
+    m = plan.get("model") or {}
+    sliced = (f", extrapolated from {meas.measured_layers} of {meas.layers} blocks"
+              if report.slice else "")
+    fig.suptitle(f"Training step of {m.get('name', '?')} ({meas.micro_batch} x "
+                 f"{m.get('seq_len', '?')} tokens, {meas.dtype}) on "
+                 f"{plan['device_name']}: {report.step_ms:.4g} ms, MFU "
+                 f"{report.mfu:.1%}{sliced}\nmarker area = share of the step's time "
+                 "(one profiled step)", fontsize=10)
+    if points or placed:
+        ax.legend(loc="best" if placed else "lower right", fontsize=7 if placed else 8)
+    if out is not None:
+        save_figure(fig, out)
+    return fig
+
+
+def _limits(xs: list[float], ys: list[float], ceilings: dict[str, Ceilings], rc: str
+            ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Around the points and the roof's ridge, a factor 8 each way."""
     for c in ceilings.values():
         if rc in c.tflops:
             ys.append(c.tflops[rc])
@@ -47,45 +81,23 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                 xs.append(c.ridge(rc))
     xlim = (min(xs) / 8, max(xs) * 8) if xs else (0.1, 1e4)
     ylim = (min(ys) / 8, max(ys) * 8) if ys else (1e-3, 1e4)
-    fig, ax = roofline_axes(ceilings, rc, xlim, ylim)
-    src = report.get("peak_source", "datasheet")
+    return xlim, ylim
+
+
+def _step_points(ax: Any, report: StepReport, points: list[StepCategory]) -> None:
+    """Each kind of work with FLOPs and bytes at its rate in the step, its area its
+    share of the step's time."""
     for c in points:
         # A point above the peak is an accounting error: drawn hollow, said so.
-        wrong = over_peak(c["tflops"], report["peak_tflops"])
-        color = _COLORS.get(c["category"], "0.4")
-        rate = rate_text(c["tflops"], report["peak_tflops"], src)
-        ax.scatter([c["intensity"]], [c["tflops"]], s=[marker_area(c["share"])],
+        wrong = over_peak(c.tflops, report.peak_tflops)
+        color = _COLORS.get(c.category, "0.4")
+        rate = rate_text(c.tflops, report.peak_tflops, report.peak_source)
+        ax.scatter([c.intensity], [c.tflops], s=[marker_area(c.share)],
                    facecolors="none" if wrong else color, alpha=0.6,
                    edgecolors=color if wrong else "black", linewidths=1.5 if wrong else 0.5,
-                   zorder=4, gid=f"step:{c['category']}",
-                   label=f"{c['category']}: {c['share']:.1%} of the step, {rate}"
+                   zorder=4, gid=f"step:{c.category}",
+                   label=f"{c.category}: {c.share:.1%} of the step, {rate}"
                          + ("" if rate.startswith("accounting") else " TFLOP/s"))
-    if explain:
-        _explain_points(ax, explain, placed)
-        _explain_bars(fig, ax, explain)
-    rest = [c for c in report["categories"] if c not in points and c["share"] > 0.0005]
-    if rest and not explain:
-        text = "not on the roofline (no FLOP count):\n" + "\n".join(
-            f"  {c['category']}: {c['share']:.1%}" for c in
-            sorted(rest, key=lambda c: -c["share"]))
-        ax.text(0.02, 0.02, text, transform=ax.transAxes, fontsize=8, va="bottom", ha="left",
-                gid="step:unplaced",
-                bbox=dict(boxstyle="square,pad=0.3", fc="white", ec="0.8", alpha=0.9))
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("TFLOP/s")
-    m = plan.get("model") or {}
-    sliced = (f", extrapolated from {meas['measured_layers']} of {meas['layers']} blocks"
-              if report["slice"] else "")
-    fig.suptitle(f"Training step of {m.get('name', '?')} ({meas['micro_batch']} x "
-                 f"{m.get('seq_len', '?')} tokens, {meas['dtype']}) on "
-                 f"{plan['device_name']}: {report['step_ms']:.4g} ms, MFU "
-                 f"{report['mfu']:.1%}{sliced}\nmarker area = share of the step's time "
-                 "(one profiled step)", fontsize=10)
-    if points or placed:
-        ax.legend(loc="best" if placed else "lower right", fontsize=7 if placed else 8)
-    if out is not None:
-        save_figure(fig, out)
-    return fig
 
 
 def _explain_points(ax: Any, explain: dict[str, Any], placed: list[dict[str, Any]]) -> None:
