@@ -31,8 +31,28 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-# A JSON object kept as its writer wrote it: a sub-document one module writes and one
-# reads (an NVML snapshot, the compile-ahead's record), typed there, not here.
+from contract.meta_parts import (
+    CeilingsJson,
+    ClocksFacts,
+    CompiledAhead,
+    EnergySource,
+    KernelTimeSource,
+    ModelStep,
+    NotRecorded,
+    NvmlSnapshot,
+    PowerFacts,
+    Resume,
+    RowSplit,
+    ShippedUseJson,
+    ThrottleFacts,
+    ThrottleSettings,
+    TritonCompiles,
+)
+
+# An open JSON object, its keys not fixed here: the timing settings (TimingConfig's
+# values, which change with it), the request (RunRequest.to_json's, nested or an older
+# flat one), a fleet run's part (benches/fleet writes and reads it), keys this version
+# does not know.  Every part with a fixed shape is typed (contract/meta_parts.py).
 JsonDoc = dict[str, Any]
 DEFAULT_BASELINE = "torch"  # a run's speedups' provider unless its request names one
 
@@ -93,9 +113,9 @@ class Settings:
 
     timing: JsonDoc = field(default_factory=dict)
     run_budget_s: float | None = None
-    throttle_settings: JsonDoc = field(default_factory=dict)
+    throttle_settings: ThrottleSettings | NotRecorded = field(default_factory=NotRecorded)
     fp8_accum: str | None = None
-    model_step: JsonDoc | None = None
+    model_step: ModelStep | None = None
 
 
 @dataclass(frozen=True)
@@ -103,22 +123,22 @@ class Telemetry:
     """GPU: NVML at the run's start and end, the clocks, power and throttle facts over
     the timings; where energy and kernel_ms come from (or why not), everywhere."""
 
-    nvml_start: JsonDoc | None = None
-    nvml_end: JsonDoc | None = None
-    clocks: JsonDoc = field(default_factory=dict)
-    power: JsonDoc = field(default_factory=dict)
-    throttle: JsonDoc = field(default_factory=dict)
-    energy: JsonDoc = field(default_factory=dict)
-    kernel_time: JsonDoc = field(default_factory=dict)
+    nvml_start: NvmlSnapshot | None = None
+    nvml_end: NvmlSnapshot | None = None
+    clocks: ClocksFacts = field(default_factory=ClocksFacts)
+    power: PowerFacts = field(default_factory=PowerFacts)
+    throttle: ThrottleFacts = field(default_factory=ThrottleFacts)
+    energy: EnergySource = field(default_factory=EnergySource)
+    kernel_time: KernelTimeSource | NotRecorded = field(default_factory=NotRecorded)
 
 
 @dataclass(frozen=True)
 class Compiles:
     autotune_on_disk: bool | None = None
     tuning_identity: str | None = None
-    shipped_configs: JsonDoc = field(default_factory=dict)
-    compiled_ahead: JsonDoc = field(default_factory=dict)
-    triton_compiles: JsonDoc = field(default_factory=dict)
+    shipped_configs: ShippedUseJson | NotRecorded = field(default_factory=NotRecorded)
+    compiled_ahead: CompiledAhead = field(default_factory=CompiledAhead)
+    triton_compiles: TritonCompiles = field(default_factory=TritonCompiles)
 
 
 @dataclass(frozen=True)
@@ -129,7 +149,7 @@ class RunState:
     abort_reason: str | None = None
     signal: str | None = None
     cut_short: str | None = None
-    resumed: tuple[JsonDoc, ...] = ()
+    resumed: tuple[Resume, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,9 +157,9 @@ class TimeSpent:
     """Seconds per phase (contract/phases.py), the wall time they add up to, and each
     row's own split where rows ran one by one ({"row": key, "s": {phase: seconds}})."""
 
-    time_split_s: JsonDoc = field(default_factory=dict)
+    time_split_s: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     wall_s: float | None = None
-    row_split_s: tuple[JsonDoc, ...] = ()
+    row_split_s: tuple[RowSplit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,7 +192,7 @@ class RunMeta:
     device: DeviceFacts = field(default_factory=DeviceFacts)
     software: Software = field(default_factory=Software)
     settings: Settings = field(default_factory=Settings)
-    ceilings: JsonDoc = field(default_factory=dict)
+    ceilings: CeilingsJson | NotRecorded = field(default_factory=NotRecorded)
     ceilings_ready: bool = False
     telemetry: Telemetry = field(default_factory=Telemetry)
     compiles: Compiles = field(default_factory=Compiles)

@@ -27,6 +27,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kernels.shipped_json import (
+    ShippedDeviceJson,
+    ShippedEntryJson,
+    ShippedFileJson,
+    ShippedUseJson,
+)
 from kernels.spec import TritonLaunch
 from kernels.triton_utils import find_config
 from kernels.tuning import plain, tuning_values
@@ -73,7 +79,7 @@ class ShippedDevice:
             return f"{memory_gb} GB of memory, not {self.gpu_memory_gb:.1f}"
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ShippedDeviceJson:
         return {"device_name": self.device_name, "sms": self.sms,
                 "gpu_memory_gb": self.gpu_memory_gb, "tuning_identity": self.tuning_identity}
 
@@ -95,7 +101,7 @@ class ShippedEntry:
     def key(self) -> EntryKey:
         return (self.kernel, self.launch, self.dtype, self.bucket)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ShippedEntryJson:
         return {"kernel": self.kernel, "launch": self.launch, "dtype": self.dtype,
                 "bucket": self.bucket, "config": self.config, "run": self.run,
                 "ms": self.ms}
@@ -135,7 +141,7 @@ def find_candidate(launch: TritonLaunch, text: str) -> Any:
 
 
 def document(device: ShippedDevice, entries: list[ShippedEntry], runs: list[str]
-             ) -> dict[str, Any]:
+             ) -> ShippedFileJson:
     """A shipped file's JSON: entries sorted by their key, so that a file written twice
     from the same runs is the same."""
     return {"format": FORMAT, "device": device.to_json(), "runs": runs,
@@ -166,7 +172,7 @@ class ShippedChoice:
     configs: ShippedConfigs | None
     reason: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ShippedUseJson:
         """For a run's metadata: which file was used, or why none."""
         c = self.configs
         return {"file": f"kernels/configs/{c.path.name}" if c else None,
