@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.devices import DeviceModel
+from contract.meta_parts import CeilingsJson, Datasheet, Measured
 
 
 @dataclass
 class Ceilings:
-    datasheet: dict[str, Any] | None
-    measured: dict[str, Any] | None
+    datasheet: Datasheet | None
+    measured: Measured | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CeilingsJson:
         return {"datasheet": self.datasheet, "measured": self.measured}
 
     @classmethod
@@ -57,7 +58,7 @@ class Ceilings:
         """When the measurement was made, ISO 8601 ("" where it did not say)."""
         return str((self.measured or {}).get("measured_at") or "")
 
-    def _pick(self, section: dict[str, Any] | None, roof_class: str) -> float | None:
+    def _pick(self, section: Datasheet | Measured | None, roof_class: str) -> float | None:
         tflops = (section or {}).get("tflops", {})
         if section is self.measured and roof_class in no_roofs(tflops):
             return None
@@ -83,7 +84,7 @@ class Ceilings:
         return (self.measured or {}).get("hbm_gbps")
 
 
-def datasheet_of(model: DeviceModel) -> dict[str, Any] | None:
+def datasheet_of(model: DeviceModel) -> Datasheet | None:
     if not model.peaks_tflops and model.hbm_tbps is None:
         return None
     return {"tflops": dict(model.peaks_tflops), "hbm_gbps": model.hbm_gbps, "l2_gbps": None}

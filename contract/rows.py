@@ -19,7 +19,8 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import DEVICES, ROOF_CLASS, ROOF_CLASSES
-from contract.run_meta import JsonDoc, RunMeta, parse_meta
+from contract.meta_parts import CompiledAhead
+from contract.run_meta import RunMeta, parse_meta
 from kernels import PROVIDERS
 from kernels.spec import DTYPE_NAMES
 
@@ -158,7 +159,7 @@ class TritonBuilds:
                    count(ahead, "kernels_built"), waited or 0.0)
 
 
-def compiled_ahead_text(ahead: JsonDoc) -> str:
+def compiled_ahead_text(ahead: CompiledAhead) -> str:
     """What the compile-ahead workers did (metadata.compiled_ahead, triton_cache.
     CompileAhead.record): "183 of 183 cases (178 kernels, 178 built) by 8 workers, 9.4 s
     after the ceilings", with the cases that failed and why the wait ended early."""

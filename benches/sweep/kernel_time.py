@@ -19,11 +19,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from benches.step.profile import is_device_event, profile_events
 from benches.sweep.failures import error_message, is_sticky_cuda_error
 from contract.libraries import library_of
+from contract.meta_parts import KernelTimeSource
 from contract.record import Profile
 
 # Device work in an exported trace's "cat" (kineto's activity types); GPU user
@@ -202,13 +203,6 @@ def row_profile(call: Callable[[], object], call_s: float | None, provider: str 
     if got is None:
         return Profile(library=known), "kernel_ms: the profiler saw no kernel"
     return Profile(got.kernel_ms, got.kernels, known or got.library), ""
-
-
-class KernelTimeSource(TypedDict):
-    """The run's metadata key `kernel_time` (summary.md reads it)."""
-
-    source: str | None
-    reason: str
 
 
 def kernel_time_metadata(kind: str) -> KernelTimeSource:

@@ -25,6 +25,7 @@ from benches.sweep.gpu_monitor import (
 )
 from benches.sweep.sample_clocks import BATCH_SLACK_S, keep_unthrottled, sample_clocks
 from benches.timing.clock import Timing
+from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
 from contract.record import Clocks, RunRow
 
 # The rule, as nvbench's: a timing is throttled when the SM clock it ran at sat below
@@ -225,30 +226,6 @@ def _said(note: str, v: RowVerdict, attempt: int, max_clock: float | None,
         said = "; ".join(x for x in (said, f"{reasons} at SM clock {clock:.0f} MHz{above}")
                          if x)
     return "; ".join(x for x in (note, said) if x)
-
-
-class ClocksFacts(TypedDict):
-    sm_mhz_min: float | None
-    sm_mhz_median: float | None
-    sm_mhz_max: float | None
-    sm_mhz_max_possible: float | None
-    mem_mhz: float | None
-
-
-class PowerFacts(TypedDict):
-    max_w: float | None
-    limit_w: float | None
-
-
-class ThrottleFacts(TypedDict):
-    threshold_pct: float
-    recovery_delay_s: float
-    retries: int
-    readings: int | None
-    readings_idle_left_out: int | None
-    throttled_fraction_of_readings: float | None
-    reasons_seen: list[str]
-    throttled_rows: int
 
 
 class ClockFacts(TypedDict):
