@@ -228,7 +228,8 @@ def test_retiming_times_a_warm_row_warm(monkeypatch: pytest.MonkeyPatch) -> None
     def child(*a: Any, input: str, **k: Any) -> SimpleNamespace:
         # The child process, in this process: the spec it gets, its answer as it prints it.
         sent.append(json.loads(input))
-        answer = retime.retime({**sent[-1], "device": "cpu"})
+        asked = retime.RetimeSpec.from_json({**sent[-1], "device": "cpu"})
+        answer = retime.retime(asked).to_json()
         return SimpleNamespace(returncode=0, stdout=json.dumps(answer), stderr="")
 
     monkeypatch.setattr(retime_client.subprocess, "run", child)

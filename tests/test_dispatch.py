@@ -601,7 +601,7 @@ def test_retiming_children_get_the_rows_configs(monkeypatch):
         return RunRow(case.id, status="ok", timing=Timing(samples_ms=(2.0,)))
 
     monkeypatch.setattr(runner, "run_case", fake_run_case)
-    out = retime.retime({**sent[0], "device": "cpu"})
+    out = retime.retime(retime.RetimeSpec.from_json({**sent[0], "device": "cpu"})).to_json()
     assert seen == {key: text} and out == {retime.case_id(key): [2.0]}
 
 

@@ -1036,7 +1036,7 @@ def test_the_retime_child_runs_from_the_checkouts_root(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(retime.subprocess, "run", fake_run)
     monkeypatch.setattr(retime, "RETIME_SPACING_S", 0.0)
-    retime.Retimer("h200", {}, [], say=lambda _: None)(
+    retime.Retimer("h200", retime.RetimeSettings(), [], say=lambda _: None)(
         [("add", "triton", "bf16", "n=4096")])
     assert seen and all((cwd / "benches" / "sweep" / "retime.py").is_file()
                         and (cwd / "run_bench.py").is_file() for cwd in seen)

@@ -23,6 +23,7 @@ from roofline.gate.cli import main
 from roofline.gate.render import render_markdown
 from roofline.gate.runs import compare_runs, confirm_slower
 
+SETTINGS = retime.RetimeSettings()
 KEYS = [("gelu", "torch", "fp8", f"n={4096 * (i + 1)}", "cold") for i in range(8)]
 
 
@@ -112,7 +113,7 @@ def test_fit_keeps_the_worst_first_and_steps_over_a_row_too_slow_for_the_round()
 def test_without_a_bound_every_row_gets_every_round(monkeypatch: pytest.MonkeyPatch,
                                                     clock: Clock) -> None:
     child = _child(monkeypatch, clock, 4.0, [0.5] * 8)
-    got = retime.Retimer("h200", {}, [], say=lambda _: None)(KEYS)
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None)(KEYS)
     assert len(child.asked) == retime.RETIME_ROUNDS and child.timeouts == [None] * 5
     assert all(len(got[k]) == 5 for k in KEYS) and not got.left_out
 
@@ -123,7 +124,7 @@ def test_eight_suspects_in_a_bound_get_the_rounds_that_fit(monkeypatch: pytest.M
     row (5 would take 40 s), within the bound."""
     child = _child(monkeypatch, clock, 4.0, [0.5] * 8)
     t0 = clock.now
-    got = retime.Retimer("h200", {}, [], say=lambda _: None, budget_s=28.0)(KEYS)
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None, budget_s=28.0)(KEYS)
     assert clock.now - t0 <= 28.0
     assert [len(a) for a in child.asked] == [8, 8, 8]
     assert all(len(got[k]) == 3 for k in KEYS) and not got.left_out
@@ -138,7 +139,7 @@ def test_a_tight_bound_keeps_the_worst_rows_and_says_why_of_the_others(
     the others are left out, each with why, and the two get 3 rounds."""
     child = _child(monkeypatch, clock, 4.0, [1.0] * 8)
     t0 = clock.now
-    got = retime.Retimer("h200", {}, [], say=lambda _: None, budget_s=18.0)(KEYS)
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None, budget_s=18.0)(KEYS)
     assert clock.now - t0 <= 18.0
     assert [len(got[k]) for k in KEYS] == [3, 3, 0, 0, 0, 0, 0, 0]
     assert set(got.left_out) == set(KEYS[2:])
@@ -154,7 +155,7 @@ def test_a_row_slower_than_a_rounds_share_is_stepped_over(monkeypatch: pytest.Mo
     first round anew, and their later rounds, within the bound."""
     child = _child(monkeypatch, clock, 4.0, [12.0] + [0.5] * 7)
     t0 = clock.now
-    got = retime.Retimer("h200", {}, [], say=lambda _: None, budget_s=30.0)(KEYS)
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None, budget_s=30.0)(KEYS)
     assert clock.now - t0 <= 30.0
     assert got[KEYS[0]] == [] and "one round of it takes over 6.0 s" in got.left_out[KEYS[0]]
     timed = [k for k in KEYS if len(got[k]) >= retime.RETIME_MIN_ROUNDS]
@@ -165,7 +166,7 @@ def test_a_row_slower_than_a_rounds_share_is_stepped_over(monkeypatch: pytest.Mo
     meta = parse_meta({"row_split_s": [{"row": list(KEYS[0]), "s": {
         "check": 9.0, "timing": 3.0, "compile": 30.0}}]})
     assert retime.row_costs(meta) == {KEYS[0]: 12.0}  # compile: from Triton's cache
-    got = retime.Retimer("h200", {}, [], say=lambda _: None, budget_s=30.0,
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None, budget_s=30.0,
                          costs=retime.row_costs(meta))(KEYS)
     assert all(retime.case_id(KEYS[0]) not in a for a in child.asked)
     assert all(len(got[k]) >= retime.RETIME_MIN_ROUNDS for k in KEYS[1:])
@@ -184,10 +185,10 @@ def test_an_interrupt_keeps_what_was_timed(monkeypatch: pytest.MonkeyPatch,
         return child(*a, **k)
 
     monkeypatch.setattr(retime.subprocess, "run", run)
-    got = retime.Retimer("h200", {}, [], say=lambda _: None)(KEYS[:2])
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None)(KEYS[:2])
     assert got.interrupted and [len(got[k]) for k in KEYS[:2]] == [1, 1]
     calls[:] = [1]  # the next call (the first round) is interrupted
-    got = retime.Retimer("h200", {}, [], say=lambda _: None)(KEYS[:2])
+    got = retime.Retimer("h200", SETTINGS, [], say=lambda _: None)(KEYS[:2])
     assert got.interrupted and "interrupted (SIGINT)" in got.left_out[KEYS[0]]
 
 

@@ -221,7 +221,8 @@ def test_retiming_children_leave_out_throttled_rounds(monkeypatch, capsys):
 
     def child(*a, input, **k):
         sent.append(json.loads(input))
-        answer = retime.retime({**sent[-1], "device": "cpu"})
+        asked = retime.RetimeSpec.from_json({**sent[-1], "device": "cpu"})
+        answer = retime.retime(asked).to_json()
         return SimpleNamespace(returncode=0, stdout=json.dumps(answer), stderr="")
     monkeypatch.setattr(retime_client, "RETIME_ROUNDS", 2)
     monkeypatch.setattr(retime_client, "RETIME_SPACING_S", 0.0)

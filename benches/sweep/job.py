@@ -28,7 +28,7 @@ from benches.sweep.console import console, print_devices, print_kernels, print_s
 from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.interrupt import Terminated, exit_code, signal_name
 from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
-from benches.sweep.retime import RETIME_ROUNDS, Retimer
+from benches.sweep.retime import RETIME_ROUNDS, Retimer, RetimeSettings
 from benches.sweep.run_folder import (
     check_run_id,
     new_run_dir,
@@ -82,10 +82,9 @@ def compare_retimer(cases: list[Case], cfg: SweepContext, rows: list[RunRow]
                     ) -> Callable[[list[RowKey]], dict[RowKey, list[list[float]]]]:
     """The compare step's `retime` callback: this run's settings, the rows of its cases
     only (benches/sweep/retime.py's Retimer)."""
-    client = Retimer(cfg.model.key, {"seed": cfg.selection.seed,
-                                     "fp8_accum": kernel_spec.fp8_accum(),
-                                     "ceilings": cfg.ceilings.to_json(),
-                                     "throttle": cfg.throttle.as_dict()}, rows,
+    settings = RetimeSettings(cfg.selection.seed, kernel_spec.fp8_accum(), cfg.ceilings,
+                              cfg.throttle)
+    client = Retimer(cfg.model.key, settings, rows,
                      say=lambda text: console.print(f"[yellow]warning[/yellow]: {text}"))
     ours = {c.key for c in cases}
 
@@ -350,10 +349,9 @@ def _ceilings(chk: Checked, opened: Opened, split: TimeSplit,
     meanwhile (GPU) and waited for after."""
     cfg, writer, req = chk.cfg, opened.writer, chk.req
     if writer.meta.ceilings_ready:  # a resumed run keeps the ceilings of its rows
-        c = writer.meta.ceilings
         if early is not None:
             early.stop()  # no ceilings to compile beside: not idle for the sweep
-        return replace(cfg, ceilings=Ceilings(c.get("datasheet"), c.get("measured")))
+        return replace(cfg, ceilings=Ceilings.from_json(writer.meta.ceilings))
     ahead = triton_cache.start(opened.todo, cfg, kernel_spec.fp8_accum(), spawned=early)
     measured = False
     try:

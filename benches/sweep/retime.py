@@ -7,16 +7,17 @@ Why processes: on a shared machine a whole process can sit in a slow state (seen
 process, seconds apart), so rounds in the process that saw the slowdown confirm it,
 while a new process gets a new draw.
 
-The spec (JSON on stdin): device key, seed, fp8 accumulation mode, the run's ceilings (so
-the timing method per case is the run's own), the cases as [kernel, provider, dtype,
-shape, cache] (a case of four is cold), the Triton rows' configs by case id (run as
-recorded, never tuned again) and the run's throttle settings (a GPU timing that stays
-throttled is no evidence of slower code, so it is left out).
-The answer (last line of stdout): {case id: [samples_ms]} for each case that ran ok,
-and "throttled": [case ids left out as throttled]; before it, one line as the child is
-set up ({"ready_s": seconds since the spec's "sent_at"}) and one as each case ends
-({"case": id, "s": seconds, "samples": [...] | "throttled": true | "status": ...}), so
-that a client bounded in time (Retimer's budget_s) keeps what a child it stops timed.
+The spec (RetimeSpec, JSON on stdin): device key, seed, fp8 accumulation mode, the
+run's ceilings (so the timing method per case is the run's own), the cases as [kernel,
+provider, dtype, shape, cache] (a case of four is cold), the Triton rows' configs by case
+id (run as recorded, never tuned again) and the run's throttle settings (a GPU timing
+that stays throttled is no evidence of slower code, so it is left out).
+The answer (RoundAnswer.to_json, the last line of stdout): {case id: [samples_ms]} for
+each case that ran ok, and "throttled": [case ids left out as throttled]; before it, a
+ReadyLine as the child is set up ({"ready_s": seconds since the spec's "sent_at"}) and a
+CaseLine as each case ends ({"case": id, "s": seconds, "samples": [...] | "throttled":
+true | "status": ...}), so that a client bounded in time (Retimer's budget_s) keeps what
+a child it stops timed.
 A case id is "kernel|provider|dtype|shape" for a cold case (as before cache modes
 existed) and "kernel|provider|dtype|shape|warm" for a warm one.
 """
@@ -31,12 +32,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from benches.sweep.throttle import ThrottleConfig
+from contract.ceilings import Ceilings
 from contract.record import RunRow, parse_row
 from contract.retimed import Retimed
-from contract.run_meta import RunMeta, parse_meta
+from contract.run_meta import JsonDoc, RunMeta, parse_meta
 from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key
+
+if TYPE_CHECKING:
+    from benches.sweep.cases import SweepContext
 
 # The repository's root, the child's working directory: `python -m benches...` finds the
 # project there where it is not installed (a GPU runner runs it from a checkout).
@@ -87,6 +93,85 @@ def row_costs(meta: RunMeta) -> dict[RowKey, float]:
     return out
 
 
+@dataclass(frozen=True)
+class RetimeSettings:
+    """The run's own settings a child times with: its seed, fp8 accumulation mode,
+    ceilings (so that each case's timing method is the run's) and throttle settings
+    (None: the run recorded none, and the child takes ThrottleConfig's defaults)."""
+
+    seed: int = 0
+    fp8_accum: str = "fast"
+    ceilings: Ceilings = field(default_factory=lambda: Ceilings(None, None))
+    throttle: ThrottleConfig | None = None
+
+
+class SpecJson(TypedDict, total=False):
+    """The spec as it goes to the child's stdin (keys in this order)."""
+
+    seed: int
+    fp8_accum: str
+    ceilings: JsonDoc  # the run's metadata.ceilings (contract/ceilings.py's format)
+    throttle: dict[str, float]  # ThrottleConfig's fields; {} where the run had none
+    device: str
+    cases: list[list[str]]
+    sent_at: float
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RetimeSpec:
+    """What one child is asked (the module's docstring): the device, the run's settings,
+    the cases in the order to time them, when the spec was sent (None: not said) and
+    the Triton rows' recorded configs by case id."""
+
+    device: str
+    settings: RetimeSettings
+    cases: tuple[RowKey, ...]
+    sent_at: float | None = None
+    configs: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> SpecJson:
+        s = self.settings
+        doc: SpecJson = {"seed": s.seed, "fp8_accum": s.fp8_accum,
+                         "ceilings": s.ceilings.to_json(),
+                         "throttle": s.throttle.as_dict() if s.throttle else {},
+                         "device": self.device, "cases": [list(k) for k in self.cases]}
+        if self.sent_at is not None:
+            doc["sent_at"] = self.sent_at
+        doc["configs"] = self.configs
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: SpecJson) -> RetimeSpec:
+        """The spec a child read (seed and fp8_accum required; the rest may be absent)."""
+        throttle = doc.get("throttle")
+        sent_at = doc.get("sent_at")
+        return cls(
+            device=doc["device"],
+            settings=RetimeSettings(
+                seed=int(doc["seed"]), fp8_accum=doc["fp8_accum"],
+                ceilings=Ceilings.from_json(doc.get("ceilings")),
+                throttle=ThrottleConfig(**throttle) if throttle else None),
+            cases=tuple(parse_row_key(k) for k in doc.get("cases") or ()),
+            sent_at=sent_at if isinstance(sent_at, int | float) else None,
+            configs=dict(doc.get("configs") or {}))
+
+
+class ReadyLine(TypedDict):
+    ready_s: float  # the child's line once it is set up: seconds since the spec's sent_at
+
+
+class CaseLine(TypedDict, total=False):
+    """The child's line as a case ends: its id and seconds, then its samples, or
+    throttled (true), or its status."""
+
+    case: str
+    s: float
+    samples: list[float]
+    throttled: bool
+    status: str
+
+
 @dataclass
 class Costs:
     """What a re-timing round costs: a child's seconds before its first row (measured
@@ -132,6 +217,14 @@ class RoundAnswer:
     ready_s: float | None = None
     case_s: dict[str, float] = field(default_factory=dict)
     cut: bool = False
+
+    def to_json(self) -> dict[str, list[float] | list[str]]:
+        """The whole answer, the child's last line: {case id: samples} and, where any
+        were left out, "throttled": [case ids]."""
+        doc: dict[str, list[float] | list[str]] = dict(self.samples)
+        if self.throttled:
+            doc["throttled"] = self.throttled
+        return doc
 
 
 def parse_answer(stdout: str, cut: bool) -> RoundAnswer:
@@ -179,11 +272,11 @@ class Retimer:
     measured cost.  The rows left out, and why, are in the answer's left_out.  A SIGINT
     stops the re-timing with what it has (`interrupted`)."""
 
-    def __init__(self, device: str, settings: dict[str, Any], rows: Sequence[RunRow],
+    def __init__(self, device: str, settings: RetimeSettings, rows: Sequence[RunRow],
                  say: Callable[[str], None] = _warn, budget_s: float | None = None,
                  costs: Mapping[RowKey, float] | None = None) -> None:
         self.device = device
-        self.settings = settings  # the child's spec (the module's docstring), in JSON
+        self.settings = settings
         self.configs = {case_id(r.key): r.build.config for r in rows if r.build.config}
         self.say = say
         self.budget_s = budget_s
@@ -285,10 +378,10 @@ class Retimer:
     def _round(self, r: int, keys: list[RowKey], share: float | None) -> RoundAnswer | None:
         """One child timing `keys` in turn, stopped at `share` seconds; None when it
         failed (said)."""
-        spec = json.dumps({**self.settings, "device": self.device,
-                           "cases": [list(k) for k in keys], "sent_at": time.time(),
-                           "configs": {case_id(k): self.configs[case_id(k)] for k in keys
-                                       if case_id(k) in self.configs}})
+        spec = json.dumps(RetimeSpec(
+            self.device, self.settings, tuple(keys), sent_at=time.time(),
+            configs={case_id(k): self.configs[case_id(k)] for k in keys
+                     if case_id(k) in self.configs}).to_json())
         try:
             proc = subprocess.run([sys.executable, "-m", "benches.sweep.retime"], input=spec,
                                   capture_output=True, text=True, cwd=ROOT,
@@ -324,78 +417,82 @@ def retimer_of_run(device: str, meta: Mapping[str, Any] | RunMeta,
     m = meta if isinstance(meta, RunMeta) else parse_meta(meta)
     seed = RunRequest.from_json(m.request).selection.seed if m.request else 0
     records = [r if isinstance(r, RunRow) else parse_row(r) for r in rows]
-    return Retimer(device, {"seed": seed, "fp8_accum": m.settings.fp8_accum or "fast",
-                            "ceilings": m.ceilings,
-                            "throttle": m.settings.throttle_settings}, records,
-                   budget_s=budget_s, costs=row_costs(m))
+    throttle = m.settings.throttle_settings
+    settings = RetimeSettings(seed, m.settings.fp8_accum or "fast", Ceilings.from_json(m.ceilings),
+                              ThrottleConfig(**throttle) if throttle else None)
+    return Retimer(device, settings, records, budget_s=budget_s, costs=row_costs(m))
 
 
-def retime(spec: dict[str, Any], emit: Callable[[dict[str, Any]], None] | None = None
-           ) -> dict[str, Any]:
-    """Time the spec's cases in turn; the answer {case id: samples, "throttled": [...]}.
-    `emit` is given {"ready_s"} once the child is set up (seconds since the spec's
-    "sent_at", where it has one) and {"case", "s", ...} as each case ends, so that a
-    client that stops the child at a deadline keeps what it timed and learns the costs."""
-    from benches.sweep.cases import Case, SweepContext
+def retime(spec: RetimeSpec, emit: Callable[[ReadyLine | CaseLine], None] | None = None
+           ) -> RoundAnswer:
+    """Time the spec's cases in turn; the answer (RoundAnswer.to_json: {case id: samples,
+    "throttled": [...]}).  `emit` is given a ReadyLine once the child is set up (where
+    the spec says when it was sent) and a CaseLine as each case ends, so that a client
+    that stops the child at a deadline keeps what it timed and learns the costs."""
+    from benches.sweep.cases import Case
     from benches.sweep.runner import run_case
-    from benches.sweep.throttle import ThrottleConfig
     from benches.sweep.timers import sweep_cache
-    from benches.timing.plan import TimingConfig
-    from contract.ceilings import Ceilings
-    from contract.devices import resolve_device
-    from contract.request import Measurement, RunRequest, Selection
     from contract.schema import parse_shape
     from kernels import REGISTRY
-    from kernels.spec import Target, interpreter_enabled, set_fp8_accum
 
-    set_fp8_accum(spec["fp8_accum"])
-    dev = resolve_device(spec["device"])
-    model, present = dev.model, dev.present
-    c = spec.get("ceilings") or {}
-    # Re-timing confirms times: no energy window (its rows are kept for their samples
-    # only); each case is timed in the cache mode its key names.
-    request = RunRequest(Selection(seed=int(spec["seed"])),
-                         measurement=Measurement(energy="off"))
-    cfg = SweepContext(request, model, present,
-                       Target(present.kind, present.capability, interpreter_enabled(),
-                              present.name),
-                       ceilings=Ceilings(c.get("datasheet"), c.get("measured")),
-                       timing=TimingConfig(),
-                       throttle=ThrottleConfig(**(spec.get("throttle") or {})),
-                       configs={parse_row_key(k.split(SEP)): v
-                                for k, v in (spec.get("configs") or {}).items()})
-    out: dict[str, Any] = {}
-    throttled: list[str] = []
+    cfg = _child_context(spec)
+    out = RoundAnswer()
     inputs = sweep_cache(cfg)  # inputs shared as in the sweep, copies' memory reused
-    say = emit or (lambda doc: None)
-    if isinstance(spec.get("sent_at"), int | float):
-        say({"ready_s": round(time.time() - spec["sent_at"], 3)})
-    for key in spec["cases"]:
-        kernel, provider, dtype, shape, cache = parse_row_key(key)
+    say = emit or (lambda line: None)
+    if spec.sent_at is not None:
+        say({"ready_s": round(time.time() - spec.sent_at, 3)})
+    for key in spec.cases:
+        kernel, provider, dtype, shape, cache = key
         case = Case(REGISTRY[kernel], provider, dtype, parse_shape(shape), cache)
         t0 = time.perf_counter()
         row = run_case(case, cfg, inputs)
-        said: dict[str, Any] = {"case": case_id(key), "s": round(time.perf_counter() - t0, 3)}
+        cid = case_id(key)
+        said: CaseLine = {"case": cid, "s": round(time.perf_counter() - t0, 3)}
+        out.reached.add(cid)
         if row.clocks.throttled is True:
-            throttled.append(case_id(key))
+            out.throttled.append(cid)
             said["throttled"] = True
         elif row.ok and row.timing.samples_ms:
-            out[case_id(key)] = said["samples"] = list(row.timing.samples_ms)
+            out.samples[cid] = said["samples"] = list(row.timing.samples_ms)
         else:
             said["status"] = row.status
         say(said)
-    if throttled:
-        out["throttled"] = throttled
     return out
+
+
+def _child_context(spec: RetimeSpec) -> SweepContext:
+    """The child's sweep context: the run's seed, fp8 mode, ceilings, throttle settings
+    and recorded configs on this machine's device."""
+    from benches.sweep.cases import SweepContext
+    from benches.timing.plan import TimingConfig
+    from contract.devices import resolve_device
+    from contract.request import Measurement, RunRequest, Selection
+    from kernels.spec import Target, interpreter_enabled, set_fp8_accum
+
+    s = spec.settings
+    set_fp8_accum(s.fp8_accum)
+    dev = resolve_device(spec.device)
+    model, present = dev.model, dev.present
+    # Re-timing confirms times: no energy window (its rows are kept for their samples
+    # only); each case is timed in the cache mode its key names.
+    request = RunRequest(Selection(seed=s.seed), measurement=Measurement(energy="off"))
+    return SweepContext(request, model, present,
+                        Target(present.kind, present.capability, interpreter_enabled(),
+                               present.name),
+                        ceilings=s.ceilings, timing=TimingConfig(),
+                        throttle=s.throttle or ThrottleConfig(),
+                        configs={parse_row_key(k.split(SEP)): v
+                                 for k, v in spec.configs.items()})
 
 
 def main() -> int:
     """The child: the spec on stdin; each case's line as it ends (flushed: a client that
     stops the child at its deadline reads them), then the whole answer as the last."""
-    def emit(doc: dict[str, Any]) -> None:
-        print(json.dumps(doc), flush=True)
+    def emit(line: ReadyLine | CaseLine) -> None:
+        print(json.dumps(line), flush=True)
 
-    print(json.dumps(retime(json.loads(sys.stdin.read()), emit)))
+    spec = RetimeSpec.from_json(json.loads(sys.stdin.read()))
+    print(json.dumps(retime(spec, emit).to_json()))
     return 0
 
 
