@@ -15,17 +15,15 @@ from benches.estimate.price import (
     FALLBACK_COMPILE,
     WARM,
     Cache,
+    CompileTimes,
     cache_of,
+    compile_times,
+    device_runs,
     item_of,
+    load_run,
     nearest,
     price,
     price_run,
-)
-from benches.estimate.source_runs import (
-    CompileTimes,
-    compile_times,
-    device_runs,
-    load_run,
     source_run,
 )
 from benches.sweep.cases import Case

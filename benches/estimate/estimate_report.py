@@ -1,6 +1,6 @@
 """`run_bench.py --estimate [selection] [--device D]`: the sweep the same command would run,
 priced phase by phase, Triton's cache cold and warm (a CPU: one column), from what the
-device's newest run measured (price.py, source_runs.py); nothing is measured or written."""
+device's newest run measured (price.py); nothing is measured or written."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from benches.estimate.price import COLD, FALLBACK_COMPILE, WARM, Walk, item_of, price
-from benches.estimate.source_runs import compile_times, device_runs, source_run
+from benches.estimate import price as pricing
 from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
@@ -45,8 +44,8 @@ def run_estimate(req: RunRequest) -> int:
     from benches.sweep import job
 
     model, present = target_device(req)
-    runs = device_runs(Path(req.output.out), model, present)
-    source = source_run(runs, model)
+    runs = pricing.device_runs(Path(req.output.out), model, present)
+    source = pricing.source_run(runs, model)
     if source is not None and model.kind == "cuda":
         model, present = target_device(req, source.meta.device)
     cfg = job.sweep_context(req, model, present, interpret=False)
@@ -55,12 +54,12 @@ def run_estimate(req: RunRequest) -> int:
         raise RequestError("nothing to estimate: no selected kernel has a selected "
                            "dtype and shape (check --kernels, --dtypes and --sizes)")
     record = runs if source is None or any(r is source for r in runs) else [*runs, source]
-    times = compile_times(record, FALLBACK_COMPILE)
-    items = [item_of(c, cfg.target) for c in cases]
+    times = pricing.compile_times(record, pricing.FALLBACK_COMPILE)
+    items = [pricing.item_of(c, cfg.target) for c in cases]
     measured = _ceilings_measured(req, model, present)
-    columns = {"Triton cache cold": COLD, "Triton cache warm": WARM} if model.kind == "cuda" \
-        else {"Triton cache warm": WARM}
-    walks = {k: price(items, source, times, cache, measured) for k, cache in columns.items()}
+    caches = {"Triton cache cold": pricing.COLD, "Triton cache warm": pricing.WARM}
+    walks = {k: pricing.price(items, source, times, c, measured) for k, c in caches.items()
+             if model.kind == "cuda" or c is pricing.WARM}
     sel = cfg.selection
     sizes = sel.sizes if sel.shapes is None else "explicit sizes"
     console.print(f"estimate: {len(cases)} cases ({sizes}) on {present.name} as "
@@ -78,7 +77,7 @@ def run_estimate(req: RunRequest) -> int:
     return 0
 
 
-def _table(walks: dict[str, Walk]) -> None:
+def _table(walks: dict[str, pricing.Walk]) -> None:
     t = Table(title="seconds per phase (benches/sweep/time_split.py)")
     t.add_column("phase")
     for label in walks:
