@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from contract.devices import DEVICES
 from contract.modes import WARM
@@ -65,6 +65,17 @@ UNITS = {"power_w": "W", "energy_j": "J", "sm_clock_mhz": "MHz", "kernel_ms": "m
          "gb_per_j": "GB/J", "mfu": "", "pct_roof": "%", "pct_meas_roof": "%"}
 
 
+class WithheldJson(TypedDict):
+    """A Withheld as a row stores it (its `withheld` list)."""
+
+    column: str
+    value: float
+    bound: float | None
+    kind: str
+    reason: str
+    derived_from: str | None
+
+
 @dataclass(frozen=True)
 class Withheld:
     """One withheld value of a row: its column, the value it had, the bound it broke (in
@@ -80,8 +91,8 @@ class Withheld:
     reason: str
     derived_from: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> WithheldJson:
+        return WithheldJson(**asdict(self))
 
     @classmethod
     def from_json(cls, doc: Any) -> Withheld | None:
