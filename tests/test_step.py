@@ -18,7 +18,8 @@ from benches.step.transformer import StepError, Transformer, parameter_count
 from contract.models import PRESETS, ModelShape
 from roofline.__main__ import main as roofline_main
 from roofline.plan.arithmetic import attention_score_flops
-from roofline.plan.step import StepMeasurement, step_report
+from roofline.plan.step import step_report
+from roofline.plan.step_records import StepMeasurement
 from tests.test_plan import ROOT
 
 TINY = ModelShape("tiny", d_model=64, n_layers=2, d_ff=256, vocab=1000, seq_len=32,

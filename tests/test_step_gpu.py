@@ -26,13 +26,12 @@ from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequ
 from roofline.plan.plan_text import sections
 from roofline.plan.planner import build_plan
 from roofline.plan.step import (
-    StepMeasurement,
-    StepReport,
     gemms_from_step,
     memory_fit,
     step_report,
     step_sections,
 )
+from roofline.plan.step_records import StepMeasurement, StepReport
 from tests.test_step_accounting import Events
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "h200-llama3-8b-step.json"

@@ -16,7 +16,8 @@ from roofline.plan.harness import Harness
 from roofline.plan.model import PlanError
 from roofline.plan.plan_request import PlanRequest
 from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
-from roofline.plan.step import StepMeasurement, StepReport, gemms_from_step, step_report
+from roofline.plan.step import gemms_from_step, step_report
+from roofline.plan.step_records import StepMeasurement, StepReport
 
 STEP_DTYPES = ("bf16", "fp16", "fp32")
 # The step's ops as they run: torch's.

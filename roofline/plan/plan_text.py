@@ -45,7 +45,8 @@ def sections(plan: dict[str, Any]) -> list[Section]:
     out += _gemms_section(plan)
     out += _communication_section(plan.get("communication"))
     if plan.get("step_measured"):
-        from roofline.plan.step import StepReport, step_sections
+        from roofline.plan.step import step_sections
+        from roofline.plan.step_records import StepReport
 
         out += step_sections(StepReport.from_json(plan["step_measured"]["report"]), si, gb)
         if plan["step_measured"].get("explain"):

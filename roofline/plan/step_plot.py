@@ -20,7 +20,7 @@ from contract.devices import ROOF_CLASS
 from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.gemm_plot import marker_area, roofline_axes
-from roofline.plan.step import StepCategory, StepMeasurement, StepReport
+from roofline.plan.step_records import StepCategory, StepMeasurement, StepReport
 from roofline.report.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
