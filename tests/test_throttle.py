@@ -21,6 +21,7 @@ from benches.sweep import gpu_monitor, runner, timers
 from benches.sweep import retime as retime_client
 from benches.sweep.cases import InputCache
 from benches.sweep.gpu_monitor import SLOWDOWN_REASONS, ClockWindow, MonitorSummary, Reading
+from benches.sweep.nvml_doc import NvmlFacts
 from benches.sweep.runner import run_case
 from benches.sweep.sample_clocks import keep_unthrottled, per_sample_clocks
 from benches.sweep.throttle import (
@@ -254,7 +255,7 @@ def _summary(**given: object) -> MonitorSummary:
 
 def test_run_clock_facts_count_throttled_rows():
     during = _summary(readings=50, readings_idle=4, throttled_fraction=0.1)
-    start = {"max_sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "power_limit_w": 700.0}
+    start = NvmlFacts(max_sm_clock_mhz=1980, mem_clock_mhz=2619, power_limit_w=700.0)
     facts = run_clock_facts(during, start, [_marked(True), _marked(False)], ThrottleConfig())
     assert facts["throttle"]["throttled_rows"] == 1
     assert facts["clocks"]["sm_mhz_median"] == 1980 and facts["power"]["limit_w"] == 700.0
@@ -283,7 +284,7 @@ def _rows(throttled_run: bool) -> list[dict]:
 def test_summary_shows_clocks_power_and_throttled_rows():
     meta = {"device_name": "NVIDIA H100 80GB HBM3", "device_key": "h100",
             **run_clock_facts(_summary(readings=None, readings_idle=None),
-                              {"max_sm_clock_mhz": 1980, "power_limit_w": 700.0},
+                              NvmlFacts(max_sm_clock_mhz=1980, power_limit_w=700.0),
                               [_marked(True)], ThrottleConfig())}
 
     def doc(throttled_run: bool) -> RunDoc:

@@ -14,12 +14,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from benches.sweep.failures import error_message
+from benches.sweep.nvml_doc import DuringRun, NvmlSnapshot
 
 # Clock-event ("throttle") reason bits that name a power or thermal limit on the clock
 # (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power
@@ -141,6 +142,15 @@ class MonitorSummary:
     throttled_fraction: float | None
     throttle_reasons_seen: tuple[str, ...]
 
+    def to_json(self) -> DuringRun:
+        """As a snapshot holds it (during_run)."""
+        return {"readings": self.readings, "readings_idle": self.readings_idle,
+                "readings_all": self.readings_all, "interval_s": self.interval_s,
+                "sm_clock_mhz_min": self.sm_clock_mhz_min,
+                "sm_clock_mhz_median": self.sm_clock_mhz_median,
+                "sm_clock_mhz_max": self.sm_clock_mhz_max, "power_w_max": self.power_w_max,
+                "throttled_fraction": self.throttled_fraction,
+                "throttle_reasons_seen": list(self.throttle_reasons_seen)}
 
 
 def is_idle(reading: Reading) -> bool:
@@ -403,7 +413,7 @@ def stop_gpu_monitor() -> MonitorSummary | None:
     return m.summary()
 
 
-def nvml_snapshot() -> dict[str, Any] | None:
+def nvml_snapshot() -> NvmlSnapshot | None:
     """Clocks, power and clock-event reasons of the CUDA device in use (matched to its
     NVML device by UUID or PCI bus id), where readable; with the run's sampler summary
     once one is running.  A JSON document: the run's metadata telemetry.nvml_start and
@@ -420,7 +430,7 @@ def nvml_snapshot() -> dict[str, Any] | None:
             h, how = nvml_handle(pynvml)
         except Exception as e:
             return {"nvml_device": None, "nvml_match": error_message(e)}
-        snap = {"nvml_match": how}
+        snap: NvmlSnapshot = {"nvml_match": how}
         with contextlib.suppress(Exception):
             snap["driver"] = decode_nvml(pynvml.nvmlSystemGetDriverVersion())
         if h is not None:
@@ -431,47 +441,34 @@ def nvml_snapshot() -> dict[str, Any] | None:
             pynvml.nvmlShutdown()
 
 
-def _device_snapshot(pynvml: Any, h: Any) -> dict[str, Any]:
+def _device_snapshot(pynvml: Any, h: Any) -> NvmlSnapshot:
     """nvml_snapshot's part read from the device (its document's keys, in order)."""
-    snap = {}
+    snap: NvmlSnapshot = {}
     with contextlib.suppress(Exception):
         snap["nvml_uuid"] = decode_nvml(pynvml.nvmlDeviceGetUUID(h))
-    reading = nvml_reading(pynvml, h)
-    snap.update({k: getattr(reading, k) for k in READ_KEYS})
-    extra = {
-        "mem_clock_mhz": lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-        "max_sm_clock_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(
-            h, pynvml.NVML_CLOCK_SM),
-        "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-    }
-    for key, read in extra.items():
-        try:
-            snap[key] = read()
-        except Exception:
-            snap[key] = None
+    r = nvml_reading(pynvml, h)
+    snap.update(sm_clock_mhz=r.sm_clock_mhz, power_w=r.power_w, temperature_c=r.temperature_c,
+                clock_reasons=r.clock_reasons, gpu_util_pct=r.gpu_util_pct,
+                energy_mj=r.energy_mj)
+    snap["mem_clock_mhz"] = _or_none(
+        lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
+    snap["max_sm_clock_mhz"] = _or_none(
+        lambda: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))
+    snap["power_limit_w"] = _or_none(
+        lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)
     # Reasons only: a reading at the run's (idle) ends cannot say whether a timing
     # was throttled; that is judged per row, by its clock (throttle_state).
-    tr = reading.reasons
+    tr = r.reasons
     snap["throttle_reasons"] = throttle_names(tr) if tr is not None else None
     if _MONITOR is not None:
         during = _MONITOR.summary()
-        snap["during_run"] = {**asdict(during),
-                              "throttle_reasons_seen": list(during.throttle_reasons_seen)}
+        snap["during_run"] = during.to_json()
     return snap
 
 
-@dataclass(frozen=True)
-class NvmlFacts:
-    """What the run reads back from an NVML snapshot (nvml_snapshot's document): the
-    driver, the SM clock's maximum, the memory clock and the enforced power limit."""
-
-    driver: str | None = None
-    max_sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    power_limit_w: float | None = None
-
-    @classmethod
-    def of(cls, snap: dict[str, Any] | None) -> NvmlFacts:
-        """The facts of a snapshot (None, or a key it lacks: None)."""
-        doc = snap or {}
-        return cls(**{f.name: doc.get(f.name) for f in fields(cls)})
+def _or_none(read: Callable[[], float]) -> float | None:
+    """A value NVML may not give (unsupported on the device): None then."""
+    try:
+        return read()
+    except Exception:
+        return None

@@ -21,12 +21,13 @@ from rich.progress import (
 )
 
 from benches.measured_ceilings import get_ceilings
-from benches.sweep import compile_wait, gpu_monitor, runner, triton_cache
+from benches.sweep import gpu_monitor, runner, triton_cache
 from benches.sweep.budget import DEFAULT_CPU_RUN_BUDGET_S
 from benches.sweep.cases import Case, SweepContext, build_cases
 from benches.sweep.console import console, print_devices, print_kernels, print_summary
 from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.interrupt import Terminated, exit_code, signal_name
+from benches.sweep.nvml_doc import NvmlFacts
 from benches.sweep.results import ResultWriter, busy_cpu_warning, collect_metadata, load_average
 from benches.sweep.retime import RETIME_ROUNDS, Retimer, RetimeSettings
 from benches.sweep.run_folder import (
@@ -208,7 +209,7 @@ def _check(req: RunRequest, on_cases: Callable[[list[Case]], None] | None) -> Ch
         check_run_id(req.output.run_id)
     if req.device.fp8_accum:
         kernel_spec.set_fp8_accum(req.device.fp8_accum)
-    compile_wait.wait_s()  # a bad GPUBENCH_COMPILE_WAIT_S: refused before the ceilings
+    triton_cache.wait_s()  # a bad GPUBENCH_COMPILE_WAIT_S: refused before the ceilings
     triton_cache.default_workers()  # and a bad GPUBENCH_COMPILE_WORKERS
     dev = resolve_device(req.device.key)
     present, model = dev.present, dev.model
@@ -298,7 +299,7 @@ def _gpu_setup(chk: Checked, writer: ResultWriter) -> None:
     if present.kind != "cuda" or cfg.target.interpret:
         return
     # Tunings on disk are keyed by this GPU's identity (kernels/tuning.py).
-    clock = (writer.meta.telemetry.nvml_start or {}).get("max_sm_clock_mhz")
+    clock = NvmlFacts.of(writer.meta.telemetry.nvml_start).max_sm_clock_mhz
     identity = identity_text(present.name, present.sms, present.memory_gb,
                              present.l2_mb, clock)
     writer.update(compiles__autotune_on_disk=triton_cache.keep_tuning(),
@@ -314,7 +315,7 @@ def _gpu_setup(chk: Checked, writer: ResultWriter) -> None:
 def _measure(chk: Checked, opened: Opened, split: TimeSplit,
              early: triton_cache.Spawned | None = None) -> Measured:
     """The ceilings (the sweep's kernels compiling ahead meanwhile, and waited for after:
-    compile_wait.after_ceilings), then the sweep; an abort or an interrupt ends it with
+    triton_cache.after_ceilings), then the sweep; an abort or an interrupt ends it with
     its exit code, at the stage it reached."""
     cfg, writer, run_dir = chk.cfg, opened.writer, opened.run_dir
     code, stage = 0, "ceilings"
@@ -368,7 +369,7 @@ def _ceilings(chk: Checked, opened: Opened, split: TimeSplit,
         if ahead is not None:
             try:  # then the sweep waits for them (not after an interrupt or error)
                 if measured:
-                    compile_wait.after_ceilings(ahead, split, say=console.print)
+                    triton_cache.after_ceilings(ahead, split, say=console.print)
             finally:
                 writer.update(compiles__compiled_ahead=ahead.record())
     with split.phase("write"):
@@ -386,8 +387,8 @@ def _finish(chk: Checked, opened: Opened, split: TimeSplit, measured: Measured) 
         writer.update(telemetry__nvml_end=nvml_snapshot())  # with the sampler's summary
         during = gpu_monitor.stop_gpu_monitor()
         if not cfg.check_only:
-            facts = run_clock_facts(during, writer.meta.telemetry.nvml_start, writer.rows,
-                                    cfg.throttle)
+            facts = run_clock_facts(during, NvmlFacts.of(writer.meta.telemetry.nvml_start),
+                                    writer.rows, cfg.throttle)
             writer.update(**{f"telemetry__{k}": v for k, v in facts.items()})
     try:
         with split.phase("write"):

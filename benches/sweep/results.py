@@ -20,8 +20,9 @@ import torch
 
 from benches.sweep.cases import SweepContext
 from benches.sweep.energy_counter import energy_metadata
-from benches.sweep.gpu_monitor import NvmlFacts, nvml_snapshot
+from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.kernel_time import kernel_time_metadata
+from benches.sweep.nvml_doc import NvmlFacts
 from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import cpu_cache_bytes, read_llc
 from contract import physics

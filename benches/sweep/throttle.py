@@ -19,10 +19,10 @@ from benches.sweep.gpu_monitor import (
     SLOWDOWN_REASONS,
     ClockWindow,
     MonitorSummary,
-    NvmlFacts,
     Reading,
     window_of,
 )
+from benches.sweep.nvml_doc import NvmlFacts
 from benches.sweep.sample_clocks import BATCH_SLACK_S, keep_unthrottled, sample_clocks
 from benches.timing.clock import Timing
 from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
@@ -237,13 +237,11 @@ class ClockFacts(TypedDict):
     throttle: ThrottleFacts
 
 
-def run_clock_facts(during: MonitorSummary | None, start: dict[str, Any] | None,
+def run_clock_facts(during: MonitorSummary | None, at: NvmlFacts,
                     rows: Sequence[RunRow], cfg: ThrottleConfig) -> ClockFacts:
     """The run's metadata keys `clocks`, `power` and `throttle` (what summary.md shows):
-    from the sampler's summary over the run (`during`), the NVML snapshot at its start
-    (`start`, nvml_snapshot's document as the metadata holds it), and the rows' own
-    `throttled` marks."""
-    at = NvmlFacts.of(start)
+    from the sampler's summary over the run (`during`), the facts of the NVML snapshot
+    at its start (`at`), and the rows' own `throttled` marks."""
     throttled = [r for r in rows if r.clocks.throttled is True]
     return {
         "clocks": {
