@@ -8,7 +8,7 @@ the order of the fields here."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TypedDict, cast
 
 
 @dataclass
@@ -64,6 +64,55 @@ class Compiled:
         return bool(self.spill_stores or self.spill_loads)
 
 
+class CompiledJson(TypedDict, total=False):
+    """A compiled case's readings in an inspect.json row (Compiled's fields, asdict's):
+    all of them where the case compiled, none where it failed."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared: int
+    mma: str
+    mma_types: str
+    mma_shape: str
+    load_bits: int
+    load_bits_all: int
+    load_kinds: str
+    wide_allowed: bool
+    wide_allowed_min_bits: int
+    fp8_acc: str
+    ptxas_warnings: tuple[str, ...]
+    ptxas: str
+    matrix_unit: bool
+    tmem_cols: int
+    tmem_ops: str
+    tma: str
+    sass_mma: str
+    sass_ops: dict[str, int]
+
+
+class CaseJson(TypedDict):
+    """An inspect.json row's case: its shapes (how many, which) and its error ("" when
+    it compiled)."""
+
+    kernel: str
+    dtype: str
+    fn: str
+    config: str
+    warps: int
+    stages: int
+    shapes: int
+    shape_list: list[str]
+    error: str
+
+
+class InspectedJson(CaseJson, CompiledJson):
+    """An inspect.json row: the case, a compiled case's readings, the flags, the status."""
+
+    flags: list[str]
+    status: str
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One case's compile: its readings, or the error it failed with (one line)."""
@@ -110,17 +159,16 @@ class Inspected:
         return f"{self.kernel} {self.dtype} {self.fn} {self.config} w{self.warps} " \
                f"s{self.stages}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> InspectedJson:
         """inspect.json's row: the case, its shapes (how many, which), the error ("" when
         it compiled), the readings of a compiled case, the flags and the status."""
-        out: dict[str, Any] = {
-            "kernel": self.kernel, "dtype": self.dtype, "fn": self.fn, "config": self.config,
-            "warps": self.warps, "stages": self.stages, "shapes": len(self.shapes),
-            "shape_list": list(self.shapes), "error": self.error}
-        if self.compiled is not None:
-            out.update(asdict(self.compiled))
-        out.update(flags=list(self.flags), status=self.status)
-        return out
+        case = CaseJson(
+            kernel=self.kernel, dtype=self.dtype, fn=self.fn, config=self.config,
+            warps=self.warps, stages=self.stages, shapes=len(self.shapes),
+            shape_list=list(self.shapes), error=self.error)
+        readings = CompiledJson() if self.compiled is None else \
+            cast(CompiledJson, asdict(self.compiled))
+        return InspectedJson(**case, **readings, flags=list(self.flags), status=self.status)
 
 
 @dataclass(frozen=True)
@@ -148,5 +196,26 @@ class InspectMeta:
     max_shared: int | None
     mma_per_dtype: dict[str, list[str]]
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> InspectMetaJson:
+        return cast(InspectMetaJson, asdict(self))
+
+
+class InspectMetaJson(TypedDict):
+    """inspect.json's `metadata` (InspectMeta's fields, asdict's)."""
+
+    arch: str
+    capability: int
+    smem_limit: int
+    tmem_columns: int | None
+    triton: str
+    ptxas: str
+    fp8_accum: str
+    python: str
+    created: str
+    command: str
+    cases: int
+    left_out: tuple[str, ...]
+    flagged: tuple[str, ...]
+    registers_range: tuple[int | None, int | None]
+    max_shared: int | None
+    mma_per_dtype: dict[str, list[str]]

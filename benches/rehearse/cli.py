@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benches.rehearse.driver import ARCH_DEFAULT_MODEL, GPU_MODELS
 from benches.rehearse.rehearsal_report import (
+    RehearsalRun,
     error,
     from_json,
     print_report,
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     return _in_process(opts, opts.arches[0])
 
 
-def _meta(argv: list[str]) -> dict[str, object]:
+def _meta(argv: list[str]) -> RehearsalRun:
     import torch
     import triton
 

@@ -20,11 +20,32 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+
+class ColdSweep(TypedDict):
+    """One cold sweep's figures, the printed JSON line in this key order: the stand-in
+    device, the distinct Triton cases, the compile-ahead workers and their record (only
+    with --ahead), seconds of each part, the kernels the sweep built and loaded from the
+    cache, the C launchers it built and their seconds."""
+
+    device: str
+    cases: int
+    ahead_workers: int
+    # triton_cache.CompileAhead.record()'s document (a run's metadata.compiled_ahead),
+    # printed as that module writes it
+    compiled_ahead: NotRequired[dict[str, Any]]
+    ahead_s: float
+    sweep_s: float
+    sweep_built: int
+    sweep_loaded: int
+    sweep_launchers_built: int
+    sweep_launchers_s: float
+    total_s: float
 
 
 def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
-               ahead: int) -> dict[str, Any]:
+               ahead: int) -> ColdSweep:
     """The figures of one cold sweep (module docstring), in this process."""
     from benches.rehearse.driver import GPU_MODELS, STANDIN_DEVICE, standin_driver
     from benches.rehearse.rehearsal import sweep_hooks
@@ -46,16 +67,15 @@ def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
     cases = {(c.spec.name, c.dtype, c.shape_str): c for c in build_cases(cfg)
              if c.provider == "triton" and (c.spec.name, c.dtype, dict(c.shape)) in
              [(k, d, s) for k, d, s, *_ in jobs]}
-    out: dict[str, Any] = {"device": device, "cases": len(cases), "ahead_workers": ahead}
-    t0 = time.perf_counter()
+    compiled_ahead, t0 = None, time.perf_counter()
     if ahead:
         p = cfg.present
         run = triton_cache.CompileAhead(
             jobs, ahead, fp8_accum(), compile_fn="benches.rehearse.sweep:compile_case_on_standin",
             device=(p.name, p.sms, p.memory_gb))
         concurrent.futures.wait(run.futures)
-        out["compiled_ahead"] = run.record()
-    out["ahead_s"] = round(time.perf_counter() - t0, 1)
+        compiled_ahead = run.record()
+    ahead_s = round(time.perf_counter() - t0, 1)
     set_device_identity(tuning_identity(model), STANDIN_DEVICE)
     split, t1 = TimeSplit(), time.perf_counter()
     with sweep_hooks(cache), standin_driver(model), compiles_booked(split), \
@@ -68,13 +88,14 @@ def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
             shipped, _ = shipped_configs_of(case, cfg, launches, None)
             for launch, config in zip(launches, shipped, strict=True):
                 run_launch_with(memory.launch(launch), shipped=config)
-    out.update(sweep_s=round(time.perf_counter() - t1, 1),
-               sweep_built=split.compiles["compiled"],
-               sweep_loaded=split.compiles["from_cache"],
-               sweep_launchers_built=len(launchers),
-               sweep_launchers_s=round(sum(launchers), 1))
-    out["total_s"] = round(out["ahead_s"] + out["sweep_s"], 1)
-    return out
+    sweep_s = round(time.perf_counter() - t1, 1)
+    return ColdSweep(device=device, cases=len(cases), ahead_workers=ahead,
+                     **({} if compiled_ahead is None else {"compiled_ahead": compiled_ahead}),
+                     ahead_s=ahead_s, sweep_s=sweep_s, sweep_built=split.compiles["compiled"],
+                     sweep_loaded=split.compiles["from_cache"],
+                     sweep_launchers_built=len(launchers),
+                     sweep_launchers_s=round(sum(launchers), 1),
+                     total_s=round(ahead_s + sweep_s, 1))
 
 
 def main(argv: list[str] | None = None) -> int:

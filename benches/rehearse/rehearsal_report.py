@@ -7,12 +7,98 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from benches.rehearse.rehearsal import ArchReport, Failure, KernelCount
 from benches.rehearse.tuning_record import Dropped, TuneKey
 
 REPORT_FILE = "rehearsal.json"
+
+
+# The JSON forms of the rehearsal's records (their fields, in their order: asdict's).
+class KernelCountJson(TypedDict):
+    kernel: str
+    dtypes: list[str]
+    cases: int
+    covered: int
+    launches: int
+    tunings: int
+    failures: int
+    seconds: float
+
+
+class FailureJson(TypedDict):
+    kernel: str
+    dtype: str
+    shape: str
+    path: str
+    launch: str
+    config: str
+    error: str
+
+
+class DroppedJson(TypedDict):
+    kernel: str
+    dtype: str
+    shape: str
+    launch: str
+    config: str
+    why: str
+
+
+class TuneKeyJson(TypedDict):
+    kernel: str
+    dtype: str
+    shape: str
+    launch: str
+    device: str
+    tuning_key: str
+    configs: list[str]
+    target: str
+    backend_hash: str
+    fn_cache_key: str
+    env: str
+    triton_key_sha: str
+    cache_key: str
+    cache_dir: str
+    hit: bool
+    best: str
+    inputs_match: bool
+
+
+class ArchReportJson(TypedDict):
+    """One arch's report: a child process's report file, and one of rehearsal.json's
+    `arches`."""
+
+    arch: str
+    device: str
+    capability: list[int]
+    triton: str
+    cache_dir: str
+    identity: str | None
+    kernels: dict[str, KernelCountJson]
+    left_out: list[str]
+    failures: list[FailureJson]
+    dropped: list[DroppedJson]
+    tunings: list[TuneKeyJson]
+    wall_s: float
+
+
+class RehearsalRun(TypedDict):
+    """rehearsal.json's metadata: the command, the toolchain, when."""
+
+    command: str
+    triton: str
+    torch: str
+    python: str
+    created: str
+
+
+class RehearsalDoc(RehearsalRun):
+    """rehearsal.json: the metadata, whether every arch passed, each arch's report."""
+
+    passed: bool
+    arches: list[ArchReportJson]
 
 
 def table_lines(report: ArchReport) -> list[str]:
@@ -46,11 +132,11 @@ def print_report(report: ArchReport, log: Callable[[str], None] = print) -> None
         log(line)
 
 
-def to_json(report: ArchReport) -> dict[str, Any]:
-    return asdict(report)
+def to_json(report: ArchReport) -> ArchReportJson:
+    return cast(ArchReportJson, asdict(report))
 
 
-def from_json(data: dict[str, Any]) -> ArchReport:
+def from_json(data: ArchReportJson) -> ArchReport:
     """An ArchReport read back (a child process's, for the parent's summary)."""
     r = ArchReport(data["arch"], data["device"], list(data["capability"]), data["triton"],
                    data["cache_dir"], data.get("identity"), wall_s=data["wall_s"],
@@ -62,12 +148,12 @@ def from_json(data: dict[str, Any]) -> ArchReport:
     return r
 
 
-def write_report(folder: Path, reports: list[ArchReport], meta: dict[str, Any]) -> Path:
+def write_report(folder: Path, reports: list[ArchReport], meta: RehearsalRun) -> Path:
     """<folder>/rehearsal.json: the run's metadata and each arch's report."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / REPORT_FILE
-    doc = {**meta, "passed": not any(r.failures for r in reports),
-           "arches": [to_json(r) for r in reports]}
+    doc = RehearsalDoc(**meta, passed=not any(r.failures for r in reports),
+                       arches=[to_json(r) for r in reports])
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
 

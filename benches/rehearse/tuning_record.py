@@ -90,7 +90,24 @@ def _jit_fn(tuner: Any) -> Any:
     return fn
 
 
-def _key_inputs(tuner: Any, tuning_key: Any, configs: list[Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class KeyInputs:
+    """The inputs of a tuning's on-disk key as Triton hashes them (triton_key(), the
+    target's backend hash, the kernel's cache_key, the cache-invalidating environment,
+    str(tuning key)), the target and kernel name, and the sha256 of their "-" join with
+    every config's str()."""
+
+    triton: str
+    backend: str
+    fn: str
+    env: str
+    tuning: str
+    target: str
+    name: str
+    sha: str
+
+
+def _key_inputs(tuner: Any, tuning_key: Any, configs: list[Any]) -> KeyInputs:
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import triton_key
@@ -98,13 +115,11 @@ def _key_inputs(tuner: Any, tuning_key: Any, configs: list[Any]) -> dict[str, An
 
     fn = _jit_fn(tuner)
     target = driver.active.get_current_target()
-    parts = {"triton": triton_key(), "backend": make_backend(target).hash(),
-             "fn": fn.cache_key,
-             "env": str(sorted(get_cache_invalidating_env_vars().items())),
-             "tuning": str(tuning_key)}
-    joined = "-".join([*parts.values(), *(str(c) for c in configs)])
-    return {**parts, "target": str(target), "name": fn.__name__,
-            "sha": hashlib.sha256(joined.encode("utf-8")).hexdigest()}
+    parts = (triton_key(), make_backend(target).hash(), fn.cache_key,
+             str(sorted(get_cache_invalidating_env_vars().items())), str(tuning_key))
+    joined = "-".join([*parts, *(str(c) for c in configs)])
+    return KeyInputs(*parts, target=str(target), name=fn.__name__,
+                     sha=hashlib.sha256(joined.encode("utf-8")).hexdigest())
 
 
 @contextlib.contextmanager
@@ -148,11 +163,11 @@ def recording(device: str) -> Iterator[Recorder]:
         inputs = _key_inputs(self, tuning_key, configs)
         kernel, dtype, shape, _ = rec.context
         rec.tunings.append(TuneKey(
-            kernel, dtype, shape, inputs["name"], rec.device, inputs["tuning"],
-            [str(c) for c in configs], inputs["target"], inputs["backend"], inputs["fn"],
-            inputs["env"], hashlib.sha256(inputs["triton"].encode()).hexdigest(),
+            kernel, dtype, shape, inputs.name, rec.device, inputs.tuning,
+            [str(c) for c in configs], inputs.target, inputs.backend, inputs.fn,
+            inputs.env, hashlib.sha256(inputs.triton.encode()).hexdigest(),
             rec._key[0], rec._key[1], bool(hit), rec.best,
-            inputs_match=inputs["sha"] == rec._key[0]))
+            inputs_match=inputs.sha == rec._key[0]))
         return hit
 
     at.Autotuner._bench = recorded_bench
