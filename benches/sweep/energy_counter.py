@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from scipy.special import stdtrit
 
@@ -118,6 +118,22 @@ def counter_edges(reads: Sequence[CounterRead]) -> tuple[list[Edge], str]:
 
 # ---- the probe at a run's start ------------------------------------------------------
 
+class CounterJson(TypedDict):
+    """CounterProbe as the run's metadata holds it (energy.counter), with how it was taken."""
+
+    period_s: float | None
+    period_min_s: float | None
+    period_max_s: float | None
+    step_mj: float | None
+    changes: int
+    reads: int
+    read_s: float
+    probed_s: float
+    monotonic: bool
+    reason: str
+    how: str
+
+
 @dataclass(frozen=True)
 class CounterProbe:
     """How the counter moves: `period_s` the median time between changes (min and max
@@ -136,11 +152,11 @@ class CounterProbe:
     monotonic: bool
     reason: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "how": (
+    def to_json(self) -> CounterJson:
+        return CounterJson(**asdict(self), how=(
             f"read in a tight loop for up to {PROBE_BUDGET_S * 1e3:.0f} ms (stopping at "
             f"{PROBE_CHANGES} changes) at the run's start, the GPU idle; a change's time is "
-            "the middle of the two reads around it")}
+            "the middle of the two reads around it"))
 
 
 def probe_counter(read: Callable[[], int], clock: Callable[[], float] = time.monotonic,
@@ -417,8 +433,24 @@ class GpuEnergyMeter:
 
 # ---- the run's metadata ---------------------------------------------------------------
 
+class _EnergySource(TypedDict):
+    source: str | None  # "nvml", "rapl", or None: the rows have no energy
+    reason: str
+
+
+class EnergySource(_EnergySource, total=False):
+    """The run's metadata key `energy` (summary.md and the physics bounds read it): where
+    the rows' energy comes from and why; on a GPU with a readable counter also the
+    probe, the replay a row needs (None: none can do), the precision and the bounds."""
+
+    counter: CounterJson
+    row_window_s: float | None
+    precision: float
+    bounds: str
+
+
 def energy_metadata(kind: str, pynvml: Any | None = None,
-                    rapl_root: Path = RAPL_ROOT) -> dict[str, Any]:
+                    rapl_root: Path = RAPL_ROOT) -> EnergySource:
     """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}; on
     a GPU also how its counter moves (`counter`: benches.sweep.energy_counter's probe,
     taken here once per process) and the replay a row needs for it (`row_window_s`)."""
@@ -451,15 +483,16 @@ def energy_metadata(kind: str, pynvml: Any | None = None,
             nv.nvmlShutdown()
 
 
-def _counter_metadata(nv: Any, h: Any) -> dict[str, Any]:
+def _counter_metadata(nv: Any, h: Any) -> EnergySource:
     probe = counter_probe(nv, h)
     plan = plan_window(probe)
-    meta: dict[str, Any] = {"counter": probe.to_json(), "row_window_s": plan.window_s,
-                            "precision": PRECISION,
-                            "bounds": f"(0, {POWER_LIMIT_SLACK:g} x the enforced power limit]"}
     if plan.window_s is None:
-        return {"source": None, "reason": f"NVML total energy counter: {plan.reason}", **meta}
-    return {"source": "nvml", "reason": (
-        f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
-        "row's mean power from the counter's first to last change over a "
-        f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"), **meta}
+        out = EnergySource(source=None, reason=f"NVML total energy counter: {plan.reason}")
+    else:
+        out = EnergySource(source="nvml", reason=(
+            f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
+            "row's mean power from the counter's first to last change over a "
+            f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"))
+    out.update(counter=probe.to_json(), row_window_s=plan.window_s, precision=PRECISION,
+               bounds=f"(0, {POWER_LIMIT_SLACK:g} x the enforced power limit]")
+    return out
