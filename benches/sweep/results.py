@@ -10,10 +10,10 @@ import platform
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 import torch
@@ -24,7 +24,7 @@ from benches.sweep.gpu_monitor import nvml_snapshot
 from benches.sweep.kernel_time import kernel_time_metadata
 from benches.sweep.nvml_doc import NvmlFacts
 from benches.sweep.shapes import is_model_sizes
-from benches.timing.plan import cpu_cache_bytes, read_llc
+from benches.timing.plan import TimingConfig, cpu_cache_bytes, read_llc
 from contract import physics
 from contract.bounds import RunBounds
 from contract.models import parse_model_sizes, step_shapes
@@ -160,17 +160,39 @@ def software(driver: str | None, interpret: bool) -> Software:
 def run_settings(cfg: SweepContext) -> Settings:
     """How the rows are timed: the timing settings with the methods in words, the run
     budget, the throttle rule, the fp8 mode, a model's step."""
-    return Settings(timing=timing_settings(cfg), run_budget_s=cfg.run_budget_s,
+    return Settings(timing=timing_settings(cfg).to_json(), run_budget_s=cfg.run_budget_s,
                     throttle_settings=cfg.throttle.as_dict(), fp8_accum=_fp8_accum(),
                     model_step=model_step(cfg.selection.sizes))
 
 
-def timing_settings(cfg: SweepContext) -> dict[str, Any]:
-    """metadata.timing: TimingConfig's values and each method in words (summary.md's
-    settings table reads them)."""
+class TimingMethods(TypedDict):
+    """Each timing method in words, after TimingConfig's values in metadata.timing."""
+
+    gpu_method: str
+    cpu_method: str
+    warm_gpu_method: str
+    gpu_sampling: str
+    stopping: str
+    budget: str
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """metadata.timing (summary.md's settings table reads it): the timing settings'
+    values, then the methods they give in words."""
+
+    config: TimingConfig
+    methods: TimingMethods
+
+    def to_json(self) -> dict[str, float | str]:
+        # TimingConfig's fields (numbers) then the texts: its keys follow TimingConfig.
+        return {**self.config.as_dict(), **self.methods}
+
+
+def timing_settings(cfg: SweepContext) -> TimingSettings:
+    """The run's timing settings, each method described from their values."""
     t = cfg.timing
-    return {
-        **t.as_dict(),
+    return TimingSettings(t, {
         "gpu_method": (
             "one method per (kernel, dtype, shape) for both providers, from its "
             f"roofline bound: below {t.cudagraph_below_ms} ms, CUDA-graph replays "
@@ -208,10 +230,26 @@ def timing_settings(cfg: SweepContext) -> dict[str, Any]:
                    "skipped)" + (f"; the sweep's timing within {cfg.run_budget_s:g} s, "
                                  "shared among the cases left"
                                  if cfg.run_budget_s is not None else "")),
-    }
+    })
 
 
-def model_step(sizes: str) -> dict[str, Any] | None:
+class StepLayer(TypedDict):
+    kernel: str
+    layer: str
+    shape: str
+    count: int  # times one forward pass runs it
+
+
+class ModelStep(TypedDict):
+    """metadata.model_step (the summary's step table reads it)."""
+
+    model: str
+    describe: str
+    tokens: int
+    layers: list[StepLayer]
+
+
+def model_step(sizes: str) -> ModelStep | None:
     """`--sizes model:NAME`'s model and the kernel shapes of its forward pass, each with
     its layer and how many times one forward pass runs it (the summary's step table
     reads them); None for other sizes."""
