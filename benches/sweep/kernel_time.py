@@ -61,6 +61,7 @@ def events_from_profiler(events: Iterable[Any]) -> list[DeviceEvent]:
             if is_device_event(e) and not getattr(e, "is_user_annotation", False)]
 
 
+# A dict: torch.profiler's own trace document (its shape is torch's), read here only.
 def events_from_trace(doc: dict[str, Any]) -> list[DeviceEvent]:
     """Device work of an exported chrome trace ({"traceEvents": [...]}, the JSON document
     torch.profiler writes and only this reads): complete events
