@@ -14,15 +14,34 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from benches.fleet.acceptance_json import (
+    AcceptanceDocJson,
+    AcceptanceOptionsJson,
+    BusbwFailedJson,
+    BusbwJson,
+    CheckJson,
+    GpuVerdictJson,
+    JudgedJson,
+    NodeJson,
+    NodeVerdictJson,
+    NvmlReadingJson,
+    RankRecordJson,
+    RecordJson,
+    StressJson,
+    StressNvmlJson,
+)
 from contract.request import AcceptanceOptions
 
+R = TypeVar("R")
 
-def _known(t: type, d: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of `d` that are fields of `t`."""
-    names = {f.name for f in fields(t)}
-    return {k: v for k, v in d.items() if k in names}
+
+def _known(t: type[R], d: RecordJson, **given: Any) -> R:
+    """A `t` of the keys of `d` that are fields of `t` (a document of an earlier version
+    may lack some: their defaults), `given` in place of those read."""
+    names = {f.name for f in fields(cast(Any, t))}  # t: a dataclass
+    return t(**{**{k: v for k, v in d.items() if k in names}, **given})
 
 
 @dataclass(frozen=True)
@@ -71,25 +90,24 @@ class NvmlReading:
     def pcie_width(self) -> int | None:
         return self.pcie.pcie_width if self.pcie is not None else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NvmlReadingJson:
         """The readings, then the PCIe link's (read under load; its errors left out)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pcie"}
-        for k in ("ecc_mode", "remapped_rows"):
-            out[k] = None if out[k] is None else list(out[k])
+        out = cast(NvmlReadingJson, {f.name: getattr(self, f.name) for f in fields(self)
+                                     if f.name != "pcie"})
+        out["ecc_mode"] = None if self.ecc_mode is None else list(self.ecc_mode)
+        out["remapped_rows"] = None if self.remapped_rows is None else \
+            list(self.remapped_rows)
         if self.pcie is not None:
             out.update(pcie_gen=self.pcie.pcie_gen, pcie_width=self.pcie.pcie_width)
         return out
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> NvmlReading:
-        got = _known(cls, d)
-        for k in ("ecc_mode", "remapped_rows"):
-            if isinstance(got.get(k), list | tuple):
-                got[k] = tuple(got[k])
-        got.pop("pcie", None)
+    def from_json(cls, d: NvmlReadingJson) -> NvmlReading:
         pcie = PcieLink(d.get("pcie_gen"), d.get("pcie_width")) \
             if "pcie_gen" in d or "pcie_width" in d else None
-        return cls(**got, pcie=pcie)
+        listed = {k: tuple(v) for k in ("ecc_mode", "remapped_rows")
+                  if isinstance(v := d.get(k), list | tuple)}
+        return _known(cls, d, **listed, pcie=pcie)
 
 
 @dataclass(frozen=True)
@@ -110,9 +128,12 @@ class Stress:
     ms_per_call: float | None = None
     seconds: float | None = None
 
+    def to_json(self) -> StressJson:
+        return cast(StressJson, asdict(self))
+
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Stress:
-        return cls(**_known(cls, d))
+    def from_json(cls, d: StressJson) -> Stress:
+        return _known(cls, d)
 
 
 @dataclass(frozen=True)
@@ -127,12 +148,12 @@ class StressNvml:
     sm_clock_mhz_median: float | None = None
     sm_clock_mhz_max_possible: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> StressNvmlJson:
+        return cast(StressNvmlJson, asdict(self))
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> StressNvml:
-        return cls(**_known(cls, d))
+    def from_json(cls, d: StressNvmlJson) -> StressNvml:
+        return _known(cls, d)
 
 
 @dataclass(frozen=True)
@@ -147,18 +168,18 @@ class NodeBusbw:
     ms_median: float | None = None
     ranks: tuple[int, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> BusbwJson | BusbwFailedJson:
         if self.bytes is None:  # failed
             return {"busbw_gbps": self.busbw_gbps, "why": self.why}
         return {"busbw_gbps": self.busbw_gbps, "bytes": self.bytes, "dtype": self.dtype,
                 "ms_median": self.ms_median, "ranks": list(self.ranks)}
 
     @classmethod
-    def from_json(cls, d: Any) -> NodeBusbw | None:
+    def from_json(cls, d: BusbwJson | BusbwFailedJson | None) -> NodeBusbw | None:
+        """The all_reduce back; None where `d` is not an object (absent, null)."""
         if not isinstance(d, Mapping):
             return None
-        got = _known(cls, d)
-        return cls(**{**got, "ranks": tuple(got.get("ranks") or ())})
+        return _known(cls, d, ranks=tuple(d.get("ranks") or ()))
 
 
 @dataclass(frozen=True)
@@ -181,11 +202,11 @@ class RankRecord:
     copy_gbps: float | None = None
     busbw: NodeBusbw | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RankRecordJson:
         return {"rank": self.rank, "host": self.host, "local_rank": self.local_rank,
                 "device": self.device, "device_key": self.device_key,
                 "device_name": self.device_name,
-                "stress": {k: asdict(v) for k, v in self.stress.items()},
+                "stress": {k: v.to_json() for k, v in self.stress.items()},
                 "nvml": None if self.nvml is None else self.nvml.to_json(),
                 "nvml_why": self.nvml_why,
                 "stress_nvml": None if self.stress_nvml is None else self.stress_nvml.to_json(),
@@ -193,15 +214,14 @@ class RankRecord:
                 "busbw": None if self.busbw is None else self.busbw.to_json()}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RankRecord:
-        got = _known(cls, d)
+    def from_json(cls, d: RankRecordJson) -> RankRecord:
         nvml, summary = d.get("nvml"), d.get("stress_nvml")
-        return cls(**{**got, "nvml_why": d.get("nvml_why") or "",
-                      "stress": {k: Stress.from_json(v) for k, v in
-                                 (d.get("stress") or {}).items()},
-                      "nvml": NvmlReading.from_json(nvml) if nvml else None,
-                      "stress_nvml": StressNvml.from_json(summary) if summary else None,
-                      "busbw": NodeBusbw.from_json(d.get("busbw"))})
+        return _known(cls, d, nvml_why=d.get("nvml_why") or "",
+                      stress={k: Stress.from_json(v) for k, v in
+                              (d.get("stress") or {}).items()},
+                      nvml=NvmlReading.from_json(nvml) if nvml else None,
+                      stress_nvml=StressNvml.from_json(summary) if summary else None,
+                      busbw=NodeBusbw.from_json(d.get("busbw")))
 
 
 @dataclass(frozen=True)
@@ -216,10 +236,9 @@ class Node:
     busbw: NodeBusbw | None = None
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Node:
-        got = _known(cls, d)
-        return cls(**{**got, "ranks": tuple(d["ranks"]),
-                      "busbw": NodeBusbw.from_json(d.get("busbw"))})
+    def from_json(cls, d: NodeJson) -> Node:
+        return _known(cls, d, ranks=tuple(d["ranks"]),
+                      busbw=NodeBusbw.from_json(d.get("busbw")))
 
 
 @dataclass(frozen=True)
@@ -229,8 +248,9 @@ class Check:
     verdict: str
     why: str = ""
 
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+    def as_dict(self) -> CheckJson:
+        return CheckJson(check=self.check, value=self.value, verdict=self.verdict,
+                         why=self.why)
 
 
 @dataclass(frozen=True)
@@ -246,8 +266,9 @@ class GpuVerdict:
     def label(self) -> str:
         return f"rank {self.rank} ({self.host}:{self.local_rank})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)[:-1]},
+    def to_json(self) -> GpuVerdictJson:
+        return {"rank": self.rank, "host": self.host, "local_rank": self.local_rank,
+                "device_name": self.device_name, "verdict": self.verdict,
                 "checks": [c.as_dict() for c in self.checks]}
 
 
@@ -263,13 +284,13 @@ class NodeVerdict:
     def label(self) -> str:
         return f"node {self.host}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NodeVerdictJson:
         return {"host": self.host, "ranks": list(self.ranks), "verdict": self.verdict,
                 "checks": [c.as_dict() for c in self.checks],
                 "busbw": None if self.busbw is None else self.busbw.to_json()}
 
 
-def _checks(d: Mapping[str, Any]) -> tuple[Check, ...]:
+def _checks(d: GpuVerdictJson | NodeVerdictJson) -> tuple[Check, ...]:
     return tuple(Check(**c) for c in d.get("checks") or ())
 
 
@@ -282,13 +303,13 @@ class Judged:
     nodes: tuple[NodeVerdict, ...]
     gpus: tuple[GpuVerdict, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JudgedJson:
         return {"verdict": self.verdict, "exit_code": self.exit_code,
                 "nodes": [n.to_json() for n in self.nodes],
                 "gpus": [g.to_json() for g in self.gpus]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Judged:
+    def from_json(cls, d: JudgedJson) -> Judged:
         nodes = tuple(NodeVerdict(n["host"], tuple(n["ranks"]), n["verdict"], _checks(n),
                                   NodeBusbw.from_json(n.get("busbw"))) for n in d["nodes"])
         gpus = tuple(GpuVerdict(g["rank"], g["host"], g.get("local_rank"),
@@ -317,16 +338,17 @@ class AcceptanceDoc:
     def verdict(self) -> str:
         return self.judged.verdict
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AcceptanceDocJson:
         return {"run_id": self.run_id, "command": self.command, "world": self.world,
-                "backend": self.backend, "settings": asdict(self.settings),
+                "backend": self.backend,
+                "settings": cast(AcceptanceOptionsJson, asdict(self.settings)),
                 "stress_dtypes": list(self.stress_dtypes),
                 "stress_seconds_per_dtype": self.stress_seconds_per_dtype,
                 "seconds": self.seconds, **self.judged.to_json(),
                 "ranks": [r.to_json() for r in self.ranks]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> AcceptanceDoc:
+    def from_json(cls, d: AcceptanceDocJson) -> AcceptanceDoc:
         return cls(d["run_id"], d["command"], d["world"], d["backend"],
                    AcceptanceOptions(**d["settings"]), tuple(d["stress_dtypes"]),
                    d["stress_seconds_per_dtype"], d["seconds"], Judged.from_json(d),

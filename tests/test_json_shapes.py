@@ -1,0 +1,34 @@
+"""The TypedDicts that name the JSON objects the records write hold the records' own
+fields, in order: a field added to a record without its JSON shape fails here."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from benches.fleet import acceptance_json as aj
+from benches.fleet import acceptance_records as ar
+from benches.inspect import inspected as ins
+from benches.rehearse import rehearsal, rehearsal_report, tuning_record
+from contract.request import AcceptanceOptions
+
+
+@pytest.mark.parametrize("record, shape", [
+    (ar.Stress, aj.StressJson), (ar.StressNvml, aj.StressNvmlJson), (ar.Check, aj.CheckJson),
+    (ar.GpuVerdict, aj.GpuVerdictJson), (ar.RankRecord, aj.RankRecordJson),
+    (AcceptanceOptions, aj.AcceptanceOptionsJson), (ins.Compiled, ins.CompiledJson),
+    (ins.InspectMeta, ins.InspectMetaJson),
+    (rehearsal.KernelCount, rehearsal_report.KernelCountJson),
+    (rehearsal.Failure, rehearsal_report.FailureJson),
+    (rehearsal.ArchReport, rehearsal_report.ArchReportJson),
+    (tuning_record.Dropped, rehearsal_report.DroppedJson),
+    (tuning_record.TuneKey, rehearsal_report.TuneKeyJson)])
+def test_a_records_json_shape_is_its_fields(record, shape) -> None:
+    assert list(shape.__annotations__) == [f.name for f in fields(record)]
+
+
+def test_an_nvml_reading_adds_the_pcie_link_read_under_load() -> None:
+    names = [f.name for f in fields(ar.NvmlReading) if f.name != "pcie"]
+    assert list(aj.NvmlReadingJson.__annotations__) == [*names, "pcie_gen", "pcie_width"]
+    assert set(aj.NvmlReadingJson.__optional_keys__) == {"pcie_gen", "pcie_width"}
