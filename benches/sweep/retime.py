@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from benches.sweep.throttle import ThrottleConfig
 from contract.ceilings import Ceilings
-from contract.record import RunRow, parse_row
+from contract.record import RunRow
 from contract.retimed import Retimed
-from contract.run_meta import JsonDoc, RunMeta, parse_meta
+from contract.run_meta import JsonDoc, RunMeta
 from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key
 
 if TYPE_CHECKING:
@@ -401,12 +401,11 @@ class Retimer:
         return answer
 
 
-def retimer_of_run(device: str, meta: Mapping[str, Any] | RunMeta,
-                   rows: Sequence[Mapping[str, Any] | RunRow],
+def retimer_of_run(device: str, meta: RunMeta, rows: Sequence[RunRow],
                    budget_s: float | None = None) -> Retimer:
-    """The Retimer of a saved run's rows (records, or as the files hold them), with the
-    run's own settings from its metadata and its rows' costs (row_costs); refuses
-    (ForeignRun) a run of another device than this machine's."""
+    """The Retimer of a saved run's rows, with the run's own settings from its metadata
+    and its rows' costs (row_costs); refuses (ForeignRun) a run of another device than
+    this machine's."""
     from contract.devices import detect
     from contract.request import RunRequest
 
@@ -414,13 +413,12 @@ def retimer_of_run(device: str, meta: Mapping[str, Any] | RunMeta,
     if device != here:
         raise ForeignRun(f"--retime times rows on this machine, a '{here}'; the rows are "
                          f"'{device}'")
-    m = meta if isinstance(meta, RunMeta) else parse_meta(meta)
-    seed = RunRequest.from_json(m.request).selection.seed if m.request else 0
-    records = [r if isinstance(r, RunRow) else parse_row(r) for r in rows]
-    throttle = m.settings.throttle_settings
-    settings = RetimeSettings(seed, m.settings.fp8_accum or "fast", Ceilings.from_json(m.ceilings),
+    seed = RunRequest.from_json(meta.request).selection.seed if meta.request else 0
+    throttle = meta.settings.throttle_settings
+    settings = RetimeSettings(seed, meta.settings.fp8_accum or "fast",
+                              Ceilings.from_json(meta.ceilings),
                               ThrottleConfig(**throttle) if throttle else None)
-    return Retimer(device, settings, records, budget_s=budget_s, costs=row_costs(m))
+    return Retimer(device, settings, rows, budget_s=budget_s, costs=row_costs(meta))
 
 
 def retime(spec: RetimeSpec, emit: Callable[[ReadyLine | CaseLine], None] | None = None
