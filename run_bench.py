@@ -307,11 +307,10 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
 
     from benches.fleet.dist import launched
     from benches.measured_ceilings import any_cached
-    from benches.sweep.compile_wait import wait_s
-    from benches.sweep.triton_cache import default_workers, spawn_early
+    from benches.sweep.triton_cache import default_workers, spawn_early, wait_s
 
     # They compile while the ceilings are measured and the sweep waits for them after
-    # (benches/sweep/compile_wait.py).  Without that wait (GPUBENCH_COMPILE_WAIT_S=0) and
+    # (triton_cache.after_ceilings).  Without that wait (GPUBENCH_COMPILE_WAIT_S=0) and
     # no ceilings to measure (a cache entry, very likely this GPU's, or
     # --no-measure-ceilings) there is no time for them.
     try:

@@ -1,6 +1,6 @@
 """The sweep waits after its ceilings for its compile-ahead workers, up to
 GPUBENCH_COMPILE_WAIT_S, and its metadata says why a worker compiled nothing
-(benches/sweep/compile_wait.py).  The workers run fake compile functions
+(benches/sweep/triton_cache.after_ceilings).  The workers run fake compile functions
 (tests/compile_wait_fakes.py, tests/compile_ahead_fakes.py): no GPU, no Triton."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benches.sweep import compile_wait, triton_cache
+from benches.sweep import triton_cache
 from benches.sweep.time_split import TimeSplit
 from contract.request import RequestError
 
@@ -32,7 +32,7 @@ def _after_ceilings(ahead: triton_cache.CompileAhead) -> tuple[dict, TimeSplit, 
     """The sweep's wait: its record, time split, console lines and seconds taken."""
     split, said = TimeSplit(), []
     t0 = time.monotonic()
-    record = compile_wait.after_ceilings(ahead, split, say=said.append)
+    record = triton_cache.after_ceilings(ahead, split, say=said.append)
     return record, split, said, time.monotonic() - t0
 
 
@@ -54,7 +54,7 @@ def _ready_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int
 def test_the_wait_ends_once_the_workers_have_done_every_job(monkeypatch):
     """6 jobs of 0.2 s on 2 workers: all 6 compiled, the wait over about 0.6 s after the
     workers start, not at the 90 s deadline; booked as compile time and said in one line."""
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     ahead = triton_cache.CompileAhead(_jobs(*[200] * 6), 2, "fast",
                                       compile_fn=f"{FAKES}:slept")
     record, split, said, took = _after_ceilings(ahead)
@@ -71,7 +71,7 @@ def test_the_deadline_holds_and_what_was_done_counts(tmp_path, monkeypatch):
     """Two short jobs, then four of 5 s, on 2 ready workers with a 0.5 s deadline: the
     wait and the stop are over within 1.5 s, the two short jobs counted."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
-    monkeypatch.setenv(compile_wait.WAIT_ENV, "0.5")
+    monkeypatch.setenv(triton_cache.WAIT_ENV, "0.5")
     ahead = triton_cache.CompileAhead(_jobs(20, 20, 5000, 5000, 5000, 5000), 2, "fast",
                                       compile_fn=f"{FAKES}:slept", spawned=spawned)
     record, split, said, took = _after_ceilings(ahead)
@@ -91,7 +91,7 @@ def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monke
     waits for the workers' start-up at most, not for their 10 jobs of 0.5 s.  One build
     among them keeps it waiting."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     ahead = triton_cache.CompileAhead(_jobs(20, 20, *[500] * 10), 2, "fast",
                                       compile_fn=f"{FAKES}:loaded", spawned=spawned)
     record, _, said, took = _after_ceilings(ahead)
@@ -113,7 +113,7 @@ def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monke
 def test_no_wait_stops_the_workers_when_the_ceilings_end(tmp_path, monkeypatch):
     """GPUBENCH_COMPILE_WAIT_S=0, the old way: stopped at once, nothing waited or booked."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
-    monkeypatch.setenv(compile_wait.WAIT_ENV, "0")
+    monkeypatch.setenv(triton_cache.WAIT_ENV, "0")
     ahead = triton_cache.CompileAhead(_jobs(5000, 5000, 5000), 2, "fast",
                                       compile_fn=f"{FAKES}:slept", spawned=spawned)
     record, split, _, took = _after_ceilings(ahead)
@@ -123,25 +123,25 @@ def test_no_wait_stops_the_workers_when_the_ceilings_end(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "90s"])
 def test_a_bad_wait_is_refused_in_one_line(monkeypatch, value):
-    monkeypatch.setenv(compile_wait.WAIT_ENV, value)
+    monkeypatch.setenv(triton_cache.WAIT_ENV, value)
     with pytest.raises(RequestError) as e:
-        compile_wait.wait_s()
+        triton_cache.wait_s()
     assert "\n" not in str(e.value) and str(e.value).startswith(
-        f"{compile_wait.WAIT_ENV}={value!r}: ")
+        f"{triton_cache.WAIT_ENV}={value!r}: ")
 
 
 @pytest.mark.parametrize(("value", "seconds"), [(None, 90.0), ("", 90.0), ("0", 0.0),
                                                  (" 2.5 ", 2.5)])
 def test_the_wait_s_default_and_values(monkeypatch, value, seconds):
     if value is None:
-        monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+        monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     else:
-        monkeypatch.setenv(compile_wait.WAIT_ENV, value)
-    assert compile_wait.wait_s() == seconds
+        monkeypatch.setenv(triton_cache.WAIT_ENV, value)
+    assert triton_cache.wait_s() == seconds
 
 
 @pytest.mark.parametrize("env, value", [
-    (compile_wait.WAIT_ENV, "soon"),
+    (triton_cache.WAIT_ENV, "soon"),
     # a count that is not one used to mean no worker, silently
     (triton_cache.WORKERS_ENV, "many"), (triton_cache.WORKERS_ENV, "-1"),
     (triton_cache.WORKERS_ENV, "2.5")])
@@ -149,7 +149,7 @@ def test_the_command_refuses_a_bad_setting_before_anything_runs(
         monkeypatch, tmp_path, capsys, env, value):
     import run_bench
 
-    for name in (compile_wait.WAIT_ENV, triton_cache.WORKERS_ENV):
+    for name in (triton_cache.WAIT_ENV, triton_cache.WORKERS_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(env, value)
     code = run_bench.main(["--kernels", "add", "--dtypes", "fp32", "--providers", "torch",
@@ -171,7 +171,7 @@ def test_a_blank_worker_count_is_the_default_and_a_bad_one_is_refused(monkeypatc
 def test_a_compile_function_that_cannot_be_imported_is_named(monkeypatch):
     """A compile function whose module is missing fails every job at once, said once
     for all; the workers' logs are gone after."""
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     ahead = triton_cache.CompileAhead(_jobs(10, 10, 10), 2, "fast",
                                       compile_fn="tests.no_such_fakes:slept")
     record, _, said, took = _after_ceilings(ahead)
@@ -189,7 +189,7 @@ def test_a_failed_preload_and_an_early_worker_that_died_are_named(monkeypatch):
     more), and the preload line is kept; a worker that died before its jobs (its import
     ended the process) leaves its exit code and last line, and the sweep compiles the
     jobs itself (a pool whose worker died takes none)."""
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     spawned = triton_cache.Spawned(2, preload=(f"{FAKES}:broken_preload",))
     ahead = triton_cache.CompileAhead(_jobs(10, 10, 10, 10), 8, "fast",
                                       compile_fn=f"{FAKES}:slept", spawned=spawned)
@@ -210,7 +210,7 @@ def test_a_failed_preload_and_an_early_worker_that_died_are_named(monkeypatch):
 
 
 def test_the_jobs_errors_are_named_once_each(monkeypatch):
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     jobs = [("boom", d, {"n": 1}, 132, None) for d in ("bf16", "fp16", "fp32")] + [
         ("add", "fp32", {"n": 1}, 132, None)]
     ahead = triton_cache.CompileAhead(jobs, 2, "fast",
@@ -233,16 +233,16 @@ def test_worker_errors_are_few_short_and_distinct(tmp_path):
             (tmp_path / f"{pid}.log").write_bytes((
                 "noise\n" * 3 + f"preload m{pid}: ImportError: {'x' * 400}\n"
                 + "y" * 200_000 + f"\nlast words of {pid}\n\n").encode())
-        got = compile_wait.worker_errors(logs, {0: 1, 1: -11, 2: 0}, ["e", "e"])
+        got = triton_cache.worker_errors(logs, {0: 1, 1: -11, 2: 0}, ["e", "e"])
         assert got[:2] == ["worker exited with code 1: last words of 0",
                            "worker exited with code -11: last words of 1"]
-        assert len(got) == compile_wait.MAX_ERRORS and len(set(got)) == len(got)
-        assert all(len(e) <= compile_wait.ERROR_CHARS for e in got)
+        assert len(got) == triton_cache.MAX_ERRORS and len(set(got)) == len(got)
+        assert all(len(e) <= triton_cache.ERROR_CHARS for e in got)
         assert got[2].startswith("preload m0: ImportError: xxx")
         # a worker that exited with 0 is no failure; its preload lines still are
-        assert compile_wait.worker_errors(logs, {pid: 0 for pid in logs}, []) == [
-            f"preload m{pid}: ImportError: {'x' * 400}"[:compile_wait.ERROR_CHARS]
-            for pid in range(compile_wait.MAX_ERRORS)]
+        assert triton_cache.worker_errors(logs, {pid: 0 for pid in logs}, []) == [
+            f"preload m{pid}: ImportError: {'x' * 400}"[:triton_cache.ERROR_CHARS]
+            for pid in range(triton_cache.MAX_ERRORS)]
 
 
 def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_path, capsys):
@@ -253,7 +253,7 @@ def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_pat
     from benches.sweep import job
     from contract.ceilings import Ceilings
 
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     started = []
 
     def start(cases, cfg, fp8_mode, workers=None, spawned=None):
@@ -281,7 +281,7 @@ def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_pat
 # job._measure waits: the record is made whatever ends the wait.
 WAITING = """
 import json
-from benches.sweep import compile_wait, triton_cache
+from benches.sweep import triton_cache
 from benches.sweep.interrupt import Terminated, signals_raise
 from benches.sweep.time_split import TimeSplit
 
@@ -292,7 +292,7 @@ try:
     with signals_raise():
         try:
             print(json.dumps([p.pid for p in ahead.procs]), flush=True)
-            compile_wait.after_ceilings(ahead, split, say=lambda _: None)
+            triton_cache.after_ceilings(ahead, split, say=lambda _: None)
         finally:
             record = ahead.record()
 except Terminated:
@@ -304,7 +304,7 @@ print(json.dumps({"record": record, "compile": split.seconds["compile"]}), flush
 def test_a_sigterm_ends_the_wait_and_stops_the_workers(monkeypatch):
     """A CI runner's cancel during the 90 s wait: the wait ends at once, the workers are
     stopped, and what was waited is still booked and recorded."""
-    monkeypatch.delenv(compile_wait.WAIT_ENV, raising=False)
+    monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     root = Path(__file__).resolve().parents[1]
     child = subprocess.Popen([sys.executable, "-c", WAITING], cwd=root, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -346,9 +346,9 @@ def test_a_worker_error_is_printed_as_it_is_not_as_markup(monkeypatch):
                     "kernels_compiled": 0, "kernels_built": 0, "waited_s": 0.0,
                     "worker_errors": ["add fp32: RuntimeError: [/x] bad [bold]"]}
 
-    monkeypatch.setenv(compile_wait.WAIT_ENV, "1")
+    monkeypatch.setenv(triton_cache.WAIT_ENV, "1")
     out = io.StringIO()
-    compile_wait.after_ceilings(Ahead(), TimeSplit(), say=Console(file=out, width=200).print)
+    triton_cache.after_ceilings(Ahead(), TimeSplit(), say=Console(file=out, width=200).print)
     assert out.getvalue().splitlines() == [
         "compiled ahead: 0 of 1 case (0 kernels, 0 built, 1 case failed) by 1 worker, "
         "0.0 s after the ceilings",

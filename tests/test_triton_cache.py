@@ -560,7 +560,7 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
         assert early(*argv) is None, argv
     assert started == [3, 3]
     # no ceilings to measure (--no-measure-ceilings, or a cache entry unless
-    # --remeasure-ceilings): the sweep still waits for them after (compile_wait), unless
+    # --remeasure-ceilings): the sweep still waits for them after (after_ceilings), unless
     # told not to wait, when there is no time to compile in
     (tmp_path / ".ceilings").mkdir()
     (tmp_path / ".ceilings" / "ceilings-0123.json").write_text("{}")

@@ -1,13 +1,13 @@
-"""Triton's on-disk caches in a GPU sweep: autotuning results kept between runs
-(`keep_tuning`), and the sweep's Triton kernels and C launchers compiled ahead by worker
-processes while the ceilings are measured (`CompileAhead`, waited for by compile_wait.py).
-Why under an offline driver, in sessions of their own, and what it saves:
-docs/measurement.md, "Triton kernels compiled ahead"."""
+"""Triton's on-disk caches in a GPU sweep: autotuning kept between runs (`keep_tuning`), and
+the sweep's kernels and 3.6's C launchers compiled ahead by worker processes under an
+offline driver while the ceilings are measured (`CompileAhead`), waited for after them
+(`after_ceilings`).  Why, and what it saves: docs/measurement.md."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import math
 import multiprocessing
 import os
 import pkgutil
@@ -17,22 +17,27 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
-
-from benches.sweep.compile_wait import worker_errors
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
     from benches.sweep.cases import Case, SweepContext
+    from benches.sweep.time_split import TimeSplit
 
 WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
+WAIT_ENV = "GPUBENCH_COMPILE_WAIT_S"
+DEFAULT_WAIT_S = 90.0
 COMPILE_FN = "benches.sweep.triton_cache:compile_case"  # "module:name", run per job
-STOP_GRACE_S = 5.0  # how long stop() waits for the killed workers
 PRELOAD = ("benches.sweep.triton_cache:preload",)  # what an early worker loads first
+STOP_GRACE_S = 5.0  # how long stop() waits for the killed workers
 PARENT_POLL_S = 0.2  # how often a worker looks whether its parent is gone
-# The device index of the offline driver: one no GPU has (torch holds 8 bits), so that
+# The offline driver's device index: one no GPU has (torch holds 8 bits), so that
 # nothing compiled under it is found by a launch on a real device.
 OFFLINE_DEVICE = 127
+MAX_ERRORS, ERROR_CHARS = 5, 300  # the worker errors recorded, and their length
+# A log's head holds its preload lines, its tail the last words of a worker that died;
+# between them may lie megabytes of PTX that Triton prints when ptxas fails.
+LOG_EDGE_BYTES = 65536
 
 Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
 
@@ -66,13 +71,47 @@ def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
     return list(seen.values())
 
 
+def _env_number(name: str, whole: bool, want: str) -> float | None:
+    """`name`'s value, 0 or more (a count where `whole`), None where unset; anything else:
+    a one-line error (the command's exit 2, before anything is measured)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    with contextlib.suppress(ValueError):
+        got = float(raw)
+        if math.isfinite(got) and got >= 0 and (raw.isdigit() or not whole):
+            return got
+    from contract.request import RequestError  # pandas: only to refuse
+
+    raise RequestError(f"{name}={raw!r}: give {want}")
+
+
+def default_workers() -> int:
+    """GPUBENCH_COMPILE_WORKERS (0: none), else half the node's cores shared by its ranks
+    (LOCAL_WORLD_SIZE), at most 8."""
+    got = _env_number(WORKERS_ENV, True, "the number of compile-ahead worker processes, "
+                      "0 or more (0: none; unset: half the cores, at most 8)")
+    if got is not None:
+        return int(got)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
+
+
+def wait_s() -> float:
+    """GPUBENCH_COMPILE_WAIT_S: the wait for the workers after the ceilings (0: none)."""
+    got = _env_number(WAIT_ENV, False, "the seconds to wait after the ceilings for the "
+                      "compile-ahead workers, 0 or more (0: stop them when the ceilings "
+                      f"end; default {DEFAULT_WAIT_S:g})")
+    return DEFAULT_WAIT_S if got is None else got
+
+
 # ---- a worker's compile ------------------------------------------------------------------
 
 @contextlib.contextmanager
 def offline_driver(capability: tuple[int, int] | None) -> Iterator[None]:
-    """Within the block Triton's active driver, where none is set (a stand-in stays: the
-    rehearsal), answers the target of `capability` and asks no GPU (Triton's CUDA driver
-    asks torch.cuda, which makes a CUDA context)."""
+    """In the block Triton's driver, where none is set (the rehearsal's stand-in stays),
+    answers `capability`'s target and asks no GPU (Triton's CUDA driver asks torch.cuda,
+    which makes a CUDA context)."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
     from triton.backends.nvidia import driver as nvidia
@@ -116,10 +155,10 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
                  capability: tuple[int, int] | None, fp8_mode: str,
                  pick: Callable[[Any], Sequence[Any]] | None = None,
                  device: Sequence[Any] | None = None) -> int:
-    """Compile every launch x config of one case for a GPU of `capability` into Triton's
-    cache, each kernel's C launcher too (3.6); the number compiled.  `pick`: a launch's
-    configs (default: every candidate, or with `device`, the GPU present's name, SMs and
-    memory in GB, the one shipped for it where there is one and no GPUBENCH_RETUNE)."""
+    """Compile each launch x config of one case for a GPU of `capability` into Triton's
+    cache, and each kernel's C launcher (3.6's warmup builds none); the number compiled.
+    `pick`: a launch's configs (default: every candidate, or with `device`, the GPU's
+    name, SMs and memory in GB, the one shipped for it if any and no GPUBENCH_RETUNE)."""
     from triton.runtime import driver
 
     from kernels import REGISTRY
@@ -150,8 +189,7 @@ def compile_case(kernel: str, dtype: str, shape: dict[str, int], sms: int,
 
 @contextlib.contextmanager
 def host_builds() -> Iterator[list[float]]:
-    """The seconds of each C module (3.6's launchers) Triton builds in the block, from its
-    build hook (knobs.build.impl)."""
+    """Seconds of each C module (3.6's launchers) Triton builds in the block (its hook)."""
     from triton import knobs
     from triton.runtime import build
 
@@ -160,7 +198,7 @@ def host_builds() -> Iterator[list[float]]:
 
     def timed(*args: Any) -> str:
         t0 = time.perf_counter()
-        knobs.build.impl = prior
+        knobs.build.impl = prior  # Triton's own build calls the hook: not itself again
         try:
             so = prior(*args) if prior is not None else build._build(*args, [])
         finally:
@@ -175,16 +213,26 @@ def host_builds() -> Iterator[list[float]]:
         knobs.build.impl = prior
 
 
+def preload() -> None:
+    """What an early worker loads before its jobs (torch, Triton, every kernel family),
+    asking Triton's driver nothing."""
+    import kernels.shipped  # noqa: F401
+    import kernels.triton_utils  # noqa: F401
+    from kernels import REGISTRY
+
+    len(REGISTRY)
+
+
 # ---- the worker processes ----------------------------------------------------------------
 
 def _worker_start(preload: Sequence[str], logs: str, parent: int) -> None:
-    """A worker's start: a session of its own, its output to logs/<pid>.log (Triton's PTX
-    when ptxas fails), a thread that kills the session once the parent is gone, then
-    `preload` ("module[:function]")."""
+    """A worker's start: a session of its own (a signal to the sweep's group misses it),
+    its output to logs/<pid>.log (Triton's PTX when ptxas fails), a thread that kills the
+    session once the parent is gone, then `preload` ("module[:function]")."""
     os.setsid()
     fd = os.open(os.path.join(logs, f"{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    for std in (1, 2):
+        os.dup2(fd, std)
     os.close(fd)
     threading.Thread(target=_die_with, args=(parent,), daemon=True).start()
     for name in ("triton.knobs", *preload):  # knobs: what each job counts with
@@ -229,8 +277,8 @@ def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
 
 
 class Spawned:
-    """`workers` processes in a spawn-context pool, all started now (the pool starts one
-    per task while none is idle: a no-op each), each loading `preload` before its jobs."""
+    """`workers` processes in a spawn-context pool, each loading `preload` before its jobs;
+    all started now (the pool starts one per task while none is idle: a no-op each)."""
 
     def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
         self.workers, self.logs = workers, tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
@@ -262,22 +310,6 @@ class Spawned:
         return exits
 
 
-def default_workers() -> int:
-    """GPUBENCH_COMPILE_WORKERS (0: none; anything but a count: a one-line error), else
-    half the node's cores shared by its ranks (LOCAL_WORLD_SIZE), at most 8."""
-    env = os.environ.get(WORKERS_ENV, "").strip()
-    if env and not env.isdigit():
-        from contract.request import RequestError  # pandas: only to refuse
-
-        raise RequestError(f"{WORKERS_ENV}={os.environ[WORKERS_ENV]!r}: give the number of "
-                           "compile-ahead worker processes, 0 or more (0: none; unset: "
-                           "half the cores, at most 8)")
-    if env:
-        return int(env)
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
-
-
 def gpu_present_cheaply() -> bool:
     """Whether this machine has an NVIDIA GPU, without asking CUDA: its control device."""
     return os.path.exists("/dev/nvidiactl")
@@ -286,22 +318,35 @@ def gpu_present_cheaply() -> bool:
 def spawn_early() -> Spawned | None:
     """The workers, started at the command's start on a machine with a GPU; else None."""
     workers = default_workers()
-    if workers < 1 or not gpu_present_cheaply():
-        return None
-    try:
-        return Spawned(workers)
-    except OSError:
-        return None
+    if workers > 0 and gpu_present_cheaply():
+        with contextlib.suppress(OSError):
+            return Spawned(workers)
+    return None
 
 
-def preload() -> None:
-    """What an early worker loads before its jobs (torch, Triton, every kernel family),
-    asking Triton's driver nothing."""
-    import kernels.shipped  # noqa: F401
-    import kernels.triton_utils  # noqa: F401
-    from kernels import REGISTRY
+def _log_lines(path: str) -> tuple[list[str], ...]:
+    """A worker's log: the non-empty lines of its head and of its tail."""
+    edges = [b"", b""]
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        edges[0] = f.read(LOG_EDGE_BYTES)
+        f.seek(max(0, os.fstat(f.fileno()).st_size - LOG_EDGE_BYTES))
+        edges[1] = f.read()
+    return tuple([s.strip() for s in b.decode(errors="replace").splitlines() if s.strip()]
+                 for b in edges)
 
-    len(REGISTRY)
+
+def worker_errors(logs: str, exits: dict[int, int], job_errors: Iterable[str]) -> list[str]:
+    """Up to MAX_ERRORS distinct lines: the last line of the log (`logs`/<pid>.log) of each
+    worker that exited on its own with a non-zero code (`exits`, by pid), then each log's
+    `preload ...:` lines, then `job_errors`."""
+    names = sorted(os.listdir(logs)) if os.path.isdir(logs) else []
+    seen = {int(n.split(".")[0]): _log_lines(os.path.join(logs, n)) for n in names}
+    found = [f"worker exited with code {code}: "
+             + (seen.get(pid, ([], []))[1] or ["nothing on its stderr"])[-1]
+             for pid, code in exits.items() if code != 0]
+    found += [ln for head, _ in seen.values() for ln in head if ln.startswith("preload ")]
+    found += job_errors
+    return list(dict.fromkeys(e[:ERROR_CHARS] for e in found))[:MAX_ERRORS]
 
 
 class CompileAhead:
@@ -357,8 +402,7 @@ class CompileAhead:
         return waited
 
     def stop(self) -> dict[str, Any]:
-        """Stop the workers (the sweep compiles what they have not): what they did, the
-        wait after the ceilings and why workers failed."""
+        """Stop the workers (the sweep compiles what they did not); the record."""
         if self.stopped is None:
             exits, results = self.own.stop(keep_logs=True), self._results()
             failed: dict[str, list[str]] = {}
@@ -394,9 +438,28 @@ def start(cases: list[Case], cfg: SweepContext, fp8_mode: str,
         if spawned is not None:
             spawned.stop()
         return None
-    try:
-        p = cfg.present
+    p = cfg.present
+    with contextlib.suppress(OSError):
         return CompileAhead(jobs, workers, fp8_mode, device=(p.name, p.sms, p.memory_gb),
                             spawned=spawned)
-    except OSError:
-        return None
+    return None
+
+
+def after_ceilings(ahead: CompileAhead, split: TimeSplit,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    """Wait up to wait_s() for `ahead` after the ceilings (booked as compile time; never
+    slower: what the workers leave, the sweep compiles serially), stop it and say so to
+    `say` (rich markup), with a warning per worker error; its record."""
+    from rich.markup import escape  # an error's own brackets are no markup
+
+    seconds = wait_s()
+    if seconds > 0:
+        with split.phase("compile"):
+            ahead.wait(seconds)
+    record = ahead.record()
+    from contract.rows import compiled_ahead_text  # pandas: after the wait, and no worker's
+
+    say(f"compiled ahead: {compiled_ahead_text(record)}")
+    for err in record["worker_errors"]:
+        say(f"[yellow]warning[/yellow]: a compile-ahead worker: {escape(err)}")
+    return record
