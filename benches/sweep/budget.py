@@ -1,8 +1,8 @@
 """Time budgets of a sweep (docs/measurement.md): every row's (TimingConfig.row_budget_s)
 and the run's (RunBudget.run_s), shared among the cases left, lowering samples (never
-dropping a case).  A case is skipped without a call where its path cannot fit the row
-budget: a smaller shape was over it, or its call, scaled by work from the path's largest
-shape that ran, would take all of it.  A path's cases run smallest first (cases.py)."""
+dropping a case).  A case is skipped without a call where its path (run smallest first)
+cannot fit the row budget: a smaller shape was over it, or its call, scaled by work from
+the path's largest shape that ran, would take all of it."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ def work(case: Case) -> float:
 
 
 def path(case: Case) -> PathKey:
-    """A case's path: kernel, provider, dtype and cache mode.  The mode is in it because a
-    shape's cold and warm rows run one after the other: without it, a warm row would be
-    skipped as a "larger" shape of its over-budget cold twin."""
+    """A case's path: kernel, provider, dtype and cache mode (a shape's cold and warm rows
+    run one after the other: a warm row is no "larger" shape of its cold twin)."""
     return (case.spec.name, case.provider, case.dtype, case.cache)
 
 
@@ -52,12 +51,11 @@ class RunBudget:
     ran: dict[PathKey, tuple[float, str, float]] = field(default_factory=dict)
     over: dict[PathKey, tuple[float, str, float]] = field(default_factory=dict)
 
-    def row(self, cases_left: int, now: float | None = None) -> RowBudget:
-        """The next row's budget, with `cases_left` cases (it included) still to run, at
-        `now` (time.monotonic(); a plan's estimate passes its own clock)."""
+    def row(self, cases_left: int) -> RowBudget:
+        """The next row's budget, with `cases_left` cases (it included) still to run."""
         if self.run_s is None:
             return RowBudget()
-        left = self.run_s - ((time.monotonic() if now is None else now) - self.started)
+        left = self.run_s - (time.monotonic() - self.started)
         return RowBudget(share_s=max(0.0, left) / max(1, cases_left))
 
     def skip_reason(self, case: Case) -> str | None:
@@ -81,8 +79,7 @@ class RunBudget:
         key, w = path(case), work(case)
         entry = (w, case.shape_str, budget.call_s)
         if row.get("status") == "skipped" and str(row.get("reason", "")).startswith(
-                "over the row budget"):
-            if key not in self.over or w < self.over[key][0]:
-                self.over[key] = entry
+                "over the row budget") and (key not in self.over or w < self.over[key][0]):
+            self.over[key] = entry
         elif row.get("status") == "ok" and (key not in self.ran or w >= self.ran[key][0]):
             self.ran[key] = entry

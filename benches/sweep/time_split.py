@@ -1,6 +1,6 @@
 """Where a run's wall time goes (metadata.time_split_s): TimeSplit, whose phases the job
-and the runner open, a row's own split (`mark`, `since`; RowSplits where a case's rows
-share stages: metadata.row_split_s), Triton's compiles booked out of the phase they
+and the runner open; a row's own split (`mark`, `since`; RowSplits where a case's rows
+share stages: metadata.row_split_s); Triton's compiles booked out of the phase they
 happen in (compiles_booked).  What each phase books: docs/measurement.md."""
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from contract.phases import PHASES
 BOOKED = PHASES[:-1]  # the phases booked explicitly; `other` is the rest of the wall time
 
 
-def process_start(clock: Callable[[], float] = time.perf_counter) -> float:
-    """`clock`'s reading when this process started (/proc/self/stat against
-    CLOCK_BOOTTIME: start-up and imports counted), else `clock()` now."""
+def process_start() -> float:
+    """time.perf_counter's reading when this process started (/proc/self/stat against
+    CLOCK_BOOTTIME: start-up and imports counted), else now."""
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             after = f.read().rsplit(")", 1)[1].split()  # from field 3; starttime is 22
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(after[19]) / os.sysconf(
             "SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
-        return clock()
-    return clock() - max(0.0, age)
+        age = 0.0
+    return time.perf_counter() - max(0.0, age)
 
 
 def _kept(got: dict[str, float]) -> dict[str, float]:
@@ -35,16 +35,8 @@ def _kept(got: dict[str, float]) -> dict[str, float]:
     return {k: r for k in PHASES if (r := round(got.get(k, 0.0), 4)) > 0}
 
 
-@dataclass(eq=False)  # removed by identity: see TimeSplit.phase
-class _Open:
-    name: str
-    since: float  # started or resumed
-
-
 @dataclass(frozen=True)
-class Mark:
-    """A TimeSplit's clock and seconds booked per phase at one moment (TimeSplit.mark)."""
-
+class Mark:  # TimeSplit.mark: the clock and the seconds booked per phase
     at: float
     booked: dict[str, float]
 
@@ -61,26 +53,27 @@ class TimeSplit:
         self.seconds = dict.fromkeys(BOOKED, 0.0)
         # Triton's compiles, built or loaded (compiles_booked): a cold cache or a warm one
         self.compiles = {"compiled": 0, "from_cache": 0}
-        self._open: list[_Open] = []  # innermost last
+        self._open: list[str] = []  # the phases open, innermost last: it alone runs
+        self._since = self.start  # since it started or resumed
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         if name not in self.seconds:
             raise ValueError(f"unknown phase {name!r} (one of {', '.join(BOOKED)})")
-        now = self.clock()
-        if self._open:  # the outer phase pauses
-            self.seconds[self._open[-1].name] += now - self._open[-1].since
-        entry = _Open(name, now)
-        self._open.append(entry)
+        self._book()  # the outer phase pauses
+        self._open.append(name)
         try:
             yield
         finally:
-            now = self.clock()
-            self.seconds[name] += now - entry.since
-            # Removed by identity: a generator closed out of order must not pop another.
-            self._open = [e for e in self._open if e is not entry]
-            if self._open:
-                self._open[-1].since = now  # the outer phase resumes
+            self._book()  # then resumes
+            # its own entry: a generator closed out of order must not pop another's
+            del self._open[max(i for i, n in enumerate(self._open) if n == name)]
+
+    def _book(self) -> None:
+        now = self.clock()
+        if self._open:
+            self.seconds[self._open[-1]] += now - self._since
+        self._since = now
 
     def move(self, seconds: float, to: str) -> None:
         """Book `seconds` spent inside the open phase (at most what it has run since it
@@ -88,16 +81,15 @@ class TimeSplit:
         if seconds <= 0:
             return
         if self._open:
-            top = self._open[-1]
-            seconds = min(seconds, self.clock() - top.since)
-            top.since += seconds
+            seconds = min(seconds, self.clock() - self._since)
+            self._since += seconds
         self.seconds[to] += seconds
 
     def mark(self) -> Mark:
         """The clock and the seconds booked per phase now (open phases up to now)."""
         now, got = self.clock(), dict(self.seconds)
-        for e in self._open:
-            got[e.name] += now - e.since
+        if self._open:
+            got[self._open[-1]] += now - self._since
         return Mark(now, got)
 
     def _after(self, at: float, booked: dict[str, float]) -> dict[str, float]:
@@ -106,8 +98,7 @@ class TimeSplit:
         return {**got, "other": max(0.0, now.at - at - sum(got.values()))}
 
     def since(self, mark: Mark) -> dict[str, float]:
-        """Seconds per phase since `mark`, `other` the rest of the wall time between them,
-        as _kept gives them (a row's own split)."""
+        """A row's own split: seconds per phase since `mark`, `other` the rest (_kept)."""
         return _kept(self._after(mark.at, mark.booked))
 
     def split(self) -> dict[str, float]:
@@ -120,8 +111,8 @@ class TimeSplit:
 
 class RowSplits:
     """Each row's own split where the rows of a case share stages: the runner adds each
-    row's own stages and its share of the case's sampling, the job pops it as it writes
-    the row (in _kept's form; {} for a row none was added for)."""
+    row's stages and its share of the case's sampling, the job pops it as it writes the
+    row (in _kept's form; {} for a row none was added for)."""
 
     def __init__(self) -> None:
         self.by_row: dict[tuple[str, ...], dict[str, float]] = {}
