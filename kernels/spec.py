@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 
 import torch
 
-Inputs = dict[str, Any]  # tensors plus scalars (fp8 scales), by name
+# A kernel's input or launch argument: a tensor, or a scalar (an fp8 scale, a flag such as
+# causal, a dimension, the dtype's name; None where a format has no such scale).
+Arg = torch.Tensor | int | float | str | None
+Inputs = dict[str, Arg]  # a case's inputs by name
+# A compile-time argument: a flag, a block size, a rounding width or a mode's name.
+Constexpr = int | str
 Shape = dict[str, int]  # e.g. {"M": 4096, "N": 4096, "K": 4096}
 T = TypeVar("T")
 
@@ -288,10 +293,11 @@ class TritonLaunch:
     """
 
     fn: Any  # the @triton.jit function
-    args: tuple[Any, ...]  # runtime arguments in order: tensors and ints
-    constexprs: dict[str, Any]  # compile-time arguments that are not tuned
+    args: tuple[Arg, ...]  # runtime arguments in order: tensors, ints and scales
+    constexprs: dict[str, Constexpr]  # compile-time arguments that are not tuned
     configs: tuple[Any, ...]  # triton.Config candidates; one entry = a fixed config
-    grid: Callable[[dict[str, Any]], tuple[int, ...]]  # (config kwargs) -> launch grid
+    # (the launch's arguments by name, the config's kwargs among them) -> launch grid
+    grid: Callable[[dict[str, Arg]], tuple[int, ...]]
     tune_key: tuple[str, ...] = ()  # autotune key (argument names) when configs > 1
     # Autotuner name: a launch's tuner is also keyed by its constexprs and the GPU
     # (kernels/tuning.py), so launches whose constexprs change the math (fp32 IEEE vs
@@ -371,7 +377,6 @@ class KernelSpec:
     description: str = ""
     # The Triton launches a GPU run makes (None: no Triton provider).
     triton_launches: LaunchFn | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     # The sizes it is swept over (see ShapeGroup).  Every registered spec has one (the
     # registry checks); None only while a builder's spec is being completed.
     shape_group: ShapeGroup | None = None

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import triton
 
-from kernels.spec import TritonLaunch
+from kernels.spec import Arg, TritonLaunch
 
 _IDENTITY: dict[int, str] = {}  # CUDA device index -> identity set by the caller
 
@@ -84,7 +84,7 @@ def tuning_key(launch: TritonLaunch) -> list[str]:
     return [*launch.tune_key, *(k for k in launch.constexprs if k not in launch.tune_key)]
 
 
-def tuning_values(launch: TritonLaunch) -> dict[str, Any]:
+def tuning_values(launch: TritonLaunch) -> dict[str, Arg]:
     """The values the autotuner keys `launch` by, in tuning_key's order: the tune_key
     arguments' values and the constexprs (Triton adds the tensors' dtypes)."""
     # args are the leading parameters; the constexprs follow by name.
