@@ -23,6 +23,8 @@ from roofline.__main__ import main as roofline_main
 from roofline.plan.explain import (
     EXPLAIN_CATEGORIES,
     PASSES,
+    ExplainReport,
+    KernelsTimed,
     StepKernel,
     explain_report,
     explain_sections,
@@ -262,7 +264,8 @@ def test_gpu_kernels_by_family_once_each():
 def _measured(kernels: list[StepKernel], ms: dict[str, float | None],
               why: dict[str, str] | None = None) -> dict:
     """measure_kernels' answer as the sweep gives it: a row per request with the
-    family's own FLOPs and bytes; `ms` per family (None: no such family)."""
+    family's own FLOPs and bytes; `ms` per family (None: no such family).  Read as the
+    planner reads it with KernelsTimed.from_json."""
     results = []
     for k in kernels:
         t = ms.get(k.kernel)
@@ -272,7 +275,9 @@ def _measured(kernels: list[StepKernel], ms: dict[str, float | None],
             continue
         spec = REGISTRY[k.kernel]
         results.append({**k.request(), "why": None, "row": {
-            "status": "ok", "ms_median": t, "flops": spec.flops(k.shape, k.dtype),
+            "kernel": k.kernel, "provider": "torch", "dtype": k.dtype,
+            "shape": ",".join(f"{d}={v}" for d, v in k.shape.items()), "status": "ok",
+            "ms_median": t, "flops": spec.flops(k.shape, k.dtype),
             "bytes": spec.nbytes(k.shape, k.dtype), "roof_class": "fp32"}})
     return {"results": results, "device_name": "test CPU", "provider": "torch",
             "ceilings": {"datasheet": None,
@@ -287,70 +292,78 @@ PROFILE = {"gemm": {"forward": 3.0, "backward": 6.0},
            "other": {"forward": 0.05}}
 
 
+def _explained(kernels: list[StepKernel], measured: dict, span: float | None = 20.0
+               ) -> ExplainReport:
+    return explain_report(kernels, KernelsTimed.from_json(measured), PROFILE, span_ms=span)
+
+
 def test_the_report_sums_count_x_time_over_the_steps_ops():
     kernels = step_kernels(GQA, BATCH, "fp32")
     times = {"matmul": 0.01, "attention_bwd": 0.2, "attention": 0.05, "rmsnorm": 0.02,
              "softmax": 0.03}
-    x = explain_report(kernels, _measured(kernels, times), PROFILE, span_ms=20.0)
-    cats = {c["category"]: c for c in x["categories"]}
-    gemm = cats["gemm"]
-    assert gemm["alone_ms"] == pytest.approx(0.01 * 27)  # 27 GEMMs a step
-    assert gemm["step_ms"] == pytest.approx(9.0)
-    assert gemm["ratio"] == pytest.approx(9.0 / 0.27)
-    assert gemm["flops"] == _kernel_flops(kernels, "matmul", ("forward",)) + \
+    x = _explained(kernels, _measured(kernels, times))
+    cats = {c.category: c for c in x.categories}
+    gemm = cats["gemm"].comparison
+    assert gemm.alone_ms == pytest.approx(0.01 * 27)  # 27 GEMMs a step
+    assert gemm.step_ms == pytest.approx(9.0)
+    assert gemm.ratio == pytest.approx(9.0 / 0.27)
+    assert gemm.flops == _kernel_flops(kernels, "matmul", ("forward",)) + \
         _kernel_flops(kernels, "matmul", ("backward",))
     # Attention: forward + backward (attention_bwd, per block) against both passes; the
     # forward alone beside the forward pass only.
-    attn = cats["attention"]
-    assert (attn["alone_ms"], attn["step_ms"]) == (pytest.approx(0.4), pytest.approx(3.0))
-    assert {g["group"]: (g["step_ms"], g["alone_ms"]) for g in attn["by_pass"]} == \
+    attn = cats["attention"].comparison
+    assert (attn.alone_ms, attn.step_ms) == (pytest.approx(0.4), pytest.approx(3.0))
+    assert {g.group: (g.comparison.step_ms, g.comparison.alone_ms)
+            for g in cats["attention"].by_pass} == \
         {"forward": (pytest.approx(1.0), pytest.approx(0.1)),
          "forward+backward": (pytest.approx(3.0), pytest.approx(0.4))}
     # Norms: 5 forward, against the forward pass; the backward has no kernel.
-    norm = cats["norm"]
-    assert (norm["alone_ms"], norm["step_ms"]) == (pytest.approx(0.1), pytest.approx(0.5))
-    assert norm["passes"] == ["forward"]
+    norm = cats["norm"].comparison
+    assert (norm.alone_ms, norm.step_ms) == (pytest.approx(0.1), pytest.approx(0.5))
+    assert norm.passes == ("forward",)
     # The norm's place: memory-bound (FLOP/byte far under the ridge of 10), in GB/s.
-    assert norm["bound"] == "memory" and norm["ceiling_gbps"] == 100.0
-    assert norm["alone"]["gbps"] == pytest.approx(norm["bytes"] / 0.1e-3 / 1e9)
+    assert norm.bound == "memory" and norm.ceiling_gbps == 100.0
+    assert norm.alone.gbps == pytest.approx(norm.bytes / 0.1e-3 / 1e9)
     # The GEMMs' FLOP/byte (about 11) against the ridge at 100 GB/s: under it at
     # 10 TFLOP/s (ridge 100, memory bound), over it at 0.1 TFLOP/s (ridge 1: compute
     # bound, in TFLOP/s).
-    assert 1 < gemm["intensity"] < 100
+    assert 1 < gemm.intensity < 100
     for peak, bound in ((10.0, "memory"), (0.1, "compute")):
         m = _measured(kernels, times)
         m["ceilings"]["measured"]["tflops"]["fp32"] = peak
-        g = explain_report(kernels, m, PROFILE, span_ms=20.0)["categories"][0]
-        assert (g["bound"], g["ceiling_tflops"]) == (bound, peak)
-    assert g["alone"]["tflops"] == pytest.approx(g["flops"] / 0.27e-3 / 1e12)
-    gaps = {(u["category"], u["pass"]): u for u in x["uncovered"]}
+        g = _explained(kernels, m).categories[0].comparison
+        assert (g.bound, g.ceiling_tflops) == (bound, peak)
+    assert g.alone.tflops == pytest.approx(g.flops / 0.27e-3 / 1e12)
+    gaps = {(u.category, u.pass_): u for u in x.uncovered}
     assert set(gaps) == {("norm", "backward"), ("loss/softmax", "backward"),
                          ("optimizer/elementwise", "forward"),
                          ("optimizer/elementwise", "backward"),
                          ("optimizer/elementwise", "optimizer"), ("other", "forward")}
-    assert cats["optimizer/elementwise"]["alone_ms"] is None
-    assert x["between_ops_ms"] == pytest.approx(20.0 - 18.55)
+    assert cats["optimizer/elementwise"].comparison.alone_ms is None
+    assert x.between_ops_ms == pytest.approx(20.0 - 18.55)
+    # plan.json's form reads back as the same report.
+    assert ExplainReport.from_json(json.loads(json.dumps(x.to_json()))) == x
     # A 2x error in one kernel's count moves the category's time alone.
     doubled = [replace(k, count=2 * k.count) if k.kernel == "rmsnorm" else k
                for k in kernels]
-    y = explain_report(doubled, _measured(doubled, times), PROFILE, span_ms=20.0)
-    assert {c["category"]: c for c in y["categories"]}["norm"]["alone_ms"] == \
+    y = _explained(doubled, _measured(doubled, times))
+    assert {c.category: c for c in y.categories}["norm"].comparison.alone_ms == \
         pytest.approx(0.2)
 
 
 def test_a_family_the_harness_lacks_gets_no_figure():
     kernels = step_kernels(GQA, BATCH, "fp32")
     times = {"matmul": 0.01, "attention": 0.05, "rmsnorm": 0.02, "softmax": 0.03}
-    x = explain_report(kernels, _measured(kernels, times,
-                                          {"attention_bwd": "no 'attention_bwd' family"}),
-                       PROFILE, span_ms=None)
-    attn = {c["category"]: c for c in x["categories"]}["attention"]
-    assert attn["alone_ms"] is None and attn["ratio"] is None
-    assert "no 'attention_bwd' family" in attn["why"]
-    assert any(u["category"] == "attention" and "attention_bwd" in u["why"]
-               for u in x["uncovered"])
+    x = _explained(kernels, _measured(kernels, times,
+                                      {"attention_bwd": "no 'attention_bwd' family"}), None)
+    cat = {c.category: c for c in x.categories}["attention"]
+    attn = cat.comparison
+    assert attn.alone_ms is None and attn.ratio is None
+    assert "no 'attention_bwd' family" in attn.why
+    assert any(u.category == "attention" and "attention_bwd" in u.why
+               for u in x.uncovered)
     # The forward alone is still set beside the forward pass.
-    assert attn["by_pass"][0]["alone_ms"] == pytest.approx(0.1)
+    assert cat.by_pass[0].comparison.alone_ms == pytest.approx(0.1)
     tables = explain_sections(x)
     main = {r[0]: r for r in tables[0][2]}
     assert main["attention"][3] == "-" and main["attention"][4] == "-"
@@ -374,6 +387,7 @@ def test_the_cli_explains_a_step(capsys, tmp_path, monkeypatch):
     assert code == 0, out.err
     plan = json.loads(out.out)
     x = plan["step_measured"]["explain"]
+    assert json.loads(json.dumps(ExplainReport.from_json(x).to_json())) == x
     cats = {c["category"]: c for c in x["categories"]}
     assert list(cats) == list(EXPLAIN_CATEGORIES)
     assert cats["gemm"]["alone_ms"] > 0 and cats["gemm"]["ratio"] > 0

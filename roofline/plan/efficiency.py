@@ -11,7 +11,7 @@ from typing import Any
 from contract.devices import DEVICES
 from contract.models import ModelShape
 from roofline.plan.arithmetic import Gemm, device_memory_bytes
-from roofline.plan.explain import explain_report, step_kernels
+from roofline.plan.explain import ExplainReport, KernelsTimed, explain_report, step_kernels
 from roofline.plan.harness import Harness
 from roofline.plan.model import PlanError
 from roofline.plan.plan_request import PlanRequest
@@ -36,14 +36,15 @@ class StepMeasured:
     # plan.json (read through StepMeasurement and explain_report).
     measurement: dict[str, Any]
     ceilings: dict[str, Any] | None
-    explain: dict[str, Any] | None = None
+    explain: ExplainReport | None = None
     explain_measurement: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = {"report": self.report.to_json(), "measurement": self.measurement,
                "ceilings": self.ceilings}
         if self.explain is not None:
-            doc.update(explain=self.explain, explain_measurement=self.explain_measurement)
+            doc.update(explain=self.explain.to_json(),
+                       explain_measurement=self.explain_measurement)
         return doc
 
 
@@ -141,7 +142,8 @@ def _explained(step: StepMeasured, micro_batch: int, rep_ms: float | None,
     kernels = step_kernels(shape, micro_batch, dtype)
     timed = harness.measure_kernels([k.request() for k in kernels], device,
                                     EXPLAIN_PROVIDER, rep_ms, log)
-    explain = explain_report(kernels, timed, step.measured.profile_explain_ms or {},
+    explain = explain_report(kernels, KernelsTimed.from_json(timed),
+                             step.measured.profile_explain_ms or {},
                              step.measured.profile_span_ms)
     return replace(step, explain=explain, explain_measurement=timed)
 

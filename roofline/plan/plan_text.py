@@ -50,9 +50,9 @@ def sections(plan: dict[str, Any]) -> list[Section]:
 
         out += step_sections(StepReport.from_json(plan["step_measured"]["report"]), si, gb)
         if plan["step_measured"].get("explain"):
-            from roofline.plan.explain import explain_sections
+            from roofline.plan.explain import ExplainReport, explain_sections
 
-            out += explain_sections(plan["step_measured"]["explain"])
+            out += explain_sections(ExplainReport.from_json(plan["step_measured"]["explain"]))
     return out
 
 

@@ -19,6 +19,7 @@ from contract.ceilings import Ceilings
 from contract.devices import ROOF_CLASS
 from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
+from roofline.plan.explain import CategoryExplained, ExplainReport
 from roofline.plan.gemm_plot import marker_area, roofline_axes
 from roofline.plan.step_records import StepCategory, StepMeasurement, StepReport
 from roofline.report.style import save_figure
@@ -35,13 +36,14 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
     rc = ROOF_CLASS[meas.dtype]
     ceilings = run_ceilings({"ceilings": sm["ceilings"]} if sm.get("ceilings")
                             else {"device_key": plan["device"]})
-    explain = sm.get("explain")
+    explain = ExplainReport.from_json(sm["explain"]) if sm.get("explain") else None
     points = [] if explain else [c for c in report.categories if c.tflops and c.intensity]
-    placed = [c for c in (explain or {}).get("categories", [])
-              if c["intensity"] and c["in_step"]["tflops"] and c["alone"]["tflops"]]
-    xs = [c.intensity for c in points] + [c["intensity"] for c in placed]
-    ys = [c.tflops for c in points] + [c[k]["tflops"] for c in placed
-                                       for k in ("in_step", "alone")]
+    placed = [c for c in (explain.categories if explain else ())
+              if c.comparison.intensity and c.comparison.in_step.tflops
+              and c.comparison.alone.tflops]
+    xs = [c.intensity for c in points] + [c.comparison.intensity for c in placed]
+    ys = [c.tflops for c in points] + [r.tflops for c in placed
+                                       for r in (c.comparison.in_step, c.comparison.alone)]
     fig, ax = roofline_axes(ceilings, rc, *_limits(xs, ys, ceilings, rc))
     _step_points(ax, report, points)
     if explain:
@@ -100,26 +102,31 @@ def _step_points(ax: Any, report: StepReport, points: list[StepCategory]) -> Non
                          + ("" if rate.startswith("accounting") else " TFLOP/s"))
 
 
-def _explain_points(ax: Any, explain: dict[str, Any], placed: list[dict[str, Any]]) -> None:
+def _color(category: str) -> str:
+    return _COLORS.get(category, _EXPLAIN_COLORS.get(category, "0.4"))
+
+
+def _explain_points(ax: Any, explain: ExplainReport, placed: list[CategoryExplained]
+                    ) -> None:
     """Each timed category at its FLOP/byte: filled at its rate in the step (area: its
     share of the step's profiled time), hollow at its rate alone."""
-    total = explain["profiled_ms"] or 1.0
-    for c in placed:
-        color = _COLORS.get(c["category"], _EXPLAIN_COLORS.get(c["category"], "0.4"))
-        x = c["intensity"]
-        step, alone = c["in_step"]["tflops"], c["alone"]["tflops"]
+    total = explain.profiled_ms or 1.0
+    for cat in placed:
+        c, color = cat.comparison, _color(cat.category)
+        x = c.intensity
+        step, alone = c.in_step.tflops, c.alone.tflops
         ax.plot([x, x], [step, alone], color=color, lw=1, zorder=3)
-        ax.scatter([x], [step], s=[marker_area(c["profiled_total_ms"] / total)],
+        ax.scatter([x], [step], s=[marker_area(cat.profiled_total_ms / total)],
                    color=color, alpha=0.7, edgecolors="black", linewidths=0.5, zorder=4,
-                   gid=f"explain:step:{c['category']}",
-                   label=f"{c['category']} in the step: {step:.3g} TFLOP/s "
-                         f"({'+'.join(c['passes'])})")
+                   gid=f"explain:step:{cat.category}",
+                   label=f"{cat.category} in the step: {step:.3g} TFLOP/s "
+                         f"({'+'.join(c.passes)})")
         ax.scatter([x], [alone], s=[40], facecolors="none", edgecolors=color,
-                   linewidths=1.2, zorder=4, gid=f"explain:alone:{c['category']}",
-                   label=f"{c['category']} alone: {alone:.3g} TFLOP/s")
+                   linewidths=1.2, zorder=4, gid=f"explain:alone:{cat.category}",
+                   label=f"{cat.category} alone: {alone:.3g} TFLOP/s")
 
 
-def _explain_bars(fig: Figure, ax: Any, explain: dict[str, Any]) -> None:
+def _explain_bars(fig: Figure, ax: Any, explain: ExplainReport) -> None:
     """A second panel: per category, the profiled time in the step beside the same ops'
     time alone (none where the harness has no kernel for them, said on the bar)."""
     w, h = fig.get_size_inches()
@@ -127,36 +134,35 @@ def _explain_bars(fig: Figure, ax: Any, explain: dict[str, Any]) -> None:
     gs = fig.add_gridspec(1, 2, width_ratios=[1.15, 1])
     ax.set_subplotspec(gs[0])
     bx = fig.add_subplot(gs[1])
-    cats = [c for c in explain["categories"] if c["profiled_total_ms"] or c["kernels"]]
+    cats = [c for c in explain.categories if c.profiled_total_ms or c.kernels]
     ys = list(range(len(cats)))[::-1]
     labelled: set[str] = set()
-    for y, c in zip(ys, cats, strict=True):
-        color = _COLORS.get(c["category"], _EXPLAIN_COLORS.get(c["category"], "0.4"))
-        bx.barh(y + 0.2, c["profiled_total_ms"], height=0.38, color=color, alpha=0.3,
-                gid=f"explain:bar:step:{c['category']}",
+    for y, cat in zip(ys, cats, strict=True):
+        c, color, name = cat.comparison, _color(cat.category), cat.category
+        bx.barh(y + 0.2, cat.profiled_total_ms, height=0.38, color=color, alpha=0.3,
+                gid=f"explain:bar:step:{name}",
                 label=_once(labelled, "profiled in the step"))
-        if c["alone_ms"] is not None:  # the passes the kernels alone cover
-            bx.barh(y + 0.2, c["step_ms"], height=0.38, color=color, alpha=0.9,
-                    gid=f"explain:bar:covered:{c['category']}",
+        if c.alone_ms is not None:  # the passes the kernels alone cover
+            bx.barh(y + 0.2, c.step_ms, height=0.38, color=color, alpha=0.9,
+                    gid=f"explain:bar:covered:{name}",
                     label=_once(labelled, "of it, the passes timed alone"))
-        if c["alone_ms"] is not None:
-            bx.barh(y - 0.2, c["alone_ms"], height=0.38, color="white", edgecolor=color,
-                    hatch="//", gid=f"explain:bar:alone:{c['category']}",
+            bx.barh(y - 0.2, c.alone_ms, height=0.38, color="white", edgecolor=color,
+                    hatch="//", gid=f"explain:bar:alone:{name}",
                     label=_once(labelled, "the same ops alone"))
-            text = (f"step / alone {c['ratio']:.3g} ({'+'.join(c['passes'])})"
-                    if c["ratio"] else "")
+            text = (f"step / alone {c.ratio:.3g} ({'+'.join(c.passes)})"
+                    if c.ratio else "")
         else:
             text = "no kernel in the harness: no figure alone"
         bx.text(1.0, y, f"  {text}", transform=bx.get_yaxis_transform(), va="center",
                 ha="left", fontsize=7, color="0.3", clip_on=False)
-    bx.set_yticks(ys, [c["category"] for c in cats], fontsize=8)
-    times = [c[k] for c in cats for k in ("profiled_total_ms", "alone_ms") if c[k]]
+    bx.set_yticks(ys, [c.category for c in cats], fontsize=8)
+    times = [t for c in cats for t in (c.profiled_total_ms, c.comparison.alone_ms) if t]
     if times:
         bx.set_xscale("log")
         bx.set_xlim(min(times) / 3, max(times) * 3)
     bx.set_xlabel("ms per step")
     bx.legend(loc="lower right", fontsize=8)
-    bx.set_title(f"the step's time against its kernels alone ({explain['provider']})",
+    bx.set_title(f"the step's time against its kernels alone ({explain.provider})",
                  fontsize=9)
 
 
