@@ -14,7 +14,7 @@ import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from benches.timing.clock import (
     flush_padding_us,
@@ -170,13 +170,29 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+class MeasuredCeilings(TypedDict):
+    """The ceilings measured (`measure`): a cache entry's JSON, and a run's
+    metadata.ceilings.measured (contract/ceilings.py says what each means), in this key
+    order.  GB/s None where not measured; `left_out` names each ceiling left out with
+    why, `method[name]` how each was measured (or "left out: <why>").  A measurement
+    that raised has neither time key; an older cache entry may lack `left_out`."""
+
+    tflops: dict[str, float]
+    hbm_gbps: float | None
+    l2_gbps: float | None
+    method: dict[str, str]
+    left_out: NotRequired[dict[str, str]]
+    measured_at: NotRequired[str]
+    seconds: NotRequired[float]
+
+
 CACHE_ATTEMPTS = 3
 # How method[name] starts for a ceiling that was not recorded (its reason follows); the
 # same reason is in the measurement's `left_out` (contract/ceilings.py).
 LEFT_OUT = "left out"
 
 
-def measure(present: Present, log=print) -> dict[str, Any]:
+def measure(present: Present, log=print) -> MeasuredCeilings:
     """Measure bandwidth and per-dtype compute ceilings on the device present.
 
     Never raises for a ceiling (only an interrupt goes through): one whose timing fails
@@ -184,11 +200,11 @@ def measure(present: Present, log=print) -> dict[str, Any]:
     `method` entry, and the others are measured as usual."""
     device = "cuda" if present.kind == "cuda" else "cpu"
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"tflops": {}, "hbm_gbps": None, "l2_gbps": None, "method": {},
-                           "left_out": {}}
+    left: dict[str, str] = {}
+    out = MeasuredCeilings(tflops={}, hbm_gbps=None, l2_gbps=None, method={}, left_out=left)
 
     def leave_out(name: str, why: str) -> None:
-        out["left_out"][name] = why
+        left[name] = why
         out["method"][name] = f"{LEFT_OUT}: {why}"
         log(f"  {name} ceiling left out: {why}")
 
@@ -215,7 +231,7 @@ def measure(present: Present, log=print) -> dict[str, Any]:
     return out
 
 
-def _measure_copy(out: dict[str, Any], device: str, log, leave_out) -> None:
+def _measure_copy(out: MeasuredCeilings, device: str, log, leave_out) -> None:
     """Memory: a device-to-device copy moves each byte twice (read + write)."""
     copy_bytes = (1 << 30) if device == "cuda" else (1 << 28)
     try:
@@ -233,7 +249,7 @@ def _measure_copy(out: dict[str, Any], device: str, log, leave_out) -> None:
     log(f"  copy bandwidth {out['hbm_gbps']:.1f} GB/s")
 
 
-def _measure_cache_copy(out: dict[str, Any], present: Present, device: str, log,
+def _measure_cache_copy(out: MeasuredCeilings, present: Present, device: str, log,
                         leave_out) -> None:
     """On-chip cache: a copy whose source and destination together fill a quarter of the
     GPU's L2 (or 4 MiB on a CPU, inside its L2/LLC), repeated without a flush so that
@@ -285,7 +301,7 @@ def _measure_cache_copy(out: dict[str, Any], present: Present, device: str, log,
                         f"copy's {hbm:.1f} (host busy)")
 
 
-def _measure_class(out: dict[str, Any], rc: str, sizes: tuple[int, ...], device: str,
+def _measure_class(out: MeasuredCeilings, rc: str, sizes: tuple[int, ...], device: str,
                    log, leave_out) -> None:
     """Compute: the best of square matmuls of roof class `rc` over `sizes`."""
     best = 0.0
@@ -430,8 +446,9 @@ def get_ceilings(model: DeviceModel, present: Present, cache_dir: Path, *,
     except Exception as e:  # measure leaves a failing ceiling out; this is the rest
         why = f"the measurement failed: {one_line(e)}"
         log(f"ceilings not measured: {why}")
-        measured = {"tflops": {}, "hbm_gbps": None, "l2_gbps": None,
-                    "method": {"all": f"{LEFT_OUT}: {why}"}, "left_out": {"all": why}}
+        measured = MeasuredCeilings(tflops={}, hbm_gbps=None, l2_gbps=None,
+                                    method={"all": f"{LEFT_OUT}: {why}"},
+                                    left_out={"all": why})
     if measured.get("left_out"):
         # Measured again next time rather than cached with ceilings missing (and a good
         # cache entry, when --remeasure-ceilings made this one, is kept).
