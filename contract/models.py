@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from kernels.spec import Shape
 
@@ -129,6 +129,34 @@ PRESETS: dict[str, ModelShape] = {
 
 # ---- a Hugging Face-style config.json ------------------------------------------------
 
+class HfConfig(TypedDict, total=False):
+    """The keys of a Hugging Face-style config.json that read_hf_config reads (any other
+    is ignored), Llama-style names first, then GPT-2's; each is checked as it is read."""
+
+    hidden_size: int
+    n_embd: int
+    d_model: int
+    num_hidden_layers: int
+    n_layer: int
+    num_layers: int
+    num_attention_heads: int
+    n_head: int
+    vocab_size: int
+    intermediate_size: int
+    n_inner: int
+    ffn_dim: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    n_positions: int
+    head_dim: int
+    hidden_act: str
+    activation_function: str
+    tie_word_embeddings: bool
+    num_local_experts: int  # a mixture of experts: refused
+    num_experts: int
+    n_routed_experts: int
+
+
 # Each ModelShape field and the config keys that hold it, Llama-style names first, then
 # GPT-2's.
 _KEYS: dict[str, tuple[str, ...]] = {
@@ -140,7 +168,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-def _first(cfg: dict[str, Any], keys: tuple[str, ...], path: str) -> int:
+def _first(cfg: HfConfig, keys: tuple[str, ...], path: str) -> int:
     for k in keys:
         v = cfg.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -154,13 +182,14 @@ def read_hf_config(path: str | Path) -> ModelShape:
     assumed unless the config is GPT-2's (LayerNorm with biases)."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
+        raw = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ModelConfigError(f"cannot read model config {p}: {e.strerror or e}") from None
     except ValueError as e:
         raise ModelConfigError(f"{p} is not JSON: {e}") from None
-    if not isinstance(cfg, dict):
+    if not isinstance(raw, dict):
         raise ModelConfigError(f"{p}: a config.json holds one JSON object")
+    cfg: HfConfig = raw
     moe = [k for k in _MOE_KEYS if cfg.get(k)]
     if moe:
         raise ModelConfigError(f"{p}: a mixture-of-experts config ({moe[0]}) is not "

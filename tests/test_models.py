@@ -117,6 +117,17 @@ def test_a_hf_config_json_is_read(tmp_path: Path) -> None:
         read_hf_config(moe)
 
 
+def test_hf_config_declares_every_key_read() -> None:
+    # HfConfig is the config.json shape read_hf_config reads: exactly the keys it reads.
+    import inspect
+    import re
+
+    from contract import models
+    read = set(re.findall(r'cfg\.get\("(\w+)"', inspect.getsource(models)))
+    read |= {k for keys in models._KEYS.values() for k in keys} | set(models._MOE_KEYS)
+    assert read == set(models.HfConfig.__annotations__)
+
+
 def test_layers_of_one_shape_are_one_row_named_by_both() -> None:
     # vocab 128 = q + k + v's 64 + 2 x 32: the LM head and the QKV GEMM coincide
     m = read_hf_config_dict({**TINY_CONFIG, "vocab_size": 128})
