@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
+from rich.table import Column, Table
 
 from benches.estimate import price as pricing
 from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
@@ -78,10 +78,8 @@ def run_estimate(req: RunRequest) -> int:
 
 
 def _table(walks: dict[str, pricing.Walk]) -> None:
-    t = Table(title="seconds per phase (benches/sweep/time_split.py)")
-    t.add_column("phase")
-    for label in walks:
-        t.add_column(label, justify="right")
+    t = Table("phase", *(Column(label, justify="right") for label in walks),
+              title="seconds per phase (benches/sweep/time_split.py)")
     for phase in next(iter(walks.values())).phases:
         t.add_row(phase, *[f"{w.phases[phase]:.1f}" for w in walks.values()])
     t.add_row("total", *[f"{w.total:.1f}" for w in walks.values()])

@@ -1,8 +1,7 @@
 """A sweep priced from the runs of its device, read back (load_run): each case at what the
-same case cost in the source run (source_run), a case it lacks at the nearest measured
-case of its family scaled by their roofline bounds, its Triton compiles and tunings at
-the seconds the device's runs measured (compile_times), and what the run spent once (its
-start-up, ceilings and end).  The method: docs/measurement.md, "run_bench.py --estimate"."""
+same case, else the nearest, cost in the source run, its Triton compiles and tunings at
+the seconds the device's runs measured, and what the run spent once.  The method:
+docs/measurement.md, "run_bench.py --estimate"."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ class Item:
 
 @dataclass(frozen=True)
 class Row(Item):
-    """A run's row: its seconds per phase but COUNTED's, whether it ran (a skipped row
-    costs next to nothing), its share of the run's Triton compiles, its launches that
-    tune on a cold cache (tuned, or a tuning found on disk), its samples' seconds."""
+    """A run's row: its seconds per phase but COUNTED's, whether it ran, its share of the
+    run's Triton compiles, its launches that tune on a cold cache, its samples' seconds."""
 
     cost: dict[str, float]
     ran: bool
@@ -58,8 +56,7 @@ class Row(Item):
 @dataclass(frozen=True)
 class CompileTimes:
     """Seconds of a process's first Triton compile (its set-up), per kernel loaded from
-    Triton's cache, per kernel built (the wait for compile-ahead workers included, the
-    kernels they built counted), per launch tuned; how many runs measured them."""
+    the cache, per kernel built (compile-ahead's too), per launch tuned; from `runs` runs."""
 
     first_s: float
     load_s: float
@@ -78,8 +75,7 @@ FALLBACK_COMPILE = CompileTimes(first_s=0.35, load_s=0.001, build_s=0.35, tune_s
 
 @dataclass
 class Run:
-    """A run read back; `once`: seconds per phase it spent outside its rows (known where
-    it recorded its rows' own split)."""
+    """A run read back; `once`: seconds per phase spent outside its rows' own split."""
 
     path: Path
     meta: RunMeta
@@ -150,8 +146,7 @@ def load_run(path: Path) -> Run | None:
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
-    """The runs of the device under `out`, oldest first; a fleet rank's own run left out
-    (its split holds the fleet's waits)."""
+    """The runs of the device under `out`, oldest first, but a fleet rank's (its waits)."""
     def of(d: DeviceFacts) -> bool:  # `model`'s; a CPU's: this machine's (model, cores)
         return d.device_key == model.key and (model.kind != "cpu" or (
             d.device_name == present.name and d.cpu_cores == present.cores))
@@ -175,10 +170,8 @@ def source_run(runs: list[Run], model: DeviceModel) -> Run | None:
 
 
 def compile_times(runs: list[Run], fallback: CompileTimes) -> CompileTimes:
-    """From every run given: the first compile and a load as the line through the runs
-    that built nothing (compile seconds against kernels loaded), a build as the rest of
-    the compile seconds of the runs that built over their builds, a tuning as the tune
-    seconds over the launches tuned; the fallback's where no run measured one."""
+    """The seconds per compile and tuning of `runs` (the method: docs/measurement.md), the
+    fallback's where no run measured one."""
     warm = [(r.builds.from_cache, r.split("compile")) for r in runs
             if r.builds.from_cache and not r.builds.cold]
     first, load = fallback.first_s, fallback.load_s
@@ -239,11 +232,10 @@ def _bound(item: Item, run: Run) -> float | None:
 
 
 def nearest(item: Item, run: Run | None) -> tuple[Row, float]:
-    """The run's row for `item` and the factor on its samples' time: its own (1), else
-    the nearest of its kernel's rows (of any kernel's if none; the same provider, cache
-    mode and dtype first, then the nearest roofline bound) at the ratio of the bounds,
-    never under 1 (a call's latency does not shrink with its work); the fallback's
-    without a run."""
+    """The run's row for `item` and the factor on its samples' time: its own, else the
+    nearest of its kernel's (the same provider, cache mode, dtype, then roofline bound)
+    at the ratio of the bounds, never under 1 (a call's latency does not shrink with
+    its work); the fallback's without a run."""
     if run is None or not run.rows:
         return Row(item.key, item.flops, item.nbytes, item.roof_class, FALLBACK_CASE_S, True,
                    float(item.key[1] == "triton"), 0), 1.0
@@ -265,8 +257,7 @@ def nearest(item: Item, run: Run | None) -> tuple[Row, float]:
 
 def price(items: list[Item], run: Run | None, times: CompileTimes, cache: Cache,
           ceilings: bool) -> Walk:
-    """`items` priced from `run` (the module's docstring); every phase it recorded, in
-    contract.phases or not."""
+    """`items` priced from `run`: every phase it recorded, in contract.phases or not."""
     phases = dict.fromkeys([*PHASES, *(run.phases if run else ())], 0.0)
     for p, s in (run.once if run else FALLBACK_ONCE_S).items():
         phases[p] += s if p not in COUNTED else 0.0
@@ -292,8 +283,7 @@ def price(items: list[Item], run: Run | None, times: CompileTimes, cache: Cache,
 
 
 def price_run(target: Run, source: Run, times: CompileTimes) -> Walk:
-    """`target` priced from `source` as it ran: its rows (as far as it got), its cache's
-    state, its ceilings measured by it or loaded (measured before it started)."""
+    """`target` priced from `source` as it ran: its rows, cache and ceilings."""
     at = Ceilings.from_json(target.meta.ceilings).measured_at
     fresh = at >= str(target.meta.provenance.created or "~")
     return price(list(target.rows.values()), source, times, cache_of(target), fresh)
