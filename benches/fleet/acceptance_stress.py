@@ -126,7 +126,6 @@ def node_busbw(hosts: list[str], rank: int, device: str, slow: float = 1.0
     import torch.distributed as dist
 
     from benches.fleet import collectives
-    from contract.record import parse_row
 
     groups = {}
     for host in sorted(set(hosts), key=hosts.index):
@@ -137,8 +136,7 @@ def node_busbw(hosts: list[str], rank: int, device: str, slow: float = 1.0
     if group is None:
         return None
     dtype, size, iters = BUSBW[device]
-    row = parse_row(collectives.measure("all_reduce", dtype, size, device, iters=iters,
-                                        group=group))
+    row = collectives.measure("all_reduce", dtype, size, device, iters=iters, group=group)
     if not row.ok:
         return NodeBusbw(None, why=row.reason)
     return NodeBusbw(row.fleet.busbw_gbps / slow, bytes=row.accounting.bytes, dtype=dtype,
