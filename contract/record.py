@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import math
 import typing
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from contract.bounds import (
@@ -41,6 +41,7 @@ from contract.bounds import (
 )
 from contract.devices import ROOF_CLASS
 from contract.modes import DEFAULT_CACHE, WARM, native_cache_of, row_cache
+from contract.run_meta import TypeHint
 
 SAMPLES = "samples_ms"
 RowKey = tuple[str, str, str, str, str]
@@ -391,7 +392,7 @@ COLUMNS: tuple[str, ...] = (*_FILE_ORDER, *(c for c in OWNER
 
 
 @functools.cache
-def column_types() -> dict[str, Any]:
+def column_types() -> dict[str, TypeHint]:
     """Each column's type as its record's field declares it (contract/schema.py's Row
     gives the files' form of them)."""
     hints = {c: typing.get_type_hints(t)[c] for part, t in _PARTS.items()
@@ -400,18 +401,25 @@ def column_types() -> dict[str, Any]:
     return {c: hints[c] for c in (*COLUMNS, SAMPLES)}
 
 
+# The row as one flat JSON object of the files (contract/schema.py's Row types its columns).
 def flat(row: RunRow, columns: list[str], samples: bool = True) -> dict[str, Any]:
     """The row as the files hold it: `columns` in order (contract/schema.py ALL_COLUMNS),
     then its raw samples, where it has any and `samples` (results.json, not the CSV)."""
-    values: dict[str, Any] = {"status": row.status, "reason": row.reason,
-                              "withheld": [w.to_json() for w in row.withheld] or None}
-    for part in _PARTS:
-        values.update(asdict(getattr(row, part)))
-    values.pop(SAMPLES)
-    out = {c: values.get(c) for c in columns}
+    out = {c: _cell(row, c) for c in columns}
     if samples and row.timing.samples_ms:
         out[SAMPLES] = list(row.timing.samples_ms)
     return out
+
+
+def _cell(row: RunRow, column: str) -> Any:
+    """A column's value as the files hold it (the withheld records as JSON objects, None
+    where there are none); None for a column no group owns, and for the raw samples
+    (flat writes them last)."""
+    if column == "withheld":
+        return [w.to_json() for w in row.withheld] or None
+    if column == SAMPLES or column not in OWNER:
+        return None
+    return row.value(column)
 
 
 def _clean(v: Any) -> Any:
@@ -426,7 +434,7 @@ def _bool(v: Any) -> bool:
     return v.strip().lower() == "true" if isinstance(v, str) else bool(v)
 
 
-def _converter(hint: Any) -> Any:
+def _converter(hint: TypeHint) -> Callable[[Any], Any]:
     """How a file's cell becomes a field's value, by the field's type: numpy's and a CSV's
     numbers and bools to Python's; None stays None."""
     args = set(typing.get_args(hint)) or {hint}
@@ -438,7 +446,7 @@ def _converter(hint: Any) -> Any:
 
 
 @functools.cache
-def _converters(t: type) -> dict[str, Any]:
+def _converters(t: type) -> dict[str, Callable[[Any], Any]]:
     return {name: _converter(h) for name, h in typing.get_type_hints(t).items()}
 
 

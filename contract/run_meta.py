@@ -26,6 +26,7 @@ here and nowhere else.
 from __future__ import annotations
 
 import functools
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
@@ -54,6 +55,9 @@ from contract.meta_parts import (
 # flat one), a fleet run's part (benches/fleet writes and reads it), keys this version
 # does not know.  Every part with a fixed shape is typed (contract/meta_parts.py).
 JsonDoc = dict[str, Any]
+# A field's type as typing.get_type_hints gives it: a class (a TypedDict's too), a union
+# (`str | None`) or a parametrized one (`tuple[float, ...]`).
+TypeHint = type | types.UnionType | types.GenericAlias
 DEFAULT_BASELINE = "torch"  # a run's speedups' provider unless its request names one
 
 
@@ -233,7 +237,7 @@ _OWN = {f.name: part for part, t in _PARTS.items() for f in fields(t)}
 _TOP = ("request", "ceilings", "ceilings_ready", "fleet")
 
 
-def _value(hint: Any, v: Any) -> Any:
+def _value(hint: TypeHint, v: Any) -> Any:
     """A JSON value as a field's type: lists to tuples where the field is a tuple."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -244,7 +248,7 @@ def _value(hint: Any, v: Any) -> Any:
 
 
 @functools.cache
-def _hints(t: type) -> dict[str, Any]:
+def _hints(t: type) -> dict[str, TypeHint]:
     return typing.get_type_hints(t)
 
 
