@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,9 @@ def test_step_summary_mfu_is_gemm_flops_over_time_and_peak():
     gemms = [Gemm("a", "forward", 1000, 1000, 1000, 2, ms=1.0),
              Gemm("b", "forward", 1000, 1000, 1000, 1, ms=2.0)]
     st = summarize_step(gemms, peak_tflops=10.0)
-    assert st["ms"] == 4.0
-    assert st["tflops"] == pytest.approx(3 * 2e9 / 4e-3 / 1e12)  # 1.5 TFLOP/s
-    assert st["mfu"] == pytest.approx(0.15)
+    assert st.ms == 4.0
+    assert st.tflops == pytest.approx(3 * 2e9 / 4e-3 / 1e12)  # 1.5 TFLOP/s
+    assert st.mfu == pytest.approx(0.15)
     assert [g.share for g in gemms] == [0.5, 0.5]
 
 
@@ -380,7 +381,7 @@ def test_plan_png_sizes_markers_by_share_of_step_time():
         g.mfu = g.tflops / 989.4
     st = summarize_step(gemms, 989.4)
     plan = {"dtype": "bf16", "device": "h100", "device_name": "NVIDIA H100 SXM5 80GB",
-            "gemms": [g.as_dict() for g in gemms], "step": st, "micro_batch": 1,
+            "gemms": [g.as_dict() for g in gemms], "step": asdict(st), "micro_batch": 1,
             "model": {"name": "gpt2-small", "seq_len": 1024}, "mfu_from": "test"}
     fig = plot_plan(plan)
     by_gid = {a.get_gid(): a for a in fig.axes[0].collections}

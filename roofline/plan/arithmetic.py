@@ -5,7 +5,7 @@ fits, and one step's GEMMs with their share of the time."""
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from contract.models import ModelShape
@@ -226,23 +226,36 @@ def step_gemms(shape: ModelShape, micro_batch: int) -> list[Gemm]:
     return out
 
 
-def summarize_step(gemms: list[Gemm], peak_tflops: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepSummary:
+    """The step the GEMMs make (summarize_step): its tokens, GEMM FLOPs and, once every
+    GEMM is timed, its time, rate and MFU; how many of its GEMMs are timed.  The plan's
+    `step` (asdict), its fields in the document's order."""
+
+    tokens: int | None
+    gemm_flops: int
+    ms: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None
+    timed: int = 0
+    total: int = 0
+
+
+def summarize_step(gemms: list[Gemm], peak_tflops: float) -> StepSummary:
     """Step time and MFU the matmuls alone allow: sum of count x time, and the step's
     GEMM FLOPs over that time and the peak (attention scores, norms, activations and
     communication come on top, so a real step is slower)."""
     flops = sum(g.flops * g.count for g in gemms)
     timed = [g for g in gemms if g.ms is not None]
-    out: dict[str, Any] = {"tokens": gemms[0].M if gemms else None, "gemm_flops": flops,
-                           "ms": None, "tflops": None, "mfu": None,
-                           "timed": len(timed), "total": len(gemms)}
+    out = StepSummary(gemms[0].M if gemms else None, flops, timed=len(timed),
+                      total=len(gemms))
     if not gemms or len(timed) != len(gemms):
         return out
     ms = sum(g.ms * g.count for g in gemms)  # type: ignore[operator]
     for g in gemms:
         g.share = g.ms * g.count / ms  # type: ignore[operator]
     tflops = flops / (ms * 1e-3) / 1e12
-    out.update(ms=ms, tflops=tflops, mfu=tflops / peak_tflops)
-    return out
+    return replace(out, ms=ms, tflops=tflops, mfu=tflops / peak_tflops)
 
 
 def host_memory_bytes() -> float | None:

@@ -113,9 +113,9 @@ class KernelsTimed:
         it; kept whole in plan.json's `explain_measurement`)."""
         results = doc["results"]
         return cls(Ceilings(**doc["ceilings"]),
-                   tuple(parse_row(r["row"]) if r.get("row") is not None else None
-                         for r in results),
-                   tuple(r.get("why") for r in results), doc.get("device_name"),
+                   tuple(parse_row(res["row"]) if res.get("row") is not None else None
+                         for res in results),
+                   tuple(res.get("why") for res in results), doc.get("device_name"),
                    doc.get("provider"), doc.get("peak_source"))
 
 

@@ -15,6 +15,7 @@ from roofline.plan.arithmetic import (
     CHINCHILLA_TOKENS_PER_PARAM,
     DEFAULT_MFU,
     Gemm,
+    StepSummary,
     attention_score_flops,
     budget_flops,
     compute_optimal,
@@ -86,6 +87,19 @@ class Training:
     attention: float | None
     days: float | None
     days_with_attention: float | None
+
+
+@dataclass(frozen=True)
+class Versus:
+    """--vs: the plan's days on one device at its datasheet peak, and over the plan's
+    own device's days (`vs_plan`); a row of the plan's `versus` (asdict)."""
+
+    device: str
+    name: str
+    peak_tflops: float
+    days: float
+    days_with_attention: float | None
+    vs_plan: float
 
 
 @dataclass(frozen=True)
@@ -165,11 +179,11 @@ def check_request(request: PlanRequest, shape: ModelShape | None, harness: Harne
 
 
 def _plan_mfu(eff: Efficiency, gemms: list[Gemm], assumed: float | None
-              ) -> tuple[dict[str, Any], float]:
+              ) -> tuple[StepSummary, float]:
     """(the step the GEMMs allow at the peak, the plan's MFU): a measured step's, the
     measured GEMMs', or the assumed one."""
     step = summarize_step(gemms, eff.peak)
-    mfu = step["mfu"] if eff.measured is not None else (assumed or DEFAULT_MFU)
+    mfu = step.mfu if eff.measured is not None else (assumed or DEFAULT_MFU)
     if eff.step is not None:
         mfu = eff.step.report.mfu
     if eff.measured is not None and not mfu:
@@ -228,7 +242,7 @@ def _training(params: float | None, shape: ModelShape | None, tokens: float | No
 
 def _versus(keys: tuple[str, ...], eff: Efficiency, mfu: float, gpus: int,
             training: Training, device_ceilings: DeviceCeilings | None, log: Any
-            ) -> list[dict[str, Any]]:
+            ) -> list[Versus]:
     """--vs: the plan's days on other devices, for the same tokens, GPU count and MFU
     (an MFU carried over from another device is an assumption, said in the table), each
     at its own datasheet peak for the plan's dtype; the plan's own device first."""
@@ -242,17 +256,15 @@ def _versus(keys: tuple[str, ...], eff: Efficiency, mfu: float, gpus: int,
     if flops is None:
         raise PlanError("--vs compares days: give the tokens (--tokens, --chinchilla or "
                         "--days) and the model")
+    own = days_for(flops["total"], gpus, eff.peak, mfu)
     out = []
     for key in [eff.device, *[k for k in keys if k != eff.device]]:
         p = eff.peak if key == eff.device else \
             peak_of(key, eff.dtype, log, device_ceilings)[0]
         days = days_for(flops["total"], gpus, p, mfu)
-        out.append({"device": key, "name": DEVICES[key].name, "peak_tflops": p,
-                    "days": days,
-                    "days_with_attention": days_for(flops["total"] + attn, gpus, p, mfu)
-                    if attn is not None else None})
-    for row in out:
-        row["vs_plan"] = row["days"] / out[0]["days"]
+        out.append(Versus(key, DEVICES[key].name, p, days,
+                          days_for(flops["total"] + attn, gpus, p, mfu)
+                          if attn is not None else None, days / own))
     return out
 
 
@@ -288,8 +300,8 @@ def _model_doc(shape: ModelShape | None, params: float | None) -> dict[str, Any]
 
 
 def _document(request: PlanRequest, shape: ModelShape | None, params: float | None,
-              eff: Efficiency, mfu: float, step: dict[str, Any], tokens: Tokens,
-              budget: Budget | None, training: Training, versus: list[dict[str, Any]],
+              eff: Efficiency, mfu: float, step: StepSummary, tokens: Tokens,
+              budget: Budget | None, training: Training, versus: list[Versus],
               memory: Memory, gemms: list[Gemm], warnings: list[str]) -> dict[str, Any]:
     """The plan's JSON document from its steps' records, in the order its readers
     (roofline/plan/plan_text.py, plan.json) have always had it."""
@@ -315,7 +327,7 @@ def _document(request: PlanRequest, shape: ModelShape | None, params: float | No
         "days": training.days,
         "days_with_attention": training.days_with_attention,
         "budget": budget.to_json() if budget is not None else None,
-        "versus": versus,
+        "versus": [asdict(v) for v in versus],
         "policy": m.policy,
         "bytes_per_param_itemized": m.items,
         "bytes_per_param": m.bytes_per_param,
@@ -327,7 +339,7 @@ def _document(request: PlanRequest, shape: ModelShape | None, params: float | No
         if m.static_bytes is not None and m.total_bytes else None,
         "max_params_fit": m.max_params_fit,
         "micro_batch": request.training.micro_batch,
-        "step": step,
+        "step": asdict(step),
         "gemms": [g.as_dict() for g in gemms],
         "gemms_timed": eff.gemms_timed if gemms else None,
         "warnings": warnings,
