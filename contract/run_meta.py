@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from contract.meta_parts import (
     CeilingsJson,
@@ -223,13 +223,10 @@ class RunMeta:
         """The metadata with some parts replaced: `state=...`, or a part's fields by
         `part__field=value` (`time__wall_s=12.3`)."""
         whole = {k: v for k, v in parts.items() if "__" not in k}
-        by_part: dict[str, dict[str, Any]] = {}
-        for k, v in parts.items():
-            if "__" in k:
-                part, name = k.split("__", 1)
-                by_part.setdefault(part, {})[name] = v
-        for part, values in by_part.items():
-            whole[part] = replace(whole.get(part, getattr(self, part)), **values)
+        named = [(*k.split("__", 1), v) for k, v in parts.items() if "__" in k]
+        for part in dict.fromkeys(p for p, _, _ in named):
+            whole[part] = replace(whole.get(part, getattr(self, part)),
+                                  **{name: v for p, name, v in named if p == part})
         return replace(self, **whole)
 
 
@@ -258,7 +255,23 @@ def _factories(t: type) -> frozenset[str]:
     return frozenset(f.name for f in fields(t) if f.default_factory is not MISSING)
 
 
-def _old_request(doc: Mapping[str, Any]) -> dict[str, Any]:
+class OldKeysRequest(TypedDict, total=False):
+    """The request of a run written before the request was stored, as its old keys
+    rebuild it: one key per field, as RunRequest.from_json reads a flat request."""
+
+    kernels: list[str]
+    dtypes: list[str]
+    providers: list[str]
+    seed: int
+    check_only: bool
+    cache: list[str]
+    sizes: str
+    device: str
+    fp8_accum: str
+    shapes: list[str | dict[str, int]]  # explicit shapes, as text or by dimension
+
+
+def _old_request(doc: Mapping[str, Any]) -> OldKeysRequest:
     """The request of a run written before the request was stored: its flattened keys."""
     shapes = doc.get("explicit_shapes")
     req = {"kernels": doc.get("kernels"), "dtypes": doc.get("dtypes"),
@@ -268,7 +281,18 @@ def _old_request(doc: Mapping[str, Any]) -> dict[str, Any]:
            "fp8_accum": doc.get("fp8_accum")}
     if shapes:
         req["shapes"] = shapes
-    return {k: v for k, v in req.items() if v is not None}
+    return OldKeysRequest(**{k: v for k, v in req.items() if v is not None})
+
+
+P = typing.TypeVar("P")
+
+
+def _part(t: type[P], doc: Mapping[str, Any]) -> P:
+    """One part's record from the keys of `doc` it owns (a None where the field is a
+    container: its empty default stands for it)."""
+    own = {f.name for f in fields(t)}
+    return t(**{k: _value(_hints(t)[k], v) for k, v in doc.items()
+                if k in own and not (v is None and k in _factories(t))})
 
 
 def parse_meta(doc: Mapping[str, Any] | None) -> RunMeta:
@@ -276,34 +300,25 @@ def parse_meta(doc: Mapping[str, Any] | None) -> RunMeta:
     version does not know is kept in `unknown`; a run written before its request was
     stored gets one from its old keys."""
     doc = dict(doc or {})
-    parts: dict[str, dict[str, Any]] = {p: {} for p in _PARTS}
-    unknown: dict[str, Any] = {}
-    for k, v in doc.items():
-        if k in _OWN:
-            t = _PARTS[_OWN[k]]
-            if v is None and k in _factories(t):
-                continue  # an empty container stands for it
-            parts[_OWN[k]][k] = _value(_hints(t)[k], v)
-        elif k not in _TOP and k not in REQUEST_COPY:
-            unknown[k] = v
     request = doc.get("request")
     old = not isinstance(request, dict) and "kernels" in doc
     if old:
         request = _old_request(doc)
     ceilings = doc.get("ceilings")
-    return RunMeta(**{p: _PARTS[p](**vals) for p, vals in parts.items()},
+    return RunMeta(**{p: _part(t, doc) for p, t in _PARTS.items()},
                    request=dict(request or {}),
                    ceilings=dict(ceilings) if isinstance(ceilings, Mapping) else {},
                    ceilings_ready=bool(doc.get("ceilings_ready")),
-                   fleet=doc.get("fleet"), unknown=unknown, request_from_old_keys=old)
+                   fleet=doc.get("fleet"), request_from_old_keys=old,
+                   unknown={k: v for k, v in doc.items()
+                            if k not in _OWN and k not in _TOP and k not in REQUEST_COPY})
 
 
+# results.json's "metadata" as the file's JSON object: open (a newer run's keys kept).
 def meta_json(meta: RunMeta) -> dict[str, Any]:
     """The record as results.json's "metadata" object: one flat JSON object."""
-    out: dict[str, Any] = {}
-    for part in _PARTS:
-        for k, v in asdict(getattr(meta, part)).items():
-            out[k] = list(v) if isinstance(v, tuple) else v
+    out = {k: list(v) if isinstance(v, tuple) else v
+           for part in _PARTS for k, v in asdict(getattr(meta, part)).items()}
     out.update(request=meta.request, ceilings=meta.ceilings,
                ceilings_ready=meta.ceilings_ready)
     if meta.fleet is not None:
