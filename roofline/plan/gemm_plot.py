@@ -53,8 +53,9 @@ def _label_weights(ax: Any, df: pd.DataFrame, top: int = 6) -> None:
     shares = df.groupby("name")["share"].sum().sort_values(ascending=False)
     for i, (name, share) in enumerate(shares.head(top).items()):
         sel = df[df["name"] == name]
-        r = sel.loc[sel["share"].idxmax()]
-        ax.annotate(f"{name}: {share:.1%} of step time", xy=(r["intensity"], r["tflops"]),
+        top_gemm = sel["share"].idxmax()
+        ax.annotate(f"{name}: {share:.1%} of step time",
+                    xy=(sel.at[top_gemm, "intensity"], sel.at[top_gemm, "tflops"]),
                     xytext=(0.03, 0.80 - 0.05 * i), textcoords="axes fraction", fontsize=7,
                     color="0.2", ha="left", va="top", zorder=5, gid=f"weight-label:{name}",
                     bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.9),
