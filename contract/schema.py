@@ -13,11 +13,11 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypedDict
+from typing import Any, BinaryIO, Required, TypedDict
 
 import pandas as pd
 
-from contract.bounds import WITHHELD, withheld_of, withheld_text
+from contract.bounds import WITHHELD, WithheldJson, withheld_of, withheld_text
 
 # The cache-mode names and the reading of a row's mode live below this module (physics.py,
 # which load_doc applies, reads them too); re-exported here, where readers import them.
@@ -39,7 +39,7 @@ def _file_type(column: str, hint: Any) -> Any:
     """A record field's type as results.json holds it: a tuple as a list, the withheld
     records as JSON objects (None where there are none)."""
     if column == WITHHELD:
-        return list[dict[str, Any]] | None
+        return list[WithheldJson] | None
     if column == CACHE:  # none in the rows of runs written before it (a fleet's too)
         return str | None
     if typing.get_origin(hint) is tuple:
@@ -196,10 +196,10 @@ def resolve_results_json(path: str | os.PathLike) -> Path:
     return p
 
 
-def journal_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+def journal_rows(path: str | os.PathLike) -> list[Row]:
     """The rows of a run journal, in order, up to the first line that is not a whole JSON
     object (a process killed mid-write leaves at most one such line, the last)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -215,7 +215,15 @@ def journal_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def read_doc(path: str | os.PathLike) -> dict[str, Any]:
+class ResultsDoc(TypedDict, total=False):
+    """A results.json document as the file holds it (write_results writes it)."""
+
+    # The run's metadata, the file's open JSON object (run_meta.parse_meta reads it).
+    metadata: dict[str, Any] | None
+    rows: Required[list[Row]]
+
+
+def read_doc(path: str | os.PathLike) -> ResultsDoc:
     """A run's results.json document, with the rows of its journal (ROWS_JOURNAL) when
     that holds more: the rows written since results.json was last rewritten whole."""
     p = resolve_results_json(path)
@@ -254,20 +262,18 @@ def load_doc(path: str | os.PathLike) -> RunDoc:
     physics check applied to the rows (values no device can produce withheld, each
     recorded on its row; the files are not touched)."""
     p = resolve_results_json(path)
-    meta, rows = _read_checked(p)
-    parsed = parse_meta(meta)
-    return RunDoc(parsed, tuple(withhold([parse_row(r) for r in rows], parsed)), p)
+    doc = _read_checked(p)
+    parsed = parse_meta(doc.get("metadata"))
+    return RunDoc(parsed, tuple(withhold([parse_row(r) for r in doc["rows"]], parsed)), p)
 
 
-def _read_checked(p: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A results.json's metadata and rows as the file holds them (with its journal's
-    rows when longer), refused (RunLoadError) where either is not an object or a row
-    lacks a required column."""
+def _read_checked(p: Path) -> ResultsDoc:
+    """A results.json as the file holds it (with its journal's rows when longer),
+    refused (RunLoadError) where its metadata or a row is not an object or a row lacks a
+    required column."""
     doc = read_doc(p)
-    meta = doc.get("metadata", {})
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
+    meta = doc.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
         raise RunLoadError(f"{p}: 'metadata' is a {type(meta).__name__}, not an object")
     bad = next((i for i, r in enumerate(doc["rows"]) if not isinstance(r, dict)), None)
     if bad is not None:
@@ -277,10 +283,10 @@ def _read_checked(p: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     missing = [c for c in COLUMNS if c not in present] if doc["rows"] else []
     if missing:
         raise RunLoadError(f"{p} lacks columns: {', '.join(missing)}")
-    return meta, doc["rows"]
+    return doc
 
 
-def csv_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def csv_frame(rows: Sequence[Row]) -> pd.DataFrame:
     """Rows as results.csv holds them: ALL_COLUMNS, one scalar per cell (the withheld
     records as JSON text)."""
     df = pd.DataFrame(list(rows), columns=ALL_COLUMNS)
@@ -294,7 +300,7 @@ def _finite_or_none(v: Any) -> Any:
     return v
 
 
-def row_json(row: RunRow) -> dict[str, Any]:
+def row_json(row: RunRow) -> Row:
     """A row as results.json and the journal hold it (contract.record.flat, its raw
     samples included), in strict JSON: no NaN or inf."""
     out = {k: _finite_or_none(v) for k, v in flat(row, ALL_COLUMNS, samples=False).items()}
@@ -361,7 +367,7 @@ def check_metrics(df: pd.DataFrame, where: str | os.PathLike) -> None:
 
 
 
-def row_problems(row: dict[str, Any]) -> list[str]:
+def row_problems(row: Row) -> list[str]:
     """What in `row` the Row type does not allow: a column it does not declare, or a
     value of another type (None is allowed where the column's type says so; an int is a
     float; a bool is neither).  [] for a well-typed row."""
