@@ -110,9 +110,8 @@ class TimeSplit:
 
 
 class RowSplits:
-    """Each row's own split where the rows of a case share stages: the runner adds each
-    row's stages and its share of the case's sampling, the job pops it as it writes the
-    row (in _kept's form; {} for a row none was added for)."""
+    """Each row's own split where a case's rows share stages: the runner adds each row's
+    stages and share of the sampling, the job pops it (_kept's form) as it writes the row."""
 
     def __init__(self) -> None:
         self.by_row: dict[tuple[str, ...], dict[str, float]] = {}
@@ -129,9 +128,8 @@ class RowSplits:
 
 @contextlib.contextmanager
 def compiles_booked(split: TimeSplit) -> Iterator[None]:
-    """Triton's compilation listener books each compile's time (Triton's own timer) to
-    `compile` and counts it in `split.compiles` by its `cache_hit`; a listener set before
-    is called first and put back at the end (a Triton without one: nothing booked)."""
+    """Each compile Triton's listener reports (a listener set before called first) moved to
+    `compile` by Triton's own timer and counted in `split.compiles` by its `cache_hit`."""
     try:
         from triton import knobs
 

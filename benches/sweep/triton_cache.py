@@ -43,8 +43,7 @@ Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
 
 
 def keep_tuning() -> bool:
-    """Whether Triton's autotuner keeps its results on disk from now on: yes, unless
-    TRITON_CACHE_AUTOTUNING says otherwise."""
+    """Whether Triton's autotuner keeps its results on disk (unless TRITON_CACHE_AUTOTUNING)."""
     try:
         from triton import knobs
 
@@ -57,8 +56,7 @@ def keep_tuning() -> bool:
 
 
 def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
-    """(kernel, dtype, shape, SM count, capability) of every distinct Triton case the
-    sweep will run on this GPU, in run order."""
+    """Each distinct Triton case the sweep will run on this GPU, in run order."""
     if cfg.target.kind != "cuda" or cfg.target.interpret:
         return []
     seen: dict[tuple[str, str, str], Job] = {}
@@ -72,8 +70,7 @@ def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
 
 
 def _env_number(name: str, whole: bool, want: str) -> float | None:
-    """`name`'s value, 0 or more (a count where `whole`), None where unset; anything else:
-    a one-line error (the command's exit 2, before anything is measured)."""
+    """`name`'s value, 0 or more (a count where `whole`), None where unset; else refused."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
@@ -87,8 +84,7 @@ def _env_number(name: str, whole: bool, want: str) -> float | None:
 
 
 def default_workers() -> int:
-    """GPUBENCH_COMPILE_WORKERS (0: none), else half the node's cores shared by its ranks
-    (LOCAL_WORLD_SIZE), at most 8."""
+    """GPUBENCH_COMPILE_WORKERS, else half the cores shared by the node's ranks, at most 8."""
     got = _env_number(WORKERS_ENV, True, "the number of compile-ahead worker processes, "
                       "0 or more (0: none; unset: half the cores, at most 8)")
     if got is not None:
@@ -145,8 +141,7 @@ def offline_driver(capability: tuple[int, int] | None) -> Iterator[None]:
 
 
 def _warmup(launch: Any, config: Any) -> Any:
-    """Compile one launch with one config as its sweep call will (run_launch's kwargs),
-    without launching it; the compiled kernel."""
+    """One launch with one config compiled as its sweep call will (run_launch's kwargs)."""
     return launch.fn.warmup(*launch.args, grid=launch.grid(dict(config.kwargs)),
                             **launch.constexprs, **config.all_kwargs())
 
@@ -214,8 +209,7 @@ def host_builds() -> Iterator[list[float]]:
 
 
 def preload() -> None:
-    """What an early worker loads before its jobs (torch, Triton, every kernel family),
-    asking Triton's driver nothing."""
+    """An early worker's imports (torch, Triton, every kernel family), asking no driver."""
     import kernels.shipped  # noqa: F401
     import kernels.triton_utils  # noqa: F401
     from kernels import REGISTRY
@@ -254,8 +248,8 @@ def _die_with(parent: int) -> None:
 
 
 def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
-    """One job in a worker: {"job", "compiled", "built" (not in Triton's cache, as its
-    compilation listener says), "launchers" (built)} or {"job", "error"}."""
+    """One job in a worker: {"job", "compiled", "built" (not from Triton's cache),
+    "launchers" (built)} or {"job", "error"}."""
     from benches.sweep.time_split import TimeSplit, compiles_booked
 
     kernel, dtype, shape, sms, cc = job
@@ -277,23 +271,21 @@ def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
 
 
 class Spawned:
-    """`workers` processes in a spawn-context pool, each loading `preload` before its jobs;
-    all started now (the pool starts one per task while none is idle: a no-op each)."""
+    """`workers` processes in a spawn-context pool, each loading `preload` before its jobs."""
 
     def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
         self.workers, self.logs = workers, tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
         self.pool = cf.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_start, initargs=(tuple(preload), self.logs, os.getpid()))
-        for _ in range(workers):
+        for _ in range(workers):  # all started now: one per task while none is idle
             self.pool.submit(os.getpid)
         # The pool's own table (pid -> Process): each worker's pid is its group's.
         self.procs: list[Any] = list(self.pool._processes.values())  # type: ignore[union-attr]
 
     def stop(self, keep_logs: bool = False) -> dict[int, int]:
-        """SIGKILL to each worker's group, ptxas included, the pool shut and the workers
-        reaped within STOP_GRACE_S (nothing a killed worker held is waited on); the exit
-        codes of those that had ended on their own, by pid.  Once: later, a no-op."""
+        """SIGKILL to each worker's group (ptxas too), the workers reaped within STOP_GRACE_S
+        (nothing a killed worker held waited on); the exit codes of those that had ended."""
         exits = {p.pid: p.exitcode for p in self.procs if p.exitcode is not None}
         for p in self.procs:
             for kill in (os.killpg, os.kill):  # the worker too: still starting, no group yet
@@ -316,7 +308,7 @@ def gpu_present_cheaply() -> bool:
 
 
 def spawn_early() -> Spawned | None:
-    """The workers, started at the command's start on a machine with a GPU; else None."""
+    """The workers, started at the command's start where there is a GPU; else None."""
     workers = default_workers()
     if workers > 0 and gpu_present_cheaply():
         with contextlib.suppress(OSError):
@@ -337,8 +329,7 @@ def _log_lines(path: str) -> tuple[list[str], ...]:
 
 def worker_errors(logs: str, exits: dict[int, int], job_errors: Iterable[str]) -> list[str]:
     """Up to MAX_ERRORS distinct lines: the last line of the log (`logs`/<pid>.log) of each
-    worker that exited on its own with a non-zero code (`exits`, by pid), then each log's
-    `preload ...:` lines, then `job_errors`."""
+    worker that failed on its own (`exits`), each log's `preload` lines, `job_errors`."""
     names = sorted(os.listdir(logs)) if os.path.isdir(logs) else []
     seen = {int(n.split(".")[0]): _log_lines(os.path.join(logs, n)) for n in names}
     found = [f"worker exited with code {code}: "
@@ -377,17 +368,16 @@ class CompileAhead:
                 if f.done() and not f.cancelled() and f.exception() is None]
 
     def _warm(self) -> bool:
-        """Whether the first results (one a worker) all found their kernels in Triton's
-        cache: the sweep loads the rest as fast itself."""
+        """Whether the first results (one a worker) found all in Triton's cache: the sweep
+        loads the rest as fast itself."""
         got = self._results()
         return len(got) >= min(self.workers, self.jobs) > 0 and all(
             "compiled" in r and not r["built"] and not r["launchers"] for r in got)
 
-    def wait(self, seconds: float) -> float:
-        """Wait until every job is done, the cache proves warm (_warm) or `seconds` have
-        passed; the seconds waited (added to `waited_s`; why it ended: `wait_ended`)."""
+    def wait(self, seconds: float) -> None:
+        """Wait until every job is done, the cache proves warm or `seconds` have passed."""
         if self.stopped is not None:
-            return 0.0
+            return
         start = time.monotonic()
         self.wait_ended = "interrupted"  # until the wait returns: a signal ends it
         try:
@@ -397,9 +387,7 @@ class CompileAhead:
             self.wait_ended = "done" if not pending else \
                 "cache warm" if self._warm() else "deadline"
         finally:
-            waited = time.monotonic() - start
-            self.waited_s += waited
-        return waited
+            self.waited_s += time.monotonic() - start
 
     def stop(self) -> dict[str, Any]:
         """Stop the workers (the sweep compiles what they did not); the record."""
@@ -431,7 +419,7 @@ def start(cases: list[Case], cfg: SweepContext, fp8_mode: str,
           workers: int | None = None, spawned: Spawned | None = None
           ) -> CompileAhead | None:
     """The sweep's Triton kernels compiling ahead, in `spawned` where given (stopped if
-    there is nothing to compile); None: nothing to compile, off, or no workers started."""
+    there is nothing to compile); None: nothing to compile, off, or no workers."""
     jobs = compile_jobs(cases, cfg)
     workers = default_workers() if workers is None else workers
     if not jobs or workers < 1:
