@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from contract.devices import DEVICES
 from contract.models import MODEL_SIZES, ModelConfigError, parse_model_sizes
@@ -157,10 +157,10 @@ class RunRequest:
     fleet: FleetChoice = field(default_factory=FleetChoice)
     triton: TritonChoice = field(default_factory=TritonChoice)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RequestJson:
         """A JSON-ready dict (results.json's metadata["request"]), one object per group;
         inf budgets as "inf"."""
-        d = asdict(self)
+        d = RequestJson(**asdict(self))
         for group, name in _FLOATS_MAYBE_INF:
             v = d[group][name]
             if isinstance(v, float) and math.isinf(v):
@@ -196,6 +196,91 @@ class RunRequest:
         return cls(**{g: _GROUPS[g](**v) for g, v in nested.items()})
 
 
+# The request as results.json's metadata["request"] holds it (to_json writes, from_json
+# reads): one object per group, its keys the group's fields; tuples written as lists, an
+# inf budget as "inf".  from_json reads any subset (a missing field keeps its default).
+class SelectionJson(TypedDict, total=False):
+    kernels: Sequence[str]
+    dtypes: Sequence[str]
+    providers: Sequence[str]
+    sizes: str
+    shapes: Sequence[Shape | str] | None  # as text in a run's old keys
+    cache: Sequence[str] | None
+    seed: int
+    check_only: bool
+    baseline_provider: str
+
+
+class DeviceJson(TypedDict, total=False):
+    key: str
+    fp8_accum: str | None
+
+
+class MeasurementJson(TypedDict, total=False):
+    throttle_threshold: float
+    throttle_recovery_delay: float
+    energy: str
+
+
+class BudgetsJson(TypedDict, total=False):
+    row: float | str | None
+    run: float | str | None
+
+
+class CeilingsChoiceJson(TypedDict, total=False):
+    measure: bool
+    remeasure: bool
+    cache_dir: str | None
+
+
+class OutputJson(TypedDict, total=False):
+    out: str
+    run_id: str | None
+    resume: str | None
+    plots: bool
+    history: str | None
+
+
+class GateJson(TypedDict, total=False):
+    compare: str | None
+    threshold: float | None
+    allow: str
+    allow_device_mismatch: bool
+
+
+class AcceptanceJson(TypedDict, total=False):
+    minutes: float
+    median_warn_pct: float
+    median_critical_pct: float
+    busbw_warn_pct: float
+    busbw_critical_pct: float
+    expected_busbw: float | None
+
+
+class FleetJson(TypedDict, total=False):
+    tolerance: float | None
+    dist_timeout: float | str
+    collectives: bool
+    acceptance: AcceptanceJson | None
+
+
+class TritonJson(TypedDict, total=False):
+    arch: str
+    retune: bool
+
+
+class RequestJson(TypedDict, total=False):
+    selection: SelectionJson
+    device: DeviceJson
+    measurement: MeasurementJson
+    budgets: BudgetsJson
+    ceilings: CeilingsChoiceJson
+    output: OutputJson
+    gate: GateJson
+    fleet: FleetJson
+    triton: TritonJson
+
+
 _GROUPS: dict[str, type] = {f.name: f.default_factory for f in fields(RunRequest)}  # type: ignore[misc]
 _FLOATS_MAYBE_INF = (("budgets", "row"), ("budgets", "run"), ("fleet", "dist_timeout"))
 # A flat request's keys (as an earlier version stored it) whose field is named otherwise.
@@ -209,10 +294,10 @@ _FLAT_OWNER = {f.name: (g, f.name) for g, t in _GROUPS.items() for f in fields(t
                                  "tolerance")} | _FLAT_NAMES
 
 
-def _nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+def _nested(flat: Mapping[str, Any]) -> RequestJson:
     """A flat request's keys in their groups; a key no group has is kept at the top (and
     refused by from_json)."""
-    out: dict[str, Any] = {}
+    out: RequestJson = {}
     for k, v in flat.items():
         group, name = _FLAT_OWNER.get(k, (None, k))
         if group is None:

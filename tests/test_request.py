@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,19 @@ def test_the_request_is_typed_frozen_and_survives_json() -> None:
     assert set(json.loads(text)) == {"selection", "device", "measurement", "budgets",
                                      "ceilings", "output", "gate", "fleet", "triton"}
     assert _request("--kernels", "all").selection.kernels == _request().selection.kernels
+
+
+def test_the_request_json_types_name_every_field() -> None:
+    # RequestJson and its groups' types are to_json's shape: exactly the fields.
+    from contract import request as rq
+    groups = typing.get_type_hints(rq.RequestJson)
+    assert set(groups) == {f.name for f in dataclasses.fields(rq.RunRequest)}
+    for name, t in rq._GROUPS.items():
+        json_type = groups[name]
+        assert set(json_type.__annotations__) == {f.name for f in dataclasses.fields(t)}
+    assert set(rq.AcceptanceJson.__annotations__) == \
+        {f.name for f in dataclasses.fields(rq.AcceptanceOptions)}
+    assert set(rq.RunRequest().to_json()) == set(groups)
 
 
 def test_a_request_stored_flat_by_an_earlier_version_reads_back_the_same() -> None:
