@@ -200,5 +200,6 @@ print(json.dumps([before, "kernels.triton_utils" in sys.modules, order[0]]))
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     before, loaded_after, first = json.loads(out.stdout.splitlines()[-1])
-    assert before == ["kernels.shape_groups", "kernels.spec"]  # no family, no Triton kernel
+    # No family, no Triton kernel: the spec and the JSON shapes of shipped configs only.
+    assert before == ["kernels.shape_groups", "kernels.shipped_json", "kernels.spec"]
     assert loaded_after and first == "add"
