@@ -370,7 +370,7 @@ def _plan(*flags: str) -> dict:
     from roofline.plan.planner import build_plan
 
     request = parse_request(["--params", "8e9", "--device", "h100", *flags])
-    return build_plan(request, log=lambda *a, **k: None)
+    return build_plan(request, log=lambda *a, **k: None).to_json()
 
 
 def test_planner_weight_format_flag():

@@ -26,22 +26,23 @@ def test_the_issues_example_8b_bf16_32_gpus_400_gbps():
     # all-reduce time = 2 x 31/32 x 16 GB / 400 GB/s = 77.5 ms
     assert collective_seconds("all_reduce", 8e9 * 2, 32, 400) == pytest.approx(0.0775)
     c = step_communication(8e9, 32, 400, 2, 2, compute_s=0.5, steps=1000, busbw_source="x")
-    assert c["data_parallel"]["comm_s"] == pytest.approx(0.0775)
+    assert c.data_parallel.comm_s == pytest.approx(0.0775)
     # FSDP: weights gathered twice (2 x 31/32 x 16 GB) + gradients reduce-scattered
     # (31/32 x 16 GB), at 400 GB/s: 77.5 + 38.75 ms
-    assert c["fsdp"]["comm_s"] == pytest.approx(0.0775 + 0.03875)
-    assert c["data_parallel"]["hides"]  # 77.5 ms under a 333 ms backward
-    assert c["data_parallel"]["step_s_overlap"] == 0.5
-    assert c["data_parallel"]["step_s_serial"] == pytest.approx(0.5775)
-    assert c["data_parallel"]["days_serial"] == pytest.approx(1000 * 0.5775 / 86400)
+    assert c.fsdp.comm_s == pytest.approx(0.0775 + 0.03875)
+    assert c.data_parallel.hides  # 77.5 ms under a 333 ms backward
+    assert c.data_parallel.step_s_overlap == 0.5
+    assert c.data_parallel.step_s_serial == pytest.approx(0.5775)
+    assert c.data_parallel.days_serial == pytest.approx(1000 * 0.5775 / 86400)
 
 
 def test_communication_that_does_not_hide():
     c = step_communication(8e9, 32, 10, 2, 2, compute_s=0.5, steps=None, busbw_source="x")
-    dp = c["data_parallel"]
-    assert not dp["hides"] and dp["comm_s"] == pytest.approx(3.1)
+    dp = c.data_parallel
+    assert not dp.hides and dp.comm_s == pytest.approx(3.1)
+    assert dp.days_overlap is None and "days_overlap" not in dp.to_json()
     # Only what sticks out past the backward (2/3 of the compute) adds to the step.
-    assert dp["step_s_overlap"] == pytest.approx(0.5 + 3.1 - 0.5 * 4 / 6)
+    assert dp.step_s_overlap == pytest.approx(0.5 + 3.1 - 0.5 * 4 / 6)
 
 
 def test_the_plan_shows_it(capsys):

@@ -30,6 +30,7 @@ from roofline.plan.explain import (
     explain_sections,
     step_kernels,
 )
+from roofline.plan.plan_record import Plan
 from roofline.plan.step_plot import plot_step
 from tests.test_plan import ROOT
 
@@ -398,7 +399,7 @@ def test_the_cli_explains_a_step(capsys, tmp_path, monkeypatch):
     assert "Training step against its own kernels" in md
     assert (tmp_path / "p" / "step.png").stat().st_size > 0
     # step.png: per category the profiled bar, and the bar alone only where timed.
-    fig = plot_step(plan)
+    fig = plot_step(Plan.from_json(plan))
     gids = {a.get_gid() for ax in fig.axes for a in ax.get_children() + ax.patches
             if a.get_gid()}
     for cat in ("gemm", "attention", "norm", "loss/softmax"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from roofline.plan.arithmetic import (
     train_flops,
 )
 from roofline.plan.cli import main
+from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequest
+from roofline.plan.planner import build_plan
 from roofline.plan.sources import peak_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -380,9 +382,11 @@ def test_plan_png_sizes_markers_by_share_of_step_time():
         g.tflops = g.flops / (g.ms * 1e-3) / 1e12
         g.mfu = g.tflops / 989.4
     st = summarize_step(gemms, 989.4)
-    plan = {"dtype": "bf16", "device": "h100", "device_name": "NVIDIA H100 SXM5 80GB",
-            "gemms": [g.as_dict() for g in gemms], "step": asdict(st), "micro_batch": 1,
-            "model": {"name": "gpt2-small", "seq_len": 1024}, "mfu_from": "test"}
+    request = PlanRequest(model=ModelRequest(preset="gpt2-small"),
+                          efficiency=EfficiencyRequest(dtype="bf16"))
+    plan = replace(build_plan(request, log=lambda *a: None), gemms=tuple(gemms), step=st,
+                   mfu_from="test")
+    assert plan.device == "h100" and plan.micro_batch == 1
     fig = plot_plan(plan)
     by_gid = {a.get_gid(): a for a in fig.axes[0].collections}
     fwd = by_gid["gemms:forward"]

@@ -14,6 +14,7 @@ import pytest
 
 from roofline.plan.cli import main, parse_request
 from roofline.plan.model import PlanError
+from roofline.plan.plan_record import Plan
 from roofline.plan.plan_request import (
     EfficiencyRequest,
     HardwareRequest,
@@ -123,9 +124,11 @@ def test_a_plan_asked_from_code_is_the_command_lines(capsys):
     plan = build_plan(request, log=lambda *a: None)
     assert main(["--preset", "llama3-8b", "--days", "14", "--gpus", "32", "--vs", "b200",
                  "--busbw", "400", "--json", "--no-save"]) == 0
-    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(plan))
-    assert [v["device"] for v in plan["versus"]] == ["h100", "b200"]
-    assert plan["gpus"] == 32 and plan["communication"]["busbw_gbps"] == 400
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == json.loads(json.dumps(plan.to_json()))
+    assert Plan.from_json(json.loads(printed)) == plan
+    assert [v.device for v in plan.versus] == ["h100", "b200"]
+    assert plan.gpus == 32 and plan.communication and plan.communication.busbw_gbps == 400
 
 
 def test_only_the_command_line_reads_the_parsed_arguments():

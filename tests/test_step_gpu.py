@@ -22,6 +22,7 @@ from contract.devices import DEVICES, Present
 from contract.models import PRESETS
 from roofline.plan.arithmetic import step_gemms
 from roofline.plan.harness import Harness
+from roofline.plan.plan_record import Plan
 from roofline.plan.plan_request import EfficiencyRequest, ModelRequest, PlanRequest
 from roofline.plan.plan_text import sections
 from roofline.plan.planner import build_plan
@@ -176,7 +177,7 @@ def test_what_fits_by_the_device_memory(device_gb, expect):
     assert {k: getattr(f, k) for k in expect} == expect
 
 
-def h200_plan(monkeypatch, measurement: dict) -> dict:
+def h200_plan(monkeypatch, measurement: dict) -> Plan:
     """build_plan on a faked H200 with the step's measurement given back."""
     import contract.devices
 
@@ -194,7 +195,7 @@ def test_the_plan_holds_the_static_fit_to_the_measured_peak(monkeypatch):
     static = next(r for r in tables["Memory (bf16-master)"] if r[0] == "static bytes (N x B)")
     assert static[2] == ("fits in 1 x 141 GB (the state alone; the measured step peaks at "
                          "177 GB: does NOT fit)")
-    assert "PaLM's 6 N + 12 L H Q T" in plan["mfu_from"]
+    assert "PaLM's 6 N + 12 L H Q T" in plan.mfu_from
 
 
 def test_a_step_measured_without_gemm_times_says_why(monkeypatch):
@@ -202,7 +203,7 @@ def test_a_step_measured_without_gemm_times_says_why(monkeypatch):
     plan = h200_plan(monkeypatch, recounted())
     [title] = [t for t, _, _ in sections(plan) if t.startswith("GEMMs of one step")]
     assert "not timed one by one" in title
-    assert all(g["ms"] is None for g in plan["gemms"])
+    assert all(g.ms is None for g in plan.gemms)
 
 
 def test_gemms_on_a_gpu_are_timed_by_shape_and_pass():

@@ -2,11 +2,12 @@
 days for a FLOP budget and back, compute-optimal sizes, memory per parameter and what
 fits, and one step's GEMMs with their share of the time."""
 
+from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TypedDict
 
 from contract.models import ModelShape
 from kernels.spec import DTYPES
@@ -167,6 +168,26 @@ def matrix_bytes(rows: int, cols: int, dtype: str) -> int:
     return rows * cols * DTYPE_BYTES[dtype]
 
 
+class GemmJson(TypedDict):
+    """A GEMM as plan.json holds it (Gemm.to_json)."""
+
+    name: str
+    phase: str
+    M: int
+    N: int
+    K: int
+    count: int
+    tflops: float | None
+    ms: float | None
+    mfu: float | None
+    share: float | None
+    measured_shape: str | None
+    note: str
+    shape: str
+    flops: int
+    flops_per_step: int
+
+
 @dataclass
 class Gemm:
     """One GEMM of a training step: C[M, N] = A[M, K] B[K, N], run `count` times."""
@@ -197,9 +218,14 @@ class Gemm:
         return gemm_key("forward" if self.phase == "forward" else "backward",
                         self.M, self.N, self.K)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "shape": self.shape, "flops": self.flops,
-                "flops_per_step": self.flops * self.count}
+    def to_json(self) -> GemmJson:
+        """A GEMM in the plan's `gemms` (plan.json): its fields, then its shape and FLOPs."""
+        return GemmJson(**asdict(self), shape=self.shape,  # type: ignore[typeddict-item]
+                        flops=self.flops, flops_per_step=self.flops * self.count)
+
+    @classmethod
+    def from_json(cls, doc: GemmJson) -> Gemm:
+        return cls(**{f.name: doc[f.name] for f in fields(cls)})  # type: ignore[literal-required]
 
 
 def gemm_key(pass_: str, m: int, n: int, k: int) -> str:

@@ -12,14 +12,15 @@ import errno
 import json
 import os
 import sys
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from contract.devices import DeviceError
 from roofline.plan.flags import build_parser
 from roofline.plan.harness import Harness
 from roofline.plan.model import PlanError
+from roofline.plan.plan_record import Plan
 from roofline.plan.plan_request import (
     EfficiencyRequest,
     HardwareRequest,
@@ -97,25 +98,24 @@ def check_writable(dest: Path) -> None:
         raise PermissionError(errno.EACCES, "not writable", str(p))
 
 
-def _write(plan: dict[str, Any], dest: Path) -> str | None:
+def _write(plan: Plan, dest: Path) -> str | None:
     """plan.json, plan.md and the figures into `dest` (made now); the roofline figure's
     name, None when there is none (no step timed).  OSError when they cannot be
     written."""
     dest.mkdir(parents=True, exist_ok=True)
     png = None
-    if plan["step"]["ms"] is not None:
+    if plan.step.ms is not None:
         from roofline.plan.gemm_plot import plot_plan
 
         plot_plan(plan, dest / "plan.png")
         png = "plan.png"
-    if plan.get("step_measured"):
+    if plan.step_measured is not None:
         from roofline.plan.step_plot import plot_step
 
         plot_step(plan, dest / "step.png")
-    plan["out_dir"] = str(dest)
     from contract.schema import atomic_write_text
 
-    atomic_write_text(dest / "plan.json", json.dumps(plan, indent=1) + "\n")
+    atomic_write_text(dest / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
     atomic_write_text(dest / "plan.md", render_markdown(plan, png))
     return png
 
@@ -144,12 +144,13 @@ def main(argv: list[str], harness: Harness | None = None) -> int:
     png = None
     if dest is not None:
         try:
+            plan = replace(plan, out_dir=str(dest))
             png = _write(plan, dest)
         except OSError as e:
             print(f"error: cannot write the plan to {dest}: {e}", file=sys.stderr)
             return 2
     if request.output.json:
-        print(json.dumps(plan, indent=1))
+        print(json.dumps(plan.to_json(), indent=1))
     else:
         print_tables(plan)
         if dest is not None:

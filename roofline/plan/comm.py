@@ -26,8 +26,8 @@ without.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import NotRequired, TypedDict, cast
 
 from contract.metrics import BUSBW_FACTOR
 from contract.models import DEFAULT_SEQ_LEN, ModelShape
@@ -43,9 +43,91 @@ def collective_seconds(op: str, size_bytes: float, gpus: int, busbw_gbps: float)
     return size_bytes * BUSBW_FACTOR[op](gpus) / (busbw_gbps * 1e9)
 
 
+class SchemeJson(TypedDict):
+    """A scheme in the plan's `communication` (Scheme.to_json)."""
+
+    comm_s: float
+    hides: bool
+    step_s_overlap: float
+    step_s_serial: float
+    days_overlap: NotRequired[float]
+    days_serial: NotRequired[float]
+    all_gather_s: NotRequired[float]
+    reduce_scatter_s: NotRequired[float]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to communicate a step: its time, whether it hides under its window of
+    compute, the step with and without overlap, the days (with a token count), and for
+    FSDP its two collectives."""
+
+    comm_s: float
+    hides: bool
+    step_s_overlap: float
+    step_s_serial: float
+    days_overlap: float | None = None
+    days_serial: float | None = None
+    all_gather_s: float | None = None
+    reduce_scatter_s: float | None = None
+
+    def to_json(self) -> SchemeJson:
+        return cast(SchemeJson, {k: v for k, v in asdict(self).items()
+                                 if v is not None})
+
+    @classmethod
+    def from_json(cls, doc: SchemeJson) -> Scheme:
+        return cls(**doc)
+
+
+class CommunicationJson(TypedDict):
+    """The plan's `communication` (Communication.to_json)."""
+
+    gpus: int
+    busbw_gbps: float
+    busbw_source: str
+    grad_bytes_per_param: float
+    weight_bytes_per_param: float
+    compute_s: float
+    backward_s: float
+    steps: float | None
+    data_parallel: SchemeJson
+    fsdp: SchemeJson
+    compute_basis: str
+
+
+@dataclass(frozen=True)
+class Communication:
+    """A step's communication on `gpus` devices at a busbw (step_communication): data
+    parallel and fully sharded, against the step's compute (on `compute_basis` FLOPs
+    per token), over `steps` steps where the tokens are known."""
+
+    gpus: int
+    busbw_gbps: float
+    busbw_source: str
+    grad_bytes_per_param: float
+    weight_bytes_per_param: float
+    compute_s: float
+    backward_s: float
+    steps: float | None
+    data_parallel: Scheme
+    fsdp: Scheme
+    compute_basis: str = "6 N"
+
+    def to_json(self) -> CommunicationJson:
+        return CommunicationJson(**{**asdict(self),  # type: ignore[typeddict-item]
+                                    "data_parallel": self.data_parallel.to_json(),
+                                    "fsdp": self.fsdp.to_json()})
+
+    @classmethod
+    def from_json(cls, doc: CommunicationJson) -> Communication:
+        return cls(**{**doc, "data_parallel": Scheme.from_json(doc["data_parallel"]),
+                      "fsdp": Scheme.from_json(doc["fsdp"])})
+
+
 def step_communication(params: float, gpus: int, busbw_gbps: float, grad_bytes: float,
                        weight_bytes: float, compute_s: float, steps: float | None,
-                       busbw_source: str) -> dict[str, Any]:
+                       busbw_source: str) -> Communication:
     """Per-step communication of data parallelism and of fully sharded training, against
     the step's compute, with the days each takes with and without overlap."""
     dp = collective_seconds("all_reduce", params * grad_bytes, gpus, busbw_gbps)
@@ -55,24 +137,18 @@ def step_communication(params: float, gpus: int, busbw_gbps: float, grad_bytes: 
                                       busbw_gbps)
     backward_s = compute_s * 4 / 6
 
-    def scheme(comm_s: float, window_s: float) -> dict[str, Any]:
-        hides = comm_s <= window_s
-        out = {"comm_s": comm_s, "hides": hides,
-               "step_s_overlap": compute_s + max(0.0, comm_s - window_s),
-               "step_s_serial": compute_s + comm_s}
-        if steps is not None:
-            out["days_overlap"] = steps * out["step_s_overlap"] / SECONDS_PER_DAY
-            out["days_serial"] = steps * out["step_s_serial"] / SECONDS_PER_DAY
-        return out
+    def scheme(comm_s: float, window_s: float) -> Scheme:
+        overlap = compute_s + max(0.0, comm_s - window_s)
+        serial = compute_s + comm_s
+        days = (None, None) if steps is None else \
+            (steps * overlap / SECONDS_PER_DAY, steps * serial / SECONDS_PER_DAY)
+        return Scheme(comm_s, comm_s <= window_s, overlap, serial, *days)
 
-    return {
-        "gpus": gpus, "busbw_gbps": busbw_gbps, "busbw_source": busbw_source,
-        "grad_bytes_per_param": grad_bytes, "weight_bytes_per_param": weight_bytes,
-        "compute_s": compute_s, "backward_s": backward_s, "steps": steps,
-        "data_parallel": scheme(dp, backward_s),
-        "fsdp": {**scheme(fsdp_gather + fsdp_scatter, compute_s),
-                 "all_gather_s": fsdp_gather, "reduce_scatter_s": fsdp_scatter},
-    }
+    return Communication(
+        gpus, busbw_gbps, busbw_source, grad_bytes, weight_bytes, compute_s, backward_s,
+        steps, scheme(dp, backward_s),
+        replace(scheme(fsdp_gather + fsdp_scatter, compute_s), all_gather_s=fsdp_gather,
+                reduce_scatter_s=fsdp_scatter))
 
 
 def policy_bytes(items: dict[str, float]) -> tuple[float, float]:
@@ -168,7 +244,7 @@ def _check_origin(row: BusbwRow, run: str, device: str, gpus: int, force: bool,
 def plan_communication(hw: HardwareRequest, micro_batch: int, shape: ModelShape | None,
                        params: float | None, peak: float, mfu: float, tokens: float | None,
                        items: dict[str, float], warnings: list[str], device: str
-                       ) -> dict[str, Any] | None:
+                       ) -> Communication | None:
     """The step's communication on --gpus G (roofline/plan/comm.py), when a busbw is
     given; a step is --micro-batch sequences per device.  Its compute is on the basis the
     plan's days with attention use: 6 N + the attention scores per token when the shape
@@ -195,5 +271,4 @@ def plan_communication(hw: HardwareRequest, micro_batch: int, shape: ModelShape 
     grad, weight = policy_bytes(items)
     out = step_communication(params, hw.gpus, busbw, grad, weight, compute_s, steps,
                              source)
-    out["compute_basis"] = "6 N + attention" if shape else "6 N"
-    return out
+    return replace(out, compute_basis="6 N + attention" if shape else "6 N")

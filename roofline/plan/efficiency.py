@@ -6,22 +6,44 @@ device, its peak and how the MFU was found, as an Efficiency."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from contract.devices import DEVICES
+from contract.meta_parts import CeilingsJson
 from contract.models import ModelShape
 from roofline.plan.arithmetic import Gemm, device_memory_bytes
-from roofline.plan.explain import ExplainReport, KernelsTimed, explain_report, step_kernels
+from roofline.plan.explain import (
+    ExplainReport,
+    KernelsTimed,
+    explain_report,
+    step_kernels,
+)
 from roofline.plan.harness import Harness
 from roofline.plan.model import PlanError
 from roofline.plan.plan_request import PlanRequest
-from roofline.plan.sources import gemms_from_run, measured_ceilings, peak_of
+from roofline.plan.sources import (
+    GemmsTimed,
+    RunGemms,
+    gemms_from_run,
+    measured_ceilings,
+    peak_of,
+)
 from roofline.plan.step import gemms_from_step, step_report
 from roofline.plan.step_records import StepMeasurement, StepReport
 
 STEP_DTYPES = ("bf16", "fp16", "fp32")
 # The step's ops as they run: torch's.
 EXPLAIN_PROVIDER = "torch"
+
+
+class StepMeasuredJson(TypedDict):
+    """The plan's `step_measured` (StepMeasured.to_json)."""
+
+    report: dict[str, Any]
+    measurement: dict[str, Any]
+    ceilings: CeilingsJson | None
+    explain: NotRequired[dict[str, Any]]
+    explain_measurement: NotRequired[dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -33,19 +55,29 @@ class StepMeasured:
     report: StepReport
     measured: StepMeasurement
     # measure_step's answer and measure_kernels' as the harness wrote them, kept whole in
-    # plan.json (read through StepMeasurement and explain_report).
+    # plan.json (read through StepMeasurement and explain_report): JSON documents
+    # benches/step writes and this package reads.
     measurement: dict[str, Any]
-    ceilings: dict[str, Any] | None
+    ceilings: CeilingsJson | None
     explain: ExplainReport | None = None
     explain_measurement: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        doc = {"report": self.report.to_json(), "measurement": self.measurement,
-               "ceilings": self.ceilings}
+    def to_json(self) -> StepMeasuredJson:
+        doc = StepMeasuredJson(report=self.report.to_json(), measurement=self.measurement,
+                               ceilings=self.ceilings)
         if self.explain is not None:
             doc.update(explain=self.explain.to_json(),
                        explain_measurement=self.explain_measurement)
         return doc
+
+    @classmethod
+    def from_json(cls, doc: StepMeasuredJson) -> StepMeasured:
+        """The plan's `step_measured` back, its report and explain read as records."""
+        x = doc.get("explain")
+        return cls(StepReport.from_json(doc["report"]),
+                   StepMeasurement.from_json(doc["measurement"]), doc["measurement"],
+                   doc["ceilings"], ExplainReport.from_json(x) if x else None,
+                   doc.get("explain_measurement"))
 
 
 @dataclass
@@ -61,7 +93,7 @@ class Efficiency:
     mfu_source: str
     mfu_from: str
     gemms_timed: str
-    measured: dict[str, Any] | None = None
+    measured: GemmsTimed | RunGemms | None = None
     step: StepMeasured | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -157,10 +189,11 @@ def _gemm_efficiency(request: PlanRequest, gemms: list[Gemm], harness: Harness,
     eff = request.efficiency
     # The GEMM timer resolves the device again and logs its warnings.
     device, _ = _measuring_device(request.hardware.device)
-    measured = harness.measure_gemms(gemms, device, eff.dtype, eff.provider, eff.rep_ms, log)
-    return Efficiency(measured["device_key"], eff.dtype, measured["peak_tflops"],
-                      measured["peak_source"], "measured",
-                      f"--measure: timed now on {measured['device_name']}",
+    measured = GemmsTimed.from_json(
+        harness.measure_gemms(gemms, device, eff.dtype, eff.provider, eff.rep_ms, log))
+    return Efficiency(measured.device_key, eff.dtype, measured.peak_tflops,
+                      measured.peak_source, "measured",
+                      f"--measure: timed now on {measured.device_name}",
                       "each timed alone (--measure)", measured=measured)
 
 
@@ -171,23 +204,23 @@ def _run_efficiency(request: PlanRequest, gemms: list[Gemm], harness: Harness,
     run, dtype = eff.from_run, eff.dtype
     assert run is not None  # plan_efficiency's branch
     measured = gemms_from_run(gemms, run, dtype, eff.provider)
-    run_key = measured["device_key"]
+    run_key = measured.device_key
     device = request.hardware.device or run_key
     if device not in DEVICES:
         raise PlanError(f"{run} was measured on '{run_key}', which is not in "
                         "the device table (pass --device)")
     warnings = []
     if device == run_key:
-        peak = measured["peak_tflops"]
+        peak = measured.peak_tflops
         peak_source = ("datasheet" if DEVICES[device].peaks_tflops
                        else f"measured (no datasheet), run {run}")
     else:
         peak, peak_source = peak_of(device, dtype, log, harness.device_ceilings)
         warnings.append(f"MFU measured on '{run_key}' applied to '{device}'")
-    if measured["worst_shape_ratio"] > 2:
+    if measured.worst_shape_ratio > 2:
         sizes = ";".join(sorted({g.shape for g in gemms}))
         warnings.append(
-            f"the run's nearest matmul shapes are up to {measured['worst_shape_ratio']:.1f}x "
+            f"the run's nearest matmul shapes are up to {measured.worst_shape_ratio:.1f}x "
             f"off the model's; time the exact ones with --measure, or "
             f"`python run_bench.py --kernels matmul --dtypes {dtype} "
             f"--sizes '{sizes}'`")

@@ -4,33 +4,37 @@ proportional to its share of the step's matmul time (roofline/plan/arithmetic.py
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from contract.devices import ROOF_CLASS
-from contract.rows import run_ceilings
+from contract.rows import Ceiling, run_ceilings
+from roofline.plan.arithmetic import Gemm
 from roofline.report.plot import draw_ceilings
 from roofline.report.style import fmt_tflops, new_figure, save_figure
+
+if TYPE_CHECKING:
+    from roofline.plan.plan_record import Plan, PlanModel
 
 _PHASE_COLORS = {"forward": "#1f77b4", "bwd-input": "#ff7f0e", "bwd-weight": "#2ca02c"}
 _MIN_AREA, _MAX_AREA = 12.0, 900.0  # points^2 for a 0% and a 100% share
 
 
-def gemm_bytes(g: dict[str, Any], dtype: str) -> float:
+def gemm_bytes(g: Gemm, dtype: str) -> float:
     """Compulsory bytes of a GEMM through the matmul spec (docs/design.md)."""
     from kernels import REGISTRY
 
-    return float(REGISTRY["matmul"].nbytes({"M": g["M"], "N": g["N"], "K": g["K"]}, dtype))
+    return float(REGISTRY["matmul"].nbytes({"M": g.M, "N": g.N, "K": g.K}, dtype))
 
 
 def marker_area(share: float) -> float:
     return _MIN_AREA + (_MAX_AREA - _MIN_AREA) * share
 
 
-def _axis_limits(df: pd.DataFrame, ceilings: dict[str, Any],
+def _axis_limits(df: pd.DataFrame, ceilings: dict[str, Ceiling],
                  rc: str) -> tuple[tuple[float, float], tuple[float, float]]:
     """Around the points and the roof's ridge, with headroom above the roof for labels:
     a plan's GEMMs span a decade or two, unlike a full sweep."""
@@ -63,7 +67,7 @@ def _label_weights(ax: Any, df: pd.DataFrame, top: int = 6) -> None:
                                     shrinkA=0, shrinkB=3))
 
 
-def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
+def roofline_axes(ceilings: dict[str, Ceiling], rc: str, xlim: tuple[float, float],
                   ylim: tuple[float, float]) -> tuple[Figure, Any]:
     """One log-log panel with the device's HBM slope and the roof of class `rc`."""
     fig = new_figure(8.5, 6.2)
@@ -78,21 +82,18 @@ def roofline_axes(ceilings: dict[str, Any], rc: str, xlim: tuple[float, float],
     return fig, ax
 
 
-def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
+def plot_plan(plan: Plan, out: str | os.PathLike | None = None) -> Figure:
     """One panel: the device's HBM slope and the dtype's roof (datasheet solid, measured
     dashed, from roofline/report/plot.py) and one marker per step GEMM at (FLOP/byte, TFLOP/s)."""
-    dtype = plan["dtype"]
+    dtype = plan.dtype
     rc = ROOF_CLASS[dtype]
-    meas = plan.get("measurement") or {}
-    ceilings = run_ceilings({"ceilings": meas.get("ceilings")}
-                            if isinstance(meas.get("ceilings"), dict)
-                            else {"device_key": plan["device"]})
-    rows = []
-    for g in plan["gemms"]:
-        if not g.get("tflops"):
-            continue
-        rows.append({**g, "intensity": g["flops"] / gemm_bytes(g, dtype)})
-    df = pd.DataFrame(rows)
+    meas = plan.measurement
+    measured = meas.ceilings if meas is not None else None
+    ceilings = run_ceilings({"ceilings": measured} if isinstance(measured, dict)
+                            else {"device_key": plan.device})
+    df = pd.DataFrame([{"name": g.name, "phase": g.phase, "tflops": g.tflops,
+                        "share": g.share, "intensity": g.flops / gemm_bytes(g, dtype)}
+                       for g in plan.gemms if g.tflops])
     xlim, ylim = _axis_limits(df, ceilings, rc)
     fig, ax = roofline_axes(ceilings, rc, xlim, ylim)
     for phase, color in _PHASE_COLORS.items():
@@ -104,18 +105,18 @@ def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                    gid=f"gemms:{phase}", label=phase)
     if not df.empty:
         _label_weights(ax, df)
-    st = plan["step"]
-    if st.get("tflops"):
-        ax.axhline(st["tflops"], color="#d62728", lw=1.0, ls="-.", zorder=3, gid="step-average",
-                   label=f"step average {fmt_tflops(st['tflops'])} TFLOP/s "
-                         f"(MFU {st['mfu']:.1%})")
+    st = plan.step
+    if st.tflops:
+        ax.axhline(st.tflops, color="#d62728", lw=1.0, ls="-.", zorder=3, gid="step-average",
+                   label=f"step average {fmt_tflops(st.tflops)} TFLOP/s "
+                         f"(MFU {st.mfu or 0:.1%})")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("TFLOP/s")
-    m = plan.get("model") or {}
-    src = plan["mfu_from"]
-    where = meas.get("device_name") or plan["device_name"]
-    fig.suptitle(f"Step GEMMs of {m.get('name', '?')} ({plan['micro_batch']} x "
-                 f"{m.get('seq_len', '?')} tokens, {dtype}) on {where}"
+    m = plan.model
+    src = plan.mfu_from
+    where = (meas.device_name if meas is not None else None) or plan.device_name
+    fig.suptitle(f"Step GEMMs of {m.name if m else '?'} ({plan.micro_batch} x "
+                 f"{seq_len_of(m)} tokens, {dtype}) on {where}"
                  f"\nmarker area = share of the step's matmul time; {src}", fontsize=10)
     handles = [Line2D([], [], marker="o", ls="", color=c, alpha=0.6, label=p)
                for p, c in _PHASE_COLORS.items()]
@@ -124,4 +125,9 @@ def plot_plan(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
     if out is not None:
         save_figure(fig, out)
     return fig
+
+
+def seq_len_of(m: PlanModel | None) -> int | str:
+    """A plan's sequence length for a title: its shape's, '?' with --params alone."""
+    return m.shape.seq_len if m is not None and m.shape is not None else "?"
 

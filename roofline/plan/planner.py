@@ -6,7 +6,7 @@ files; measuring is the harness's, passed in (roofline/plan/harness.py)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from contract.devices import DEVICES
@@ -21,16 +21,16 @@ from roofline.plan.arithmetic import (
     compute_optimal,
     days_for,
     device_memory_bytes,
-    matrix_bytes,
     max_params_fit,
     step_gemms,
     summarize_step,
     train_flops,
 )
-from roofline.plan.comm import plan_communication
+from roofline.plan.comm import Communication, plan_communication
 from roofline.plan.efficiency import Efficiency, plan_efficiency
 from roofline.plan.harness import DeviceCeilings, Harness
 from roofline.plan.model import PlanError
+from roofline.plan.plan_record import Budget, Plan, PlanModel, Versus
 from roofline.plan.plan_request import (
     HardwareRequest,
     MemoryRequest,
@@ -53,32 +53,6 @@ class Tokens:
 
 
 @dataclass(frozen=True)
-class Budget:
-    """--days: the compute the budget buys and the compute-optimal model it trains; with
-    a model, its tokens; with the devices' memory, whether that model's state fits."""
-
-    days: float
-    flops: float
-    max_params_compute_optimal: float
-    tokens_compute_optimal: float
-    tokens_for_this_model: float | None = None
-    static_bytes_compute_optimal: float | None = None
-    fits_compute_optimal: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "days": self.days, "flops": self.flops,
-            "max_params_compute_optimal": self.max_params_compute_optimal,
-            "tokens_compute_optimal": self.tokens_compute_optimal}
-        if self.tokens_for_this_model is not None:
-            doc["tokens_for_this_model"] = self.tokens_for_this_model
-        if self.static_bytes_compute_optimal is not None:
-            doc["static_bytes_compute_optimal"] = self.static_bytes_compute_optimal
-            doc["fits_compute_optimal"] = self.fits_compute_optimal
-        return doc
-
-
-@dataclass(frozen=True)
 class Training:
     """The run's FLOPs (train_flops: total, forward, backward; None without a model and
     its tokens), the attention scores' on top, and the days each takes."""
@@ -87,19 +61,6 @@ class Training:
     attention: float | None
     days: float | None
     days_with_attention: float | None
-
-
-@dataclass(frozen=True)
-class Versus:
-    """--vs: the plan's days on one device at its datasheet peak, and over the plan's
-    own device's days (`vs_plan`); a row of the plan's `versus` (asdict)."""
-
-    device: str
-    name: str
-    peak_tflops: float
-    days: float
-    days_with_attention: float | None
-    vs_plan: float
 
 
 @dataclass(frozen=True)
@@ -118,8 +79,8 @@ class Memory:
 
 
 def build_plan(request: PlanRequest, log: Any = _stderr,
-               harness: Harness | None = None) -> dict[str, Any]:
-    """Everything the plan says, as a JSON-able dict (the --json document).
+               harness: Harness | None = None) -> Plan:
+    """Everything the plan says, as a Plan (its to_json: the --json document).
     The harness (roofline/plan/harness.py) times GEMMs, training steps and the step's
     kernels on the device present and measures the ceilings of a device without a
     datasheet; without its functions --measure, --explain and such a device are
@@ -144,17 +105,12 @@ def build_plan(request: PlanRequest, log: Any = _stderr,
         static = budget.max_params_compute_optimal * memory.bytes_per_param
         budget = replace(budget, static_bytes_compute_optimal=static,
                          fits_compute_optimal=static <= memory.total_bytes)
-    plan = _document(request, shape, params, eff, mfu, step, tokens, budget, training,
-                     versus, memory, gemms, warnings)
-    if eff.measured is not None:
-        plan["measurement"] = {k: v for k, v in eff.measured.items() if k != "rows"}
-    plan["communication"] = plan_communication(hw, run.micro_batch, shape, params, eff.peak,
-                                               mfu, tokens.tokens, memory.items, warnings,
-                                               eff.device)
+    communication = plan_communication(hw, run.micro_batch, shape, params, eff.peak, mfu,
+                                       tokens.tokens, memory.items, warnings, eff.device)
     if eff.step is not None:
-        plan["step_measured"] = eff.step.to_json()
         warnings += eff.step.report.notes
-    return plan
+    return _plan(request, _plan_model(shape, params), params, eff, mfu, step, tokens,
+                 budget, training, versus, memory, gemms, warnings, communication)
 
 
 def check_request(request: PlanRequest, shape: ModelShape | None, harness: Harness
@@ -281,66 +237,41 @@ def _plan_memory(mem: MemoryRequest, hw: HardwareRequest, params: float | None,
                   if gpu_bytes else None)
 
 
-def _model_doc(shape: ModelShape | None, params: float | None) -> dict[str, Any] | None:
-    """The plan's `model`: the shape, its parameters itemized and its largest matrix."""
+def _plan_model(shape: ModelShape | None, params: float | None) -> PlanModel | None:
+    """The plan's model: the shape, or the count --params gives."""
     if shape:
-        # Per-layer matrices unfused (q, o: d x d; MLP: d_ff x d): GPT-3's MLP matrix,
-        # [49152, 12288], is 2.4 GB in fp32.
-        d, f = shape.d_model, shape.d_ff
-        name, rows_, cols = ("mlp", f, d) if f >= d else ("attention", d, d)
-        largest = {"name": name, "shape": [rows_, cols],
-                   "bytes_fp32": matrix_bytes(rows_, cols, "fp32")}
-        return {**asdict(shape), "description": shape.describe(),
-                "params_itemized": shape.param_items(), "params": shape.params,
-                "params_12d2l": shape.approx_12d2l, "matmul_params": shape.matmul_params,
-                "largest_matrix": largest}
+        return PlanModel(shape.name, shape.params, shape)
     if params:
-        return {"name": "--params", "params": params}
+        return PlanModel("--params", params)
     return None
 
 
-def _document(request: PlanRequest, shape: ModelShape | None, params: float | None,
-              eff: Efficiency, mfu: float, step: StepSummary, tokens: Tokens,
-              budget: Budget | None, training: Training, versus: list[Versus],
-              memory: Memory, gemms: list[Gemm], warnings: list[str]) -> dict[str, Any]:
-    """The plan's JSON document from its steps' records, in the order its readers
-    (roofline/plan/plan_text.py, plan.json) have always had it."""
+def _plan(request: PlanRequest, model: PlanModel | None, params: float | None,
+          eff: Efficiency, mfu: float, step: StepSummary, tokens: Tokens,
+          budget: Budget | None, training: Training, versus: list[Versus], memory: Memory,
+          gemms: list[Gemm], warnings: list[str], communication: Communication | None
+          ) -> Plan:
+    """The Plan from its steps' records."""
     flops, m = training.flops, memory
-    return {
-        "model": _model_doc(shape, params),
-        "params": params,
-        "tokens": tokens.tokens,
-        "tokens_source": tokens.source,
-        "train_flops": flops["total"] if flops else None,
-        "flops_forward": flops["forward"] if flops else None,
-        "flops_backward": flops["backward"] if flops else None,
-        "attention_flops": training.attention,
-        "device": eff.device,
-        "device_name": DEVICES[eff.device].name if eff.device in DEVICES else eff.device,
-        "dtype": eff.dtype,
-        "gpus": request.hardware.gpus,
-        "peak_tflops": eff.peak,
-        "peak_source": eff.peak_source,
-        "mfu": mfu,
-        "mfu_source": eff.mfu_source,
-        "mfu_from": eff.mfu_from,
-        "days": training.days,
-        "days_with_attention": training.days_with_attention,
-        "budget": budget.to_json() if budget is not None else None,
-        "versus": [asdict(v) for v in versus],
-        "policy": m.policy,
-        "bytes_per_param_itemized": m.items,
-        "bytes_per_param": m.bytes_per_param,
-        "static_bytes": m.static_bytes,
-        "gpu_memory_bytes": m.gpu_bytes,
-        "gpu_memory_source": m.gpu_source,
-        "total_memory_bytes": m.total_bytes,
-        "fits": (m.static_bytes <= m.total_bytes)
+    return Plan(
+        model=model, params=params, tokens=tokens.tokens,
+        tokens_source=tokens.source,
+        train_flops=flops["total"] if flops else None,
+        flops_forward=flops["forward"] if flops else None,
+        flops_backward=flops["backward"] if flops else None,
+        attention_flops=training.attention, device=eff.device,
+        device_name=DEVICES[eff.device].name if eff.device in DEVICES else eff.device,
+        dtype=eff.dtype, gpus=request.hardware.gpus, peak_tflops=eff.peak,
+        peak_source=eff.peak_source, mfu=mfu, mfu_source=eff.mfu_source,
+        mfu_from=eff.mfu_from, days=training.days,
+        days_with_attention=training.days_with_attention, budget=budget,
+        versus=tuple(versus), policy=m.policy, bytes_per_param_itemized=m.items,
+        bytes_per_param=m.bytes_per_param, static_bytes=m.static_bytes,
+        gpu_memory_bytes=m.gpu_bytes, gpu_memory_source=m.gpu_source,
+        total_memory_bytes=m.total_bytes,
+        fits=(m.static_bytes <= m.total_bytes)
         if m.static_bytes is not None and m.total_bytes else None,
-        "max_params_fit": m.max_params_fit,
-        "micro_batch": request.training.micro_batch,
-        "step": asdict(step),
-        "gemms": [g.as_dict() for g in gemms],
-        "gemms_timed": eff.gemms_timed if gemms else None,
-        "warnings": warnings,
-    }
+        max_params_fit=m.max_params_fit, micro_batch=request.training.micro_batch,
+        step=step, gemms=tuple(gemms), gemms_timed=eff.gemms_timed if gemms else None,
+        warnings=tuple(warnings), measurement=eff.measured, communication=communication,
+        step_measured=eff.step)

@@ -5,9 +5,11 @@ or measured ceilings, and a saved run's matmul rows (--from-run).  Timing GEMMs 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from contract.devices import DEVICES, ROOF_CLASS, DeviceModel, Present
+from contract.meta_parts import CeilingsJson
 from roofline.plan.arithmetic import Gemm
 from roofline.plan.model import PlanError
 
@@ -15,6 +17,69 @@ if TYPE_CHECKING:
     from contract.ceilings import Ceilings
     from contract.record import RunRow
     from roofline.plan.harness import DeviceCeilings
+
+
+class GemmsTimedJson(TypedDict):
+    """The plan's `measurement` after --measure: what benches.step.gemms.measure_gemms
+    answered (the harness's document), less its rows."""
+
+    device_key: str
+    device_name: str
+    peak_source: str
+    ceilings: CeilingsJson | None
+    peak_tflops: float
+
+
+@dataclass(frozen=True)
+class GemmsTimed:
+    """--measure: the device the GEMMs were timed on, its peak's source, its ceilings
+    and the peak the GEMMs' MFU is over."""
+
+    device_key: str
+    device_name: str
+    peak_source: str
+    ceilings: CeilingsJson | None
+    peak_tflops: float
+
+    def to_json(self) -> GemmsTimedJson:
+        return GemmsTimedJson(**asdict(self))  # type: ignore[typeddict-item]
+
+    @classmethod
+    def from_json(cls, doc: GemmsTimedJson) -> GemmsTimed:
+        """From measure_gemms' answer (its rows, which the Gemms already hold, left
+        out) or from the plan's `measurement`."""
+        return cls(*(doc[f.name] for f in fields(cls)))  # type: ignore[literal-required]
+
+
+class RunGemmsJson(TypedDict):
+    """The plan's `measurement` after --from-run (RunGemms.to_json)."""
+
+    device_key: str | None
+    device_name: str | None
+    peak_tflops: float
+    ceilings: CeilingsJson | None
+    worst_shape_ratio: float
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class RunGemms:
+    """--from-run: the run's device, the highest peak its matmul rows were held to, its
+    ceilings, the worst ratio of a GEMM's shape to its nearest row's, and the run's id."""
+
+    device_key: str | None
+    device_name: str | None
+    peak_tflops: float
+    ceilings: CeilingsJson | None
+    worst_shape_ratio: float
+    run_id: str | None
+
+    def to_json(self) -> RunGemmsJson:
+        return RunGemmsJson(**asdict(self))  # type: ignore[typeddict-item]
+
+    @classmethod
+    def from_json(cls, doc: RunGemmsJson) -> RunGemms:
+        return cls(**doc)
 
 
 def measured_ceilings(key: str, log: Any, device_ceilings: DeviceCeilings | None
@@ -72,12 +137,11 @@ def _log_distance(a: dict[str, int], b: dict[str, int]) -> tuple[float, float]:
     return math.sqrt(sum(x * x for x in logs)), math.exp(max(abs(x) for x in logs))
 
 
-def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> dict[str, Any]:
+def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> RunGemms:
     """Give each step GEMM the TFLOP/s of the run's matmul row nearest its shape (in log
     space over M, N, K); MFU is that row's TFLOP/s over the peak the run held it to.
-    Returns the plan's "measurement" (a part of the plan's JSON document, as the GEMMs
-    timed by --measure give it): the run's device, its ceilings and the worst shape
-    ratio."""
+    Returns the plan's `measurement`: the run's device, its ceilings and the worst
+    shape ratio."""
     from contract.schema import load_doc
 
     doc = load_doc(run)
@@ -89,9 +153,8 @@ def gemms_from_run(gemms: list[Gemm], run: str, dtype: str, provider: str) -> di
     worst = _nearest(gemms, rows)
     peaks = sorted({float(r.accounting.peak_tflops or 0) for r in rows})
     meta = doc.meta
-    return {"device_key": meta.device.device_key, "device_name": meta.device.device_name,
-            "peak_tflops": peaks[-1], "ceilings": meta.ceilings or None,
-            "worst_shape_ratio": worst, "run_id": meta.provenance.run_id or None}
+    return RunGemms(meta.device.device_key, meta.device.device_name, peaks[-1],
+                    meta.ceilings or None, worst, meta.provenance.run_id or None)
 
 
 def _matmul_rows(run: str, timed: list[RunRow], dtype: str, provider: str

@@ -20,8 +20,9 @@ from contract.devices import ROOF_CLASS
 from contract.rows import run_ceilings
 from roofline.plan.arithmetic import over_peak, rate_text
 from roofline.plan.explain import CategoryExplained, ExplainReport
-from roofline.plan.gemm_plot import marker_area, roofline_axes
-from roofline.plan.step_records import StepCategory, StepMeasurement, StepReport
+from roofline.plan.gemm_plot import marker_area, roofline_axes, seq_len_of
+from roofline.plan.plan_record import Plan
+from roofline.plan.step_records import StepCategory, StepReport
 from roofline.report.style import save_figure
 
 _COLORS = {"gemm": "#1f77b4", "attention": "#d62728"}
@@ -29,14 +30,13 @@ _EXPLAIN_COLORS = {"norm": "#2ca02c", "loss/softmax": "#9467bd",
                    "optimizer/elementwise": "#ff7f0e", "other": "#7f7f7f"}
 
 
-def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Figure:
-    sm = plan["step_measured"]
-    report = StepReport.from_json(sm["report"])
-    meas = StepMeasurement.from_json(sm["measurement"])
+def plot_step(plan: Plan, out: str | os.PathLike | None = None) -> Figure:
+    sm = plan.step_measured
+    assert sm is not None  # drawn only for a measured step
+    report, meas, explain = sm.report, sm.measured, sm.explain
     rc = ROOF_CLASS[meas.dtype]
-    ceilings = run_ceilings({"ceilings": sm["ceilings"]} if sm.get("ceilings")
-                            else {"device_key": plan["device"]})
-    explain = ExplainReport.from_json(sm["explain"]) if sm.get("explain") else None
+    ceilings = run_ceilings({"ceilings": sm.ceilings} if sm.ceilings
+                            else {"device_key": plan.device})
     points = [] if explain else [c for c in report.categories if c.tflops and c.intensity]
     placed = [c for c in (explain.categories if explain else ())
               if c.comparison.intensity and c.comparison.in_step.tflops
@@ -58,12 +58,12 @@ def plot_step(plan: dict[str, Any], out: str | os.PathLike | None = None) -> Fig
                 bbox=dict(boxstyle="square,pad=0.3", fc="white", ec="0.8", alpha=0.9))
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("TFLOP/s")
-    m = plan.get("model") or {}
+    m = plan.model
     sliced = (f", extrapolated from {meas.measured_layers} of {meas.layers} blocks"
               if report.slice else "")
-    fig.suptitle(f"Training step of {m.get('name', '?')} ({meas.micro_batch} x "
-                 f"{m.get('seq_len', '?')} tokens, {meas.dtype}) on "
-                 f"{plan['device_name']}: {report.step_ms:.4g} ms, MFU "
+    fig.suptitle(f"Training step of {m.name if m else '?'} ({meas.micro_batch} x "
+                 f"{seq_len_of(m)} tokens, {meas.dtype}) on "
+                 f"{plan.device_name}: {report.step_ms:.4g} ms, MFU "
                  f"{report.mfu:.1%}{sliced}\nmarker area = share of the step's time "
                  "(one profiled step)", fontsize=10)
     if points or placed:
