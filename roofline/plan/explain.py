@@ -20,6 +20,7 @@ from contract.ceilings import Ceilings
 from contract.models import ModelShape
 from contract.record import RunRow, parse_row
 from roofline.plan.arithmetic import over_peak, rate_text, step_gemms
+from roofline.plan.harness import KernelRequest
 
 EXPLAIN_CATEGORIES = ("gemm", "attention", "norm", "loss/softmax", "optimizer/elementwise",
                       "other")
@@ -56,8 +57,8 @@ class StepKernel:
     count: int
     in_total: bool = True
 
-    def request(self) -> dict[str, Any]:
-        return {"kernel": self.kernel, "dtype": self.dtype, "shape": dict(self.shape)}
+    def request(self) -> KernelRequest:
+        return KernelRequest(kernel=self.kernel, dtype=self.dtype, shape=dict(self.shape))
 
 
 def step_kernels(shape: ModelShape, micro_batch: int, dtype: str) -> list[StepKernel]:
