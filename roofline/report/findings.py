@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from contract.meta_parts import Measured
 from contract.physics import clocks_differ
 from contract.record import RunRow
 from contract.rows import DTYPE_ORDER, clean_rows, kernel_order, l2_bytes
@@ -106,9 +107,10 @@ def cache_bytes(meta: RunMeta) -> tuple[float | None, str]:
     return l2_bytes(meta), "L2"
 
 
-def _measured(meta: RunMeta) -> JsonDoc:
+def _measured(meta: RunMeta) -> Measured:
     """The run's measured ceilings as it recorded them (contract/ceilings.py's format)."""
-    return as_dict(meta.ceilings.get("measured"))
+    got = meta.ceilings.get("measured")
+    return got if isinstance(got, dict) else Measured()
 
 
 def _cache_gbps(meta: RunMeta) -> float | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contract.run_meta import JsonDoc, RunMeta, meta_json
+from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
+from contract.run_meta import RunMeta, meta_json
 from roofline.report.cells import cell, mhz
 from roofline.report.requested import run_selection
 from roofline.report.run_time import compiled_ahead_line, compiles_line, time_split_line
@@ -114,7 +115,7 @@ def run_facts(meta: RunMeta) -> str:
                      for k, val in facts if val is not None)
 
 
-def _clocks_fact(c: JsonDoc) -> str | None:
+def _clocks_fact(c: ClocksFacts) -> str | None:
     med, lo, hi = (mhz(c.get(k)) for k in ("sm_mhz_median", "sm_mhz_min", "sm_mhz_max"))
     if not med:
         return None
@@ -126,7 +127,7 @@ def _clocks_fact(c: JsonDoc) -> str | None:
     return text
 
 
-def _power_fact(p: JsonDoc) -> str | None:
+def _power_fact(p: PowerFacts) -> str | None:
     top, limit = p.get("max_w"), p.get("limit_w")
     if not isinstance(top, int | float):
         return None
@@ -134,7 +135,7 @@ def _power_fact(p: JsonDoc) -> str | None:
                                  if isinstance(limit, int | float) else "")
 
 
-def _throttle_fact(t: JsonDoc) -> str | None:
+def _throttle_fact(t: ThrottleFacts) -> str | None:
     n = t.get("throttled_rows")
     if n is None:
         return None

@@ -21,10 +21,11 @@ import pandas as pd
 
 from contract.ceilings import no_roofs
 from contract.devices import ROOF_CLASSES
+from contract.meta_parts import CeilingsJson, NotRecorded
 from contract.physics import ratio_text
 from contract.record import RunRow
 from contract.rows import Ceiling, clean_rows, run_ceilings
-from contract.run_meta import JsonDoc, RunMeta, meta_json
+from contract.run_meta import RunMeta, meta_json
 from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
@@ -108,7 +109,8 @@ def _launch_bound_section(rows: Sequence[RunRow], df: pd.DataFrame) -> str:
                       "host / device"], cells, "llllrrr"))
 
 
-def _ceilings_section(ceilings: dict[str, Ceiling], meta_ceilings: JsonDoc | None = None
+def _ceilings_section(ceilings: dict[str, Ceiling],
+                      meta_ceilings: CeilingsJson | NotRecorded | None = None
                       ) -> str:
     if not ceilings:
         return "No ceilings recorded for this run: % of roof is unavailable."
