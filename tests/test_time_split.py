@@ -23,6 +23,7 @@ from benches.sweep.time_split import TimeSplit
 from benches.timing.clock import Dispatch
 from benches.timing.graphs import GraphProbe, GraphSampler
 from contract.phases import PHASES
+from contract.run_meta import parse_meta
 from contract.schema import ROW_SPLIT, row_key
 from kernels import REGISTRY
 from roofline.report.run_time import (
@@ -140,7 +141,7 @@ def test_the_summary_says_where_the_rows_time_went():
            entry("add", "torch", check=0.5, capture=2.0),
            entry("attention_bwd", "torch", timing=9.0, profile=0.5),
            entry("dot", "triton", check=0.25)]
-    title, text = row_time_sections({ROW_SPLIT: own})
+    title, text = row_time_sections(own)
     assert title == "## Where the rows' time went"
     lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
     assert lines[0] == "| kernel provider | rows | check | capture | timing | profile | total |"
@@ -151,10 +152,9 @@ def test_the_summary_says_where_the_rows_time_went():
         "| dot triton | 1 | 0.25 | 0.00 | 0.00 | 0.00 | 0.25 |",
         "| all rows | 4 | 1.25 | 2.00 | 10.00 | 0.50 | 13.75 |"]
     many = [entry(f"k{i}", "torch", timing=float(i + 1)) for i in range(run_time.ROW_TIME_TOP + 2)]
-    _, text = row_time_sections({ROW_SPLIT: many})
+    _, text = row_time_sections(many)
     assert "| 2 more | 2 | 3.00 | 3.00 |" in text  # k0 and k1, the smallest
-    assert row_time_sections({}) == []
-    assert row_time_sections({ROW_SPLIT: []}) == []
+    assert row_time_sections([]) == []
     md = render_summary(doc_of({ROW_SPLIT: own, "device_key": "h200"}))
     assert "## Where the rows' time went" in md
 
@@ -198,22 +198,24 @@ def test_compiles_are_booked_from_tritons_listener(monkeypatch):
 def test_the_split_line_says_timing_of_wall():
     meta = {"time_split_s": {"ceilings": 9.6, "timing": 12.4, "inputs": 0.2,
                              "write": 2.5, "other": 5.3}, "wall_s": 30.0}
-    assert time_split_line(meta) == "timing 12 s of 30 s (ceilings 10, other 5, write 2)"
-    assert time_split_line({}) is None
+    assert time_split_line(meta["time_split_s"], meta["wall_s"]) == \
+        "timing 12 s of 30 s (ceilings 10, other 5, write 2)"
+    assert time_split_line(None, None) is None
     md = render_summary(doc_of({**meta, "device_key": "cpu"}))
     assert "- **time**: timing 12 s of 30 s (ceilings 10, other 5, write 2)" in md
 
 
 def test_the_summary_says_how_many_kernels_were_built_or_loaded_from_the_cache():
-    assert compiles_line({}) is None  # a CPU run, an older run
-    assert compiles_line({"triton_compiles": {"compiled": 0, "from_cache": 0}}) is None
+    assert compiles_line(parse_meta({})) is None  # a CPU run, an older run
+    none = {"triton_compiles": {"compiled": 0, "from_cache": 0}}
+    assert compiles_line(parse_meta(none)) is None
     warm = {"triton_compiles": {"compiled": 0, "from_cache": 47},
             "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}}
-    assert compiles_line(warm) == "0 built, 47 loaded from Triton's cache"
+    assert compiles_line(parse_meta(warm)) == "0 built, 47 loaded from Triton's cache"
     cold = {"triton_compiles": {"compiled": 93, "from_cache": 40},
             "compiled_ahead": {"kernels_built": 40}}
-    assert compiles_line(cold) == ("93 built, 40 loaded from Triton's cache; 40 built "
-                                   "ahead by the compile workers")
+    assert compiles_line(parse_meta(cold)) == ("93 built, 40 loaded from Triton's cache; 40 "
+                                               "built ahead by the compile workers")
     md = render_summary(doc_of({**cold, "device_key": "h200"}))
     assert "- **Triton compiles**: 93 built, 40 loaded from Triton's cache; 40" in md
 
@@ -359,18 +361,18 @@ def test_the_summary_says_what_the_compile_ahead_did_and_why_not_more():
     they said (their errors say why they compiled nothing); the console's line after
     the ceilings is the same text (contract.rows.compiled_ahead_text)."""
     assert compiled_ahead_line({}) is None
-    assert compiled_ahead_line({"compiled_ahead": {"workers": 0, "cases": 5}}) is None
+    assert compiled_ahead_line({"workers": 0, "cases": 5}) is None
     h200 = {"workers": 8, "cases": 183, "cases_done": 0, "cases_failed": 0,
             "kernels_compiled": 0, "kernels_built": 0, "started_early": 1}
-    assert compiled_ahead_line({"compiled_ahead": h200}) == \
+    assert compiled_ahead_line(h200) == \
         "0 of 183 cases (0 kernels, 0 built) by 8 workers"
     now = {**h200, "cases_done": 183, "kernels_compiled": 178, "kernels_built": 170,
            "waited_s": 9.44, "worker_errors": ["preload torch: ImportError: x", "y"]}
-    assert compiled_ahead_line({"compiled_ahead": now}) == (
+    assert compiled_ahead_line(now) == (
         "183 of 183 cases (178 kernels, 170 built) by 8 workers, 9.4 s after the ceilings; "
         "errors: preload torch: ImportError: x; y")
     warm = {**now, "waited_s": 2.04, "wait_ended": "cache warm", "worker_errors": []}
-    assert compiled_ahead_line({"compiled_ahead": warm}).endswith(
+    assert compiled_ahead_line(warm).endswith(
         "2.0 s after the ceilings (ended: cache warm)")
     md = render_summary(doc_of({"compiled_ahead": now, "device_key": "h200"}))
     assert "- **compiled ahead**: 183 of 183 cases (178 kernels, 170 built) by 8" in md

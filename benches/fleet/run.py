@@ -382,7 +382,7 @@ class _Fleet:
         print(f"fleet of {me.world}: {n_rows} rows in {self.fleet_dir} "
               f"({len(coll_rows)} collective rows); outliers: {len(outliers)}")
         for info in (g[0] for g in gathered):
-            line = time_split_line(info.to_json())
+            line = time_split_line(info.time_split_s, info.wall_s)
             if line:
                 print(f"rank {info.rank} on {info.host}: {line}")
         for o in outliers:

@@ -44,7 +44,7 @@ from contract.ceilings import Ceilings
 from contract.devices import DeviceError, DeviceModel, Present, resolve_device
 from contract.record import RunRow
 from contract.request import RequestError, RunRequest, resumed_request
-from contract.run_meta import RunMeta, meta_json
+from contract.run_meta import RunMeta
 from contract.schema import RESULTS_JSON, RowKey, RunDoc, RunLoadError, parse_row_key
 from contract.versions import check_versions, warning_line
 from kernels import spec as kernel_spec
@@ -400,7 +400,7 @@ def _finish(chk: Checked, opened: Opened, split: TimeSplit, measured: Measured) 
         console.print(f"results: {run_dir}")
         _record_split(writer, split)
         writer.flush()
-        console.print(time_split_line(meta_json(writer.meta)))
+        console.print(time_split_line(writer.meta.time.time_split_s, writer.meta.time.wall_s))
     except (KeyboardInterrupt, Terminated) as e:
         writer.update(state__interrupted=True, state__complete=False,
                       state__signal=signal_name(e))

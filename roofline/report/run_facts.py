@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
-from contract.run_meta import RunMeta, meta_json
+from contract.run_meta import RunMeta
 from roofline.report.cells import cell, mhz
 from roofline.report.requested import run_selection
 from roofline.report.run_time import compiled_ahead_line, compiles_line, time_split_line
@@ -60,8 +60,6 @@ def _run_identity(meta: RunMeta) -> list[tuple[str, Any]]:
     # Settings recorded as a mapping get a table of their own (_timing_section).
     timing = None if isinstance(meta.settings.timing, dict) else meta.settings.timing
     command, name, model = _given(prov.command), _given(dev.device_name), dev.device_model
-    # run_time.py reads the metadata's JSON form (meta_json, its one writer).
-    as_json = meta_json(meta)
     fp8 = meta.settings.fp8_accum
     return [
         ("status", _status(meta, bool(asked and asked.check_only))),
@@ -79,9 +77,9 @@ def _run_identity(meta: RunMeta) -> list[tuple[str, Any]]:
         ("seed", asked.seed if asked else None),
         ("sizes", _given(asked.sizes) if asked else None),
         ("timing", timing),
-        ("time", time_split_line(as_json)),
-        ("Triton compiles", compiles_line(as_json)),
-        ("compiled ahead", compiled_ahead_line(as_json)),
+        ("time", time_split_line(meta.time.time_split_s, meta.time.wall_s)),
+        ("Triton compiles", compiles_line(meta)),
+        ("compiled ahead", compiled_ahead_line(meta.compiles.compiled_ahead)),
         ("fp8 accumulation", _FP8_ACCUM.get(str(fp8), fp8)),
     ]
 

@@ -5,21 +5,22 @@ facts, and summary.md's table of the rows' own time by kernel and provider
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from contract.markdown import md_table_lines
+from contract.meta_parts import CompiledAhead, RowSplit
 from contract.phases import PHASES
 from contract.rows import TritonBuilds, compiled_ahead_text
-from contract.schema import ROW_SPLIT
+from contract.run_meta import RunMeta
 from roofline.report.findings import as_dict, finite_or_none
 
 ROW_TIME_TOP = 12  # the pairs listed by their rows' time, at most; the rest in one line
 
 
-def time_split_line(meta: dict[str, Any]) -> str | None:
+def time_split_line(split_s: Mapping[str, float] | None, wall_s: float | None) -> str | None:
     """"timing N s of M s", then the run's other phases of half a second or more, largest
-    first (metadata.time_split_s); None for a run that did not record its split."""
-    split, wall = as_dict(meta.get("time_split_s")), finite_or_none(meta.get("wall_s"))
+    first (metadata.time_split_s, wall_s); None for a run that did not record its split."""
+    split, wall = as_dict(split_s), finite_or_none(wall_s)
     if not split or wall is None:
         return None
     rest = sorted(((f, k) for k, v in split.items()
@@ -30,7 +31,7 @@ def time_split_line(meta: dict[str, Any]) -> str | None:
             + (f" ({tail})" if tail else ""))
 
 
-def compiles_line(meta: dict[str, Any]) -> str | None:
+def compiles_line(meta: RunMeta) -> str | None:
     """The Triton compiles a run asked for, built or loaded from Triton's cache, and those
     its compile-ahead workers built: a cold cache or a warm one.  None where it recorded
     none (a CPU run, an older run)."""
@@ -42,25 +43,23 @@ def compiles_line(meta: dict[str, Any]) -> str | None:
                else ""))
 
 
-def compiled_ahead_line(meta: dict[str, Any]) -> str | None:
-    """What the compile-ahead workers did, and their errors, which say why they compiled
-    less than they were given; None where no worker ran."""
-    ahead = meta.get("compiled_ahead")
+def compiled_ahead_line(ahead: CompiledAhead) -> str | None:
+    """What the compile-ahead workers did (metadata.compiled_ahead), and their errors,
+    which say why they compiled less than they were given; None where no worker ran."""
     if not isinstance(ahead, dict) or not ahead.get("workers"):
         return None
     errors = "; ".join(str(e) for e in ahead.get("worker_errors") or [])
     return compiled_ahead_text(ahead) + (f"; errors: {errors}" if errors else "")
 
 
-def row_time_sections(meta: dict[str, Any]) -> list[str]:
+def row_time_sections(entries: Sequence[RowSplit]) -> list[str]:
     """summary.md's "Where the rows' time went": each (kernel, provider)'s rows' own
     seconds per phase, the largest totals first, ROW_TIME_TOP of them and the rest in one
     line, then all rows; [] for a run that recorded none (a CPU sweep whose rounds
-    interleave, an older run)."""
-    entries = meta.get(ROW_SPLIT)
+    interleave, an older run): metadata.row_split_s."""
     by: dict[str, dict[str, float]] = {}
     rows: dict[str, int] = {}
-    for e in entries if isinstance(entries, list) else []:
+    for e in entries if isinstance(entries, Sequence) else []:
         key = e.get("row") if isinstance(e, dict) else None
         if not isinstance(key, list) or len(key) < 2:
             continue

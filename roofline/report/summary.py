@@ -25,7 +25,7 @@ from contract.meta_parts import CeilingsJson, NotRecorded
 from contract.physics import ratio_text
 from contract.record import RunRow
 from contract.rows import Ceiling, clean_rows, run_ceilings
-from contract.run_meta import RunMeta, meta_json
+from contract.run_meta import RunMeta
 from contract.schema import (
     ROOFLINE_PNG,
     SCALING_PNG,
@@ -335,7 +335,7 @@ def render_summary(doc: RunDoc) -> str:
         *withheld_sections(doc.rows, md_table),  # roofline/report/withheld.py
         *_performance_sections(doc, d),
         *energy_sections(doc, md_table),  # roofline/report/energy.py
-        *row_time_sections(meta_json(meta)),  # roofline/report/run_time.py
+        *row_time_sections(meta.time.row_split_s),  # roofline/report/run_time.py
         f"## Failed rows ({n['failed']})",
         _failed_section(doc.rows, d),
         f"## Skipped rows ({n['skipped']})",
