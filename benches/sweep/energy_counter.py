@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from scipy.special import stdtrit
 
@@ -45,6 +45,7 @@ from benches.sweep.row_energy import (
     RowEnergy,
     power_bounds_reason,
 )
+from contract import meta_parts
 
 METHOD = "nvml counter edges"
 # The probe's bound: long enough to see two changes of a counter stepping every 100 ms
@@ -118,22 +119,6 @@ def counter_edges(reads: Sequence[CounterRead]) -> tuple[list[Edge], str]:
 
 # ---- the probe at a run's start ------------------------------------------------------
 
-class CounterJson(TypedDict):
-    """CounterProbe as the run's metadata holds it (energy.counter), with how it was taken."""
-
-    period_s: float | None
-    period_min_s: float | None
-    period_max_s: float | None
-    step_mj: float | None
-    changes: int
-    reads: int
-    read_s: float
-    probed_s: float
-    monotonic: bool
-    reason: str
-    how: str
-
-
 @dataclass(frozen=True)
 class CounterProbe:
     """How the counter moves: `period_s` the median time between changes (min and max
@@ -152,8 +137,8 @@ class CounterProbe:
     monotonic: bool
     reason: str = ""
 
-    def to_json(self) -> CounterJson:
-        return CounterJson(**asdict(self), how=(
+    def to_json(self) -> meta_parts.CounterProbe:
+        return meta_parts.CounterProbe(**asdict(self), how=(
             f"read in a tight loop for up to {PROBE_BUDGET_S * 1e3:.0f} ms (stopping at "
             f"{PROBE_CHANGES} changes) at the run's start, the GPU idle; a change's time is "
             "the middle of the two reads around it"))
@@ -433,24 +418,8 @@ class GpuEnergyMeter:
 
 # ---- the run's metadata ---------------------------------------------------------------
 
-class _EnergySource(TypedDict):
-    source: str | None  # "nvml", "rapl", or None: the rows have no energy
-    reason: str
-
-
-class EnergySource(_EnergySource, total=False):
-    """The run's metadata key `energy` (summary.md and the physics bounds read it): where
-    the rows' energy comes from and why; on a GPU with a readable counter also the
-    probe, the replay a row needs (None: none can do), the precision and the bounds."""
-
-    counter: CounterJson
-    row_window_s: float | None
-    precision: float
-    bounds: str
-
-
 def energy_metadata(kind: str, pynvml: Any | None = None,
-                    rapl_root: Path = RAPL_ROOT) -> EnergySource:
+                    rapl_root: Path = RAPL_ROOT) -> meta_parts.EnergySource:
     """The run's metadata key `energy`: {"source": "nvml" | "rapl" | None, "reason"}; on
     a GPU also how its counter moves (`counter`: benches.sweep.energy_counter's probe,
     taken here once per process) and the replay a row needs for it (`row_window_s`)."""
@@ -483,13 +452,14 @@ def energy_metadata(kind: str, pynvml: Any | None = None,
             nv.nvmlShutdown()
 
 
-def _counter_metadata(nv: Any, h: Any) -> EnergySource:
+def _counter_metadata(nv: Any, h: Any) -> meta_parts.EnergySource:
     probe = counter_probe(nv, h)
     plan = plan_window(probe)
     if plan.window_s is None:
-        out = EnergySource(source=None, reason=f"NVML total energy counter: {plan.reason}")
+        out = meta_parts.EnergySource(source=None,
+                                      reason=f"NVML total energy counter: {plan.reason}")
     else:
-        out = EnergySource(source="nvml", reason=(
+        out = meta_parts.EnergySource(source="nvml", reason=(
             f"NVML total energy counter, changing every {probe.period_s * 1e3:.0f} ms: each "
             "row's mean power from the counter's first to last change over a "
             f"{plan.window_s * 1e3:.0f} ms replay of the row, x its median time"))

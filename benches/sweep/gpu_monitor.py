@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from benches.sweep.failures import error_message
-from benches.sweep.nvml_doc import DuringRun, NvmlSnapshot
+from contract.meta_parts import DuringRun, NvmlSnapshot
 
 # Clock-event ("throttle") reason bits that name a power or thermal limit on the clock
 # (nvml.h): SW power cap 0x4, HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power

@@ -27,6 +27,7 @@ from benches.sweep.shapes import is_model_sizes
 from benches.timing.plan import TimingConfig, cpu_cache_bytes, read_llc
 from contract import physics
 from contract.bounds import RunBounds
+from contract.meta_parts import ModelStep
 from contract.models import parse_model_sizes, step_shapes
 from contract.record import RunRow, flat
 from contract.run_meta import (
@@ -231,22 +232,6 @@ def timing_settings(cfg: SweepContext) -> TimingSettings:
                                  "shared among the cases left"
                                  if cfg.run_budget_s is not None else "")),
     })
-
-
-class StepLayer(TypedDict):
-    kernel: str
-    layer: str
-    shape: str
-    count: int  # times one forward pass runs it
-
-
-class ModelStep(TypedDict):
-    """metadata.model_step (the summary's step table reads it)."""
-
-    model: str
-    describe: str
-    tokens: int
-    layers: list[StepLayer]
 
 
 def model_step(sizes: str) -> ModelStep | None:

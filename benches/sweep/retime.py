@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from benches.sweep.throttle import ThrottleConfig
 from contract.ceilings import Ceilings
+from contract.meta_parts import CeilingsJson, NotRecorded, ThrottleSettings
 from contract.record import RunRow
 from contract.retimed import Retimed
-from contract.run_meta import JsonDoc, RunMeta
+from contract.run_meta import RunMeta
 from contract.schema import DEFAULT_CACHE, RowKey, parse_row_key
 
 if TYPE_CHECKING:
@@ -110,8 +111,8 @@ class SpecJson(TypedDict, total=False):
 
     seed: int
     fp8_accum: str
-    ceilings: JsonDoc  # the run's metadata.ceilings (contract/ceilings.py's format)
-    throttle: dict[str, float]  # ThrottleConfig's fields; {} where the run had none
+    ceilings: CeilingsJson
+    throttle: ThrottleSettings | NotRecorded
     device: str
     cases: list[list[str]]
     sent_at: float
