@@ -131,9 +131,12 @@ class CoarseCounterNVML:
         total, t = 0.0, a
         while t < b:
             cell = math.floor(t / self.cell_s)
+            edge = (cell + 1) * self.cell_s
+            if edge <= t:  # t / cell_s rounded below a cell edge t sits on: the next one
+                cell += 1
+                edge = (cell + 1) * self.cell_s
             i = bisect.bisect_right(self.starts, t) - 1
-            nxt = min(b, (cell + 1) * self.cell_s,
-                      self.starts[i + 1] if i + 1 < len(self.starts) else math.inf)
+            nxt = min(b, edge, self.starts[i + 1] if i + 1 < len(self.starts) else math.inf)
             total += self.watts[i] * (1 + self._cell_noise(cell)) * (nxt - t)
             t = nxt
         return total
