@@ -234,14 +234,16 @@ def test_row_reason_names_the_backend():
     cfg = cpu_cfg(kernels=["attention_bwd"], dtypes=["bf16"])
     shape = _shape(1, 2, 32, 16, 1)
     row = run_case(Case(BWD, "torch", "bf16", shape), cfg, InputCache())
-    assert row["status"] == "ok", row["reason"]
-    assert "SDPA backend: flash (CPU kernel)" in row["reason"]
-    assert row["flops"] == BWD.flops(shape, "bf16") and row["roof_class"] == "bf16"
-    checked = run_case(Case(FWD, "torch", "fp32", shape), dataclasses.replace(
-        cfg, check_only=True), InputCache())
-    assert checked["reason"] == "check-only: not timed; SDPA backend: flash (CPU kernel)"
+    assert row.status == "ok", row.reason
+    assert "SDPA backend: flash (CPU kernel)" in row.reason
+    assert row.accounting.flops == BWD.flops(shape, "bf16")
+    assert row.value("roof_class") == "bf16"
+    checked = run_case(Case(FWD, "torch", "fp32", shape),
+                       cpu_cfg(kernels=["attention_bwd"], dtypes=["bf16"], check_only=True),
+                       InputCache())
+    assert checked.reason == "check-only: not timed; SDPA backend: flash (CPU kernel)"
     row = run_case(Case(FWD, "torch", "fp8", shape), cfg, InputCache())
-    assert row["status"] == "skipped" and "no fp8 kernel" in row["reason"]
+    assert row.status == "skipped" and "no fp8 kernel" in row.reason
 
 
 def test_triton_rejects_head_dims_it_cannot_tile():

@@ -3,6 +3,7 @@ aborted sweeps and --resume (docs/design.md, Reliability)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 import run_bench
 from benches.sweep import job, run_folder, runner
-from contract.schema import ROWS_JOURNAL, journal_rows
+from contract.schema import ROWS_JOURNAL, journal_rows, load_doc
 from tests.run_docs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,7 +217,8 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
     assert run_bench.main(argv) == 130
     _, first = load_run(tmp_path / "cpu" / "x")
     # Interrupted in the first round of the chunk: 3 rows kept, timed in 1 round of 5.
-    assert len(first) == 3 and all(runner.cut_short(r) for r in first.to_dict("records"))
+    rows = load_doc(tmp_path / "cpu" / "x").rows
+    assert len(first) == 3 and all(runner.cut_short(r) for r in rows)
     assert set(first["reason"]) == {"timed in 1 of 5 rounds only (stopped by SIGINT)"}
     monkeypatch.undo()
     _fake_ceilings(monkeypatch)
@@ -229,7 +231,7 @@ def test_resume_finishes_only_the_missing_cases(tmp_path, monkeypatch):
     # The 5 missing cases and the 3 cut short, once each; the short rows are replaced.
     assert len(df) == 8 and len(seen) == 8
     assert not df.duplicated(["kernel", "provider", "dtype", "shape"]).any()
-    assert not any(runner.cut_short(r) for r in df.to_dict("records"))
+    assert not any(runner.cut_short(r) for r in load_doc(tmp_path / "cpu" / "x").rows)
     assert (df["n_samples"] >= 25).all()
     assert meta["complete"] is True and len(meta["resumed"]) == 1
     assert meta["resumed"][0]["rows_before"] == 3
@@ -244,10 +246,11 @@ def test_aborted_sweep_stops_at_once(tmp_path, monkeypatch):
     def dies(case, cfg, cache, *rest):
         calls["n"] += 1
         if calls["n"] == 2:
-            row = runner.base_row(case, cfg)
-            row.update(status="failed", reason="AcceleratorError: CUDA error: an illegal "
-                                                "memory access was encountered")
-            raise runner.SweepAborted(row, row["reason"])
+            row = dataclasses.replace(
+                runner.base_row(case, cfg), status="failed",
+                reason="AcceleratorError: CUDA error: an illegal memory access was "
+                       "encountered")
+            raise runner.SweepAborted(row, row.reason)
         return real(case, cfg, cache, *rest)
 
     monkeypatch.setattr(runner, "run_case", dies)

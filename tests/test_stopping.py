@@ -135,9 +135,9 @@ def test_a_settled_cpu_row_skips_its_later_rounds(monkeypatch, min_rounds):
                                              cpu_min_rounds=min_rounds))
     rows = [row for _, row in runner.iterate(_cases(fn), cfg)]
     for row in rows:
-        assert row["status"] == "ok"
-        assert row["n_samples"] == min_rounds * PER_ROUND  # rounds after the rule: none
-        assert not runner.cut_short(row) and "rounds only" not in row["reason"]
+        assert row.status == "ok"
+        assert row.timing.n_samples == min_rounds * PER_ROUND  # rounds after the rule: none
+        assert not runner.cut_short(row) and "rounds only" not in row.reason
 
 
 def test_a_noisy_cpu_row_takes_all_its_rounds(monkeypatch):
@@ -147,7 +147,7 @@ def test_a_noisy_cpu_row_takes_all_its_rounds(monkeypatch):
     calls, fn = _recorder()
     cfg = cpu_cfg(timing=dataclasses.replace(FAST, cpu_chunk_s=60.0))
     for _, row in runner.iterate(_cases(fn), cfg):
-        assert row["n_samples"] == cfg.timing.cpu_rounds * PER_ROUND
+        assert row.timing.n_samples == cfg.timing.cpu_rounds * PER_ROUND
 
 
 def test_the_cpu_rule_waits_for_its_minimum_rounds():
