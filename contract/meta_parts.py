@@ -131,7 +131,7 @@ class EnergySource(TypedDict, total=False):
     reason: str
     counter: CounterProbe
     row_window_s: float | None
-    precision: str
+    precision: float
     bounds: str
 
 

@@ -63,19 +63,6 @@ class Reading:
     energy_mj: int | None = None
     light: bool = False
 
-    # benches/fleet/acceptance*.py still read a reading by key (as when readings were
-    # dicts); everything here reads attributes.  A key not read raises KeyError, as then.
-    def __getitem__(self, key: str) -> object:
-        if key != "t" and (key not in READ_KEYS or self.light and key not in LIGHT_KEYS):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: object = None) -> object:
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
     @property
     def clock(self) -> float | None:
         """The SM clock where it is a number."""
