@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -131,13 +131,8 @@ class MonitorSummary:
 
     def to_json(self) -> DuringRun:
         """As a snapshot holds it (during_run)."""
-        return {"readings": self.readings, "readings_idle": self.readings_idle,
-                "readings_all": self.readings_all, "interval_s": self.interval_s,
-                "sm_clock_mhz_min": self.sm_clock_mhz_min,
-                "sm_clock_mhz_median": self.sm_clock_mhz_median,
-                "sm_clock_mhz_max": self.sm_clock_mhz_max, "power_w_max": self.power_w_max,
-                "throttled_fraction": self.throttled_fraction,
-                "throttle_reasons_seen": list(self.throttle_reasons_seen)}
+        return DuringRun(**{**asdict(self),
+                            "throttle_reasons_seen": list(self.throttle_reasons_seen)})
 
 
 def is_idle(reading: Reading) -> bool:
