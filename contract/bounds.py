@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from contract.devices import DEVICES
 from contract.modes import WARM
 from contract.rows import run_ceilings
-from contract.run_meta import RunMeta, meta_json
+from contract.run_meta import RunMeta
 
 WITHHELD = "withheld"  # the row column holding a row's records (contract/schema.py Row)
 
@@ -242,7 +242,7 @@ class RunBounds:
         # A datasheet bounds the device it was written for: a run held against another
         # model's peaks (--device h100 on another GPU) has no datasheet of its own.
         present, model_key = dev.detected_key, dev.device_key
-        sheet = run_ceilings(meta_json(meta)).get("datasheet")
+        sheet = run_ceilings(meta).get("datasheet")
         own = sheet is not None and (not present or not model_key or present == model_key)
         start = _sub(tel.nvml_start)
         return cls(

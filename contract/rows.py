@@ -2,9 +2,9 @@
 rows, the ok rows, each row's roof class, and the datasheet and measured ceilings
 (Ceiling) the run was held against; a typed row's cache-mode tag and name.
 
-The metadata is read typed (contract/run_meta.py RunMeta); the functions that callers
-still hand the metadata's JSON form (run_ceilings, TritonBuilds.of) take either and read
-the JSON through the one loader (parse_meta).
+The metadata is read typed (contract/run_meta.py RunMeta); run_ceilings, which the plan's
+figures still hand a ceilings document, takes either and reads the JSON through the one
+loader (parse_meta).
 """
 
 from __future__ import annotations
@@ -148,11 +148,11 @@ class TritonBuilds:
         return bool(self.built or self.built_ahead)
 
     @classmethod
-    def of(cls, meta: RunMeta | Mapping[str, Any]) -> TritonBuilds:
+    def of(cls, meta: RunMeta) -> TritonBuilds:
         def count(doc: Any, key: str) -> int:
             return int(positive_float(doc.get(key)) or 0) if isinstance(doc, dict) else 0
 
-        compiles = typed_meta(meta).compiles
+        compiles = meta.compiles
         own, ahead = compiles.triton_compiles, compiles.compiled_ahead
         waited = positive_float(ahead.get("waited_s")) if isinstance(ahead, dict) else None
         return cls(count(own, "compiled"), count(own, "from_cache"),
