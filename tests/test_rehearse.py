@@ -390,7 +390,7 @@ AHEAD = textwrap.dedent("""
         cfg = run_config(GPU_MODELS["h100"], ["add", "softmax"], ["fp32"], "quick")
         jobs = triton_cache.compile_jobs(build_cases(cfg), cfg)
         # "early": started before the jobs, loading torch, Triton and the kernels
-        # (triton_cache.preload) as the command starts them
+        # (triton_cache.PRELOAD) as the command starts them
         spawned = triton_cache.Spawned(2) if sys.argv[2:] == ["early"] else None
         ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1],
                                           spawned=spawned)

@@ -650,18 +650,19 @@ def test_an_early_worker_that_died_leaves_the_jobs_to_the_sweep(tmp_path):
 
 
 def test_the_preload_loads_triton_and_every_family_without_asking_the_driver():
-    """triton_cache.preload, what an early worker runs before the GPU is set up by the
+    """triton_cache.PRELOAD, what an early worker loads before the GPU is set up by the
     sweep: Triton and every kernel family imported, nothing asked of CUDA or of
     Triton's driver (which would initialise CUDA in the worker)."""
     code = """
-import json, sys, torch
+import json, pkgutil, sys, torch
 asked = []
 for name in ("is_available", "current_device", "device_count", "init", "_lazy_init",
              "get_device_capability", "get_device_properties"):
     real = getattr(torch.cuda, name)
     setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: (asked.append(_n), _r(*a, **k))[1])
 from benches.sweep import triton_cache
-triton_cache.preload()
+for name in triton_cache.PRELOAD:
+    pkgutil.resolve_name(name)
 import triton.runtime
 drv = triton.runtime.driver
 print(json.dumps([asked, "triton" in sys.modules, "kernels.matmul" in sys.modules,

@@ -28,7 +28,9 @@ WORKERS_ENV = "GPUBENCH_COMPILE_WORKERS"
 WAIT_ENV = "GPUBENCH_COMPILE_WAIT_S"
 DEFAULT_WAIT_S = 90.0
 COMPILE_FN = "benches.sweep.triton_cache:compile_case"  # "module:name", run per job
-PRELOAD = ("benches.sweep.triton_cache:preload",)  # what an early worker loads first
+# What an early worker loads first: torch, Triton, every kernel family (REGISTRY loads
+# them), asking no driver.
+PRELOAD = ("kernels.shipped", "kernels.triton_utils", "kernels:REGISTRY")
 STOP_GRACE_S = 5.0  # how long stop() waits for the killed workers
 PARENT_POLL_S = 0.2  # how often a worker looks whether its parent is gone
 # The offline driver's device index: one no GPU has (torch holds 8 bits), so that
@@ -69,11 +71,12 @@ def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
     return list(seen.values())
 
 
-def _env_number(name: str, whole: bool, want: str) -> float | None:
-    """`name`'s value, 0 or more (a count where `whole`), None where unset; else refused."""
+def _env_number(name: str, default: float, want: str, whole: bool = False) -> float:
+    """`name`'s value, 0 or more (a count where `whole`), `default` where unset or blank;
+    anything else refused in one line."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return None
+        return default
     with contextlib.suppress(ValueError):
         got = float(raw)
         if math.isfinite(got) and got >= 0 and (raw.isdigit() or not whole):
@@ -85,20 +88,17 @@ def _env_number(name: str, whole: bool, want: str) -> float | None:
 
 def default_workers() -> int:
     """GPUBENCH_COMPILE_WORKERS, else half the cores shared by the node's ranks, at most 8."""
-    got = _env_number(WORKERS_ENV, True, "the number of compile-ahead worker processes, "
-                      "0 or more (0: none; unset: half the cores, at most 8)")
-    if got is not None:
-        return int(got)
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(0, min(8, (os.cpu_count() or 2) // 2 // ranks))
+    return int(_env_number(WORKERS_ENV, max(0, min(8, (os.cpu_count() or 2) // 2 // ranks)),
+                           "the number of compile-ahead worker processes, 0 or more (0: "
+                           "none; unset: half the cores, at most 8)", whole=True))
 
 
 def wait_s() -> float:
     """GPUBENCH_COMPILE_WAIT_S: the wait for the workers after the ceilings (0: none)."""
-    got = _env_number(WAIT_ENV, False, "the seconds to wait after the ceilings for the "
-                      "compile-ahead workers, 0 or more (0: stop them when the ceilings "
-                      f"end; default {DEFAULT_WAIT_S:g})")
-    return DEFAULT_WAIT_S if got is None else got
+    return _env_number(WAIT_ENV, DEFAULT_WAIT_S, "the seconds to wait after the ceilings "
+                       "for the compile-ahead workers, 0 or more (0: stop them when the "
+                       f"ceilings end; default {DEFAULT_WAIT_S:g})")
 
 
 # ---- a worker's compile ------------------------------------------------------------------
@@ -206,15 +206,6 @@ def host_builds() -> Iterator[list[float]]:
         yield builds
     finally:
         knobs.build.impl = prior
-
-
-def preload() -> None:
-    """An early worker's imports (torch, Triton, every kernel family), asking no driver."""
-    import kernels.shipped  # noqa: F401
-    import kernels.triton_utils  # noqa: F401
-    from kernels import REGISTRY
-
-    len(REGISTRY)
 
 
 # ---- the worker processes ----------------------------------------------------------------
