@@ -1,7 +1,5 @@
-"""A sweep priced from the runs of its device, read back (load_run): each case at what the
-same case, else the nearest, cost in the source run, its Triton compiles and tunings at
-the seconds the device's runs measured, and what the run spent once.  The method:
-docs/measurement.md, "run_bench.py --estimate"."""
+"""A sweep priced from its device's runs (load_run): each case at what it, else the nearest
+case, cost in the source run (the method: docs/measurement.md, "run_bench.py --estimate")."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ import math
 from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -22,35 +19,33 @@ from contract.phases import PHASES
 from contract.request import RunRequest
 from contract.rows import Ceiling, TritonBuilds, run_ceilings
 from contract.run_meta import DeviceFacts, RunMeta
-from contract.schema import load_doc, parse_row_key
+from contract.schema import RowKey, load_doc, parse_row_key
 from kernels.spec import Target
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
-# Priced from the compile counts and the cache's state, and once: not a row's.
+# Priced from the compile counts and the cache's state, and once: never part of a row's cost.
 COUNTED = ("compile", "tune", "ceilings")
-Key = tuple[str, ...]
+# The one device speed in code, for a device with no run to price from: seconds per case,
+# once and of ceilings (round figures of the runs docs/measurement.md lists).
+FALLBACK_CASE_S = {"inputs": 0.01, "check": 0.02, "capture": 0.05, "timing": 0.1,
+                   "profile": 0.01, "write": 0.03, "other": 0.01}
+FALLBACK_ONCE_S = {"other": 5.0, "write": 1.0}
+FALLBACK_CEILINGS_S = 5.0
 
 
 @dataclass(frozen=True)
-class Item:
-    """A case to price: its row key, work and roof."""
+class Row:
+    """A case to price, or a run's row with what it cost (seconds per phase but COUNTED's)."""
 
-    key: Key
+    key: RowKey
     flops: float
     nbytes: float
     roof_class: str | None
-
-
-@dataclass(frozen=True)
-class Row(Item):
-    """A run's row: its seconds per phase but COUNTED's, whether it ran, its share of the
-    run's Triton compiles, its launches that tune on a cold cache, its samples' seconds."""
-
-    cost: dict[str, float]
-    ran: bool
-    compiles: float
-    tunable: int
-    timed: float = 0.0
+    cost: dict[str, float] = field(default_factory=dict)
+    ran: bool = True
+    compiles: float = 0.0  # its share of the run's Triton compiles
+    tunable: int = 0  # its launches that tune on a cold cache
+    timed: float = 0.0  # its samples' seconds
 
 
 @dataclass(frozen=True)
@@ -65,49 +60,38 @@ class CompileTimes:
     runs: int = 0
 
 
-# The one device speed in code, for a device with no run to price from: seconds per case,
-# once, per compile and tuning (round figures of the runs docs/measurement.md lists).
-FALLBACK_CASE_S = {"inputs": 0.01, "check": 0.02, "capture": 0.05, "timing": 0.1,
-                   "profile": 0.01, "write": 0.03, "other": 0.01}
-FALLBACK_ONCE_S = {"other": 5.0, "write": 1.0, "ceilings": 5.0}
+@dataclass(frozen=True)
+class Cache:
+    """Triton's cache: the share of compiles built, of tuning launches tuned (not loaded)."""
+
+    built: float
+    tuned: float
+
+
 FALLBACK_COMPILE = CompileTimes(first_s=0.35, load_s=0.001, build_s=0.35, tune_s=0.7)
+COLD, WARM = Cache(1.0, 1.0), Cache(0.0, 0.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """A run read back; `once`: seconds per phase spent outside its rows' own split."""
+    """A run read back; `once`: what it spent outside its rows' own split, per phase."""
 
     path: Path
+    name: str
     meta: RunMeta
-    phases: list[str]
-    rows: dict[Key, Row] = field(default_factory=dict)
-    once: dict[str, float] = field(default_factory=dict)
-    builds: TritonBuilds = TritonBuilds(0, 0, 0)
-    tuned: int = 0
-    found: int = 0  # tunings found on disk
+    phases: dict[str, float]
+    rows: dict[RowKey, Row]
+    once: dict[str, float]
+    builds: TritonBuilds
+    tuned: int
+    found: int  # tunings found on disk
+    roofs: Ceiling | None  # measured, else the datasheet's
+    whole: bool  # complete, in one process (not resumed, not a fleet's), not --check-only
 
-    @property
-    def name(self) -> str:
-        return self.meta.provenance.run_id or self.path.parent.name
-
-    def split(self, phase: str) -> float:
-        return float(self.meta.time.time_split_s.get(phase) or 0.0)
-
-    @property
-    def ceilings_s(self) -> float:
-        """What measuring its ceilings took (when it or an earlier run measured them)."""
-        return Ceilings.from_json(self.meta.ceilings).measured_s or self.split("ceilings")
-
-    @property
-    def check_only(self) -> bool:  # the stored request's (parse_meta rebuilds an old run's)
-        with suppress(TypeError, ValueError):  # RequestError: one this version cannot read
-            return RunRequest.from_json(self.meta.request).selection.check_only
-        return False
-
-    @cached_property
-    def roofs(self) -> Ceiling | None:
-        got = run_ceilings(self.meta)
-        return got.get("measured") or got.get("datasheet")
+    def bound(self, row: Row) -> float | None:  # ms, under the run's ceilings
+        roofs = self.roofs
+        return None if roofs is None else bound_ms(
+            row.flops, row.nbytes, roofs.tflops.get(row.roof_class or ""), roofs.hbm_gbps)
 
 
 def load_run(path: Path) -> Run | None:
@@ -119,30 +103,34 @@ def load_run(path: Path) -> Run | None:
         return None
     if not split:
         return None
-    run, rows = Run(path, doc.meta, list(split), builds=TritonBuilds.of(doc.meta)), doc.rows
-    # The run's Triton compiles, spread over the rows that compile (a Triton launch's
-    # config, torch.compile's compile_s); its phases, without its rows' own split, over
-    # the rows that ran
+    builds, rows = TritonBuilds.of(doc.meta), doc.rows
+    # Its Triton compiles spread over its rows that compile (a Triton launch's config,
+    # torch.compile's compile_s); its phases, but for its rows' own split, over those that ran
     ran = [r.status != "skipped" for r in rows]
     compiling = [go and bool(r.build.config or r.build.compile_s is not None)
                  for r, go in zip(rows, ran, strict=True)]
-    each = (run.builds.built + run.builds.from_cache) / max(1, sum(compiling))
+    each = (builds.built + builds.from_cache) / max(1, sum(compiling))
     own = {parse_row_key(e["row"]): e["s"] for e in doc.meta.time.row_split_s}
     weights = ran if any(ran) else [True] * len(rows)
-    for r, go, builds, w in zip(rows, ran, compiling, weights, strict=True):
+    priced: dict[RowKey, Row] = {}
+    for r, go, compiles, w in zip(rows, ran, compiling, weights, strict=True):
         cost = {p: float(own.get(r.key, {}).get(p, 0.0)) if own
                 else split[p] * w / sum(weights) for p in split if p not in COUNTED}
         tunable = sum(s in ("tuned", "cached") for s in str(r.build.config_source).split("; "))
-        timed = float(r.timing.ms_median or 0) * float(r.timing.n_samples or 0) / 1e3
-        run.rows[r.key] = Row(r.key, float(r.accounting.flops or 0),
-                              float(r.accounting.bytes or 0), r.accounting.roof_class, cost,
-                              go, each * builds, tunable, timed)
-    if own:
-        run.once = {p: max(0.0, split[p] - sum(x.cost.get(p, 0.0) for x in run.rows.values()))
-                    for p in split if p not in COUNTED}
-    sources = [s for r in rows for s in str(r.build.config_source).split("; ")]
-    run.tuned, run.found = sources.count("tuned"), sources.count("cached")
-    return run
+        timed = float(r.timing.ms_median or 0) * r.timing.n_samples / 1e3
+        priced[r.key] = Row(r.key, r.accounting.flops, r.accounting.bytes,
+                            r.accounting.roof_class, cost, go, each * compiles, tunable, timed)
+    once = {p: max(0.0, split[p] - sum(x.cost.get(p, 0.0) for x in priced.values()))
+            for p in split if p not in COUNTED} if own else {}
+    sources = Counter(s for r in rows for s in str(r.build.config_source).split("; "))
+    check_only = False  # the stored request's (parse_meta rebuilds an old run's)
+    with suppress(TypeError, ValueError):  # RequestError: a request this version cannot read
+        check_only = RunRequest.from_json(doc.meta.request).selection.check_only
+    got, state = run_ceilings(doc.meta), doc.meta.state
+    return Run(path, doc.meta.provenance.run_id or path.parent.name, doc.meta, split, priced,
+               once, builds, sources["tuned"], sources["cached"],
+               got.get("measured") or got.get("datasheet"),
+               state.complete is True and not (state.resumed or check_only or doc.meta.fleet))
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
@@ -158,10 +146,9 @@ def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
 
 
 def source_run(runs: list[Run], model: DeviceModel) -> Run | None:
-    """The newest whole run (complete, in one process) among `runs`, else the committed
-    baseline of the model (the run it names, else the baseline itself)."""
-    whole = [r for r in runs if r.meta.state.complete is True and not (
-        r.meta.state.resumed or r.check_only or r.meta.fleet)]
+    """The newest whole run (complete, in one process), else the model's committed baseline
+    (the run it names, else the baseline itself)."""
+    whole = [r for r in runs if r.whole]
     if whole or model.kind == "cpu":  # a CPU's baseline is another machine's
         return whole[-1] if whole else None
     base = load_run(BASELINES / f"{model.key}.json")
@@ -170,9 +157,8 @@ def source_run(runs: list[Run], model: DeviceModel) -> Run | None:
 
 
 def compile_times(runs: list[Run], fallback: CompileTimes) -> CompileTimes:
-    """The seconds per compile and tuning of `runs` (the method: docs/measurement.md), the
-    fallback's where no run measured one."""
-    warm = [(r.builds.from_cache, r.split("compile")) for r in runs
+    """The seconds per compile and tuning `runs` measured, else the fallback's."""
+    warm = [(r.builds.from_cache, r.phases.get("compile", 0.0)) for r in runs
             if r.builds.from_cache and not r.builds.cold]
     first, load = fallback.first_s, fallback.load_s
     if warm:  # one run: its seconds are the set-up's
@@ -181,31 +167,18 @@ def compile_times(runs: list[Run], fallback: CompileTimes) -> CompileTimes:
         first, load = max(0.0, float(cut)), max(0.0, float(slope))
     built = [r for r in runs if r.builds.cold]
     n = sum(r.builds.built + r.builds.built_ahead for r in built)
-    build = sum(r.split("compile") - first - r.builds.from_cache * load for r in built) / n \
-        if n else fallback.build_s
+    build = sum(r.phases.get("compile", 0.0) - first - r.builds.from_cache * load
+                for r in built) / n if n else fallback.build_s
     tuned = [r for r in runs if r.tuned]
-    tune = sum(r.split("tune") for r in tuned) / sum(r.tuned for r in tuned) \
+    tune = sum(r.phases.get("tune", 0.0) for r in tuned) / sum(r.tuned for r in tuned) \
         if tuned else fallback.tune_s
     n_runs = sum(bool(r.builds.from_cache or r.builds.cold or r.tuned) for r in runs)
     return CompileTimes(first, load, max(0.0, build), tune, n_runs)
 
 
-# ---- the pricing -------------------------------------------------------------------------
-
-def item_of(case: Case, target: Target) -> Item:
+def item_of(case: Case, target: Target) -> Row:
     s, shape, dt = case.spec, case.shape, case.dtype
-    return Item(case.key, s.flops(shape, dt), s.nbytes(shape, dt), s.roof_class(dt, target))
-
-
-@dataclass(frozen=True)
-class Cache:
-    """Triton's cache: the share of compiles built, of tuning launches tuned (not loaded)."""
-
-    built: float
-    tuned: float
-
-
-COLD, WARM = Cache(1.0, 1.0), Cache(0.0, 0.0)
+    return Row(case.key, s.flops(shape, dt), s.nbytes(shape, dt), s.roof_class(dt, target))
 
 
 def cache_of(run: Run) -> Cache:
@@ -215,60 +188,48 @@ def cache_of(run: Run) -> Cache:
                  run.tuned / (run.tuned + run.found) if run.tuned + run.found else 0.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Walk:
-    phases: dict[str, float]
+    phases: Counter[str]  # seconds
     counts: Counter[str]
-
-    @property
-    def total(self) -> float:
-        return sum(self.phases.values())
+    total: float
 
 
-def _bound(item: Item, run: Run) -> float | None:
-    roofs = run.roofs
-    return None if roofs is None else bound_ms(
-        item.flops, item.nbytes, roofs.tflops.get(item.roof_class or ""), roofs.hbm_gbps)
-
-
-def nearest(item: Item, run: Run | None) -> tuple[Row, float]:
+def nearest(item: Row, run: Run | None) -> tuple[Row, float]:
     """The run's row for `item` and the factor on its samples' time: its own, else the
-    nearest of its kernel's (the same provider, cache mode, dtype, then roofline bound)
-    at the ratio of the bounds, never under 1 (a call's latency does not shrink with
-    its work); the fallback's without a run."""
+    nearest of its kernel's (the same provider, cache mode, dtype, then roofline bound) at
+    the bounds' ratio, never under 1 (a call's latency does not shrink with its work)."""
     if run is None or not run.rows:
-        return Row(item.key, item.flops, item.nbytes, item.roof_class, FALLBACK_CASE_S, True,
-                   float(item.key[1] == "triton"), 0), 1.0
+        return Row(item.key, item.flops, item.nbytes, item.roof_class, FALLBACK_CASE_S,
+                   compiles=float(item.key[1] == "triton")), 1.0
     if item.key in run.rows:
         return run.rows[item.key], 1.0
-    mine = _bound(item, run)
+    mine = run.bound(item)
 
-    def log_ratio(r: Row) -> float:
-        theirs = _bound(r, run)
-        return abs(math.log(mine / theirs)) if mine and theirs else math.inf
+    def ratio(r: Row) -> float | None:  # of the two bounds, where both are known
+        theirs = run.bound(r)
+        return mine / theirs if mine and theirs else None
 
     k = item.key
     family = [r for r in run.rows.values() if r.key[0] == k[0]] or list(run.rows.values())
     near = min(family, key=lambda r: (r.key[1] != k[1], r.key[4] != k[4], r.key[2] != k[2],
-                                      log_ratio(r)))
-    theirs = _bound(near, run)
-    return near, max(1.0, mine / theirs) if mine and theirs else 1.0
+                                      abs(math.log(ratio(r) or math.inf))))
+    return near, max(1.0, ratio(near) or 1.0)
 
 
-def price(items: list[Item], run: Run | None, times: CompileTimes, cache: Cache,
+def price(items: list[Row], run: Run | None, times: CompileTimes, cache: Cache,
           ceilings: bool) -> Walk:
     """`items` priced from `run`: every phase it recorded, in contract.phases or not."""
-    phases = dict.fromkeys([*PHASES, *(run.phases if run else ())], 0.0)
-    for p, s in (run.once if run else FALLBACK_ONCE_S).items():
-        phases[p] += s if p not in COUNTED else 0.0
-    if ceilings:
-        phases["ceilings"] = run.ceilings_s if run else FALLBACK_ONCE_S["ceilings"]
+    phases = Counter(dict.fromkeys([*PHASES, *(run.phases if run else ())], 0.0))
+    phases.update(run.once if run else FALLBACK_ONCE_S)
+    if ceilings:  # what measuring them took (where it or an earlier run measured them)
+        phases["ceilings"] = (Ceilings.from_json(run.meta.ceilings).measured_s
+                              or run.phases.get("ceilings", 0.0)) if run else FALLBACK_CEILINGS_S
     counts: Counter[str] = Counter()
     compiles = tunings = 0.0
     for item in items:
         row, scale = nearest(item, run)
-        for p, s in row.cost.items():
-            phases[p] += s if p not in COUNTED else 0.0
+        phases.update(row.cost)
         phases["timing"] += row.timed * (scale - 1)  # its samples, the rest as they were
         compiles += row.compiles
         tunings += row.tunable * cache.tuned
@@ -279,7 +240,7 @@ def price(items: list[Item], run: Run | None, times: CompileTimes, cache: Cache,
     phases["compile"] += compiles * each + (times.first_s if compiles else 0.0)
     phases["tune"] += tunings * times.tune_s
     counts.update(compiles=round(compiles), tunings=round(tunings))
-    return Walk(phases, counts)
+    return Walk(phases, counts, sum(phases.values()))
 
 
 def price_run(target: Run, source: Run, times: CompileTimes) -> Walk:
