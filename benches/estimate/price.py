@@ -18,7 +18,7 @@ from contract.devices import DeviceModel, Present
 from contract.phases import PHASES
 from contract.request import RunRequest
 from contract.rows import Ceiling, TritonBuilds, run_ceilings
-from contract.run_meta import DeviceFacts, RunMeta
+from contract.run_meta import RunMeta
 from contract.schema import RowKey, load_doc, parse_row_key
 from kernels.spec import Target
 
@@ -50,14 +50,13 @@ class Row:
 
 @dataclass(frozen=True)
 class CompileTimes:
-    """Seconds of a process's first Triton compile (its set-up), per kernel loaded from
-    the cache, per kernel built (compile-ahead's too), per launch tuned; from `runs` runs."""
+    """Seconds of a process's first Triton compile (its set-up), a load, a build, a tuning."""
 
     first_s: float
     load_s: float
     build_s: float
     tune_s: float
-    runs: int = 0
+    runs: int = 0  # the runs that measured them
 
 
 @dataclass(frozen=True)
@@ -83,15 +82,14 @@ class Run:
     rows: dict[RowKey, Row]
     once: dict[str, float]
     builds: TritonBuilds
-    tuned: int
-    found: int  # tunings found on disk
-    roofs: Ceiling | None  # measured, else the datasheet's
+    tuned: int  # launches tuned
+    cache: Cache  # the cache it had, from what it counted (compile-ahead's builds too)
+    roofs: Ceiling  # measured, else the datasheet's (empty: none known)
     whole: bool  # complete, in one process (not resumed, not a fleet's), not --check-only
 
     def bound(self, row: Row) -> float | None:  # ms, under the run's ceilings
-        roofs = self.roofs
-        return None if roofs is None else bound_ms(
-            row.flops, row.nbytes, roofs.tflops.get(row.roof_class or ""), roofs.hbm_gbps)
+        return bound_ms(row.flops, row.nbytes, self.roofs.tflops.get(row.roof_class or ""),
+                        self.roofs.hbm_gbps)
 
 
 def load_run(path: Path) -> Run | None:
@@ -123,25 +121,28 @@ def load_run(path: Path) -> Run | None:
     once = {p: max(0.0, split[p] - sum(x.cost.get(p, 0.0) for x in priced.values()))
             for p in split if p not in COUNTED} if own else {}
     sources = Counter(s for r in rows for s in str(r.build.config_source).split("; "))
+    tuned, tunable = sources["tuned"], sources["tuned"] + sources["cached"]  # cached: on disk
+    seen = builds.built + builds.from_cache
+    cache = Cache(min(1.0, (builds.built + builds.built_ahead) / seen) if seen else 0.0,
+                  tuned / tunable if tunable else 0.0)
     check_only = False  # the stored request's (parse_meta rebuilds an old run's)
     with suppress(TypeError, ValueError):  # RequestError: a request this version cannot read
         check_only = RunRequest.from_json(doc.meta.request).selection.check_only
     got, state = run_ceilings(doc.meta), doc.meta.state
     return Run(path, doc.meta.provenance.run_id or path.parent.name, doc.meta, split, priced,
-               once, builds, sources["tuned"], sources["cached"],
-               got.get("measured") or got.get("datasheet"),
+               once, builds, tuned, cache,
+               got.get("measured") or got.get("datasheet") or Ceiling("datasheet"),
                state.complete is True and not (state.resumed or check_only or doc.meta.fleet))
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
-    """The runs of the device under `out`, oldest first, but a fleet rank's (its waits)."""
-    def of(d: DeviceFacts) -> bool:  # `model`'s; a CPU's: this machine's (model, cores)
-        return d.device_key == model.key and (model.kind != "cpu" or (
-            d.device_name == present.name and d.cpu_cores == present.cores))
-
+    """The runs of `model` under `out` (a CPU's: of this machine, its model and cores), oldest
+    first, but a fleet rank's (its waits)."""
     paths = (p for p in out.glob("**/results.json")
              if "ranks" not in p.relative_to(out).parts[:-1])
-    runs = [r for p in paths if (r := load_run(p)) and of(r.meta.device)]
+    runs = [r for p in paths if (r := load_run(p)) and r.meta.device.device_key == model.key
+            and (model.kind != "cpu" or (r.meta.device.device_name, r.meta.device.cpu_cores)
+                 == (present.name, present.cores))]
     return sorted(runs, key=lambda r: str(r.meta.provenance.created or ""))
 
 
@@ -181,13 +182,6 @@ def item_of(case: Case, target: Target) -> Row:
     return Row(case.key, s.flops(shape, dt), s.nbytes(shape, dt), s.roof_class(dt, target))
 
 
-def cache_of(run: Run) -> Cache:
-    """The cache a run had, from what it counted (compile-ahead workers' builds too)."""
-    b, seen = run.builds, run.builds.built + run.builds.from_cache
-    return Cache(min(1.0, (b.built + b.built_ahead) / seen) if seen else 0.0,
-                 run.tuned / (run.tuned + run.found) if run.tuned + run.found else 0.0)
-
-
 @dataclass(frozen=True)
 class Walk:
     phases: Counter[str]  # seconds
@@ -196,25 +190,20 @@ class Walk:
 
 
 def nearest(item: Row, run: Run | None) -> tuple[Row, float]:
-    """The run's row for `item` and the factor on its samples' time: its own, else the
-    nearest of its kernel's (the same provider, cache mode, dtype, then roofline bound) at
-    the bounds' ratio, never under 1 (a call's latency does not shrink with its work)."""
+    """The run's row for `item` and the factor on its samples' time: its own, else its kernel's
+    nearest at the bounds' ratio, never under 1 (a call's latency does not shrink with work)."""
     if run is None or not run.rows:
         return Row(item.key, item.flops, item.nbytes, item.roof_class, FALLBACK_CASE_S,
                    compiles=float(item.key[1] == "triton")), 1.0
     if item.key in run.rows:
         return run.rows[item.key], 1.0
-    mine = run.bound(item)
-
-    def ratio(r: Row) -> float | None:  # of the two bounds, where both are known
-        theirs = run.bound(r)
-        return mine / theirs if mine and theirs else None
-
-    k = item.key
+    mine, k = run.bound(item), item.key
     family = [r for r in run.rows.values() if r.key[0] == k[0]] or list(run.rows.values())
+    # the same provider, cache mode and dtype first, then the nearest bound (where both known)
+    ratio = {r.key: mine / theirs if mine and (theirs := run.bound(r)) else None for r in family}
     near = min(family, key=lambda r: (r.key[1] != k[1], r.key[4] != k[4], r.key[2] != k[2],
-                                      abs(math.log(ratio(r) or math.inf))))
-    return near, max(1.0, ratio(near) or 1.0)
+                                      abs(math.log(ratio[r.key] or math.inf))))
+    return near, max(1.0, ratio[near.key] or 1.0)
 
 
 def price(items: list[Row], run: Run | None, times: CompileTimes, cache: Cache,
@@ -247,4 +236,4 @@ def price_run(target: Run, source: Run, times: CompileTimes) -> Walk:
     """`target` priced from `source` as it ran: its rows, cache and ceilings."""
     at = Ceilings.from_json(target.meta.ceilings).measured_at
     fresh = at >= str(target.meta.provenance.created or "~")
-    return price(list(target.rows.values()), source, times, cache_of(target), fresh)
+    return price(list(target.rows.values()), source, times, target.cache, fresh)
