@@ -1,6 +1,5 @@
-"""`run_bench.py --estimate [selection] [--device D]`: the sweep the same command would run,
-priced phase by phase, Triton's cache cold and warm (a CPU: one column), from what the
-device's newest run measured (price.py); nothing is measured or written."""
+"""`run_bench.py --estimate [selection] [--device D]`: the sweep that command would run,
+priced per phase from what the device's runs measured (price.py); nothing measured or written."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from rich.table import Column, Table
 
 from benches.estimate import price as pricing
 from benches.measured_ceilings import cache_dir_of, cache_problem, cached_entry
+from benches.sweep import job
 from benches.sweep.cases import build_cases
 from benches.sweep.console import console
 from contract.devices import DEVICES, DeviceModel, Present, resolve_device
@@ -31,18 +31,7 @@ def target_device(req: RunRequest, facts: DeviceFacts | None = None
                           d.gpu_memory_gb)
 
 
-def _ceilings_measured(req: RunRequest, model: DeviceModel, present: Present) -> bool:
-    """Whether the run would measure its ceilings: asked to, or none cached that it
-    would use (read only, as job.run finds them)."""
-    if not req.ceilings.measure and model.kind == "cuda":
-        return False
-    _, cached = cached_entry(cache_dir_of(Path(req.output.out)), present)
-    return cached is None or req.ceilings.remeasure or cache_problem(cached) is not None
-
-
 def run_estimate(req: RunRequest) -> int:
-    from benches.sweep import job
-
     model, present = target_device(req)
     runs = pricing.device_runs(Path(req.output.out), model, present)
     source = pricing.source_run(runs, model)
@@ -56,12 +45,14 @@ def run_estimate(req: RunRequest) -> int:
     record = runs if source is None or any(r is source for r in runs) else [*runs, source]
     times = pricing.compile_times(record, pricing.FALLBACK_COMPILE)
     items = [pricing.item_of(c, cfg.target) for c in cases]
-    measured = _ceilings_measured(req, model, present)
+    # Whether the run would measure its ceilings: as measured_ceilings.get_ceilings decides
+    _, cached = cached_entry(cache_dir_of(Path(req.output.out)), present)
+    measured = (req.ceilings.measure or model.kind != "cuda") and (
+        cached is None or req.ceilings.remeasure or cache_problem(cached) is not None)
     caches = {"Triton cache cold": pricing.COLD, "Triton cache warm": pricing.WARM}
     walks = {k: pricing.price(items, source, times, c, measured) for k, c in caches.items()
              if model.kind == "cuda" or c is pricing.WARM}
-    sel = cfg.selection
-    sizes = sel.sizes if sel.shapes is None else "explicit sizes"
+    sizes = cfg.selection.sizes if cfg.selection.shapes is None else "explicit sizes"
     console.print(f"estimate: {len(cases)} cases ({sizes}) on {present.name} as "
                   f"'{model.key}', nothing measured; " + (
                       f"priced from run {source.name} ({source.path.parent}, "
