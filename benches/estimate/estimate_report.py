@@ -1,5 +1,4 @@
-"""`run_bench.py --estimate [selection] [--device D]`: the sweep that command would run,
-priced per phase from what the device's runs measured (price.py); nothing measured or written."""
+"""`run_bench.py --estimate`: the sweep the same command would run, priced (price.py)."""
 
 from __future__ import annotations
 
@@ -17,22 +16,21 @@ from contract.request import RequestError, RunRequest
 from contract.run_meta import DeviceFacts
 
 
-def target_device(req: RunRequest, facts: DeviceFacts | None = None
-                  ) -> tuple[DeviceModel, Present]:
-    """The model estimated for and what is present there: this machine for `auto` and
-    `cpu`; for a GPU model, the GPU its run had (`facts`), else the model's own."""
+def target_device(req: RunRequest, facts: DeviceFacts) -> tuple[DeviceModel, Present]:
+    """The model and its device: this machine's for `auto` and `cpu`; a GPU model's as its run
+    had it (`facts`), else its datasheet's."""
     model = DEVICES.get(req.device.key)
     if model is None or model.kind == "cpu":  # None: auto
         dev = resolve_device(req.device.key)
         return dev.model, dev.present
-    d = facts if facts is not None and facts.device_key == model.key else DeviceFacts()
+    d = facts if facts.device_key == model.key else DeviceFacts()
     return model, Present(model.key, str(d.device_name or model.name), "cuda",
                           d.capability or None, d.sms or model.sms, d.l2_mb or model.l2_mb,
                           d.gpu_memory_gb)
 
 
 def run_estimate(req: RunRequest) -> int:
-    model, present = target_device(req)
+    model, present = target_device(req, DeviceFacts())  # a GPU's: its run's, once known
     runs = pricing.device_runs(Path(req.output.out), model, present)
     source = pricing.source_run(runs, model)
     if source is not None and model.kind == "cuda":
@@ -53,12 +51,11 @@ def run_estimate(req: RunRequest) -> int:
     walks = {k: pricing.price(items, source, times, c, measured) for k, c in caches.items()
              if model.kind == "cuda" or c is pricing.WARM}
     sizes = cfg.selection.sizes if cfg.selection.shapes is None else "explicit sizes"
-    console.print(f"estimate: {len(cases)} cases ({sizes}) on {present.name} as "
-                  f"'{model.key}', nothing measured; " + (
-                      f"priced from run {source.name} ({source.path.parent}, "
-                      f"wall {source.meta.time.wall_s} s)" if source else
-                      "no run of this device: priced by the fallback (FALLBACK_* in "
-                      "benches/estimate/price.py)") + ("" if measured else "; ceilings cached"))
+    origin = (f"priced from run {source.name} ({source.path.parent}, wall "
+              f"{source.meta.time.wall_s} s)" if source else "no run of this device: priced "
+              "by the fallback (FALLBACK_* in benches/estimate/price.py)")
+    console.print(f"estimate: {len(cases)} cases ({sizes}) on {present.name} as '{model.key}', "
+                  f"nothing measured; {origin}" + ("" if measured else "; ceilings cached"))
     if model.kind == "cuda":
         console.print(
             f"per Triton compile: {times.first_s:.2f} s once, {times.load_s * 1e3:.1f} ms "

@@ -1,5 +1,4 @@
-"""A sweep priced from its device's runs (load_run): each case at what it, else the nearest
-case, cost in the source run (the method: docs/measurement.md, "run_bench.py --estimate")."""
+"""A sweep priced from what its device's runs measured (docs/measurement.md, "--estimate")."""
 
 from __future__ import annotations
 
