@@ -23,7 +23,7 @@ from benches.timing import clock as timing
 from benches.timing import plan as timing_plan
 from benches.timing.plan import OverBudget, TimingConfig, plan_cpu
 from contract.ceilings import Ceilings, no_roofs
-from contract.record import flat
+from contract.record import RunRow, flat
 from contract.rows import positive_float, run_ceilings
 from contract.schema import ALL_COLUMNS
 from roofline.gate.stats import min_p_value, row_alpha
@@ -103,6 +103,11 @@ def test_a_path_over_budget_skips_its_larger_shapes_without_a_call():
                                         "kernel, provider and dtype already takes 0.3")
 
 
+def _ran(c) -> RunRow:
+    """A row of `c` that ran (what RunBudget.record reads of it: its status)."""
+    return RunRow(c.id, status="ok")
+
+
 def test_a_warm_row_is_its_own_path_not_a_larger_shape_of_its_cold_twin():
     # Cases run cold then warm at each shape: the warm twin of an over-budget cold row
     # is checked and judged on its own call time, never skipped as "the smaller shape".
@@ -121,7 +126,7 @@ def test_a_warm_row_is_its_own_path_not_a_larger_shape_of_its_cold_twin():
     b = RunBudget(row_budget_s=2.0)
     cold, warm = case(shape={"n": 1000}), dataclasses.replace(case(shape={"n": 1000}),
                                                               cache="warm")
-    b.record(cold, {"status": "ok"}, RowBudget(call_s=1.5))
+    b.record(cold, _ran(cold), RowBudget(call_s=1.5))
     assert b.skip_reason(dataclasses.replace(warm, shape={"n": 10**4})) is None  # unknown
     assert b.skip_reason(case(shape={"n": 10**4})) is not None  # 15 s predicted, cold
 
@@ -129,7 +134,7 @@ def test_a_warm_row_is_its_own_path_not_a_larger_shape_of_its_cold_twin():
 def test_a_larger_shape_predicted_past_the_whole_row_budget_is_not_run():
     b = RunBudget(row_budget_s=2.0)
     small, big = case(shape={"n": 1000}), case(shape={"n": 10**6})
-    b.record(small, {"status": "ok"}, RowBudget(call_s=0.01))
+    b.record(small, _ran(small), RowBudget(call_s=0.01))
     assert b.skip_reason(case(shape={"n": 100_000})) is None  # ~1 s a call: may run
     why = b.skip_reason(big)
     assert why is not None and why.startswith("over the row budget: about 10 s a call "

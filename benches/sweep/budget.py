@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from benches.sweep.cases import Case
 from benches.timing.plan import CpuPlan
+from contract.record import RunRow
 
 # --run-budget's default on a CPU: what the default sweep's timing may take (the whole
 # run, with ceilings, checks and figures, stays under 3 minutes on 2 busy cores).
@@ -72,14 +72,14 @@ class RunBudget:
                     f"more than the whole row budget of {self.row_budget_s:g} s; not run")
         return None
 
-    def record(self, case: Case, row: dict[str, Any], budget: RowBudget) -> None:
+    def record(self, case: Case, row: RunRow, budget: RowBudget) -> None:
         """What a finished row says about its path's speed."""
         if budget.call_s is None:
             return
         key, w = path(case), work(case)
         entry = (w, case.shape_str, budget.call_s)
-        if row.get("status") == "skipped" and str(row.get("reason", "")).startswith(
-                "over the row budget") and (key not in self.over or w < self.over[key][0]):
-            self.over[key] = entry
-        elif row.get("status") == "ok" and (key not in self.ran or w >= self.ran[key][0]):
+        if row.status == "skipped" and (row.reason or "").startswith("over the row budget"):
+            if key not in self.over or w < self.over[key][0]:
+                self.over[key] = entry
+        elif row.ok and (key not in self.ran or w >= self.ran[key][0]):
             self.ran[key] = entry

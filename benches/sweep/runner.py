@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -219,14 +218,8 @@ def _budgeted(case: Case, cfg: SweepContext, cache: InputCache, budget: RunBudge
     granted = budget.row(cases_left)
     row = run_case(case, cfg, cache, granted, split)
     python_handlers_back()  # a compile the hook did not see (e.g. async) left LLVM's
-    budget.record(case, _outcome(row), granted)
+    budget.record(case, row, granted)
     return row, granted.plan
-
-
-def _outcome(row: RunRow) -> dict[str, Any]:
-    """What RunBudget.record reads of a finished row: its status and reason (the
-    dict its signature takes, benches/sweep/budget.py; a RunRow once it reads one)."""
-    return {"status": row.status, "reason": row.reason}
 
 
 def blocks(cases: list[Case], cfg: SweepContext) -> Iterator[list[Case]]:
@@ -288,10 +281,10 @@ def _run_block(block: list[Case], cfg: SweepContext, cache: InputCache, budget: 
                 checked[i] = (got, granted)
             else:
                 rows[i] = got
-                budget.record(case, _outcome(got), granted)
+                budget.record(case, got, granted)
         _time_checked(block, checked, rows, cfg, cache, split, splits, metered)
         for i, (_, granted) in checked.items():
-            budget.record(block[i], _outcome(rows[i]), granted)
+            budget.record(block[i], rows[i], granted)
     except GeneratorExit:
         raise
     except SweepAborted as e:
