@@ -1,7 +1,5 @@
-"""Where a run's wall time goes (metadata.time_split_s): TimeSplit, whose phases the job
-and the runner open; a row's own split (`mark`, `since`; RowSplits where a case's rows
-share stages: metadata.row_split_s); Triton's compiles booked out of the phase they
-happen in (compiles_booked).  What each phase books: docs/measurement.md."""
+"""Where a run's wall time goes, phase by phase (metadata.time_split_s) and row by row
+(metadata.row_split_s); what each phase books: docs/measurement.md."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from contract.phases import PHASES
@@ -20,11 +18,9 @@ BOOKED = PHASES[:-1]  # the phases booked explicitly; `other` is the rest of the
 def process_start() -> float:
     """time.perf_counter's reading when this process started (/proc/self/stat against
     CLOCK_BOOTTIME: start-up and imports counted), else now."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            after = f.read().rsplit(")", 1)[1].split()  # from field 3; starttime is 22
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(after[19]) / os.sysconf(
-            "SC_CLK_TCK")
+    try:  # starttime, field 22, in ticks since boot; the name before it may hold ")"
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, AttributeError):
         age = 0.0
     return time.perf_counter() - max(0.0, age)
@@ -33,12 +29,6 @@ def process_start() -> float:
 def _kept(got: dict[str, float]) -> dict[str, float]:
     """A row's split: PHASES order, rounded to 0.1 ms, the phases that took none left out."""
     return {k: r for k in PHASES if (r := round(got.get(k, 0.0), 4)) > 0}
-
-
-@dataclass(frozen=True)
-class Mark:  # TimeSplit.mark: the clock and the seconds booked per phase
-    at: float
-    booked: dict[str, float]
 
 
 class TimeSplit:
@@ -85,25 +75,22 @@ class TimeSplit:
             self._since += seconds
         self.seconds[to] += seconds
 
-    def mark(self) -> Mark:
-        """The clock and the seconds booked per phase now (open phases up to now)."""
+    def mark(self) -> dict[str, float]:
+        """Seconds per phase so far, unrounded (PHASES; an open phase up to now, `other`
+        the rest of the wall time): where a row's own split starts (`since`)."""
         now, got = self.clock(), dict(self.seconds)
         if self._open:
             got[self._open[-1]] += now - self._since
-        return Mark(now, got)
+        return {**got, "other": max(0.0, now - self.start - sum(got.values()))}
 
-    def _after(self, at: float, booked: dict[str, float]) -> dict[str, float]:
+    def since(self, mark: dict[str, float]) -> dict[str, float]:
+        """A row's own split: seconds per phase since `mark` (_kept's form)."""
         now = self.mark()
-        got = {k: now.booked[k] - booked.get(k, 0.0) for k in BOOKED}
-        return {**got, "other": max(0.0, now.at - at - sum(got.values()))}
-
-    def since(self, mark: Mark) -> dict[str, float]:
-        """A row's own split: seconds per phase since `mark`, `other` the rest (_kept)."""
-        return _kept(self._after(mark.at, mark.booked))
+        return _kept({k: now[k] - mark[k] for k in PHASES})
 
     def split(self) -> dict[str, float]:
         """Seconds per phase so far (PHASES), `other` the rest of the wall time, in ms."""
-        return {k: round(v, 3) for k, v in self._after(self.start, {}).items()}
+        return {k: round(v, 3) for k, v in self.mark().items()}
 
     def wall_s(self) -> float:
         return round(self.clock() - self.start, 3)
@@ -128,23 +115,21 @@ class RowSplits:
 
 @contextlib.contextmanager
 def compiles_booked(split: TimeSplit) -> Iterator[None]:
-    """Each compile Triton's listener reports (a listener set before called first) moved to
-    `compile` by Triton's own timer and counted in `split.compiles` by its `cache_hit`."""
+    """Each compile Triton's listener reports (a listener set before is called first) moved
+    to `compile` by Triton's own timer and counted in `split.compiles` by its `cache_hit`."""
     try:
         from triton import knobs
-
-        prior = knobs.compilation.listener
-    except (ImportError, AttributeError):
+    except ImportError:  # no Triton on this platform: nothing compiles
         yield
         return
+    prior = knobs.compilation.listener
 
-    def listener(*, times: Any = None, **kwargs: Any) -> None:
+    def listener(*, times: Any, cache_hit: bool, **kwargs: Any) -> None:
         if prior is not None:
-            prior(times=times, **kwargs)
-        if isinstance(hit := kwargs.get("cache_hit"), bool):
-            split.compiles["from_cache" if hit else "compiled"] += 1
-        if isinstance(total := getattr(times, "total", None), int | float):
-            split.move(total * 1e-6, "compile")
+            prior(times=times, cache_hit=cache_hit, **kwargs)
+        split.compiles["from_cache" if cache_hit else "compiled"] += 1
+        if times is not None:  # Triton's CompileTimes, in microseconds
+            split.move(times.total * 1e-6, "compile")
 
     knobs.compilation.listener = listener
     try:
