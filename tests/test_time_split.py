@@ -26,12 +26,7 @@ from contract.phases import PHASES
 from contract.run_meta import parse_meta
 from contract.schema import ROW_SPLIT, row_key
 from kernels import REGISTRY
-from roofline.report.run_time import (
-    compiled_ahead_line,
-    compiles_line,
-    row_time_sections,
-    time_split_line,
-)
+from roofline.report.run_time import compile_facts, row_time_sections, time_split_line
 from roofline.report.summary import render_summary
 from tests.run_docs import doc_of
 from tests.test_measurement import FAST, cpu_cfg, gpu_cfg, gpu_faked, steady_sampler
@@ -159,6 +154,23 @@ def test_the_summary_says_where_the_rows_time_went():
     assert "## Where the rows' time went" in md
 
 
+def test_an_old_runs_odd_time_values_are_left_out_not_fatal():
+    """parse_meta keeps the metadata's values as they came: a split, a row's entry or the
+    workers' record that is not what this version writes renders without it."""
+    odd = {"time_split_s": {"timing": "12.4", "check": float("inf"), "write": None,
+                            "other": 3}, "wall_s": "30",
+           "row_split_s": [5, {"row": "ab"}, {"row": ["a"]}, {"row": ["dot", "triton"]},
+                           {"row": ["add", "torch"], "s": {"check": "0.5", "tune": None}}],
+           "compiled_ahead": [1, 2], "triton_compiles": "many", "device_key": "h200"}
+    md = render_summary(doc_of(odd))
+    assert "- **time**: timing 12 s of 30 s (other 3)" in md
+    assert "| add torch | 1 | 0.50 | 0.50 |" in md and "| dot triton | 1 | 0.00 | 0.00 |" in md
+    assert "| all rows | 2 | 0.50 | 0.50 |" in md
+    assert "Triton compiles" not in md and "compiled ahead" not in md
+    for entries in ({"row": ["a", "b"]}, "abc", 7):
+        assert row_time_sections(entries) == []
+
+
 def test_an_open_phase_counts_up_to_now():
     clock = Clock()
     split = TimeSplit(clock=clock)
@@ -205,17 +217,25 @@ def test_the_split_line_says_timing_of_wall():
     assert "- **time**: timing 12 s of 30 s (ceilings 10, other 5, write 2)" in md
 
 
+def compiles_line(meta: dict) -> str | None:
+    return dict(compile_facts(parse_meta(meta)))["Triton compiles"]
+
+
+def compiled_ahead_line(ahead) -> str | None:
+    return dict(compile_facts(parse_meta({"compiled_ahead": ahead})))["compiled ahead"]
+
+
 def test_the_summary_says_how_many_kernels_were_built_or_loaded_from_the_cache():
-    assert compiles_line(parse_meta({})) is None  # a CPU run, an older run
+    assert compiles_line({}) is None  # a CPU run, an older run
     none = {"triton_compiles": {"compiled": 0, "from_cache": 0}}
-    assert compiles_line(parse_meta(none)) is None
+    assert compiles_line(none) is None
     warm = {"triton_compiles": {"compiled": 0, "from_cache": 47},
             "compiled_ahead": {"kernels_compiled": 40, "kernels_built": 0}}
-    assert compiles_line(parse_meta(warm)) == "0 built, 47 loaded from Triton's cache"
+    assert compiles_line(warm) == "0 built, 47 loaded from Triton's cache"
     cold = {"triton_compiles": {"compiled": 93, "from_cache": 40},
             "compiled_ahead": {"kernels_built": 40}}
-    assert compiles_line(parse_meta(cold)) == ("93 built, 40 loaded from Triton's cache; 40 "
-                                               "built ahead by the compile workers")
+    assert compiles_line(cold) == ("93 built, 40 loaded from Triton's cache; 40 "
+                                   "built ahead by the compile workers")
     md = render_summary(doc_of({**cold, "device_key": "h200"}))
     assert "- **Triton compiles**: 93 built, 40 loaded from Triton's cache; 40" in md
 

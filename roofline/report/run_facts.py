@@ -13,7 +13,7 @@ from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
 from contract.run_meta import RunMeta
 from roofline.report.cells import cell, mhz
 from roofline.report.requested import run_selection
-from roofline.report.run_time import compiled_ahead_line, compiles_line, time_split_line
+from roofline.report.run_time import compile_facts, time_split_line
 
 # What each fp8 accumulation mode means for the fp8 matmul rows and the fp8 ceiling.
 _FP8_ACCUM = {
@@ -78,8 +78,7 @@ def _run_identity(meta: RunMeta) -> list[tuple[str, Any]]:
         ("sizes", _given(asked.sizes) if asked else None),
         ("timing", timing),
         ("time", time_split_line(meta.time.time_split_s, meta.time.wall_s)),
-        ("Triton compiles", compiles_line(meta)),
-        ("compiled ahead", compiled_ahead_line(meta.compiles.compiled_ahead)),
+        *compile_facts(meta),
         ("fp8 accumulation", _FP8_ACCUM.get(str(fp8), fp8)),
     ]
 

@@ -1,14 +1,14 @@
 """Where a run's time went, from its metadata: the time split's line (the console's last
-line and summary.md's `time` fact), the Triton compiles and the compile-ahead workers'
-facts, and summary.md's table of the rows' own time by kernel and provider
-(metadata.row_split_s): what a sweep spends beside its samples, and on which rows."""
+line and summary.md's `time` fact), the Triton compile facts, and summary.md's table of
+the rows' own time.  parse_meta keeps an old run's values as they came: an odd one is
+left out here, never fatal."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from contract.markdown import md_table_lines
-from contract.meta_parts import CompiledAhead, RowSplit
+from contract.meta_parts import RowSplit
 from contract.phases import PHASES
 from contract.rows import TritonBuilds, compiled_ahead_text
 from contract.run_meta import RunMeta
@@ -31,32 +31,26 @@ def time_split_line(split_s: Mapping[str, float] | None, wall_s: float | None) -
             + (f" ({tail})" if tail else ""))
 
 
-def compiles_line(meta: RunMeta) -> str | None:
-    """The Triton compiles a run asked for, built or loaded from Triton's cache, and those
-    its compile-ahead workers built: a cold cache or a warm one.  None where it recorded
-    none (a CPU run, an older run)."""
-    b = TritonBuilds.of(meta)
-    if not (b.built or b.from_cache or b.built_ahead):
-        return None
-    return (f"{b.built} built, {b.from_cache} loaded from Triton's cache"
-            + (f"; {b.built_ahead} built ahead by the compile workers" if b.built_ahead
-               else ""))
-
-
-def compiled_ahead_line(ahead: CompiledAhead) -> str | None:
-    """What the compile-ahead workers did (metadata.compiled_ahead), and their errors,
-    which say why they compiled less than they were given; None where no worker ran."""
-    if not isinstance(ahead, dict) or not ahead.get("workers"):
-        return None
-    errors = "; ".join(str(e) for e in ahead.get("worker_errors") or [])
-    return compiled_ahead_text(ahead) + (f"; errors: {errors}" if errors else "")
+def compile_facts(meta: RunMeta) -> list[tuple[str, str | None]]:
+    """summary.md's `Triton compiles`, built or loaded from Triton's cache by the run and
+    built by its compile-ahead workers (a cold cache or a warm one), and `compiled ahead`,
+    what the workers did with their errors (why they did less); None where not recorded."""
+    b, ahead = TritonBuilds.of(meta), as_dict(meta.compiles.compiled_ahead)
+    built = did = None
+    if b.built or b.from_cache or b.built_ahead:
+        built = f"{b.built} built, {b.from_cache} loaded from Triton's cache" + (
+            f"; {b.built_ahead} built ahead by the compile workers" if b.built_ahead else "")
+    if ahead.get("workers"):
+        errors = "; ".join(str(e) for e in ahead.get("worker_errors") or [])
+        did = compiled_ahead_text(ahead) + (f"; errors: {errors}" if errors else "")
+    return [("Triton compiles", built), ("compiled ahead", did)]
 
 
 def row_time_sections(entries: Sequence[RowSplit]) -> list[str]:
-    """summary.md's "Where the rows' time went": each (kernel, provider)'s rows' own
-    seconds per phase, the largest totals first, ROW_TIME_TOP of them and the rest in one
-    line, then all rows; [] for a run that recorded none (a CPU sweep whose rounds
-    interleave, an older run): metadata.row_split_s."""
+    """summary.md's "Where the rows' time went" (metadata.row_split_s): each (kernel,
+    provider)'s rows' own seconds per phase, the ROW_TIME_TOP largest, the rest in one line,
+    then all rows; [] where none was recorded (interleaved CPU rounds, an older run).  Plain
+    Python sums, row by row: pandas' compensated ones would round a .xx5 total otherwise."""
     by: dict[str, dict[str, float]] = {}
     rows: dict[str, int] = {}
     for e in entries if isinstance(entries, Sequence) else []:
