@@ -1,4 +1,4 @@
-"""A sweep priced from what its device's runs measured (docs/measurement.md, "--estimate")."""
+"""A sweep priced from its device's runs (the method: docs/measurement.md, "--estimate")."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ from kernels.spec import Target
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
 # Priced from the compile counts and the cache's state, and once: never part of a row's cost.
 COUNTED = ("compile", "tune", "ceilings")
-# The one device speed in code, for a device with no run to price from: seconds per case,
-# once and of ceilings (round figures of the runs docs/measurement.md lists).
+# The one device speed in code, for a device with no run: docs/measurement.md's runs, rounded.
 FALLBACK_CASE_S = {"inputs": 0.01, "check": 0.02, "capture": 0.05, "timing": 0.1,
                    "profile": 0.01, "write": 0.03, "other": 0.01}
 FALLBACK_ONCE_S = {"other": 5.0, "write": 1.0}
@@ -101,8 +100,7 @@ def load_run(path: Path) -> Run | None:
     if not split:
         return None
     builds, rows = TritonBuilds.of(doc.meta), doc.rows
-    # Its Triton compiles spread over its rows that compile (a Triton launch's config,
-    # torch.compile's compile_s); its phases, but for its rows' own split, over those that ran
+    # Compiles spread over the rows that compile; phases (but rows' own splits) over those that ran
     ran = [r.status != "skipped" for r in rows]
     compiling = [go and bool(r.build.config or r.build.compile_s is not None)
                  for r, go in zip(rows, ran, strict=True)]
@@ -120,10 +118,9 @@ def load_run(path: Path) -> Run | None:
     once = {p: max(0.0, split[p] - sum(x.cost.get(p, 0.0) for x in priced.values()))
             for p in split if p not in COUNTED} if own else {}
     sources = Counter(s for r in rows for s in str(r.build.config_source).split("; "))
-    tuned, tunable = sources["tuned"], sources["tuned"] + sources["cached"]  # cached: on disk
-    seen = builds.built + builds.from_cache
+    seen, tuned, found = builds.built + builds.from_cache, sources["tuned"], sources["cached"]
     cache = Cache(min(1.0, (builds.built + builds.built_ahead) / seen) if seen else 0.0,
-                  tuned / tunable if tunable else 0.0)
+                  tuned / (tuned + found) if tuned + found else 0.0)  # found: on disk
     check_only = False  # the stored request's (parse_meta rebuilds an old run's)
     with suppress(TypeError, ValueError):  # RequestError: a request this version cannot read
         check_only = RunRequest.from_json(doc.meta.request).selection.check_only
@@ -135,8 +132,7 @@ def load_run(path: Path) -> Run | None:
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
-    """The runs of `model` under `out` (a CPU's: of this machine, its model and cores), oldest
-    first, but a fleet rank's (its waits)."""
+    """`model`'s runs under `out`, oldest first: a CPU's of this machine, not a fleet rank's."""
     paths = (p for p in out.glob("**/results.json")
              if "ranks" not in p.relative_to(out).parts[:-1])
     runs = [r for p in paths if (r := load_run(p)) and r.meta.device.device_key == model.key
@@ -146,8 +142,7 @@ def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:
 
 
 def source_run(runs: list[Run], model: DeviceModel) -> Run | None:
-    """The newest whole run (complete, in one process), else the model's committed baseline
-    (the run it names, else the baseline itself)."""
+    """The newest whole run, else the model's committed baseline (the run it names, else it)."""
     whole = [r for r in runs if r.whole]
     if whole or model.kind == "cpu":  # a CPU's baseline is another machine's
         return whole[-1] if whole else None
