@@ -40,7 +40,7 @@ from roofline.gate.cli import threshold_help
 from roofline.gate.rules import CompareError, check_threshold
 
 if TYPE_CHECKING:  # the workers' module is imported where they are started
-    from benches.sweep.triton_cache import Spawned
+    from benches.sweep.triton_cache import CompileAhead
 
 
 def _registry_lists() -> dict[str, str]:
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         return exit_code(e)
 
 
-def _early_workers(args: argparse.Namespace) -> Spawned | None:
+def _early_workers(args: argparse.Namespace) -> CompileAhead | None:
     """The sweep's compile-ahead workers, started as soon as the arguments are parsed,
     before this process loads its kernels and sets up the GPU (benches/sweep/
     triton_cache.py, spawn_early): for a single-process sweep that may run Triton kernels
@@ -327,7 +327,7 @@ def _early_workers(args: argparse.Namespace) -> Spawned | None:
 
 def _main(argv: list[str], started: float | None = None) -> int:
     switched_on = False
-    early: Spawned | None = None
+    early: CompileAhead | None = None
     try:
         args = parse_args(argv)
         switched_on = _interpreter_for_check_only(args)
@@ -356,7 +356,7 @@ def _main(argv: list[str], started: float | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace, req: RunRequest, argv: list[str],
-              started: float | None, early: Spawned | None) -> int:
+              started: float | None, early: CompileAhead | None) -> int:
     """The job the command line asks for: inspect, estimate, a listing, acceptance, a
     fleet rank's run, or the sweep (and its --history)."""
     from benches.fleet.dist import launched
@@ -414,7 +414,7 @@ def _refuse_in_a_fleet(req: RunRequest) -> None:
 
 
 def _run_and_add(req: RunRequest, argv: list[str], started: float | None,
-                 early: Spawned | None = None) -> int:
+                 early: CompileAhead | None = None) -> int:
     """--history STORE: the store is checked (and made) before anything is measured, the
     run made, then its folder added.  The folder is the one this run created under
     <out>/<device>/ (the --resume folder when resuming); a run that did not finish

@@ -3,7 +3,7 @@ or a GPU it was not measured for.
 
 Triton's autotuner keys a tuning by the values of its `key` arguments and the dtypes of
 the tensor arguments; its on-disk cache (knobs.autotuning.cache, kept between runs by
-benches/sweep/triton_cache.keep_tuning) adds Triton's version, the backend's hash, the
+keep_tuning below) adds Triton's version, the backend's hash, the
 kernel's source and the candidates.  Two things are missing there, and both are added
 here:
 
@@ -22,6 +22,7 @@ here:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,6 +31,16 @@ import triton
 from kernels.spec import Arg, TritonLaunch
 
 _IDENTITY: dict[int, str] = {}  # CUDA device index -> identity set by the caller
+
+
+def keep_tuning() -> bool:
+    """Switch Triton's autotuner to keep its tunings on disk, unless the user's
+    TRITON_CACHE_AUTOTUNING says otherwise; whether it keeps them."""
+    from triton import knobs
+
+    if "TRITON_CACHE_AUTOTUNING" not in os.environ:
+        knobs.autotuning.cache = True
+    return bool(knobs.autotuning.cache)
 
 
 def set_device_identity(text: str, device: int | None = None) -> None:

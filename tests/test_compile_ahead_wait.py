@@ -37,12 +37,13 @@ def _after_ceilings(ahead: triton_cache.CompileAhead) -> tuple[dict, TimeSplit, 
 
 
 def _ready_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int
-                   ) -> triton_cache.Spawned:
+                   ) -> triton_cache.CompileAhead:
     """Early workers that have started and wait for their jobs (each preloaded the
     marker module and called it), so a test's deadline times jobs, not start-ups."""
     marker = tmp_path / "preloaded"
     monkeypatch.setenv("COMPILE_AHEAD_MARKER", str(marker))
-    spawned = triton_cache.Spawned(n, preload=("tests.compile_ahead_fakes_preload:mark",))
+    spawned = triton_cache.CompileAhead(n, ("tests.compile_ahead_fakes_preload:mark",),
+                                        early=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (
             not marker.exists() or marker.read_text().count("called") < n):
@@ -55,8 +56,8 @@ def test_the_wait_ends_once_the_workers_have_done_every_job(monkeypatch):
     """6 jobs of 0.2 s on 2 workers: all 6 compiled, the wait over about 0.6 s after the
     workers start, not at the 90 s deadline; booked as compile time and said in one line."""
     monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
-    ahead = triton_cache.CompileAhead(_jobs(*[200] * 6), 2, "fast",
-                                      compile_fn=f"{FAKES}:slept")
+    ahead = triton_cache.CompileAhead(2).submit(_jobs(*[200] * 6), "fast",
+                                                compile_fn=f"{FAKES}:slept")
     record, split, said, took = _after_ceilings(ahead)
     assert record["cases_done"] == 6 and record["kernels_compiled"] == 6
     assert record["worker_errors"] == [] and record["cases_failed"] == 0
@@ -72,8 +73,8 @@ def test_the_deadline_holds_and_what_was_done_counts(tmp_path, monkeypatch):
     wait and the stop are over within 1.5 s, the two short jobs counted."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
     monkeypatch.setenv(triton_cache.WAIT_ENV, "0.5")
-    ahead = triton_cache.CompileAhead(_jobs(20, 20, 5000, 5000, 5000, 5000), 2, "fast",
-                                      compile_fn=f"{FAKES}:slept", spawned=spawned)
+    ahead = spawned.submit(_jobs(20, 20, 5000, 5000, 5000, 5000), "fast",
+                           compile_fn=f"{FAKES}:slept")
     record, split, said, took = _after_ceilings(ahead)
     assert took < 1.5 and 0.45 <= record["waited_s"] <= 1.0
     assert record["cases_done"] == 2 and record["kernels_compiled"] == 2
@@ -92,8 +93,7 @@ def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monke
     among them keeps it waiting."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
     monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
-    ahead = triton_cache.CompileAhead(_jobs(20, 20, *[500] * 10), 2, "fast",
-                                      compile_fn=f"{FAKES}:loaded", spawned=spawned)
+    ahead = spawned.submit(_jobs(20, 20, *[500] * 10), "fast", compile_fn=f"{FAKES}:loaded")
     record, _, said, took = _after_ceilings(ahead)
     # not the 2.5 s the ten jobs take on two workers (a busy machine delays the first
     # results, never the rule)
@@ -105,8 +105,8 @@ def test_a_warm_cache_ends_the_wait_at_the_workers_first_results(tmp_path, monke
     for fake in ("slept", "boom"):
         (tmp_path / fake).mkdir()
         spawned = _ready_workers(tmp_path / fake, monkeypatch, 2)
-        ahead = triton_cache.CompileAhead(_jobs(20, 20, *[300] * 6), 2, "fast",
-                                          compile_fn=f"{FAKES}:{fake}", spawned=spawned)
+        ahead = spawned.submit(_jobs(20, 20, *[300] * 6), "fast",
+                               compile_fn=f"{FAKES}:{fake}")
         assert _after_ceilings(ahead)[0]["wait_ended"] == "done"
 
 
@@ -114,8 +114,7 @@ def test_no_wait_stops_the_workers_when_the_ceilings_end(tmp_path, monkeypatch):
     """GPUBENCH_COMPILE_WAIT_S=0, the old way: stopped at once, nothing waited or booked."""
     spawned = _ready_workers(tmp_path, monkeypatch, 2)
     monkeypatch.setenv(triton_cache.WAIT_ENV, "0")
-    ahead = triton_cache.CompileAhead(_jobs(5000, 5000, 5000), 2, "fast",
-                                      compile_fn=f"{FAKES}:slept", spawned=spawned)
+    ahead = spawned.submit(_jobs(5000, 5000, 5000), "fast", compile_fn=f"{FAKES}:slept")
     record, split, _, took = _after_ceilings(ahead)
     assert took < 1.0 and record["waited_s"] == 0.0 and split.seconds["compile"] == 0.0
     assert record["cases_done"] == 0
@@ -172,8 +171,8 @@ def test_a_compile_function_that_cannot_be_imported_is_named(monkeypatch):
     """A compile function whose module is missing fails every job at once, said once
     for all; the workers' logs are gone after."""
     monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
-    ahead = triton_cache.CompileAhead(_jobs(10, 10, 10), 2, "fast",
-                                      compile_fn="tests.no_such_fakes:slept")
+    ahead = triton_cache.CompileAhead(2).submit(_jobs(10, 10, 10), "fast",
+                                                compile_fn="tests.no_such_fakes:slept")
     record, _, said, took = _after_ceilings(ahead)
     assert took < 30 and record["cases_done"] == 0 and record["cases_failed"] == 3
     assert record["worker_errors"] == [
@@ -190,19 +189,17 @@ def test_a_failed_preload_and_an_early_worker_that_died_are_named(monkeypatch):
     ended the process) leaves its exit code and last line, and the sweep compiles the
     jobs itself (a pool whose worker died takes none)."""
     monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
-    spawned = triton_cache.Spawned(2, preload=(f"{FAKES}:broken_preload",))
-    ahead = triton_cache.CompileAhead(_jobs(10, 10, 10, 10), 8, "fast",
-                                      compile_fn=f"{FAKES}:slept", spawned=spawned)
+    spawned = triton_cache.CompileAhead(2, (f"{FAKES}:broken_preload",), early=True)
+    ahead = spawned.submit(_jobs(10, 10, 10, 10), "fast", compile_fn=f"{FAKES}:slept")
     assert ahead.workers == 2
     record, _, _, _ = _after_ceilings(ahead)
     assert record["cases_done"] == 4
     assert record["worker_errors"] == [
         f"preload {FAKES}:broken_preload: ImportError: libcuda.so.1: cannot open shared "
         "object file"]
-    dying = triton_cache.Spawned(1, preload=(f"{FAKES}:dies",))
+    dying = triton_cache.CompileAhead(1, (f"{FAKES}:dies",), early=True)
     dying.procs[0].join(30)
-    ahead = triton_cache.CompileAhead(_jobs(10, 10), 8, "fast",
-                                      compile_fn=f"{FAKES}:slept", spawned=dying)
+    ahead = dying.submit(_jobs(10, 10), "fast", compile_fn=f"{FAKES}:slept")
     record, _, _, took = _after_ceilings(ahead)
     assert record["cases_done"] == 0 and took < 10
     assert record["worker_errors"] == [
@@ -213,8 +210,8 @@ def test_the_jobs_errors_are_named_once_each(monkeypatch):
     monkeypatch.delenv(triton_cache.WAIT_ENV, raising=False)
     jobs = [("boom", d, {"n": 1}, 132, None) for d in ("bf16", "fp16", "fp32")] + [
         ("add", "fp32", {"n": 1}, 132, None)]
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast",
-                                      compile_fn="tests.compile_ahead_fakes:counted")
+    ahead = triton_cache.CompileAhead(2).submit(jobs, "fast",
+                                                compile_fn="tests.compile_ahead_fakes:counted")
     record, _, said, _ = _after_ceilings(ahead)
     assert record["cases_done"] == 1 and record["cases_failed"] == 3
     assert record["worker_errors"] == [
@@ -257,8 +254,8 @@ def test_the_sweep_waits_for_its_workers_after_the_ceilings(monkeypatch, tmp_pat
     started = []
 
     def start(cases, cfg, fp8_mode, workers=None, spawned=None):
-        started.append(triton_cache.CompileAhead(_jobs(*[200] * 6), 2, fp8_mode,
-                                                 compile_fn=f"{FAKES}:slept"))
+        started.append(triton_cache.CompileAhead(2).submit(_jobs(*[200] * 6), fp8_mode,
+                                                           compile_fn=f"{FAKES}:slept"))
         return started[-1]
 
     monkeypatch.setattr(triton_cache, "start", start)
@@ -285,8 +282,8 @@ from benches.sweep import triton_cache
 from benches.sweep.interrupt import Terminated, signals_raise
 from benches.sweep.time_split import TimeSplit
 
-ahead = triton_cache.CompileAhead([("add", "fp32", {"ms": 60000}, 132, None)] * 4, 2,
-                                  "fast", compile_fn="tests.compile_wait_fakes:slept")
+ahead = triton_cache.CompileAhead(2).submit([("add", "fp32", {"ms": 60000}, 132, None)] * 4,
+                                           "fast", compile_fn="tests.compile_wait_fakes:slept")
 split = TimeSplit()
 try:
     with signals_raise():

@@ -252,9 +252,9 @@ def compiled_ahead():
             for name, spec in REGISTRY.items() if spec.triton_launches is not None
             for dtype in spec.dtypes if not spec.skip_reason("triton", dtype, target)
             for shape in GPU_SIZES[spec.dims]]
-    ahead = triton_cache.CompileAhead(jobs, max(1, triton_cache.default_workers()),
-                                      fp8_accum(), compile_fn=f"{__name__}:compile_pinned",
-                                      device=gpu_present())
+    workers = min(len(jobs), max(1, triton_cache.default_workers()))
+    ahead = triton_cache.CompileAhead(workers).submit(
+        jobs, fp8_accum(), compile_fn=f"{__name__}:compile_pinned", device=gpu_present())
     concurrent.futures.wait(ahead.futures, 300)  # a hang guard: stop() kills what is left
     return ahead.stop()
 

@@ -6,17 +6,23 @@
   first launch of every elementwise kernel, while 3.9 serialises it.
 - Launches of one kernel whose constexprs change the math (the row ops' OP) never share
   a tuning: the op is part of the autotuner's key.
+- Tunings are kept on disk (keep_tuning) unless the user's environment says otherwise.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 
 import pytest
+import triton
+from triton import knobs
 
 from benches.sweep.shapes import preset_shapes
 from kernels import REGISTRY
 from kernels.spec import Target
+from kernels.tuning import keep_tuning
 
 TARGETS = (Target("cuda", (9, 0)), Target("cuda", (10, 0)))
 
@@ -152,3 +158,38 @@ def test_on_disk_tunings_are_per_op_and_per_gpu(tmp_path):
     assert all(r[4] for r in rows)
     records = list((tmp_path / "cache").rglob("*.autotune.json"))
     assert len(records) == 4
+
+
+@pytest.fixture
+def tuning_knob():
+    """Triton's knob as it was, and its environment variable (setting the knob sets the
+    variable too: Triton's knobs write the environment through)."""
+    key = "TRITON_CACHE_AUTOTUNING"
+    env, held = os.environ.get(key), knobs.autotuning.__dict__.get("cache")
+    yield key
+    knobs.autotuning.__dict__.pop("cache", None)
+    if held is not None:
+        knobs.autotuning.__dict__["cache"] = held
+    os.environ.pop(key, None)
+    if env is not None:
+        os.environ[key] = env
+
+
+def test_tuning_is_kept_on_disk_unless_the_environment_says(tuning_knob):
+    os.environ.pop(tuning_knob, None)
+    knobs.autotuning.__dict__.pop("cache", None)
+    assert not knobs.autotuning.cache
+    assert keep_tuning() and knobs.autotuning.cache
+    knobs.autotuning.__dict__.pop("cache", None)
+    os.environ[tuning_knob] = "0"  # the user's word
+    assert not keep_tuning() and not knobs.autotuning.cache
+
+
+def test_this_triton_s_autotuner_reads_the_knob_when_made():
+    """The mechanism keep_tuning relies on, in this Triton (3.6 on the GPU machines, 3.9
+    here): each Autotuner reads knobs.autotuning.cache as it is made, and
+    triton.autotune takes cache_results."""
+    from triton.runtime.autotuner import Autotuner
+
+    assert "knobs.autotuning.cache" in inspect.getsource(Autotuner.__init__)
+    assert "cache_results" in inspect.signature(triton.autotune).parameters

@@ -391,9 +391,9 @@ AHEAD = textwrap.dedent("""
         jobs = triton_cache.compile_jobs(build_cases(cfg), cfg)
         # "early": started before the jobs, loading torch, Triton and the kernels
         # (triton_cache.PRELOAD) as the command starts them
-        spawned = triton_cache.Spawned(2) if sys.argv[2:] == ["early"] else None
-        ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=sys.argv[1],
-                                          spawned=spawned)
+        ahead = triton_cache.CompileAhead(2, triton_cache.PRELOAD, early=True) \
+            if sys.argv[2:] == ["early"] else triton_cache.CompileAhead(2)
+        ahead.submit(jobs, "fast", compile_fn=sys.argv[1])
         concurrent.futures.wait(ahead.futures, 600)
         print(json.dumps({"jobs": len(jobs), **ahead.stop()}))
 """)

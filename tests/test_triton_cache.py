@@ -7,7 +7,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-import triton
 from triton import knobs
 
 from benches.sweep import triton_cache
@@ -80,7 +78,7 @@ def test_the_workers_share_the_jobs_and_say_what_they_did():
     counted, and the workers gone once there is nothing left."""
     jobs = [("add", "fp32", {"n": 4096}, 132, (9, 0)), ("boom", "bf16", {"n": 1}, 132, None),
             ("matmul", "bf16", {"M": 1, "N": 1, "K": 1}, 132, (9, 0))]
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=f"{FAKES}:counted")
+    ahead = triton_cache.CompileAhead(2).submit(jobs, "fast", compile_fn=f"{FAKES}:counted")
     assert not concurrent.futures.wait(ahead.futures, 60).not_done
     pids = [p.pid for p in ahead.procs]
     assert ahead.stop() == {"workers": 2, "cases": 3, "cases_done": 2, "cases_failed": 1,
@@ -119,8 +117,8 @@ from benches.sweep.interrupt import Terminated, signals_raise
 
 pids_file = sys.argv[1]
 jobs = [("k", pids_file, {"s": s}, 132, (9, 0)) for s in (0.2, 300)]
-ahead = triton_cache.CompileAhead(jobs, 2, "fast",
-                                  compile_fn="tests.compile_ahead_fakes:like_ptxas")
+ahead = triton_cache.CompileAhead(2).submit(
+    jobs, "fast", compile_fn="tests.compile_ahead_fakes:like_ptxas")
 # ready: both jobs started, the short one done (its worker has no more work)
 while len(Path(pids_file).read_text().split() if Path(pids_file).exists() else []) < 3:
     time.sleep(0.05)
@@ -200,41 +198,6 @@ def test_workers_default_to_half_the_cores_shared_by_the_ranks(monkeypatch):
     assert triton_cache.default_workers() == 0
     cfg = _quick_gpu_cfg()
     assert triton_cache.start(build_cases(cfg), cfg, "fast") is None  # off
-
-
-@pytest.fixture
-def tuning_knob():
-    """Triton's knob as it was, and its environment variable (setting the knob sets the
-    variable too: Triton's knobs write the environment through)."""
-    key = "TRITON_CACHE_AUTOTUNING"
-    env, held = os.environ.get(key), knobs.autotuning.__dict__.get("cache")
-    yield key
-    knobs.autotuning.__dict__.pop("cache", None)
-    if held is not None:
-        knobs.autotuning.__dict__["cache"] = held
-    os.environ.pop(key, None)
-    if env is not None:
-        os.environ[key] = env
-
-
-def test_tuning_is_kept_on_disk_unless_the_environment_says(tuning_knob):
-    os.environ.pop(tuning_knob, None)
-    knobs.autotuning.__dict__.pop("cache", None)
-    assert not knobs.autotuning.cache
-    assert triton_cache.keep_tuning() and knobs.autotuning.cache
-    knobs.autotuning.__dict__.pop("cache", None)
-    os.environ[tuning_knob] = "0"  # the user's word
-    assert not triton_cache.keep_tuning() and not knobs.autotuning.cache
-
-
-def test_this_triton_s_autotuner_reads_the_knob_when_made():
-    """The mechanism keep_tuning relies on, in this Triton (3.6 on the GPU machines, 3.9
-    here): each Autotuner reads knobs.autotuning.cache as it is made, and
-    triton.autotune takes cache_results."""
-    from triton.runtime.autotuner import Autotuner
-
-    assert "knobs.autotuning.cache" in inspect.getsource(Autotuner.__init__)
-    assert "cache_results" in inspect.signature(triton.autotune).parameters
 
 
 # ---- what a worker's compile asks of the GPU --------------------------------------------
@@ -374,8 +337,8 @@ def test_a_worker_runs_the_real_compile_function(monkeypatch, interpret):
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     from benches.rehearse.launcher import per_kernel_launchers
 
-    ahead = triton_cache.CompileAhead([("add", "fp32", {"n": 4096}, 132, (9, 0))], 4, "fast")
-    assert ahead.workers == 1  # never more workers than jobs
+    ahead = triton_cache.CompileAhead(1).submit([("add", "fp32", {"n": 4096}, 132, (9, 0))],
+                                                "fast")
     ahead.wait(120)
     record = ahead.record()
     # without a GPU the kernel compiles for sm_90 (the offline driver); its C launcher
@@ -438,19 +401,29 @@ def test_the_sweep_passes_the_gpu_present_to_its_workers(monkeypatch):
     got = {}
 
     class Ahead:
-        def __init__(self, jobs, workers, fp8_mode, compile_fn=None, device=None,
-                     spawned=None):
-            got["device"], got["spawned"] = device, spawned
+        def __init__(self, workers, preload=(), early=False):
+            got["workers"], got["pool"] = workers, self
+
+        def submit(self, jobs, fp8_mode, compile_fn=None, device=None):
+            got["jobs"], got["device"], got["to"] = len(jobs), device, self
+            return self
 
     monkeypatch.setattr(triton_cache, "CompileAhead", Ahead)
     cfg = _quick_gpu_cfg()
-    assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2) is not None
+    assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2) is got["pool"]
     p = cfg.present
-    assert got["device"] == (p.name, p.sms, p.memory_gb) and got["spawned"] is None
-    # the workers the command started early get the jobs
+    assert got["device"] == (p.name, p.sms, p.memory_gb) and got["to"] is got["pool"]
+    assert got["workers"] == 2 < got["jobs"]
+    # never more workers than jobs
+    one = gpu_cfg(kernels=["add"], dtypes=["fp32"], providers=["triton"],
+                  shapes=[{"n": 4096}])
+    assert triton_cache.start(build_cases(one), one, "fast", workers=8) is not None
+    assert got["workers"] == got["jobs"] == 1
+    # the workers the command started early get the jobs, and no pool is made
+    early, got["workers"] = Ahead(3), None
     assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2,
-                              spawned="early") is not None
-    assert got["spawned"] == "early"
+                              spawned=early) is early
+    assert got["to"] is early and got["workers"] is None
 
 
 def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
@@ -467,7 +440,6 @@ def test_a_worker_passes_the_device_to_the_compile_function(tmp_path):
 def test_a_worker_says_how_many_kernels_it_built_not_found_in_tritons_cache(tmp_path):
     """Triton's compilation listener tells a build from a load out of its cache: the
     run's record of a cold cache when the workers built what the sweep then loads."""
-    from triton import knobs
 
     order = {"fp8_mode": "fast", "compile": f"{FAKES}:two_built_one_loaded", "env": {},
              "device": None}
@@ -495,7 +467,7 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
     marker = tmp_path / "preloaded"
     monkeypatch.setenv("COMPILE_AHEAD_MARKER", str(marker))
     monkeypatch.delenv("GPUBENCH_RETUNE", raising=False)
-    spawned = triton_cache.Spawned(2, preload=(f"{FAKES}_preload:mark",))
+    spawned = triton_cache.CompileAhead(2, (f"{FAKES}_preload:mark",), early=True)
     try:
         assert _wait_for(marker)  # preloaded while no job was known
         deadline = time.monotonic() + 60
@@ -506,8 +478,7 @@ def test_early_workers_preload_then_compile_the_jobs_sent_later(tmp_path, monkey
         monkeypatch.setenv("GPUBENCH_RETUNE", "1")
         jobs = [("add", "fp32", {"n": 1}, 132, (9, 0)), ("mul", "fp32", {"n": 1}, 132, None),
                 ("dot", "fp32", {"n": 1}, 132, None)]
-        ahead = triton_cache.CompileAhead(jobs, 8, "fast", compile_fn=f"{FAKES}:retune_seen",
-                                          spawned=spawned)
+        ahead = spawned.submit(jobs, "fast", compile_fn=f"{FAKES}:retune_seen")
         assert not concurrent.futures.wait(ahead.futures, 60).not_done
         got = ahead.stop()
         # every job once, each seeing GPUBENCH_RETUNE=1 (2 kernels each)
@@ -524,11 +495,11 @@ def test_early_workers_no_sweep_takes_are_stopped(tmp_path):
     """Workers started early that get no jobs (nothing to compile, a resumed run with its
     ceilings, an error before the sweep) are gone once stopped, and so when start()
     finds nothing to compile."""
-    spawned = triton_cache.Spawned(2, preload=())
+    spawned = triton_cache.CompileAhead(2, early=True)
     pids = [p.pid for p in spawned.procs]
     spawned.stop()
     assert _gone_within(pids, 10.0) and spawned.procs == []
-    spawned = triton_cache.Spawned(1, preload=())
+    spawned = triton_cache.CompileAhead(1, early=True)
     pids = [p.pid for p in spawned.procs]
     cfg = gpu_cfg(kernels=["add"], dtypes=["fp32"], providers=["torch"], sizes="quick")
     assert triton_cache.start(build_cases(cfg), cfg, "fast", workers=2,
@@ -541,7 +512,9 @@ def test_early_workers_start_only_for_a_sweep_on_a_gpu(monkeypatch, tmp_path):
     from benches.measured_ceilings import CACHE_DIR_ENV
 
     started = []
-    monkeypatch.setattr(triton_cache, "Spawned", lambda n: started.append(n) or "pool")
+    monkeypatch.setattr(triton_cache, "CompileAhead",
+                        lambda n, preload, early: started.append(n) or (
+                            "pool" if early and preload == triton_cache.PRELOAD else "?"))
     monkeypatch.setattr(triton_cache, "gpu_present_cheaply", lambda: True)
     monkeypatch.setenv(triton_cache.WORKERS_ENV, "3")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -629,12 +602,12 @@ def test_an_early_worker_that_died_leaves_the_jobs_to_the_sweep(tmp_path):
     """One early worker killed before the jobs are sent: the pool takes none (the sweep
     compiles them itself), stop() returns at once and says the worker's exit; live
     workers take jobs of any size (past a pipe's 64 KiB in all)."""
-    spawned = triton_cache.Spawned(3, preload=())
+    spawned = triton_cache.CompileAhead(3, early=True)
     dead = spawned.procs[0]
     os.kill(dead.pid, signal.SIGKILL)
     dead.join(10)
-    ahead = triton_cache.CompileAhead([("add", "fp32", {"n": 1}, 132, (9, 0))] * 3, 8,
-                                      "fast", compile_fn=f"{FAKES}:counted", spawned=spawned)
+    ahead = spawned.submit([("add", "fp32", {"n": 1}, 132, (9, 0))] * 3, "fast",
+                           compile_fn=f"{FAKES}:counted")
     t0 = time.monotonic()
     record = ahead.record()
     assert time.monotonic() - t0 < triton_cache.STOP_GRACE_S and record["cases_done"] == 0
@@ -643,7 +616,7 @@ def test_an_early_worker_that_died_leaves_the_jobs_to_the_sweep(tmp_path):
     big = {f"dim{j}": j for j in range(300)}  # ~4 KB a job, 100 jobs
     jobs = [("add", "fp32", big, 132, (9, 0)) for _ in range(100)]
     assert len(json.dumps(jobs)) > 65536
-    ahead = triton_cache.CompileAhead(jobs, 2, "fast", compile_fn=f"{FAKES}:counted")
+    ahead = triton_cache.CompileAhead(2).submit(jobs, "fast", compile_fn=f"{FAKES}:counted")
     assert not concurrent.futures.wait(ahead.futures, 60).not_done
     got = ahead.stop()
     assert got["cases_done"] == 100 and got["kernels_compiled"] == 100 * 300

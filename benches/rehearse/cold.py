@@ -70,8 +70,8 @@ def cold_sweep(device: str, kernels: list[str], dtypes: list[str], sizes: str,
     compiled_ahead, t0 = None, time.perf_counter()
     if ahead:
         p = cfg.present
-        run = triton_cache.CompileAhead(
-            jobs, ahead, fp8_accum(), compile_fn="benches.rehearse.sweep:compile_case_on_standin",
+        run = triton_cache.CompileAhead(min(ahead, len(jobs))).submit(
+            jobs, fp8_accum(), compile_fn="benches.rehearse.sweep:compile_case_on_standin",
             device=(p.name, p.sms, p.memory_gb))
         concurrent.futures.wait(run.futures)
         compiled_ahead = run.record()

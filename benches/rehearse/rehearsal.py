@@ -11,7 +11,7 @@ Each case goes three ways, each on a device index of its own so that each compil
 afresh in memory (Triton's JIT keeps compiled kernels per device; the on-disk cache,
 one temporary TRITON_CACHE_DIR, is shared, as the sweep shares it with compile-ahead):
 - "sweep": kernels.triton_utils.run_launch(launch), the sweep's own call, with the
-  sweep's hooks (interrupt.restore_handlers_after_compiles, triton_cache.keep_tuning):
+  sweep's hooks (interrupt.restore_handlers_after_compiles, kernels.tuning.keep_tuning):
   autotuned over every candidate when there are several (Triton's Autotuner, its
   on-disk cache, the stand-in's timings), compiled for the target, launched on the
   stand-in;
@@ -182,13 +182,13 @@ def registry_cases(arch: str, model: GpuModel, kernels: list[str], dtypes: list[
 
 @contextlib.contextmanager
 def sweep_hooks(cache_dir: str) -> Iterator[None]:
-    """The sweep's Triton settings for the block (triton_cache.keep_tuning, and
+    """The sweep's Triton settings for the block (kernels.tuning.keep_tuning, and
     interrupt.restore_handlers_after_compiles as the sweep's iterate installs it), with
     Triton's cache in `cache_dir`; Triton's knobs as they were after."""
     from triton import knobs
 
     from benches.sweep.interrupt import restore_handlers_after_compiles
-    from benches.sweep.triton_cache import keep_tuning
+    from kernels.tuning import keep_tuning
 
     with knobs.cache.scope(), knobs.autotuning.scope(), knobs.runtime.scope():
         knobs.cache.dir = cache_dir  # also TRITON_CACHE_DIR, for child processes

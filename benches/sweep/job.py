@@ -50,7 +50,7 @@ from contract.versions import check_versions, warning_line
 from kernels import spec as kernel_spec
 from kernels.shipped import RETUNE_ENV, shipped_for
 from kernels.spec import Target, interpreter_enabled
-from kernels.tuning import identity_text, set_device_identity
+from kernels.tuning import identity_text, keep_tuning, set_device_identity
 from roofline.gate.rules import CompareError, parse_allow
 from roofline.gate.runs import check_baseline
 from roofline.report.run_time import time_split_line
@@ -179,7 +179,7 @@ class Measured:
 def run(req: RunRequest, argv: list[str],
         on_cases: Callable[[list[Case]], None] | None = None,
         started: float | None = None,
-        early: triton_cache.Spawned | None = None) -> int:
+        early: triton_cache.CompileAhead | None = None) -> int:
     """One run of the request; `on_cases` sees the selected cases before any folder is
     made or anything measured (a fleet's ranks agree on them there: benches/fleet/run.py);
     `started`: the perf_counter reading at which the process started; `early`: the
@@ -302,7 +302,7 @@ def _gpu_setup(chk: Checked, writer: ResultWriter) -> None:
     clock = NvmlFacts.of(writer.meta.telemetry.nvml_start).max_sm_clock_mhz
     identity = identity_text(present.name, present.sms, present.memory_gb,
                              present.l2_mb, clock)
-    writer.update(compiles__autotune_on_disk=triton_cache.keep_tuning(),
+    writer.update(compiles__autotune_on_disk=keep_tuning(),
                   compiles__tuning_identity=identity)
     set_device_identity(identity)
     # The tuned configs shipped for this GPU model (kernels/configs/), or why none.
@@ -313,7 +313,7 @@ def _gpu_setup(chk: Checked, writer: ResultWriter) -> None:
 
 
 def _measure(chk: Checked, opened: Opened, split: TimeSplit,
-             early: triton_cache.Spawned | None = None) -> Measured:
+             early: triton_cache.CompileAhead | None = None) -> Measured:
     """The ceilings (the sweep's kernels compiling ahead meanwhile, and waited for after:
     triton_cache.after_ceilings), then the sweep; an abort or an interrupt ends it with
     its exit code, at the stage it reached."""
@@ -344,7 +344,7 @@ def _measure(chk: Checked, opened: Opened, split: TimeSplit,
 
 
 def _ceilings(chk: Checked, opened: Opened, split: TimeSplit,
-              early: triton_cache.Spawned | None) -> SweepContext:
+              early: triton_cache.CompileAhead | None) -> SweepContext:
     """The context with the run's ceilings: a resumed run's own (those of its rows), else
     measured or cached, the sweep's Triton kernels compiling in worker processes
     meanwhile (GPU) and waited for after."""

@@ -1,7 +1,7 @@
-"""Triton's on-disk caches in a GPU sweep: autotuning kept between runs (`keep_tuning`), and
-the sweep's kernels and 3.6's C launchers compiled ahead by worker processes under an
-offline driver while the ceilings are measured (`CompileAhead`), waited for after them
-(`after_ceilings`).  Why, and what it saves: docs/measurement.md."""
+"""The sweep's Triton kernels and 3.6's C launchers compiled into Triton's on-disk cache
+ahead by worker processes under an offline driver while the ceilings are measured
+(`CompileAhead`), waited for after them (`after_ceilings`).  Why, and what it saves:
+docs/measurement.md."""
 
 from __future__ import annotations
 
@@ -42,19 +42,6 @@ MAX_ERRORS, ERROR_CHARS = 5, 300  # the worker errors recorded, and their length
 LOG_EDGE_BYTES = 65536
 
 Job = tuple[str, str, dict[str, int], int, tuple[int, int] | None]
-
-
-def keep_tuning() -> bool:
-    """Whether Triton's autotuner keeps its results on disk (unless TRITON_CACHE_AUTOTUNING)."""
-    try:
-        from triton import knobs
-
-        tuning = knobs.autotuning
-    except (ImportError, AttributeError):
-        return False
-    if "TRITON_CACHE_AUTOTUNING" not in os.environ:
-        tuning.cache = True
-    return bool(tuning.cache)
 
 
 def compile_jobs(cases: list[Case], cfg: SweepContext) -> list[Job]:
@@ -245,66 +232,17 @@ def _compile_job(i: int, job: Job, order: dict[str, Any]) -> dict[str, Any]:
 
     kernel, dtype, shape, sms, cc = job
     os.environ.update(order["env"])  # what the sweep set after the worker started
-    try:
-        fn = pkgutil.resolve_name(order["compile"])
-    except Exception as e:  # every job fails alike
-        return {"job": i, "error": f"compile function {order['compile']}: "
-                                   f"{type(e).__name__}: {e}"[:200]}
     split, extra = TimeSplit(), {"device": order["device"]} if order["device"] else {}
+    what = f"compile function {order['compile']}: "  # until it loads: every job fails alike
     try:
+        fn, what = pkgutil.resolve_name(order["compile"]), ""
         with compiles_booked(split), host_builds() as launchers:
             n = int(fn(kernel, dtype, shape, sms, tuple(cc) if cc else None,
                        order["fp8_mode"], **extra))
         return {"job": i, "compiled": n, "built": split.compiles["compiled"],
                 "launchers": len(launchers)}
     except Exception as e:  # counted: the sweep's own compile says what is wrong
-        return {"job": i, "error": f"{type(e).__name__}: {e}"[:200]}
-
-
-class Spawned:
-    """`workers` processes in a spawn-context pool, each loading `preload` before its jobs."""
-
-    def __init__(self, workers: int, preload: Sequence[str] = PRELOAD) -> None:
-        self.workers, self.logs = workers, tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
-        self.pool = cf.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_worker_start, initargs=(tuple(preload), self.logs, os.getpid()))
-        for _ in range(workers):  # all started now: one per task while none is idle
-            self.pool.submit(os.getpid)
-        # The pool's own table (pid -> Process): each worker's pid is its group's.
-        self.procs: list[Any] = list(self.pool._processes.values())  # type: ignore[union-attr]
-
-    def stop(self, keep_logs: bool = False) -> dict[int, int]:
-        """SIGKILL to each worker's group (ptxas too), the workers reaped within STOP_GRACE_S
-        (nothing a killed worker held waited on); the exit codes of those that had ended."""
-        exits = {p.pid: p.exitcode for p in self.procs if p.exitcode is not None}
-        for p in self.procs:
-            for kill in (os.killpg, os.kill):  # the worker too: still starting, no group yet
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    kill(p.pid, signal.SIGKILL)
-        if self.procs:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            deadline = time.monotonic() + STOP_GRACE_S
-            for p in self.procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-            if not keep_logs:
-                shutil.rmtree(self.logs, ignore_errors=True)
-        self.procs = []
-        return exits
-
-
-def gpu_present_cheaply() -> bool:
-    """Whether this machine has an NVIDIA GPU, without asking CUDA: its control device."""
-    return os.path.exists("/dev/nvidiactl")
-
-
-def spawn_early() -> Spawned | None:
-    """The workers, started at the command's start where there is a GPU; else None."""
-    workers = default_workers()
-    if workers > 0 and gpu_present_cheaply():
-        with contextlib.suppress(OSError):
-            return Spawned(workers)
-    return None
+        return {"job": i, "error": f"{what}{type(e).__name__}: {e}"[:200]}
 
 
 def _log_lines(path: str) -> tuple[list[str], ...]:
@@ -332,27 +270,37 @@ def worker_errors(logs: str, exits: dict[int, int], job_errors: Iterable[str]) -
 
 
 class CompileAhead:
-    """`jobs` compiled by worker processes (`spawned`, else as many as the jobs, at most
-    `workers`) until done or stop(); record() is the run's `metadata.compiled_ahead`."""
+    """`workers` processes in a spawn-context pool, each loading `preload` before its jobs
+    (`early`: started at the command's start), compiling the jobs submit() hands them
+    until done or stop(); record() is the run's `metadata.compiled_ahead`."""
 
-    def __init__(self, jobs: list[Job], workers: int, fp8_mode: str,
-                 compile_fn: str = COMPILE_FN, device: Sequence[Any] | None = None,
-                 spawned: Spawned | None = None) -> None:
-        from kernels.shipped import RETUNE_ENV
-
-        self.jobs, self.early = len(jobs), int(spawned is not None)
-        self.names = [f"{kernel} {dtype}" for kernel, dtype, *_ in jobs]
-        self.own = spawned or Spawned(min(workers, len(jobs)), ())
-        self.workers, self.logs, self.procs = self.own.workers, self.own.logs, self.own.procs
+    def __init__(self, workers: int, preload: Sequence[str] = (), early: bool = False
+                 ) -> None:
+        self.workers, self.logs = workers, tempfile.mkdtemp(prefix="gpubench-compile-ahead-")
+        self.pool = cf.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_start, initargs=(tuple(preload), self.logs, os.getpid()))
+        for _ in range(workers):  # all started now: one per task while none is idle
+            self.pool.submit(os.getpid)
+        # The pool's own table (pid -> Process): each worker's pid is its group's.
+        self.procs: list[Any] = list(self.pool._processes.values())  # type: ignore[union-attr]
+        self.early, self.names, self.futures = int(early), [], []
         self.stopped: dict[str, Any] | None = None
         self.waited_s, self.wait_ended = 0.0, None
+
+    def submit(self, jobs: list[Job], fp8_mode: str, compile_fn: str = COMPILE_FN,
+               device: Sequence[Any] | None = None) -> CompileAhead:
+        """Hand `jobs` to the workers (`device`: compile_case's); itself."""
+        from kernels.shipped import RETUNE_ENV
+
         order = {"compile": compile_fn, "fp8_mode": fp8_mode,
                  "device": list(device) if device is not None else None,
                  "env": {k: os.environ[k] for k in (RETUNE_ENV,) if k in os.environ}}
-        self.futures: list[cf.Future] = []
         with contextlib.suppress(cf.BrokenExecutor):  # a worker died: stop() says why
-            for i, job in enumerate(jobs):
-                self.futures.append(self.own.pool.submit(_compile_job, i, job, order))
+            for job in jobs:
+                self.futures.append(self.pool.submit(_compile_job, len(self.names), job, order))
+                self.names.append(f"{job[0]} {job[1]}")
+        return self
 
     def _results(self) -> list[dict[str, Any]]:
         return [f.result() for f in self.futures
@@ -362,7 +310,7 @@ class CompileAhead:
         """Whether the first results (one a worker) found all in Triton's cache: the sweep
         loads the rest as fast itself."""
         got = self._results()
-        return len(got) >= min(self.workers, self.jobs) > 0 and all(
+        return len(got) >= min(self.workers, len(self.names)) > 0 and all(
             "compiled" in r and not r["built"] and not r["launchers"] for r in got)
 
     def wait(self, seconds: float) -> None:
@@ -380,10 +328,26 @@ class CompileAhead:
         finally:
             self.waited_s += time.monotonic() - start
 
+    def _kill(self) -> dict[int, int]:
+        """SIGKILL to each worker's group (ptxas too), the workers reaped within STOP_GRACE_S
+        (nothing a killed worker held waited on); the exit codes of those that had ended."""
+        exits = {p.pid: p.exitcode for p in self.procs if p.exitcode is not None}
+        for p in self.procs:
+            for kill in (os.killpg, os.kill):  # the worker too: still starting, no group yet
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(p.pid, signal.SIGKILL)
+        if self.procs:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for p in self.procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        self.procs = []
+        return exits
+
     def stop(self) -> dict[str, Any]:
         """Stop the workers (the sweep compiles what they did not); the record."""
         if self.stopped is None:
-            exits, results = self.own.stop(keep_logs=True), self._results()
+            exits, results = self._kill(), self._results()
             failed: dict[str, list[str]] = {}
             for r in results:
                 if "error" in r:
@@ -393,7 +357,7 @@ class CompileAhead:
                                         else "") for err, names in failed.items()])
             shutil.rmtree(self.logs, ignore_errors=True)
             ok = [r for r in results if "compiled" in r]
-            self.stopped = {"workers": self.workers, "cases": self.jobs,
+            self.stopped = {"workers": self.workers, "cases": len(self.names),
                             "cases_done": len(ok), "cases_failed": len(results) - len(ok),
                             "kernels_compiled": sum(r["compiled"] for r in ok),
                             "kernels_built": sum(r["built"] for r in ok),  # a cold cache
@@ -406,8 +370,22 @@ class CompileAhead:
     record = stop  # the run's metadata.compiled_ahead
 
 
+def gpu_present_cheaply() -> bool:
+    """Whether this machine has an NVIDIA GPU, without asking CUDA: its control device."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+def spawn_early() -> CompileAhead | None:
+    """The workers, started at the command's start where there is a GPU; else None."""
+    workers = default_workers()
+    if workers > 0 and gpu_present_cheaply():
+        with contextlib.suppress(OSError):
+            return CompileAhead(workers, PRELOAD, early=True)
+    return None
+
+
 def start(cases: list[Case], cfg: SweepContext, fp8_mode: str,
-          workers: int | None = None, spawned: Spawned | None = None
+          workers: int | None = None, spawned: CompileAhead | None = None
           ) -> CompileAhead | None:
     """The sweep's Triton kernels compiling ahead, in `spawned` where given (stopped if
     there is nothing to compile); None: nothing to compile, off, or no workers."""
@@ -419,8 +397,8 @@ def start(cases: list[Case], cfg: SweepContext, fp8_mode: str,
         return None
     p = cfg.present
     with contextlib.suppress(OSError):
-        return CompileAhead(jobs, workers, fp8_mode, device=(p.name, p.sms, p.memory_gb),
-                            spawned=spawned)
+        return (spawned or CompileAhead(min(workers, len(jobs)))).submit(
+            jobs, fp8_mode, device=(p.name, p.sms, p.memory_gb))
     return None
 
 
