@@ -611,7 +611,7 @@ def test_an_early_worker_that_died_leaves_the_jobs_to_the_sweep(tmp_path):
     t0 = time.monotonic()
     record = ahead.record()
     assert time.monotonic() - t0 < triton_cache.STOP_GRACE_S and record["cases_done"] == 0
-    assert record["workers"] == 3 and record["started_early"] == 1
+    assert record["workers"] == 3 and record["started_early"] == 1 and record["cases"] == 3
     assert record["worker_errors"][0].startswith("worker exited with code -9: ")
     big = {f"dim{j}": j for j in range(300)}  # ~4 KB a job, 100 jobs
     jobs = [("add", "fp32", big, 132, (9, 0)) for _ in range(100)]

@@ -214,6 +214,7 @@ def _worker_start(preload: Sequence[str], logs: str, parent: int) -> None:
                 loaded()
         except Exception as e:  # the job that needs it fails and is counted
             print(f"preload {name}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            break  # the rest would fail alike: one line for one cause
         except SystemExit as e:  # the worker ends with its code: stop() reads its log
             sys.stderr.flush()
             os._exit(e.code if isinstance(e.code, int) else 1)
@@ -284,7 +285,9 @@ class CompileAhead:
             self.pool.submit(os.getpid)
         # The pool's own table (pid -> Process): each worker's pid is its group's.
         self.procs: list[Any] = list(self.pool._processes.values())  # type: ignore[union-attr]
-        self.early, self.names, self.futures = int(early), [], []
+        self.early = int(early)
+        self.names: list[str] = []  # each job's "kernel dtype", in submit order
+        self.futures: list[cf.Future] = []
         self.stopped: dict[str, Any] | None = None
         self.waited_s, self.wait_ended = 0.0, None
 
@@ -296,10 +299,10 @@ class CompileAhead:
         order = {"compile": compile_fn, "fp8_mode": fp8_mode,
                  "device": list(device) if device is not None else None,
                  "env": {k: os.environ[k] for k in (RETUNE_ENV,) if k in os.environ}}
+        first, self.names = len(self.names), [*self.names, *(f"{k} {d}" for k, d, *_ in jobs)]
         with contextlib.suppress(cf.BrokenExecutor):  # a worker died: stop() says why
-            for job in jobs:
-                self.futures.append(self.pool.submit(_compile_job, len(self.names), job, order))
-                self.names.append(f"{job[0]} {job[1]}")
+            for i, job in enumerate(jobs, first):
+                self.futures.append(self.pool.submit(_compile_job, i, job, order))
         return self
 
     def _results(self) -> list[dict[str, Any]]:
