@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -94,6 +95,11 @@ def test_sm90_properties_of_point_3(sm90):
         # bf16 emulation of the block-scaled formats: its A layout is 8 bytes wide).
         if row["wide_allowed"] and row["dtype"] not in BLOCK_SCALED:
             assert row["load_bits"] == 128, name
+        # Each row's SASS (read in batches of cubins) is its own: it agrees with its PTX.
+        ops = set(row["sass_ops"])
+        assert bool(ops & {"HGMMA", "QGMMA"}) == (row["mma"] == "wgmma"), name
+        assert bool(ops & {"UTMALDG", "UTMASTG"}) == bool(row["tma"]), name
+        assert ("LDGSTS" in ops) == ("cp.async" in row["load_kinds"].split(",")), name
         if row["kernel"] == "matmul":
             dtype = row["dtype"]
             if dtype == "fp32":
@@ -452,7 +458,7 @@ def test_tensor_memory_and_tma_read_from_ptx():
     assert ins.tma_of("cp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10;") == ""
 
 
-def test_sass_counts_from_cuobjdump():
+def test_sass_counts_from_a_listing():
     # Recorded cuobjdump -sass lines: sm_100a (tcgen05 -> UTC*MMA, tensor memory, TMA)
     # and sm_90a (wgmma -> HGMMA).  UTCBAR / UTCATOMSWS (barriers, TMEM allocation) and
     # WARPGROUP.ARRIVE are not counted.
@@ -476,6 +482,47 @@ def test_sass_counts_from_cuobjdump():
                       "UTCOMMA": 1, "UTCQMMA": 1, "UTMALDG": 1, "UTMASTG": 1}
     assert ins_read.sass_mma(counts) == "HGMMA+UTCHMMA+UTCOMMA+UTCQMMA"
     assert ins_read.sass_mma({"LDGSTS": 4}) == ""
+
+
+def _cubin(*ops: str) -> bytes:
+    """An ELF64 whose one executable section holds a 16-byte 'instruction' per opcode
+    (its name, zero-padded), for the stand-in disassembler below."""
+    code = b"".join(op.encode().ljust(16, b"\0") for op in ops)
+    head = bytearray(64)
+    head[:4] = b"\x7fELF"
+    struct.pack_into("<Q", head, 0x28, 64 + len(code))  # the section headers follow
+    struct.pack_into("<HH", head, 0x3A, 64, 2)
+    text = struct.pack("<IIQQQQIIQQ", 0, 1, 0x6, 0, 64, len(code), 0, 0, 16, 0)
+    return bytes(head) + code + bytes(64) + text
+
+
+def test_sass_is_read_many_cubins_a_call_each_given_back_its_own(monkeypatch):
+    """The cubins' code goes to the disassembler as one raw stream per SASS_BATCH
+    cubins (one start-up for them) and each instruction back to its cubin by offset;
+    a cubin that is no ELF, or a call that fails, reads as None."""
+    calls, run = [], subprocess.run
+
+    def disassembler(args, **kwargs):  # nvdisasm -b SMxx -ndf FILE, 16-byte words
+        if "-b" not in args:  # Triton asking the tool its version
+            return run(args, **kwargs)
+        calls.append(args[2])
+        raw = Path(args[-1]).read_bytes()
+        return subprocess.CompletedProcess(args, 0, "".join(
+            f"        /*{i:04x}*/   {raw[i:i + 16].rstrip(bytes(1)).decode()} ;\n"
+            for i in range(0, len(raw), 16)), "")
+
+    monkeypatch.setattr(ins_read.subprocess, "run", disassembler)
+    cubins = [_cubin("HGMMA", "NOP", "HGMMA", "LDGSTS"), b"no cubin", b"",
+              _cubin("UTMALDG", "EXIT"), _cubin("QGMMA")]
+    want = [{"HGMMA": 2, "LDGSTS": 1}, None, None, {"UTMALDG": 1}, {"QGMMA": 1}]
+    assert ins_read.sass_reports(cubins, 90) == want and calls == ["SM90a"]
+    monkeypatch.setattr(ins_read, "SASS_BATCH", 2)
+    assert ins_read.sass_reports(cubins, 90) == want and calls == ["SM90a"] * 3
+    assert ins_read.sass_reports(cubins[3:4], 100) == [{"UTMALDG": 1}]
+    assert calls[-1] == "SM100a"
+    monkeypatch.setattr(ins_read.subprocess, "run", lambda args, **kw: run(args, **kw) if "-b"
+                        not in args else subprocess.CompletedProcess(args, 1, "", "no"))
+    assert ins_read.sass_reports(cubins, 90) == [None] * 5
 
 
 def test_fp8_on_tcgen05_has_no_fast_or_precise_mode():

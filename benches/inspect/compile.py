@@ -16,8 +16,8 @@ alignment, divisibility-by-16 and unit-stride specializations are those of a rea
 launch; each distinct (function, specialization, config) is compiled once with
 `triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`.  ptxas (bundled with
 Triton) is run again on the PTX with `-v` for the resource report Triton discards, and
-cuobjdump (also bundled) lists the SASS.  A Triton that cannot target the arch at all
-says so in one line (exit 0) instead of failing every case.
+nvdisasm (also bundled) lists the SASS, many cubins a call.  A Triton that cannot target
+the arch at all says so in one line (exit 0) instead of failing every case.
 
 Also runnable as `python -m benches.inspect` (the form it re-executes itself in when
 TRITON_INTERPRET=1 is set: the interpreter replaces every @triton.jit function at import
@@ -53,7 +53,7 @@ from benches.inspect.read import (
     operands_allow_wide,
     ptxas_report,
     sass_mma,
-    sass_report,
+    sass_reports,
     tensor_load_lines,
     tensor_memory,
     tma_of,
@@ -229,7 +229,6 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
     if not family:
         family = "FMA only" if launch.matrix_unit else "none"
     tmem_cols, tmem_ops = tensor_memory(ptx)
-    sass = sass_report(k.asm["cubin"])
     narrow = min((b for _, b, _ in loads), default=0)
     # The narrowest load among those whose tile gives each thread 128 bits or more: the
     # number the check is about (small tiles, e.g. matvec's x, cannot do better).
@@ -244,9 +243,8 @@ def compile_case(kernel: str, where: tuple[str, dict[str, int], int, int],
         wide_allowed_min_bits=narrow_wide_ok,
         fp8_acc=fp8_accumulation(ttgir), ptxas_warnings=tuple(advisories), ptxas=ptxas_v,
         matrix_unit=launch.matrix_unit, tmem_cols=tmem_cols, tmem_ops=tmem_ops,
-        tma=tma_of(ptx), sass_mma="?" if sass is None else sass_mma(sass),
-        sass_ops=sass or {},
-    ))
+        tma=tma_of(ptx), sass_mma="?", sass_ops={},  # read in _compiled_rows' batch
+    ), cubin=k.asm["cubin"])
 
 
 def flags_of(row: Inspected, arch: str, fp8_mode: str) -> list[str]:
@@ -393,6 +391,10 @@ def _compiled_rows(cases: list[Case], arch: str, fp8_mode: str, workers: int
             results = list(pool.map(compile_case, *zip(*jobs, strict=True)))
     else:
         results = [compile_case(*j) for j in jobs]
+    counts = sass_reports([r.cubin for r in results], ARCHES[arch][0])
+    results = [r if r.compiled is None else replace(r, cubin=b"", compiled=replace(
+        r.compiled, sass_mma="?" if n is None else sass_mma(n), sass_ops=n or {}))
+        for r, n in zip(results, counts, strict=True)]
     rows = []
     for c, res in zip(cases, results, strict=True):
         row = Inspected(c.kernel, c.dtype, c.fn, c.config, c.warps, c.stages,

@@ -119,6 +119,9 @@ class Outcome:
 
     compiled: Compiled | None = None
     error: str = ""
+    # Its binary, from the worker that compiled it until its SASS is read (in one batch
+    # with the others': compile._compiled_rows), then dropped.
+    cubin: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,23 @@
 their source lines, the PTX's global loads and their widths, the MMA instructions and
 their element types (wgmma, mma.sync, and Blackwell's tcgen05 from its instruction
 descriptor), tensor memory and TMA use, the fp8 accumulation mode, ptxas's register and
-spill report, the SASS instructions cuobjdump lists, and what MLIR wrote to fd 2 when a
+spill report, the SASS instructions nvdisasm lists, and what MLIR wrote to fd 2 when a
 compile failed.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -342,9 +346,11 @@ def ptxas_report(ptx: str, cc: int, options: Any) -> tuple[int, int, int, list[s
             int(spill.group(2)) if spill else 0, warnings, vm.group(1) if vm else "?")
 
 
-# ---- SASS, as cuobjdump lists it --------------------------------------------------------
+# ---- SASS, as nvdisasm lists it ---------------------------------------------------------
 
-_SASS_OP = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*)", re.M)
+# An instruction's offset and opcode (after its predicate, if any).
+_SASS_AT = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*)",
+                      re.M)
 
 # Tensor-core MMAs: HMMA / IMMA (mma.sync), HGMMA / QGMMA (Hopper's wgmma), UTCHMMA /
 # UTCQMMA / UTCOMMA (what tcgen05.mma issues on Blackwell).
@@ -355,14 +361,19 @@ _SASS_MMA = re.compile(r"UTC\w*MMA|[A-Z]?GMMA|[HIQO]MMA|DMMA")
 _SASS_OTHER = frozenset({"LDTM", "STTM", "UTCCP", "UTMALDG", "UTMASTG", "UTMAREDG", "UTMAPF",
                          "LDGSTS"})
 
+# The cubins one disassembler call reads: its start-up (about 0.7 s of CPU, more than
+# most kernels' compile) is paid once for them, and a call that fails loses only them.
+SASS_BATCH = 64
+
+
+def _counted(ops: list[str]) -> dict[str, int]:
+    return dict(sorted(Counter(op for op in ops
+                               if op in _SASS_OTHER or _SASS_MMA.fullmatch(op)).items()))
+
 
 def sass_counts(sass: str) -> dict[str, int]:
-    """Opcode -> count of the SASS instructions above, in cuobjdump -sass output."""
-    counts: dict[str, int] = {}
-    for op in _SASS_OP.findall(sass):
-        if op in _SASS_OTHER or _SASS_MMA.fullmatch(op):
-            counts[op] = counts.get(op, 0) + 1
-    return dict(sorted(counts.items()))
+    """Opcode -> count of the SASS instructions above, in a disassembler's listing."""
+    return _counted([op for _, op in _SASS_AT.findall(sass)])
 
 
 def sass_mma(counts: dict[str, int]) -> str:
@@ -370,20 +381,53 @@ def sass_mma(counts: dict[str, int]) -> str:
     return "+".join(op for op in counts if _SASS_MMA.fullmatch(op))
 
 
-def sass_report(cubin: bytes) -> dict[str, int] | None:
-    """sass_counts of a cubin, disassembled by the cuobjdump bundled with Triton (None
-    when it cannot be read)."""
-    from triton import knobs
+def _code(cubin: bytes) -> bytes | None:
+    """A cubin's executable sections (ELF64 section headers flagged SHF_EXECINSTR), in
+    order: its instructions as raw bytes; None where it is no such ELF or its code is not
+    whole 16-byte instructions."""
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        entsize, count = struct.unpack_from("<HH", cubin, 0x3A)
+        # each header's sh_flags, sh_offset and sh_size
+        heads = [struct.unpack_from("<8xQ8xQQ", cubin, shoff + i * entsize)
+                 for i in range(count)]
+    except struct.error:
+        return None
+    code = b"".join(cubin[off:off + n] for flags, off, n in heads if flags & 0x4)
+    return code if cubin[:4] == b"\x7fELF" and code and len(code) % 16 == 0 else None
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        try:
-            r = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", str(path)],
-                               capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-    return sass_counts(r.stdout) if r.returncode == 0 else None
+
+def sass_reports(cubins: list[bytes], cc: int) -> list[dict[str, int] | None]:
+    """sass_counts of each cubin of compute capability `cc` (None where it cannot be
+    read): their code disassembled by the nvdisasm bundled with Triton as one raw
+    instruction stream per SASS_BATCH cubins, each instruction given back to its cubin
+    by its offset in the stream."""
+    from triton import knobs
+    from triton.backends.nvidia.compiler import sm_arch_from_capability
+
+    sm = "SM" + sm_arch_from_capability(cc).removeprefix("sm_")  # sm_90a: SM90a
+    codes = [_code(c) for c in cubins]
+    todo = [i for i, code in enumerate(codes) if code]
+    got: list[dict[str, int] | None] = [None] * len(cubins)
+    for at in range(0, len(todo), SASS_BATCH):
+        batch = todo[at:at + SASS_BATCH]
+        starts = list(accumulate((len(codes[i] or b"") for i in batch), initial=0))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "code.bin"
+            path.write_bytes(b"".join(codes[i] or b"" for i in batch))
+            try:
+                r = subprocess.run([knobs.nvidia.nvdisasm.path, "-b", sm, "-ndf", str(path)],
+                                   capture_output=True, text=True, timeout=600)
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+        if r.returncode != 0:
+            continue
+        ops: list[list[str]] = [[] for _ in batch]
+        for offset, op in _SASS_AT.findall(r.stdout):
+            ops[bisect.bisect_right(starts, int(offset, 16)) - 1].append(op)
+        for i, mine in zip(batch, ops, strict=True):
+            got[i] = _counted(mine)
+    return got
 
 
 # ---- what a failed compile left on file descriptor 2 --------------------------------------
