@@ -173,7 +173,9 @@ def test_a_step_is_given_the_budget_less_the_summarys_reserve_and_the_kill_grace
     p = _rehearse(tmp_path / "b", "ncu", budget=reserve + grace + 5)
     assert p.returncode == 0, p.stdout + p.stderr
     tsv = (tmp_path / "b" / "steps.tsv").read_text()
-    assert "ncu\tskipped\t0\t-\tnot started: it needs about 10 s, 5 s of the job's" in tsv
+    left = re.search(r"ncu\tskipped\t0\t-\tnot started: it needs about 10 s, (\d+) s of the "
+                     r"job's \d+ s budget were left", tsv)
+    assert left and 5 - 3 <= int(left.group(1)) <= 5, tsv  # as above, a loaded machine's
 
 
 def test_a_leftover_step_is_started_only_with_its_whole_cap_left(tmp_path) -> None:
