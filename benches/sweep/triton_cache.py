@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing.connection import wait as mp_wait
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: a worker, or a sweep's stop(), needs no torch
@@ -334,18 +335,22 @@ class CompileAhead:
     def _kill(self) -> dict[int, int]:
         """SIGKILL to each worker's group (ptxas too), the workers reaped within STOP_GRACE_S
         (nothing a killed worker held waited on); the exit codes of those that had ended."""
-        exits = {p.pid: p.exitcode for p in self.procs if p.exitcode is not None}
+        # Ended: its sentinel is ready.  Its exit code may not be set yet: the pool's own
+        # thread may be reaping it (a Process's two waiters race, the loser reads None).
+        ended = [p for p in self.procs if mp_wait([p.sentinel], 0)]
         for p in self.procs:
             for kill in (os.killpg, os.kill):  # the worker too: still starting, no group yet
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_GRACE_S
         if self.procs:
             self.pool.shutdown(wait=False, cancel_futures=True)
-            deadline = time.monotonic() + STOP_GRACE_S
             for p in self.procs:
                 p.join(max(0.0, deadline - time.monotonic()))
+        while any(p.exitcode is None for p in ended) and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.procs = []
-        return exits
+        return {p.pid: p.exitcode for p in ended if p.exitcode is not None}
 
     def stop(self) -> dict[str, Any]:
         """Stop the workers (the sweep compiles what they did not); the record."""
