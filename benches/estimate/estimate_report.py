@@ -43,9 +43,9 @@ def run_estimate(req: RunRequest) -> int:
     record = runs if source is None or any(r is source for r in runs) else [*runs, source]
     times = pricing.compile_times(record, pricing.FALLBACK_COMPILE)
     items = [pricing.item_of(c, cfg.target) for c in cases]
-    _, cached = cached_entry(cache_dir_of(Path(req.output.out)), present)
-    measured = (req.ceilings.measure or model.kind != "cuda") and (  # as get_ceilings decides
-        req.ceilings.remeasure or cache_problem(cached) is not None)  # (None: a problem too)
+    # As get_ceilings decides, its cache entry read only where it would be (none: a problem)
+    measured = (req.ceilings.measure or model.kind != "cuda") and (req.ceilings.remeasure or (
+        cache_problem(cached_entry(cache_dir_of(Path(req.output.out)), present)[1]) is not None))
     caches = {"Triton cache cold": pricing.COLD, "Triton cache warm": pricing.WARM}
     walks = {k: pricing.price(items, source, times, c, measured) for k, c in caches.items()
              if model.kind == "cuda" or c is pricing.WARM}

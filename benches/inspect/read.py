@@ -406,15 +406,14 @@ def sass_reports(cubins: list[bytes], cc: int) -> list[dict[str, int] | None]:
     from triton.backends.nvidia.compiler import sm_arch_from_capability
 
     sm = "SM" + sm_arch_from_capability(cc).removeprefix("sm_")  # sm_90a: SM90a
-    codes = [_code(c) for c in cubins]
-    todo = [i for i, code in enumerate(codes) if code]
+    todo = [(i, code) for i, c in enumerate(cubins) if (code := _code(c))]
     got: list[dict[str, int] | None] = [None] * len(cubins)
     for at in range(0, len(todo), SASS_BATCH):
         batch = todo[at:at + SASS_BATCH]
-        starts = list(accumulate((len(codes[i] or b"") for i in batch), initial=0))
+        starts = list(accumulate((len(code) for _, code in batch), initial=0))
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "code.bin"
-            path.write_bytes(b"".join(codes[i] or b"" for i in batch))
+            path.write_bytes(b"".join(code for _, code in batch))
             try:
                 r = subprocess.run([knobs.nvidia.nvdisasm.path, "-b", sm, "-ndf", str(path)],
                                    capture_output=True, text=True, timeout=600)
@@ -425,7 +424,7 @@ def sass_reports(cubins: list[bytes], cc: int) -> list[dict[str, int] | None]:
         ops: list[list[str]] = [[] for _ in batch]
         for offset, op in _SASS_AT.findall(r.stdout):
             ops[bisect.bisect_right(starts, int(offset, 16)) - 1].append(op)
-        for i, mine in zip(batch, ops, strict=True):
+        for (i, _), mine in zip(batch, ops, strict=True):
             got[i] = _counted(mine)
     return got
 
