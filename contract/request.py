@@ -196,6 +196,25 @@ class RunRequest:
         return cls(**{g: _GROUPS[g](**v) for g, v in nested.items()})
 
 
+def stored_selection(meta: RunMeta) -> Selection | None:
+    """A saved run's requested selection, as its readers show it; None for metadata without
+    a request (written by hand, or before the kernels were recorded) or with one this
+    version cannot read (a newer run's), whose facts the readers then leave out.  A run
+    written before the request was stored has one rebuilt from its old keys (run_meta)."""
+    if not meta.request:
+        return None
+    try:
+        return RunRequest.from_json(meta.request).selection
+    except (TypeError, ValueError):  # RequestError too
+        return None
+
+
+def baseline_provider(meta: RunMeta) -> str:
+    """The provider a saved run's speedups are against (--baseline-provider; the request's
+    default where the run does not say)."""
+    return (stored_selection(meta) or Selection()).baseline_provider
+
+
 # The request as results.json's metadata["request"] holds it (to_json writes, from_json
 # reads): one object per group, its keys the group's fields; tuples written as lists, an
 # inf budget as "inf".  from_json reads any subset (a missing field keeps its default).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from benches.timing.plan import bound_ms
 from contract.ceilings import Ceilings
 from contract.devices import DeviceModel, Present
 from contract.phases import PHASES
-from contract.request import RunRequest
+from contract.request import stored_selection
 from contract.rows import Ceiling, TritonBuilds, run_ceilings
 from contract.run_meta import RunMeta
 from contract.schema import RowKey, load_doc, parse_row_key
@@ -121,14 +120,13 @@ def load_run(path: Path) -> Run | None:
     seen, tuned, found = builds.built + builds.from_cache, sources["tuned"], sources["cached"]
     cache = Cache(min(1.0, (builds.built + builds.built_ahead) / seen) if seen else 0.0,
                   tuned / (tuned + found) if tuned + found else 0.0)  # found: on disk
-    check_only = False  # the stored request's (parse_meta rebuilds an old run's)
-    with suppress(TypeError, ValueError):  # RequestError: a request this version cannot read
-        check_only = RunRequest.from_json(doc.meta.request).selection.check_only
+    asked = stored_selection(doc.meta)
     got, state = run_ceilings(doc.meta), doc.meta.state
     return Run(path, doc.meta.provenance.run_id or path.parent.name, doc.meta, split, priced,
                once, builds, tuned, cache,
                got.get("measured") or got.get("datasheet") or Ceiling("datasheet"),
-               state.complete is True and not (state.resumed or check_only or doc.meta.fleet))
+               state.complete is True and not (state.resumed or doc.meta.fleet
+                                               or (asked and asked.check_only)))
 
 
 def device_runs(out: Path, model: DeviceModel, present: Present) -> list[Run]:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from contract.record import RunRow, flat
-from contract.request import RequestError, RunRequest
-from contract.run_meta import RunMeta, meta_json
+from contract.request import stored_selection
+from contract.run_meta import meta_json
 from contract.schema import ALL_COLUMNS, RESULTS_JSON, STATUSES, RowKey, RunDoc, RunLoadError
 from roofline.gate.rules import status_of
 from roofline.gate.runs import GateRun, incomplete_reasons, load_checked, run_device_key
@@ -135,21 +135,10 @@ def _read(run: str | os.PathLike) -> tuple[GateRun, bytes]:
     return read, path.read_bytes()
 
 
-def _check_only(meta: RunMeta) -> bool:
-    """Whether the run was asked for correctness only (its stored request: the metadata
-    keeps it, contract/run_meta.py); a request this version cannot read is not one."""
-    if not meta.request:
-        return False
-    try:
-        return RunRequest.from_json(meta.request).selection.check_only
-    except (RequestError, TypeError, ValueError):
-        return False
-
-
 def _refused(run: str | os.PathLike, doc: RunDoc, allow_incomplete: bool) -> list[str]:
     """HistoryError for a run the store does not keep: a --check-only run (no times),
     an incomplete one unless allow_incomplete; its incomplete reasons otherwise."""
-    if _check_only(doc.meta):
+    if (asked := stored_selection(doc.meta)) is not None and asked.check_only:
         raise HistoryError(f"{run} is a --check-only run: it has no times to keep")
     reasons = incomplete_reasons(doc.meta)
     if reasons and not allow_incomplete:

@@ -17,10 +17,10 @@ import pandas as pd
 
 from contract.physics import clocks_differ
 from contract.record import RunRow
+from contract.request import baseline_provider, stored_selection
 from contract.schema import RunDoc
 from kernels import PROVIDERS
 from roofline.report.findings import finite_or_none, in_canonical_order, records
-from roofline.report.requested import baseline_provider, run_selection
 from roofline.report.withheld import speedup_text
 
 
@@ -129,7 +129,7 @@ def step_table(doc: RunDoc) -> Table | None:
     if not isinstance(step, dict) or ok.empty:
         return None
     baseline = baseline_provider(doc.meta)
-    asked = run_selection(doc.meta)
+    asked = stored_selection(doc.meta)
     cache = (asked.cache if asked and asked.cache else [None])[0] or ok["_cache"].iloc[0]
     ok = ok[ok["_cache"] == cache]
     provs = _providers(ok, baseline)

@@ -10,9 +10,9 @@ import json
 from typing import Any
 
 from contract.meta_parts import ClocksFacts, PowerFacts, ThrottleFacts
+from contract.request import stored_selection
 from contract.run_meta import RunMeta
 from roofline.report.cells import cell, mhz
-from roofline.report.requested import run_selection
 from roofline.report.run_time import compile_facts, time_split_line
 
 # What each fp8 accumulation mode means for the fp8 matmul rows and the fp8 ceiling.
@@ -53,7 +53,7 @@ def _run_identity(meta: RunMeta) -> list[tuple[str, Any]]:
     """Status, device, run, versions, command, the request's seed and sizes, timing,
     time and compiles, the fp8 mode."""
     sw, dev, prov = meta.software, meta.device, meta.provenance
-    asked = run_selection(meta)
+    asked = stored_selection(meta)
     versions = ", ".join(f"{k} {v}" for k, v in (
         ("python", sw.python), ("torch", sw.torch), ("triton", sw.triton),
         ("cuda", sw.cuda), ("driver", sw.driver)) if v)

@@ -24,6 +24,7 @@ from contract.devices import ROOF_CLASSES
 from contract.meta_parts import CeilingsJson, NotRecorded
 from contract.physics import ratio_text
 from contract.record import RunRow
+from contract.request import baseline_provider
 from contract.rows import Ceiling, clean_rows, run_ceilings
 from contract.run_meta import RunMeta
 from contract.schema import (
@@ -51,7 +52,6 @@ from roofline.report.findings import (
     warm_rows,
 )
 from roofline.report.providers import Table, provider_tables, step_table
-from roofline.report.requested import baseline_provider
 from roofline.report.run_facts import run_facts
 from roofline.report.run_time import row_time_sections
 from roofline.report.style import fmt_gbps, fmt_sig, fmt_tflops

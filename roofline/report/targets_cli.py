@@ -12,11 +12,11 @@ from pathlib import Path
 
 from contract.cli import Parser
 from contract.record import RunRow
+from contract.request import stored_selection
 from contract.schema import RunLoadError, atomic_write_text
 from roofline.gate.cli import check_outputs
 from roofline.gate.rules import CompareError
 from roofline.report.cells import md_table
-from roofline.report.requested import run_selection
 from roofline.report.targets import (
     MET,
     MISSED,
@@ -44,7 +44,7 @@ def same_rows(plain: Run, fleet: Run) -> tuple[bool, str]:
         # without a `cache` cell has), so a native row's name reads as it always did.
         return {(*_case(r), r.mode_tag): r.status for r in run.rows}
 
-    asked = [sel for run in (plain, fleet) if (sel := run_selection(run.meta))]
+    asked = [sel for run in (plain, fleet) if (sel := stored_selection(run.meta))]
 
     def asked_of_both(key: tuple[str, ...]) -> bool:
         # The GPU job's fleet step runs a few kernels of the plain sweep, and its own
