@@ -459,9 +459,9 @@ def test_tensor_memory_and_tma_read_from_ptx():
 
 
 def test_sass_counts_from_a_listing():
-    # Recorded cuobjdump -sass lines: sm_100a (tcgen05 -> UTC*MMA, tensor memory, TMA)
-    # and sm_90a (wgmma -> HGMMA).  UTCBAR / UTCATOMSWS (barriers, TMEM allocation) and
-    # WARPGROUP.ARRIVE are not counted.
+    # Recorded listing lines (cuobjdump -sass; nvdisasm lists alike): sm_100a (tcgen05 ->
+    # UTC*MMA, tensor memory, TMA) and sm_90a (wgmma -> HGMMA).  UTCBAR / UTCATOMSWS
+    # (barriers, TMEM allocation) and WARPGROUP.ARRIVE are not counted.
     sass = textwrap.dedent("""
         /*0130*/   UTCATOMSWS.FIND_AND_SET.ALIGN UP0, UR5, UR5 ;   /* 0x00000005000575e3 */
         /*1360*/   STTM.x128 tmem[UR12], RZ ;                      /* 0x000000ff000079ed */
@@ -477,7 +477,11 @@ def test_sass_counts_from_a_listing():
         /*2460*/   WARPGROUP.ARRIVE ;                              /* 0x00000000000079c5 */
         /*2490*/   HGMMA.64x256x16.F32.BF16 R24, gdesc[UR8].tnspB, R24 ;  /* 0x43e0000008 */
     """)  # noqa: E501 (recorded lines)
-    counts = ins_read.sass_counts(sass)
+    ops = ins_read.sass_ops(sass)
+    # each offset read as hex, past a predicate (the batch gives instructions back by it)
+    assert len(ops) == 13 and ops[:2] == [(0x130, "UTCATOMSWS"), (0x1360, "STTM")]
+    assert ops[4] == (0x1CD0, "UTCHMMA") and ops[8] == (0x1F00, "LDTM")
+    counts = ins_read.sass_counts(op for _, op in ops)
     assert counts == {"HGMMA": 1, "LDGSTS": 1, "LDTM": 1, "STTM": 1, "UTCHMMA": 2,
                       "UTCOMMA": 1, "UTCQMMA": 1, "UTMALDG": 1, "UTMASTG": 1}
     assert ins_read.sass_mma(counts) == "HGMMA+UTCHMMA+UTCOMMA+UTCQMMA"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -366,14 +366,15 @@ _SASS_OTHER = frozenset({"LDTM", "STTM", "UTCCP", "UTMALDG", "UTMASTG", "UTMARED
 SASS_BATCH = 64
 
 
-def _counted(ops: list[str]) -> dict[str, int]:
+def sass_ops(listing: str) -> list[tuple[int, str]]:
+    """Each instruction of a disassembler's listing: its offset and opcode."""
+    return [(int(at, 16), op) for at, op in _SASS_AT.findall(listing)]
+
+
+def sass_counts(ops: Iterable[str]) -> dict[str, int]:
+    """Opcode -> count of the SASS instructions above among `ops`."""
     return dict(sorted(Counter(op for op in ops
                                if op in _SASS_OTHER or _SASS_MMA.fullmatch(op)).items()))
-
-
-def sass_counts(sass: str) -> dict[str, int]:
-    """Opcode -> count of the SASS instructions above, in a disassembler's listing."""
-    return _counted([op for _, op in _SASS_AT.findall(sass)])
 
 
 def sass_mma(counts: dict[str, int]) -> str:
@@ -422,10 +423,10 @@ def sass_reports(cubins: list[bytes], cc: int) -> list[dict[str, int] | None]:
         if r.returncode != 0:
             continue
         ops: list[list[str]] = [[] for _ in batch]
-        for offset, op in _SASS_AT.findall(r.stdout):
-            ops[bisect.bisect_right(starts, int(offset, 16)) - 1].append(op)
+        for offset, op in sass_ops(r.stdout):
+            ops[bisect.bisect_right(starts, offset) - 1].append(op)
         for (i, _), mine in zip(batch, ops, strict=True):
-            got[i] = _counted(mine)
+            got[i] = sass_counts(mine)
     return got
 
 
